@@ -1,0 +1,221 @@
+package fsm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// Errors returned in Results. The controller maps them to gRPC codes.
+var (
+	// ErrNoWorker: no worker is in full service, so nothing can be placed.
+	ErrNoWorker = errors.New("fsm: no worker in full service")
+	// ErrCompleted: the request id belongs to a request that already completed.
+	ErrCompleted = errors.New("fsm: request already completed")
+	// ErrUnknownWorker: the command names a worker the table does not hold.
+	ErrUnknownWorker = errors.New("fsm: unknown worker")
+	// ErrStaleIncarnation: the command names an older incarnation of a worker.
+	ErrStaleIncarnation = errors.New("fsm: stale worker incarnation")
+	// ErrInvalid: the command is malformed (the controller validates first;
+	// this guards the log).
+	ErrInvalid = errors.New("fsm: invalid command")
+)
+
+const (
+	// DefaultLambda weighs the restore delay in h(r).
+	DefaultLambda = 1.0
+	// completedKept is how many completed request ids are remembered so a
+	// retried Dispatch of a finished request is answered, not re-placed.
+	completedKept = 1 << 16
+	// recoveriesKept is how many recovery plans the recovery table keeps.
+	recoveriesKept = 256
+)
+
+// Result is what applying one command returns.
+type Result struct {
+	Dispatch *pb.DispatchResponse
+	Complete *pb.CompleteResponse
+	Worker   *pb.Worker
+	Previous pb.Strategy
+	Err      error
+}
+
+// FSM implements raft.BatchingFSM.
+type FSM struct {
+	// mu guards st. Apply takes it for writing; queries for reading.
+	mu sync.RWMutex
+	st *state
+
+	applied appliedIndex
+	events  *EventLog
+}
+
+// New returns an empty FSM with the LUMEN strategy.
+func New() *FSM {
+	return &FSM{st: newState(), events: NewEventLog(1 << 16)}
+}
+
+// Events is the log of events derived from applied commands.
+func (f *FSM) Events() *EventLog { return f.events }
+
+// Applied returns the index of the last log entry applied.
+func (f *FSM) Applied() uint64 { return f.applied.get() }
+
+// WaitApplied returns a channel closed once the applied index reaches idx.
+func (f *FSM) WaitApplied(idx uint64) <-chan struct{} { return f.applied.wait(idx) }
+
+// Apply applies one log entry.
+func (f *FSM) Apply(l *raft.Log) interface{} {
+	return f.ApplyBatch([]*raft.Log{l})[0]
+}
+
+// ApplyBatch applies committed log entries in order. Each command entry's
+// response is a []Result, one per command in the entry.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	out := make([]interface{}, len(logs))
+	var evs []*pb.Event
+	f.mu.Lock()
+	for i, l := range logs {
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		var entry pb.LogEntry
+		if err := proto.Unmarshal(l.Data, &entry); err != nil {
+			panic(fmt.Sprintf("fsm: log entry %d does not decode: %v", l.Index, err))
+		}
+		res := make([]Result, len(entry.Commands))
+		for j, c := range entry.Commands {
+			res[j] = f.st.apply(c, l.Index, &evs)
+		}
+		out[i] = res
+	}
+	f.mu.Unlock()
+	if len(logs) > 0 {
+		f.events.append(evs)
+		f.applied.set(logs[len(logs)-1].Index)
+	}
+	return out
+}
+
+// Snapshot captures the tables. Rows are immutable once stored, so this copies
+// pointers only; Persist sorts and encodes.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return &snapshot{s: f.st.capture(f.applied.get())}, nil
+}
+
+// Restore replaces the whole state with a snapshot's.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	data, err := io.ReadAll(rc)
+	if err != nil {
+		return fmt.Errorf("fsm: read snapshot: %w", err)
+	}
+	var s pb.Snapshot
+	if err := proto.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("fsm: decode snapshot: %w", err)
+	}
+	st, err := restoreState(&s)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.st = st
+	f.mu.Unlock()
+	f.events.reset(s.AppliedIndex)
+	f.applied.set(s.AppliedIndex)
+	return nil
+}
+
+// MarshalSnapshot encodes the current state the way Persist does.
+func (f *FSM) MarshalSnapshot() ([]byte, error) {
+	f.mu.RLock()
+	s := f.st.capture(f.applied.get())
+	f.mu.RUnlock()
+	return marshalSnapshot(s)
+}
+
+type snapshot struct{ s *pb.Snapshot }
+
+func marshalSnapshot(s *pb.Snapshot) ([]byte, error) {
+	sortSnapshot(s)
+	return proto.MarshalOptions{Deterministic: true}.Marshal(s)
+}
+
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	data, err := marshalSnapshot(s.s)
+	if err == nil {
+		_, err = sink.Write(data)
+	}
+	if err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("fsm: persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) Release() {}
+
+func sortSnapshot(s *pb.Snapshot) {
+	sort.Slice(s.Workers, func(i, j int) bool { return s.Workers[i].Id < s.Workers[j].Id })
+	sort.Slice(s.Loads, func(i, j int) bool { return s.Loads[i].WorkerId < s.Loads[j].WorkerId })
+	sort.Slice(s.Placements, func(i, j int) bool { return s.Placements[i].RequestId < s.Placements[j].RequestId })
+	sort.Slice(s.Pending, func(i, j int) bool { return s.Pending[i].WorkerId < s.Pending[j].WorkerId })
+}
+
+// appliedIndex is the applied log index with waiters.
+type appliedIndex struct {
+	mu      sync.Mutex
+	idx     uint64
+	waiters []waiter
+}
+
+type waiter struct {
+	idx uint64
+	ch  chan struct{}
+}
+
+func (a *appliedIndex) get() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.idx
+}
+
+func (a *appliedIndex) set(idx uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if idx < a.idx && idx != 0 {
+		// Restore to an older snapshot never happens in raft; keep the max.
+		return
+	}
+	a.idx = idx
+	kept := a.waiters[:0]
+	for _, w := range a.waiters {
+		if w.idx <= idx {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	a.waiters = kept
+}
+
+func (a *appliedIndex) wait(idx uint64) <-chan struct{} {
+	ch := make(chan struct{})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.idx >= idx {
+		close(ch)
+		return ch
+	}
+	a.waiters = append(a.waiters, waiter{idx, ch})
+	return ch
+}

@@ -1,0 +1,558 @@
+package fsm
+
+import (
+	"fmt"
+	"sort"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// state is the tables. Only the FSM goroutine changes it (under FSM.mu).
+type state struct {
+	strategy pb.Strategy
+	lambda   float64
+
+	workers map[string]*pb.Worker
+	loads   map[string]*pb.LoadRecord
+	// ids is the sorted worker ids; views[i] is policy's view of ids[i].
+	ids   []string
+	views []policy.Worker
+
+	placements map[string]*pb.Placement
+	// serving[w] is the set of request ids placed on worker w.
+	serving map[string]map[string]struct{}
+	// holding[w] is the set of request ids whose checkpoint w holds.
+	holding map[string]map[string]struct{}
+
+	recoveries     []*pb.RecoveryPlan // oldest first, at most recoveriesKept
+	nextRecoveryID uint64
+
+	completed    []string // FIFO of completed ids, at most completedKept
+	completedSet map[string]struct{}
+
+	lastStamp int64
+}
+
+func newState() *state {
+	return &state{
+		strategy:       pb.Strategy_STRATEGY_LUMEN,
+		lambda:         DefaultLambda,
+		workers:        map[string]*pb.Worker{},
+		loads:          map[string]*pb.LoadRecord{},
+		placements:     map[string]*pb.Placement{},
+		serving:        map[string]map[string]struct{}{},
+		holding:        map[string]map[string]struct{}{},
+		completedSet:   map[string]struct{}{},
+		nextRecoveryID: 1,
+	}
+}
+
+// eventSink collects the events one batch produces.
+type eventSink = *[]*pb.Event
+
+func (s *state) emit(evs eventSink, idx uint64, ev *pb.Event) {
+	ev.Index = idx
+	ev.UnixNano = s.lastStamp
+	n := len(*evs)
+	if n > 0 && (*evs)[n-1].Index == idx {
+		ev.Seq = (*evs)[n-1].Seq + 1
+	}
+	*evs = append(*evs, ev)
+}
+
+func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
+	if c.StampedUnixNano > s.lastStamp {
+		s.lastStamp = c.StampedUnixNano
+	}
+	switch b := c.Body.(type) {
+	case *pb.Command_Dispatch:
+		return s.dispatch(b.Dispatch, idx)
+	case *pb.Command_Complete:
+		return s.complete(b.Complete, idx)
+	case *pb.Command_ReportLoad:
+		return s.reportLoad(b.ReportLoad.GetLoad())
+	case *pb.Command_RegisterWorker:
+		return s.registerWorker(b.RegisterWorker.GetWorker(), idx, evs)
+	case *pb.Command_MarkFailed:
+		return s.markFailed(b.MarkFailed, idx, evs)
+	case *pb.Command_SetPhase:
+		return s.setPhase(b.SetPhase, idx, evs)
+	case *pb.Command_Leave:
+		return s.setPhase(&pb.SetPhaseCmd{WorkerId: b.Leave.WorkerId, Incarnation: b.Leave.Incarnation,
+			Phase: pb.WorkerPhase_WORKER_PHASE_LEFT, Reason: "left"}, idx, evs)
+	case *pb.Command_SetStrategy:
+		return s.setStrategy(b.SetStrategy, idx, evs)
+	case *pb.Command_Noop:
+		return Result{}
+	default:
+		// An unknown command type is from a newer version: this replica
+		// cannot follow the log.
+		panic(fmt.Sprintf("fsm: log entry %d holds an unknown command type %T", idx, c.Body))
+	}
+}
+
+// --- workers and policy views ---
+
+func eligible(w *pb.Worker) bool { return w.Phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE }
+
+func (s *state) view(id string) *policy.Worker {
+	i := sort.SearchStrings(s.ids, id)
+	if i < len(s.ids) && s.ids[i] == id {
+		return &s.views[i]
+	}
+	return nil
+}
+
+func (s *state) viewIndex(id string) int {
+	i := sort.SearchStrings(s.ids, id)
+	if i < len(s.ids) && s.ids[i] == id {
+		return i
+	}
+	return -1
+}
+
+// putWorker stores a worker row and refreshes its view's static fields.
+func (s *state) putWorker(w *pb.Worker) {
+	if _, ok := s.workers[w.Id]; !ok {
+		i := sort.SearchStrings(s.ids, w.Id)
+		s.ids = append(s.ids, "")
+		copy(s.ids[i+1:], s.ids[i:])
+		s.ids[i] = w.Id
+		s.views = append(s.views, policy.Worker{})
+		copy(s.views[i+1:], s.views[i:])
+		s.views[i] = policy.Worker{ID: w.Id}
+	}
+	s.workers[w.Id] = w
+	v := s.view(w.Id)
+	v.Eligible = eligible(w)
+	v.CheckpointBudget = w.GetCapacity().GetCheckpointBudgetBytes()
+	v.H2DBytesPerSec = w.GetCapacity().GetH2DBytesPerSec()
+	if v.KVPagesTotal == 0 {
+		v.KVPagesTotal = w.GetCapacity().GetKvPagesTotal()
+	}
+}
+
+func (s *state) setWorkerPhase(w *pb.Worker, phase pb.WorkerPhase, reason string, idx uint64, evs eventSink) *pb.Worker {
+	if w.Phase == phase {
+		return w
+	}
+	nw := proto.Clone(w).(*pb.Worker)
+	nw.Phase = phase
+	nw.PhaseChangedUnixNano = s.lastStamp
+	s.putWorker(nw)
+	s.emit(evs, idx, &pb.Event{Body: &pb.Event_PhaseChanged{PhaseChanged: &pb.WorkerPhaseChanged{
+		WorkerId: w.Id, Incarnation: w.Incarnation, From: w.Phase, To: phase, Reason: reason}}})
+	return nw
+}
+
+func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
+	if w == nil || w.Id == "" {
+		return Result{Err: fmt.Errorf("%w: worker id is empty", ErrInvalid)}
+	}
+	old, ok := s.workers[w.Id]
+	if ok {
+		switch {
+		case w.Incarnation < old.Incarnation:
+			return Result{Err: fmt.Errorf("%w: worker %s incarnation %d < %d", ErrStaleIncarnation, w.Id, w.Incarnation, old.Incarnation)}
+		case w.Incarnation == old.Incarnation:
+			return Result{Worker: old} // a retried registration
+		}
+		// A new incarnation: the old one is gone, whether or not its
+		// failure was noticed. Recover what it served and drop what it held.
+		if old.Phase != pb.WorkerPhase_WORKER_PHASE_FAILED && old.Phase != pb.WorkerPhase_WORKER_PHASE_LEFT {
+			s.failWorker(old, "restarted with a new incarnation", idx, evs)
+		}
+	}
+	nw := proto.Clone(w).(*pb.Worker)
+	if nw.Phase == pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
+		nw.Phase = pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE
+	}
+	nw.RegisteredUnixNano = s.lastStamp
+	nw.PhaseChangedUnixNano = s.lastStamp
+	s.putWorker(nw)
+	delete(s.loads, nw.Id)
+	v := s.view(nw.Id)
+	*v = policy.Worker{ID: v.ID, Eligible: v.Eligible, CheckpointBudget: v.CheckpointBudget,
+		H2DBytesPerSec: v.H2DBytesPerSec, KVPagesTotal: nw.GetCapacity().GetKvPagesTotal()}
+	from := pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
+	if ok {
+		from = pb.WorkerPhase_WORKER_PHASE_FAILED
+	}
+	s.emit(evs, idx, &pb.Event{Body: &pb.Event_PhaseChanged{PhaseChanged: &pb.WorkerPhaseChanged{
+		WorkerId: nw.Id, Incarnation: nw.Incarnation, From: from, To: nw.Phase, Reason: "registered"}}})
+	if v.Eligible {
+		s.recoverOrphans(idx, evs)
+	}
+	return Result{Worker: nw}
+}
+
+func (s *state) reportLoad(l *pb.LoadRecord) Result {
+	if l == nil {
+		return Result{Err: fmt.Errorf("%w: load record is empty", ErrInvalid)}
+	}
+	w, ok := s.workers[l.WorkerId]
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %q", ErrUnknownWorker, l.WorkerId)}
+	}
+	if l.Incarnation != w.Incarnation {
+		return Result{Err: fmt.Errorf("%w: load of %s incarnation %d, table has %d", ErrStaleIncarnation, l.WorkerId, l.Incarnation, w.Incarnation)}
+	}
+	nl := proto.Clone(l).(*pb.LoadRecord)
+	nl.ReportUnixNano = s.lastStamp
+	s.loads[l.WorkerId] = nl
+	v := s.view(l.WorkerId)
+	v.QueueWaitMs = l.QueueWaitMs
+	v.KVPagesTotal = l.KvPagesTotal
+	v.KVPagesUsed = l.KvPagesUsed
+	v.QueueHeadPages = l.QueueHeadPages
+	v.Running = l.Running
+	v.Waiting = l.Waiting
+	v.PendingRequests, v.PendingPages = 0, 0
+	return Result{}
+}
+
+func (s *state) setPhase(c *pb.SetPhaseCmd, idx uint64, evs eventSink) Result {
+	w, ok := s.workers[c.WorkerId]
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %q", ErrUnknownWorker, c.WorkerId)}
+	}
+	if c.Incarnation != w.Incarnation {
+		return Result{Err: fmt.Errorf("%w: %s incarnation %d, table has %d", ErrStaleIncarnation, c.WorkerId, c.Incarnation, w.Incarnation)}
+	}
+	if c.Phase == pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
+		return Result{Err: fmt.Errorf("%w: phase is unspecified", ErrInvalid)}
+	}
+	if w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
+		if c.Phase == w.Phase {
+			return Result{Worker: w}
+		}
+		return Result{Err: fmt.Errorf("%w: %s incarnation %d is %s; register a new incarnation", ErrStaleIncarnation, c.WorkerId, w.Incarnation, w.Phase)}
+	}
+	if c.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || c.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
+		nw := s.failWorker(w, c.Reason, idx, evs)
+		if c.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
+			nw = s.setWorkerPhase(nw, c.Phase, c.Reason, idx, evs)
+		}
+		return Result{Worker: nw}
+	}
+	nw := s.setWorkerPhase(w, c.Phase, c.Reason, idx, evs)
+	if eligible(nw) {
+		s.recoverOrphans(idx, evs)
+	}
+	return Result{Worker: nw}
+}
+
+func (s *state) setStrategy(c *pb.SetStrategyCmd, idx uint64, evs eventSink) Result {
+	if c.Strategy < pb.Strategy_STRATEGY_LUMEN || c.Strategy > pb.Strategy_STRATEGY_STOP_AND_RESTART {
+		return Result{Err: fmt.Errorf("%w: unknown strategy %d", ErrInvalid, c.Strategy)}
+	}
+	prev := s.strategy
+	s.strategy = c.Strategy
+	if c.Lambda > 0 {
+		s.lambda = c.Lambda
+	}
+	if prev != c.Strategy {
+		s.emit(evs, idx, &pb.Event{Body: &pb.Event_StrategyChanged{StrategyChanged: &pb.StrategyChanged{From: prev, To: c.Strategy}}})
+	}
+	return Result{Previous: prev}
+}
+
+// --- placements ---
+
+func addTo(m map[string]map[string]struct{}, k, v string) {
+	set, ok := m[k]
+	if !ok {
+		set = map[string]struct{}{}
+		m[k] = set
+	}
+	set[v] = struct{}{}
+}
+
+func removeFrom(m map[string]map[string]struct{}, k, v string) {
+	if set, ok := m[k]; ok {
+		delete(set, v)
+		if len(set) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+func sortedKeys(set map[string]struct{}) []string {
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// reserve and release move a checkpoint footprint onto and off a holder.
+func (s *state) reserve(holder string, bytes uint64) {
+	if v := s.view(holder); v != nil {
+		v.Reserved += bytes
+		v.Held++
+	}
+}
+
+func (s *state) release(holder string, bytes uint64) {
+	if v := s.view(holder); v != nil && v.Held > 0 {
+		v.Reserved -= min(bytes, v.Reserved)
+		v.Held--
+	}
+}
+
+func (s *state) footprint(serving string, prompt, maxTokens uint32) uint64 {
+	c := s.workers[serving].GetCapacity()
+	return policy.Footprint(prompt, maxTokens, c.GetMaxContextTokens(), c.GetKvBytesPerToken())
+}
+
+func (s *state) strategyPolicy() policy.Strategy { return policy.Strategy(s.strategy) }
+
+// placeHolder picks and reserves a holder for a request served at index
+// serving (into views) and fills p's holder fields.
+func (s *state) placeHolder(p *pb.Placement, serving int) policy.NoHolder {
+	p.ReservedBytes = s.footprint(s.ids[serving], p.PromptTokens, p.MaxTokens)
+	h, why := policy.ChooseHolder(s.strategyPolicy(), s.views, serving, p.ReservedBytes, s.lambda)
+	if h < 0 {
+		p.HolderId, p.ReservedBytes = "", 0
+		return why
+	}
+	p.HolderId = s.ids[h]
+	s.reserve(p.HolderId, p.ReservedBytes)
+	addTo(s.holding, p.HolderId, p.RequestId)
+	return why
+}
+
+func (s *state) dropHolder(p *pb.Placement) {
+	if p.HolderId != "" {
+		s.release(p.HolderId, p.ReservedBytes)
+		removeFrom(s.holding, p.HolderId, p.RequestId)
+	}
+}
+
+func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
+	if c.RequestId == "" {
+		return Result{Err: fmt.Errorf("%w: request id is empty", ErrInvalid)}
+	}
+	if p, ok := s.placements[c.RequestId]; ok {
+		return Result{Dispatch: &pb.DispatchResponse{Placement: p, NoHolder: p.HolderId == "", Index: p.CreatedIndex}}
+	}
+	if _, done := s.completedSet[c.RequestId]; done {
+		return Result{Err: fmt.Errorf("%w: %q", ErrCompleted, c.RequestId)}
+	}
+	serving := policy.PickServing(s.views)
+	if serving < 0 {
+		return Result{Err: ErrNoWorker}
+	}
+	w := s.workers[s.ids[serving]]
+	p := &pb.Placement{
+		RequestId: c.RequestId, WorkerId: w.Id, WorkerIncarnation: w.Incarnation,
+		State: pb.PlacementState_PLACEMENT_STATE_RUNNING, PromptTokens: c.PromptTokens, MaxTokens: c.MaxTokens,
+		CreatedUnixNano: s.lastStamp, CreatedIndex: idx,
+	}
+	why := s.placeHolder(p, serving)
+	v := &s.views[serving]
+	v.PendingRequests++
+	v.PendingPages += policy.Pages(uint64(c.PromptTokens))
+	s.placements[p.RequestId] = p
+	addTo(s.serving, w.Id, p.RequestId)
+	return Result{Dispatch: &pb.DispatchResponse{Placement: p, NoHolder: p.HolderId == "", NoHolderReason: string(why), Index: idx}}
+}
+
+func (s *state) complete(c *pb.CompleteCmd, idx uint64) Result {
+	resp := &pb.CompleteResponse{Index: idx}
+	for _, id := range c.RequestIds {
+		p, ok := s.placements[id]
+		if !ok {
+			resp.NotFound = append(resp.NotFound, id)
+			continue
+		}
+		s.dropHolder(p)
+		removeFrom(s.serving, p.WorkerId, id)
+		delete(s.placements, id)
+		s.rememberCompleted(id)
+		resp.Completed++
+	}
+	return Result{Complete: resp}
+}
+
+func (s *state) rememberCompleted(id string) {
+	if len(s.completed) >= completedKept {
+		delete(s.completedSet, s.completed[0])
+		s.completed = s.completed[1:]
+	}
+	s.completed = append(s.completed, id)
+	s.completedSet[id] = struct{}{}
+}
+
+// --- failure and recovery ---
+
+func (s *state) markFailed(c *pb.MarkFailedCmd, idx uint64, evs eventSink) Result {
+	w, ok := s.workers[c.WorkerId]
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %q", ErrUnknownWorker, c.WorkerId)}
+	}
+	if c.Incarnation != w.Incarnation {
+		// Gossip about an incarnation that is already gone: nothing to do.
+		return Result{Err: fmt.Errorf("%w: %s incarnation %d, table has %d", ErrStaleIncarnation, c.WorkerId, c.Incarnation, w.Incarnation)}
+	}
+	if w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
+		return Result{Worker: w}
+	}
+	reason := c.Reason
+	if reason == "" {
+		reason = "marked failed"
+	}
+	return Result{Worker: s.failWorker(w, reason, idx, evs)}
+}
+
+// failWorker takes a worker out of service: the checkpoints it held are lost
+// (their placements run on without a holder until recovery picks new ones),
+// and the requests it served are recovered by plan.
+func (s *state) failWorker(w *pb.Worker, reason string, idx uint64, evs eventSink) *pb.Worker {
+	nw := s.setWorkerPhase(w, pb.WorkerPhase_WORKER_PHASE_FAILED, reason, idx, evs)
+	for _, id := range sortedKeys(s.holding[w.Id]) {
+		p := proto.Clone(s.placements[id]).(*pb.Placement)
+		s.dropHolder(p)
+		p.HolderId, p.ReservedBytes = "", 0
+		s.placements[id] = p
+	}
+	delete(s.holding, w.Id)
+	v := s.view(w.Id)
+	v.Reserved, v.Held, v.PendingRequests, v.PendingPages = 0, 0, 0, 0
+	s.recover(w.Id, w.Incarnation, idx, evs)
+	return nw
+}
+
+// recover plans the requests still placed on worker id, which is out of
+// service. With no eligible worker they stay where they are, RECOVERING, and
+// recoverOrphans plans them when a worker becomes eligible.
+func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink) {
+	reqIDs := sortedKeys(s.serving[id])
+	if len(reqIDs) == 0 {
+		return
+	}
+	reqs := make([]policy.Interrupted, len(reqIDs))
+	for i, rid := range reqIDs {
+		p := s.placements[rid]
+		reqs[i] = policy.Interrupted{RequestID: rid, Holder: p.HolderId, PromptTokens: p.PromptTokens, MaxTokens: p.MaxTokens}
+	}
+	plan := policy.PlanRecovery(s.strategyPolicy(), s.views, reqs)
+	if plan == nil {
+		for _, rid := range reqIDs {
+			if p := s.placements[rid]; p.State != pb.PlacementState_PLACEMENT_STATE_RECOVERING {
+				np := proto.Clone(p).(*pb.Placement)
+				np.State = pb.PlacementState_PLACEMENT_STATE_RECOVERING
+				s.placements[rid] = np
+			}
+		}
+		return
+	}
+	rp := &pb.RecoveryPlan{Id: s.nextRecoveryID, FailedWorker: id, FailedIncarnation: incarnation,
+		FailedUnixNano: s.lastStamp, Index: idx}
+	s.nextRecoveryID++
+	for _, a := range plan {
+		p := proto.Clone(s.placements[a.RequestID]).(*pb.Placement)
+		target := s.workers[s.ids[a.Target]]
+		// The old checkpoint is consumed (reuse) or useless (recompute
+		// elsewhere): release it, and give the request a holder anew.
+		s.dropHolder(p)
+		removeFrom(s.serving, p.WorkerId, p.RequestId)
+		p.WorkerId, p.WorkerIncarnation = target.Id, target.Incarnation
+		p.State = pb.PlacementState_PLACEMENT_STATE_RECOVERING
+		p.Epoch++
+		s.placeHolder(p, a.Target)
+		addTo(s.serving, target.Id, p.RequestId)
+		s.placements[p.RequestId] = p
+		rp.Assignments = append(rp.Assignments, &pb.RecoveryAssignment{
+			RequestId: a.RequestID, TargetWorker: target.Id, Mode: pb.RecoveryMode(a.Mode),
+			CheckpointHolder: a.Holder, Rebalanced: a.Rebalanced, NewHolder: p.HolderId})
+	}
+	s.recoveries = append(s.recoveries, rp)
+	if len(s.recoveries) > recoveriesKept {
+		s.recoveries = s.recoveries[len(s.recoveries)-recoveriesKept:]
+	}
+	s.emit(evs, idx, &pb.Event{Body: &pb.Event_RecoveryPlan{RecoveryPlan: rp}})
+	for _, a := range rp.Assignments {
+		s.emit(evs, idx, &pb.Event{Body: &pb.Event_PlacementMoved{PlacementMoved: &pb.PlacementMoved{
+			Placement: s.placements[a.RequestId], FromWorker: id, Reason: "recovery"}}})
+	}
+}
+
+// recoverOrphans plans the requests left on out-of-service workers when no
+// worker was eligible to take them.
+func (s *state) recoverOrphans(idx uint64, evs eventSink) {
+	for _, id := range s.ids {
+		w := s.workers[id]
+		if (w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT) && len(s.serving[id]) > 0 {
+			s.recover(id, w.Incarnation, idx, evs)
+		}
+	}
+}
+
+// --- snapshot ---
+
+func (s *state) capture(applied uint64) *pb.Snapshot {
+	out := &pb.Snapshot{
+		AppliedIndex: applied, Strategy: s.strategy, Lambda: s.lambda,
+		NextRecoveryId: s.nextRecoveryID, LastStampUnixNano: s.lastStamp,
+		Workers:    make([]*pb.Worker, 0, len(s.ids)),
+		Placements: make([]*pb.Placement, 0, len(s.placements)),
+		Recoveries: append([]*pb.RecoveryPlan(nil), s.recoveries...),
+		Completed:  append([]string(nil), s.completed...),
+	}
+	for i, id := range s.ids {
+		out.Workers = append(out.Workers, s.workers[id])
+		if l, ok := s.loads[id]; ok {
+			out.Loads = append(out.Loads, l)
+		}
+		if v := s.views[i]; v.PendingRequests > 0 || v.PendingPages > 0 {
+			out.Pending = append(out.Pending, &pb.PendingDispatch{WorkerId: id, Requests: v.PendingRequests, Pages: v.PendingPages})
+		}
+	}
+	for _, p := range s.placements {
+		out.Placements = append(out.Placements, p)
+	}
+	return out
+}
+
+func restoreState(snap *pb.Snapshot) (*state, error) {
+	s := newState()
+	s.strategy, s.lambda = snap.Strategy, snap.Lambda
+	s.nextRecoveryID, s.lastStamp = snap.NextRecoveryId, snap.LastStampUnixNano
+	for _, w := range snap.Workers {
+		s.putWorker(w)
+	}
+	for _, l := range snap.Loads {
+		v := s.view(l.WorkerId)
+		if v == nil {
+			return nil, fmt.Errorf("fsm: snapshot has load for unknown worker %q", l.WorkerId)
+		}
+		s.loads[l.WorkerId] = l
+		v.QueueWaitMs, v.KVPagesTotal, v.KVPagesUsed = l.QueueWaitMs, l.KvPagesTotal, l.KvPagesUsed
+		v.QueueHeadPages, v.Running, v.Waiting = l.QueueHeadPages, l.Running, l.Waiting
+	}
+	for _, pd := range snap.Pending {
+		v := s.view(pd.WorkerId)
+		if v == nil {
+			return nil, fmt.Errorf("fsm: snapshot has pending dispatches for unknown worker %q", pd.WorkerId)
+		}
+		v.PendingRequests, v.PendingPages = pd.Requests, pd.Pages
+	}
+	for _, p := range snap.Placements {
+		s.placements[p.RequestId] = p
+		addTo(s.serving, p.WorkerId, p.RequestId)
+		if p.HolderId != "" {
+			s.reserve(p.HolderId, p.ReservedBytes)
+			addTo(s.holding, p.HolderId, p.RequestId)
+		}
+	}
+	s.recoveries = snap.Recoveries
+	for _, id := range snap.Completed {
+		s.rememberCompleted(id)
+	}
+	return s, nil
+}

@@ -1,0 +1,221 @@
+// Package policy holds lumen's pure decision functions: which worker serves a
+// new request (Llumnix freeness), which worker holds its KV checkpoint (h(r)
+// for the LUMEN strategy, a fixed ring for fixed checkpointing), and where the
+// requests of a failed worker resume (the recovery plan).
+//
+// Everything here is deterministic: no I/O, no clock, no randomness, no map
+// iteration. The fsm package calls these functions inside Raft's Apply, so
+// every replica derives the same decision at the same log index. Inputs are
+// slices sorted by worker id; ties always break toward the smaller id.
+package policy
+
+import "math"
+
+// PageTokens is the number of tokens in one KV page.
+const PageTokens = 16
+
+// Strategy is the cluster's failure-recovery strategy.
+type Strategy int
+
+// The strategies. Their values match lumenpb.Strategy.
+const (
+	Lumen           Strategy = 1
+	FixedCheckpoint Strategy = 2
+	StopAndRestart  Strategy = 3
+)
+
+// String returns the strategy's name as operators type it.
+func (s Strategy) String() string {
+	switch s {
+	case Lumen:
+		return "lumen"
+	case FixedCheckpoint:
+		return "fixed-checkpoint"
+	case StopAndRestart:
+		return "stop-and-restart"
+	}
+	return "unknown"
+}
+
+// ParseStrategy maps an operator's name to a Strategy.
+func ParseStrategy(name string) (Strategy, bool) {
+	for _, s := range []Strategy{Lumen, FixedCheckpoint, StopAndRestart} {
+		if s.String() == name {
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+// Worker is what the policies know of one worker. The fsm keeps one per
+// worker, sorted by ID.
+type Worker struct {
+	ID string
+	// Eligible is true for a worker in FULL_SERVICE: it may serve new
+	// requests and hold checkpoints.
+	Eligible bool
+
+	// From the worker's last load report.
+	QueueWaitMs    float64 // q_w
+	KVPagesTotal   uint64
+	KVPagesUsed    uint64
+	QueueHeadPages uint64 // pages the head of its waiting queue needs
+	Running        uint32
+	Waiting        uint32
+
+	// Dispatched to it since its last load report (not yet in the report).
+	PendingRequests uint32
+	PendingPages    uint64
+
+	// Checkpoint accounting, kept by the fsm from placements.
+	CheckpointBudget uint64  // bytes of host memory for checkpoints
+	Reserved         uint64  // bytes reserved by the checkpoints it holds
+	Held             uint32  // number of checkpoints it holds
+	H2DBytesPerSec   float64 // host-to-GPU bandwidth, for restore delay
+}
+
+// FreeCheckpointBytes is the part of the budget not yet reserved.
+func (w *Worker) FreeCheckpointBytes() uint64 {
+	if w.Reserved >= w.CheckpointBudget {
+		return 0
+	}
+	return w.CheckpointBudget - w.Reserved
+}
+
+// Freeness is Llumnix's measure of how much room a worker has: free KV pages,
+// less what its queue head and the requests dispatched since its last report
+// will take, per running request (counting the queue as one more when
+// anything waits). Higher is freer; it goes negative when the worker is
+// over-committed.
+func (w *Worker) Freeness() float64 {
+	free := float64(w.KVPagesTotal) - float64(w.KVPagesUsed) -
+		float64(w.QueueHeadPages) - float64(w.PendingPages)
+	batch := float64(w.Running) + float64(w.PendingRequests)
+	if w.Waiting > 0 {
+		batch++
+	}
+	if batch < 1 {
+		batch = 1
+	}
+	return free / batch
+}
+
+// RestoreDelayMs is p_w(r): the expected delay, in milliseconds, of copying a
+// checkpoint held by w back to the GPU, taken as the mean reserved footprint
+// of the checkpoints w already holds over its host-to-GPU bandwidth. A worker
+// that holds nothing has no queue of restores: 0.
+func (w *Worker) RestoreDelayMs() float64 {
+	if w.Held == 0 || w.H2DBytesPerSec <= 0 {
+		return 0
+	}
+	mean := float64(w.Reserved) / float64(w.Held)
+	return mean / w.H2DBytesPerSec * 1000
+}
+
+// Pages returns how many KV pages n tokens fill.
+func Pages(tokens uint64) uint64 {
+	return (tokens + PageTokens - 1) / PageTokens
+}
+
+// Footprint is the checkpoint reservation of a request: its maximum context
+// (prompt plus max output tokens, capped at the model's context) times the KV
+// bytes per token.
+func Footprint(promptTokens, maxTokens, maxContext uint32, kvBytesPerToken uint64) uint64 {
+	ctx := uint64(promptTokens) + uint64(maxTokens)
+	if maxContext > 0 && ctx > uint64(maxContext) {
+		ctx = uint64(maxContext)
+	}
+	return ctx * kvBytesPerToken
+}
+
+// PickServing returns the index of the eligible worker with the highest
+// freeness, or -1 when none is eligible. Ties go to the smaller id.
+func PickServing(ws []Worker) int {
+	best, bestF := -1, math.Inf(-1)
+	for i := range ws {
+		if !ws[i].Eligible {
+			continue
+		}
+		if f := ws[i].Freeness(); f > bestF {
+			best, bestF = i, f
+		}
+	}
+	return best
+}
+
+// NoHolder says why a request got no checkpoint holder.
+type NoHolder string
+
+// Reasons for a placement without a holder.
+const (
+	HolderFound        NoHolder = ""
+	NoHolderStrategy   NoHolder = "strategy stop-and-restart keeps no checkpoints"
+	NoHolderNoPeer     NoHolder = "no other worker in full service"
+	NoHolderBudgetFull NoHolder = "no worker has checkpoint budget left for the request's footprint"
+)
+
+// PickHolder is LUMEN's h(r): among eligible workers other than the serving
+// worker whose free checkpoint budget covers the footprint, the one that
+// minimises q_w + lambda·p_w(r). Ties go to the smaller id. It returns -1 and
+// the reason when there is none.
+func PickHolder(ws []Worker, serving int, footprint uint64, lambda float64) (int, NoHolder) {
+	best, bestScore := -1, math.Inf(1)
+	peers := false
+	for i := range ws {
+		w := &ws[i]
+		if !w.Eligible || i == serving {
+			continue
+		}
+		peers = true
+		free := w.CheckpointBudget - w.Reserved
+		if w.Reserved > w.CheckpointBudget || footprint > free {
+			continue
+		}
+		score := w.QueueWaitMs
+		if w.Held > 0 && lambda != 0 {
+			score += lambda * w.RestoreDelayMs()
+		}
+		if score < bestScore {
+			best, bestScore = i, score
+		}
+	}
+	switch {
+	case best >= 0:
+		return best, HolderFound
+	case !peers:
+		return -1, NoHolderNoPeer
+	default:
+		return -1, NoHolderBudgetFull
+	}
+}
+
+// RingHolder is fixed checkpointing's holder: the next eligible worker after
+// the serving worker on the ring of workers ordered by id, whatever its load.
+// When that worker's budget cannot cover the footprint there is no holder:
+// the ring does not look further.
+func RingHolder(ws []Worker, serving int, footprint uint64) (int, NoHolder) {
+	n := len(ws)
+	for step := 1; step < n; step++ {
+		i := (serving + step) % n
+		if !ws[i].Eligible {
+			continue
+		}
+		if ws[i].Reserved+footprint > ws[i].CheckpointBudget {
+			return -1, NoHolderBudgetFull
+		}
+		return i, HolderFound
+	}
+	return -1, NoHolderNoPeer
+}
+
+// ChooseHolder applies the strategy's holder rule.
+func ChooseHolder(s Strategy, ws []Worker, serving int, footprint uint64, lambda float64) (int, NoHolder) {
+	switch s {
+	case StopAndRestart:
+		return -1, NoHolderStrategy
+	case FixedCheckpoint:
+		return RingHolder(ws, serving, footprint)
+	default:
+		return PickHolder(ws, serving, footprint, lambda)
+	}
+}

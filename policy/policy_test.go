@@ -1,0 +1,299 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand"
+	"sort"
+	"testing"
+	"time"
+)
+
+// w builds an eligible worker with a large budget and fast bandwidth.
+func w(id string, q float64) Worker {
+	return Worker{ID: id, Eligible: true, QueueWaitMs: q, KVPagesTotal: 1000,
+		CheckpointBudget: 1 << 30, H2DBytesPerSec: 1e9}
+}
+
+func ids(ws []Worker, i int) string {
+	if i < 0 {
+		return "-"
+	}
+	return ws[i].ID
+}
+
+func TestFreeness(t *testing.T) {
+	cases := []struct {
+		name string
+		w    Worker
+		want float64
+	}{
+		{"idle", Worker{KVPagesTotal: 100}, 100},
+		{"running", Worker{KVPagesTotal: 100, KVPagesUsed: 40, Running: 3}, 20},
+		{"queue counts as one more", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 20, Running: 3, Waiting: 5}, 10},
+		{"pending dispatches", Worker{KVPagesTotal: 100, PendingRequests: 4, PendingPages: 20}, 20},
+		{"over-committed", Worker{KVPagesTotal: 100, KVPagesUsed: 100, QueueHeadPages: 10, Waiting: 1}, -10},
+	}
+	for _, c := range cases {
+		if got := c.w.Freeness(); got != c.want {
+			t.Errorf("%s: freeness = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestPickServing(t *testing.T) {
+	busy := func(id string, used uint64) Worker { x := w(id, 0); x.KVPagesUsed = used; x.Running = 1; return x }
+	ineligible := w("a", 0)
+	ineligible.Eligible = false
+	cases := []struct {
+		name string
+		ws   []Worker
+		want string
+	}{
+		{"empty cluster", nil, "-"},
+		{"none eligible", []Worker{ineligible}, "-"},
+		{"freest wins", []Worker{busy("a", 900), busy("b", 100), busy("c", 500)}, "b"},
+		{"tie breaks by id", []Worker{busy("a", 100), busy("b", 100)}, "a"},
+		{"skips ineligible even if freest", []Worker{ineligible, busy("b", 500)}, "b"},
+	}
+	for _, c := range cases {
+		if got := ids(c.ws, PickServing(c.ws)); got != c.want {
+			t.Errorf("%s: got %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+func TestPickHolder(t *testing.T) {
+	full := w("c", 0)
+	full.Reserved = full.CheckpointBudget - 10
+	holding := w("b", 1)
+	holding.Held, holding.Reserved, holding.CheckpointBudget = 2, 2e9, 4e9 // mean 1e9 bytes at 1e9 B/s: 1000 ms
+	down := w("a", 0)
+	down.Eligible = false
+	cases := []struct {
+		name      string
+		ws        []Worker
+		serving   int
+		footprint uint64
+		lambda    float64
+		want      string
+		reason    NoHolder
+	}{
+		{"empty cluster", nil, -1, 100, 1, "-", NoHolderNoPeer},
+		{"only the serving worker", []Worker{w("a", 0)}, 0, 100, 1, "-", NoHolderNoPeer},
+		{"lowest q_w", []Worker{w("a", 5), w("b", 3), w("c", 9)}, 0, 100, 1, "b", HolderFound},
+		{"excludes serving worker", []Worker{w("a", 0), w("b", 3)}, 0, 100, 1, "b", HolderFound},
+		{"tie breaks by id", []Worker{w("a", 9), w("b", 2), w("c", 2)}, 0, 100, 1, "b", HolderFound},
+		{"restore delay counts", []Worker{w("a", 0), holding, w("c", 2)}, 0, 100, 1, "c", HolderFound},
+		{"lambda 0 ignores restore delay", []Worker{w("a", 0), holding, w("c", 2)}, 0, 100, 0, "b", HolderFound},
+		{"full budget skipped", []Worker{w("a", 0), full, w("d", 7)}, 0, 100, 1, "d", HolderFound},
+		{"all budgets full", []Worker{w("a", 0), full}, 0, 100, 1, "-", NoHolderBudgetFull},
+		{"footprint exactly fits", []Worker{w("a", 0), full}, 0, 10, 1, "c", HolderFound},
+		{"ineligible skipped", []Worker{down, w("b", 0)}, 1, 100, 1, "-", NoHolderNoPeer},
+	}
+	for _, c := range cases {
+		got, reason := PickHolder(c.ws, c.serving, c.footprint, c.lambda)
+		if ids(c.ws, got) != c.want || reason != c.reason {
+			t.Errorf("%s: got %s (%q), want %s (%q)", c.name, ids(c.ws, got), reason, c.want, c.reason)
+		}
+	}
+}
+
+func TestRingHolder(t *testing.T) {
+	down := w("b", 0)
+	down.Eligible = false
+	full := w("b", 0)
+	full.Reserved = full.CheckpointBudget
+	cases := []struct {
+		name    string
+		ws      []Worker
+		serving int
+		want    string
+		reason  NoHolder
+	}{
+		{"next on ring", []Worker{w("a", 0), w("b", 99), w("c", 0)}, 0, "b", HolderFound},
+		{"wraps around", []Worker{w("a", 0), w("b", 0), w("c", 0)}, 2, "a", HolderFound},
+		{"skips ineligible", []Worker{w("a", 0), down, w("c", 0)}, 0, "c", HolderFound},
+		{"full next worker: no holder", []Worker{w("a", 0), full, w("c", 0)}, 0, "-", NoHolderBudgetFull},
+		{"alone", []Worker{w("a", 0)}, 0, "-", NoHolderNoPeer},
+	}
+	for _, c := range cases {
+		got, reason := RingHolder(c.ws, c.serving, 100)
+		if ids(c.ws, got) != c.want || reason != c.reason {
+			t.Errorf("%s: got %s (%q), want %s (%q)", c.name, ids(c.ws, got), reason, c.want, c.reason)
+		}
+	}
+	if got, reason := ChooseHolder(StopAndRestart, []Worker{w("a", 0), w("b", 0)}, 0, 1, 1); got != -1 || reason != NoHolderStrategy {
+		t.Errorf("stop-and-restart chose holder %d (%q)", got, reason)
+	}
+}
+
+func TestFootprint(t *testing.T) {
+	if got := Footprint(100, 28, 0, 1024); got != 128*1024 {
+		t.Errorf("footprint = %d", got)
+	}
+	if got := Footprint(100, 1000, 512, 10); got != 5120 {
+		t.Errorf("capped footprint = %d, want 5120", got)
+	}
+	if got := Pages(17); got != 2 {
+		t.Errorf("Pages(17) = %d", got)
+	}
+}
+
+func TestParseStrategy(t *testing.T) {
+	for _, s := range []Strategy{Lumen, FixedCheckpoint, StopAndRestart} {
+		got, ok := ParseStrategy(s.String())
+		if !ok || got != s {
+			t.Errorf("round trip of %v: %v %v", s, got, ok)
+		}
+	}
+	if _, ok := ParseStrategy("round-robin"); ok {
+		t.Error("unknown strategy parsed")
+	}
+}
+
+func planString(ws []Worker, plan []Assignment) string {
+	s := ""
+	for _, a := range plan {
+		mode := "reuse"
+		if a.Mode == Recompute {
+			mode = "recompute"
+		}
+		if a.Rebalanced {
+			mode += "*"
+		}
+		s += fmt.Sprintf("%s->%s:%s ", a.RequestID, ids(ws, a.Target), mode)
+	}
+	return s
+}
+
+func TestPlanRecovery(t *testing.T) {
+	dead := func(id string) Worker { x := w(id, 0); x.Eligible = false; return x }
+	cluster := func() []Worker { return []Worker{dead("a"), w("b", 0), w("c", 0), w("d", 0)} }
+	req := func(id, holder string, prompt uint32) Interrupted {
+		return Interrupted{RequestID: id, Holder: holder, PromptTokens: prompt, MaxTokens: 64}
+	}
+	cases := []struct {
+		name     string
+		strategy Strategy
+		ws       []Worker
+		reqs     []Interrupted
+		want     string
+	}{
+		{"holder reuse", Lumen, cluster(),
+			[]Interrupted{req("r1", "b", 100), req("r2", "c", 100)},
+			"r1->b:reuse r2->c:reuse "},
+		{"holder gone: recompute on freest", Lumen, cluster(),
+			[]Interrupted{req("r1", "a", 100), req("r2", "", 100)},
+			"r1->b:recompute r2->c:recompute "},
+		{"stop-and-restart ignores holders", StopAndRestart, cluster(),
+			[]Interrupted{req("r1", "b", 100), req("r2", "b", 100), req("r3", "b", 100)},
+			"r1->b:recompute r2->c:recompute r3->d:recompute "},
+		{"rebalance smallest prefix off an overloaded holder", Lumen, cluster(),
+			// 4 requests, 3 eligible workers: average rounds up to 2.
+			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
+			"r1->b:reuse r2->c:recompute* r3->b:reuse r4->d:recompute* "},
+		{"no eligible worker", Lumen, []Worker{dead("a"), dead("b")},
+			[]Interrupted{req("r1", "b", 1)}, ""},
+		{"nothing to recover", Lumen, cluster(), nil, ""},
+	}
+	for _, c := range cases {
+		got := planString(c.ws, PlanRecovery(c.strategy, c.ws, c.reqs))
+		if got != c.want {
+			t.Errorf("%s:\n got  %s\n want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// TestPlanRecoveryBalanced checks, over random clusters, that every request
+// gets an eligible target, that reuse only happens at the request's own
+// eligible holder, and that no holder keeps more than the average.
+func TestPlanRecoveryBalanced(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	for trial := 0; trial < 200; trial++ {
+		n := 1 + rng.Intn(12)
+		ws := make([]Worker, n)
+		for i := range ws {
+			ws[i] = w(fmt.Sprintf("w%02d", i), rng.Float64()*10)
+			ws[i].Eligible = rng.Intn(4) != 0
+			ws[i].KVPagesUsed = uint64(rng.Intn(1000))
+		}
+		reqs := make([]Interrupted, rng.Intn(40))
+		for i := range reqs {
+			reqs[i] = Interrupted{RequestID: fmt.Sprintf("r%03d", i), Holder: fmt.Sprintf("w%02d", rng.Intn(n+1)), PromptTokens: uint32(rng.Intn(4000))}
+		}
+		eligible := 0
+		for _, x := range ws {
+			if x.Eligible {
+				eligible++
+			}
+		}
+		plan := PlanRecovery(Lumen, ws, reqs)
+		if eligible == 0 || len(reqs) == 0 {
+			if plan != nil {
+				t.Fatalf("trial %d: plan without eligible workers or requests", trial)
+			}
+			continue
+		}
+		if len(plan) != len(reqs) {
+			t.Fatalf("trial %d: %d assignments for %d requests", trial, len(plan), len(reqs))
+		}
+		avg := (len(reqs) + eligible - 1) / eligible
+		reuse := map[int]int{}
+		for k, a := range plan {
+			if !ws[a.Target].Eligible {
+				t.Fatalf("trial %d: %s sent to ineligible %s", trial, a.RequestID, ws[a.Target].ID)
+			}
+			if a.Mode == Reuse {
+				if ws[a.Target].ID != reqs[k].Holder {
+					t.Fatalf("trial %d: %s reuses at %s, holder %s", trial, a.RequestID, ws[a.Target].ID, reqs[k].Holder)
+				}
+				reuse[a.Target]++
+			}
+		}
+		// A holder keeps more than the average only when every other
+		// eligible worker already has the average.
+		count := map[int]int{}
+		for _, a := range plan {
+			count[a.Target]++
+		}
+		for h, c := range reuse {
+			if c <= avg {
+				continue
+			}
+			for i := range ws {
+				if i != h && ws[i].Eligible && count[i] < avg {
+					t.Fatalf("trial %d: holder %s keeps %d > avg %d while %s has %d", trial, ws[h].ID, c, avg, ws[i].ID, count[i])
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkPickHolder10k measures one h(r) decision over 10,000 workers and
+// reports its p50 and p99.
+func BenchmarkPickHolder10k(b *testing.B) {
+	rng := rand.New(rand.NewSource(1))
+	ws := make([]Worker, 10000)
+	for i := range ws {
+		ws[i] = w(fmt.Sprintf("w%05d", i), rng.Float64()*50)
+		ws[i].Held = uint32(rng.Intn(20))
+		ws[i].Reserved = uint64(ws[i].Held) * 1 << 24
+		ws[i].Eligible = rng.Intn(50) != 0
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		h, _ := PickHolder(ws, i%len(ws), 1<<20, 1)
+		lat = append(lat, time.Since(start))
+		if h < 0 {
+			b.Fatal("no holder")
+		}
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+}

@@ -1,0 +1,118 @@
+package policy
+
+import "sort"
+
+// Interrupted is a request that was running on a failed worker.
+type Interrupted struct {
+	RequestID    string
+	Holder       string // its checkpoint holder, "" for none
+	PromptTokens uint32
+	MaxTokens    uint32
+}
+
+// Mode says how a recovered request resumes.
+type Mode int
+
+// Recovery modes. Their values match lumenpb.RecoveryMode.
+const (
+	Reuse     Mode = 1 // import the checkpointed pages, prefill the rest
+	Recompute Mode = 2 // prefill the whole token history
+)
+
+// Assignment is one request's place in a recovery plan.
+type Assignment struct {
+	RequestID  string
+	Target     int // index into the workers slice
+	Mode       Mode
+	Holder     string // the checkpoint holder it had
+	Rebalanced bool   // moved off its holder by rebalancing
+}
+
+// PlanRecovery decides where each interrupted request resumes:
+//
+//  1. a request whose holder is eligible resumes there, reusing its pages
+//     (not under stop-and-restart, which keeps no checkpoints);
+//  2. any other request is recomputed on the least-loaded eligible worker;
+//  3. rebalance: while a holder has more recovered requests than the cluster
+//     average (rounded up), its request with the smallest checkpointed prefix
+//     is recomputed on the least-loaded worker instead.
+//
+// The checkpointed prefix of a request is not replicated; its prompt length,
+// which is checkpointed once prefill is done, stands for it. Load is the
+// freeness of Llumnix, updated as the plan assigns requests. The workers
+// slice is updated in place (PendingRequests, PendingPages) so the caller can
+// account for the plan. Requests are taken in the order given; callers sort
+// them by id. It returns nil when no worker is eligible: the requests wait
+// for one.
+func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
+	eligible := 0
+	byID := make(map[string]int, len(ws))
+	for i := range ws {
+		byID[ws[i].ID] = i
+		if ws[i].Eligible {
+			eligible++
+		}
+	}
+	if eligible == 0 || len(reqs) == 0 {
+		return nil
+	}
+	assign := func(i int, r Interrupted) {
+		ws[i].PendingRequests++
+		ws[i].PendingPages += Pages(uint64(r.PromptTokens) + 1)
+	}
+	unassign := func(i int, r Interrupted) {
+		ws[i].PendingRequests--
+		ws[i].PendingPages -= Pages(uint64(r.PromptTokens) + 1)
+	}
+
+	plan := make([]Assignment, len(reqs))
+	count := make([]int, len(ws))
+	for k, r := range reqs {
+		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
+		if h, ok := byID[r.Holder]; ok && s != StopAndRestart && r.Holder != "" && ws[h].Eligible {
+			a.Target, a.Mode = h, Reuse
+		} else {
+			a.Target, a.Mode = PickServing(ws), Recompute
+		}
+		assign(a.Target, r)
+		count[a.Target]++
+		plan[k] = a
+	}
+
+	// Rebalance the holders that took more than their share.
+	avg := (len(reqs) + eligible - 1) / eligible
+	order := make([]int, len(reqs)) // reuse assignments, smallest prefix first
+	for k := range order {
+		order[k] = k
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		return reqs[order[a]].PromptTokens < reqs[order[b]].PromptTokens
+	})
+	for _, k := range order {
+		a := &plan[k]
+		if a.Mode != Reuse || count[a.Target] <= avg {
+			continue
+		}
+		src := a.Target
+		unassign(src, reqs[k])
+		// The least-loaded worker still below the average, other than src.
+		dst, dstF := -1, 0.0
+		for i := range ws {
+			if i == src || !ws[i].Eligible || count[i] >= avg {
+				continue
+			}
+			if f := ws[i].Freeness(); dst < 0 || f > dstF {
+				dst, dstF = i, f
+			}
+		}
+		if dst < 0 {
+			assign(src, reqs[k])
+			continue
+		}
+		count[src]--
+		count[dst]++
+		assign(dst, reqs[k])
+		a.Target, a.Mode, a.Rebalanced = dst, Recompute, true
+	}
+	return plan
+}
