@@ -1,0 +1,202 @@
+package controller
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/lumen-project/lumen/internal/gossip"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// reconcileInterval is how often the leader re-reads Serf's members, in case
+// an event was missed.
+const reconcileInterval = 5 * time.Second
+
+// monitorLeadership starts the leader's work when this replica gains
+// leadership and stops it when it loses it.
+func (n *Node) monitorLeadership() {
+	for {
+		select {
+		case isLeader := <-n.leaderNotify:
+			if isLeader {
+				n.startLeading()
+			} else {
+				n.stopLeading()
+			}
+		case <-n.shutdownCh:
+			return
+		}
+	}
+}
+
+func (n *Node) startLeading() {
+	n.mu.Lock()
+	if n.leader != nil {
+		n.mu.Unlock()
+		return
+	}
+	ls := &leaderState{ready: make(chan struct{}), stop: make(chan struct{})}
+	ls.proposer = newProposer(n.raft, n.cfg.BatchMax, n.cfg.BatchInflight, n.metrics, ls.stop)
+	ls.reads = newReadBatcher(n, ls)
+	n.leader = ls
+	n.mu.Unlock()
+	n.metrics.elections.Inc()
+	n.log.Info("gained leadership", "term", n.raft.Stats()["term"])
+	ls.done.Add(3)
+	go func() { defer ls.done.Done(); ls.proposer.run() }()
+	go func() { defer ls.done.Done(); ls.reads.run() }()
+	go func() { defer ls.done.Done(); n.leaderLoop(ls) }()
+}
+
+func (n *Node) stopLeading() {
+	n.mu.Lock()
+	ls := n.leader
+	n.leader = nil
+	n.mu.Unlock()
+	if ls == nil {
+		return
+	}
+	close(ls.stop)
+	ls.done.Wait()
+	n.log.Info("lost leadership")
+}
+
+// leaderLoop runs leader-only work: it first waits for a Barrier, so the FSM
+// holds every entry of earlier terms, and commits a no-op command so the
+// FSM's applied index reaches the commit index; then it serves, and turns
+// Serf's view of workers into Raft commands.
+func (n *Node) leaderLoop(ls *leaderState) {
+	for {
+		if err := n.raft.Barrier(n.cfg.RequestTimeout).Error(); err == nil {
+			break
+		} else {
+			n.log.Warn("barrier failed", "error", err)
+		}
+		select {
+		case <-ls.stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
+		_, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{}}})
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ls.stop:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	close(ls.ready)
+	n.log.Info("leader ready", "applied", n.fsm.Applied())
+
+	ticker := time.NewTicker(reconcileInterval)
+	defer ticker.Stop()
+	for {
+		n.reconcile(ls)
+		select {
+		case <-ls.stop:
+			return
+		case <-n.memberCh:
+		case <-ticker.C:
+		}
+	}
+}
+
+// reconcile brings Raft in line with Serf: failed or departed workers are
+// marked failed, new controllers become voters, departed ones are removed.
+func (n *Node) reconcile(ls *leaderState) {
+	cfgFuture := n.raft.GetConfiguration()
+	if err := cfgFuture.Error(); err != nil {
+		return
+	}
+	voters := map[raft.ServerID]bool{}
+	for _, s := range cfgFuture.Configuration().Servers {
+		voters[s.ID] = true
+	}
+	for _, m := range n.serf.Members() {
+		switch m.Tags[gossip.TagRole] {
+		case gossip.RoleWorker:
+			if m.Status == serf.StatusFailed || m.Status == serf.StatusLeft {
+				n.markWorkerFailed(ls, m)
+			}
+		case gossip.RoleController:
+			id := raft.ServerID(m.Name)
+			switch {
+			case m.Status == serf.StatusAlive && !voters[id] && m.Tags[gossip.TagRaftAddr] != "":
+				n.log.Info("adding controller as voter", "id", id)
+				if err := n.raft.AddVoter(id, raft.ServerAddress(m.Tags[gossip.TagRaftAddr]), 0, n.cfg.RequestTimeout).Error(); err != nil {
+					n.log.Warn("add voter failed", "id", id, "error", err)
+				}
+			case m.Status == serf.StatusLeft && voters[id] && id != raft.ServerID(n.cfg.NodeID):
+				n.log.Info("removing departed controller", "id", id)
+				if err := n.raft.RemoveServer(id, 0, n.cfg.RequestTimeout).Error(); err != nil {
+					n.log.Warn("remove server failed", "id", id, "error", err)
+				}
+			}
+		}
+	}
+}
+
+func (n *Node) markWorkerFailed(ls *leaderState, m serf.Member) {
+	inc, _ := strconv.ParseUint(m.Tags[gossip.TagIncarnation], 10, 64)
+	w := n.fsm.Worker(m.Name)
+	if w == nil || w.Incarnation != inc {
+		return
+	}
+	if w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
+		return
+	}
+	reason := "serf: member " + m.Status.String()
+	n.log.Info("marking worker failed", "worker", m.Name, "incarnation", inc, "reason", reason)
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
+	defer cancel()
+	if _, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{
+		WorkerId: m.Name, Incarnation: inc, Reason: reason}}}); err != nil {
+		n.log.Warn("mark failed not committed", "worker", m.Name, "error", err)
+	}
+}
+
+// handleSerfEvents bootstraps when enough controllers appear and wakes the
+// leader loop on membership changes.
+func (n *Node) handleSerfEvents() {
+	for {
+		select {
+		case ev := <-n.serfEvents:
+			if _, ok := ev.(serf.MemberEvent); !ok {
+				continue
+			}
+			n.maybeBootstrap()
+			select {
+			case n.memberCh <- struct{}{}:
+			default:
+			}
+		case <-n.shutdownCh:
+			return
+		}
+	}
+}
+
+// observe keeps the Raft gauges current.
+func (n *Node) observe() {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			n.metrics.raftState.Set(float64(n.raft.State()))
+			n.metrics.applied.Set(float64(n.fsm.Applied()))
+			n.metrics.commit.Set(float64(n.raft.CommitIndex()))
+		case <-n.shutdownCh:
+			return
+		}
+	}
+}

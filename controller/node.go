@@ -1,0 +1,418 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/hashicorp/serf/serf"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/internal/gossip"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// Node is one controller replica. Start it with New; stop it with Shutdown
+// (idempotent) or Leave.
+type Node struct {
+	cfg Config
+	log hclog.Logger
+
+	fsm   *fsm.FSM
+	raft  *raft.Raft
+	store *raftboltdb.BoltStore
+	trans *raft.NetworkTransport
+	layer *streamLayer
+
+	serf       *serf.Serf
+	serfEvents chan serf.Event
+
+	grpc      *grpc.Server
+	grpcLis   net.Listener
+	health    *health.Server
+	httpSrv   *http.Server
+	clientTLS *tls.Config
+	metrics   *metrics
+
+	peers *peerConns
+
+	// leaderNotify receives Raft's leadership changes (Config.NotifyCh).
+	leaderNotify chan bool
+	// memberCh carries Serf membership changes to the leader loop.
+	memberCh chan struct{}
+
+	// mu guards leader and bootstrapped.
+	mu           sync.Mutex
+	leader       *leaderState
+	bootstrapped bool
+
+	shutdownCh   chan struct{}
+	shutdownOnce sync.Once
+	shutdownErr  error
+	wg           sync.WaitGroup
+}
+
+// leaderState exists while this replica leads. ready closes once the first
+// Barrier has completed; stop closes when leadership is lost.
+type leaderState struct {
+	ready    chan struct{}
+	stop     chan struct{}
+	proposer *proposer
+	reads    *readBatcher
+	done     sync.WaitGroup
+}
+
+// New starts a replica: opens (or creates) its Raft state under DataDir,
+// joins Serf, and serves gRPC (and HTTP when configured).
+func New(cfg Config) (n *Node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = hclog.New(&hclog.LoggerOptions{Name: "controller", Level: hclog.Info})
+	}
+	logger = logger.With("node", cfg.NodeID)
+	n = &Node{
+		cfg:          cfg,
+		log:          logger,
+		fsm:          fsm.New(),
+		serfEvents:   make(chan serf.Event, 256),
+		leaderNotify: make(chan bool, 16),
+		memberCh:     make(chan struct{}, 1),
+		shutdownCh:   make(chan struct{}),
+		metrics:      newMetrics(),
+	}
+	defer func() {
+		if err != nil {
+			_ = n.Shutdown()
+		}
+	}()
+	serverTLS, clientTLS, err := cfg.TLS.Load()
+	if err != nil {
+		return nil, err
+	}
+	n.clientTLS = clientTLS
+	n.peers = newPeerConns(clientTLS)
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("controller: data dir: %w", err)
+	}
+	// Listen first, so ":0" resolves to the addresses Serf advertises.
+	if n.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("controller: listen gRPC on %s: %w", cfg.GRPCAddr, err)
+	}
+	n.cfg.GRPCAddr = n.grpcLis.Addr().String()
+	if err := n.setupRaft(serverTLS, clientTLS); err != nil {
+		return nil, err
+	}
+	if err := n.setupSerf(); err != nil {
+		return nil, err
+	}
+	if err := n.setupGRPC(serverTLS); err != nil {
+		return nil, err
+	}
+	if cfg.HTTPAddr != "" {
+		if err := n.setupHTTP(); err != nil {
+			return nil, err
+		}
+	}
+	n.goFunc(n.monitorLeadership)
+	n.goFunc(n.handleSerfEvents)
+	n.goFunc(n.observe)
+	if len(cfg.Join) > 0 {
+		if _, err := n.serf.Join(cfg.Join, true); err != nil {
+			return nil, fmt.Errorf("controller: join %v: %w", cfg.Join, err)
+		}
+	}
+	n.maybeBootstrap()
+	return n, nil
+}
+
+func (n *Node) goFunc(f func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+}
+
+func (n *Node) raftConfig() *raft.Config {
+	c := raft.DefaultConfig()
+	c.LocalID = raft.ServerID(n.cfg.NodeID)
+	c.HeartbeatTimeout = n.cfg.scaled(baseHeartbeatTimeout)
+	c.ElectionTimeout = n.cfg.scaled(baseElectionTimeout)
+	c.LeaderLeaseTimeout = n.cfg.scaled(baseLeaderLeaseTimeout)
+	c.CommitTimeout = n.cfg.scaled(baseCommitTimeout)
+	c.SnapshotThreshold = n.cfg.SnapshotThreshold
+	c.TrailingLogs = n.cfg.TrailingLogs
+	c.SnapshotInterval = n.cfg.SnapshotInterval
+	c.BatchApplyCh = true
+	c.MaxAppendEntries = 256
+	c.NotifyCh = n.leaderNotify
+	c.Logger = n.log.Named("raft")
+	return c
+}
+
+func (n *Node) setupRaft(serverTLS, clientTLS *tls.Config) error {
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.DataDir, "raft.db")})
+	if err != nil {
+		return fmt.Errorf("controller: open raft.db: %w", err)
+	}
+	n.store = store
+	logs, err := raft.NewLogCache(512, store)
+	if err != nil {
+		return err
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(n.cfg.DataDir, 3, n.log.Named("snapshots"))
+	if err != nil {
+		return fmt.Errorf("controller: snapshot store: %w", err)
+	}
+	layer, err := newStreamLayer(n.cfg.RaftAddr, serverTLS, clientTLS)
+	if err != nil {
+		return err
+	}
+	n.layer = layer
+	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: n.log.Named("transport"),
+	})
+	n.cfg.RaftAddr = string(n.trans.LocalAddr())
+	conf := n.raftConfig()
+	if err := raft.ValidateConfig(conf); err != nil {
+		return fmt.Errorf("controller: raft config: %w", err)
+	}
+	r, err := raft.NewRaft(conf, n.fsm, logs, store, snaps, n.trans)
+	if err != nil {
+		return fmt.Errorf("controller: start raft: %w", err)
+	}
+	n.raft = r
+	existing, err := raft.HasExistingState(logs, store, snaps)
+	if err != nil {
+		return err
+	}
+	n.bootstrapped = existing
+	return nil
+}
+
+func (n *Node) setupSerf() error {
+	s, err := gossip.Start(gossip.Config{
+		NodeName: n.cfg.NodeID,
+		BindAddr: n.cfg.SerfAddr,
+		Key:      n.cfg.GossipKey,
+		Logger:   n.log.Named("serf"),
+		EventCh:  n.serfEvents,
+		Tags: map[string]string{
+			gossip.TagRole:     gossip.RoleController,
+			gossip.TagRaftAddr: n.cfg.RaftAddr,
+			gossip.TagGRPCAddr: n.cfg.GRPCAddr,
+			gossip.TagExpect:   fmt.Sprint(n.cfg.BootstrapExpect),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	n.serf = s
+	n.cfg.SerfAddr = gossip.Addr(s)
+	return nil
+}
+
+func (n *Node) setupGRPC(serverTLS *tls.Config) error {
+	lis := n.grpcLis
+	var opts []grpc.ServerOption
+	if serverTLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
+	}
+	n.grpc = grpc.NewServer(opts...)
+	srv := &server{n: n}
+	pb.RegisterControllerServer(n.grpc, srv)
+	pb.RegisterOperatorServer(n.grpc, srv)
+	n.health = health.NewServer()
+	healthpb.RegisterHealthServer(n.grpc, n.health)
+	reflection.Register(n.grpc)
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	n.health.SetServingStatus(pb.Controller_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	n.goFunc(func() {
+		if err := n.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("gRPC server stopped", "error", err)
+		}
+	})
+	return nil
+}
+
+func (n *Node) setupHTTP() error {
+	lis, err := net.Listen("tcp", n.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("controller: listen HTTP on %s: %w", n.cfg.HTTPAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if addr, id := n.raft.LeaderWithID(); addr == "" {
+			http.Error(w, "no leader", http.StatusServiceUnavailable)
+		} else {
+			fmt.Fprintf(w, "leader %s\n", id)
+		}
+	})
+	n.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.goFunc(func() {
+		if err := n.httpSrv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error("HTTP server stopped", "error", err)
+		}
+	})
+	return nil
+}
+
+// ID returns the replica's node id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// GRPCAddr returns the address the API listens on.
+func (n *Node) GRPCAddr() string { return n.grpcLis.Addr().String() }
+
+// SerfAddr returns the gossip address.
+func (n *Node) SerfAddr() string { return n.cfg.SerfAddr }
+
+// RaftAddr returns the Raft transport address.
+func (n *Node) RaftAddr() string { return n.cfg.RaftAddr }
+
+// Raft exposes the Raft node (for tests and operator tooling).
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// FSM exposes the state machine (read-only use).
+func (n *Node) FSM() *fsm.FSM { return n.fsm }
+
+// IsLeader reports whether this replica leads and has finished its first
+// Barrier.
+func (n *Node) IsLeader() bool {
+	n.mu.Lock()
+	ls := n.leader
+	n.mu.Unlock()
+	if ls == nil {
+		return false
+	}
+	select {
+	case <-ls.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// Shutdown stops the replica without leaving the cluster: its Raft state
+// stays on disk and it rejoins as the same voter when restarted. Idempotent.
+func (n *Node) Shutdown() error {
+	n.shutdownOnce.Do(func() {
+		close(n.shutdownCh)
+		var errs []error
+		if n.health != nil {
+			n.health.Shutdown()
+		}
+		if n.grpc != nil {
+			stopped := make(chan struct{})
+			go func() { n.grpc.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(2 * time.Second):
+				n.grpc.Stop()
+			}
+		} else if n.grpcLis != nil {
+			n.grpcLis.Close()
+		}
+		if n.httpSrv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = n.httpSrv.Shutdown(ctx)
+			cancel()
+		}
+		n.stopLeading()
+		if n.raft != nil {
+			errs = append(errs, n.raft.Shutdown().Error())
+		}
+		if n.serf != nil {
+			errs = append(errs, n.serf.Shutdown())
+		}
+		if n.trans != nil {
+			errs = append(errs, n.trans.Close())
+		}
+		if n.layer != nil {
+			n.layer.Close() // closes what the transport leaves open
+		}
+		if n.store != nil {
+			errs = append(errs, n.store.Close())
+		}
+		if n.peers != nil {
+			n.peers.close()
+		}
+		n.wg.Wait()
+		n.shutdownErr = errors.Join(errs...)
+	})
+	return n.shutdownErr
+}
+
+// Leave removes this replica from the quorum and from Serf, then shuts it
+// down: a graceful, permanent departure. A leader hands leadership over first.
+func (n *Node) Leave(ctx context.Context) error {
+	if n.raft.State() == raft.Leader {
+		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+			n.log.Warn("leadership transfer before leave failed", "error", err)
+		}
+	}
+	cc, err := n.leaderConn(ctx)
+	if err == nil {
+		_, err = pb.NewOperatorClient(cc).RemovePeer(ctx, &pb.RemovePeerRequest{Id: n.cfg.NodeID})
+	}
+	if err != nil {
+		n.log.Warn("could not remove self from the raft configuration", "error", err)
+	}
+	if lerr := n.serf.Leave(); lerr != nil {
+		n.log.Warn("serf leave failed", "error", lerr)
+	}
+	return errors.Join(err, n.Shutdown())
+}
+
+// maybeBootstrap bootstraps a new cluster once BootstrapExpect controllers
+// with the same expectation see each other. Every one of them bootstraps the
+// same configuration, which raft allows.
+func (n *Node) maybeBootstrap() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.bootstrapped || n.cfg.BootstrapExpect == 0 {
+		return
+	}
+	var servers []raft.Server
+	for _, m := range n.serf.Members() {
+		if m.Status != serf.StatusAlive || m.Tags[gossip.TagRole] != gossip.RoleController {
+			continue
+		}
+		if m.Tags[gossip.TagExpect] != fmt.Sprint(n.cfg.BootstrapExpect) {
+			n.log.Warn("controller with another -bootstrap-expect", "member", m.Name, "expect", m.Tags[gossip.TagExpect])
+			continue
+		}
+		servers = append(servers, raft.Server{ID: raft.ServerID(m.Name), Address: raft.ServerAddress(m.Tags[gossip.TagRaftAddr])})
+	}
+	if len(servers) < n.cfg.BootstrapExpect {
+		return
+	}
+	// A member that already joined an existing cluster leaves us nothing to
+	// bootstrap: ask raft whether it has a configuration first.
+	if err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		n.log.Error("bootstrap failed", "error", err)
+		return
+	}
+	n.log.Info("bootstrapped cluster", "servers", len(servers))
+	n.bootstrapped = true
+}
