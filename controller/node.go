@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"sync"
@@ -136,9 +137,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(n.handleSerfEvents)
 	n.goFunc(n.observe)
 	if len(cfg.Join) > 0 {
-		if _, err := n.serf.Join(cfg.Join, true); err != nil {
-			return nil, fmt.Errorf("controller: join %v: %w", cfg.Join, err)
-		}
+		n.goFunc(n.retryJoin)
 	}
 	n.maybeBootstrap()
 	return n, nil
@@ -261,6 +260,8 @@ func (n *Node) setupHTTP() error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if addr, id := n.raft.LeaderWithID(); addr == "" {
@@ -382,6 +383,25 @@ func (n *Node) Leave(ctx context.Context) error {
 		n.log.Warn("serf leave failed", "error", lerr)
 	}
 	return errors.Join(err, n.Shutdown())
+}
+
+// retryJoin joins the Serf addresses in Join, retrying every second until
+// one answers: peers of a quorum start in any order.
+func (n *Node) retryJoin() {
+	wait := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		if _, err := n.serf.Join(n.cfg.Join, true); err == nil {
+			return
+		} else if attempt%10 == 9 {
+			n.log.Warn("still cannot join Serf", "addresses", n.cfg.Join, "error", err)
+		}
+		select {
+		case <-n.shutdownCh:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // maybeBootstrap bootstraps a new cluster once BootstrapExpect controllers

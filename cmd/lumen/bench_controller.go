@@ -1,0 +1,349 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/devcluster"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+func init() {
+	register("bench controller", "measure a 3-replica quorum: Dispatch/s, linearizable reads/s, failover", runBenchController)
+}
+
+type controllerBench struct {
+	cluster *devcluster.Cluster
+	conns   []*grpc.ClientConn // to the leader
+	seq     atomic.Uint64
+}
+
+type loadResult struct {
+	ops     int
+	errors  int
+	elapsed time.Duration
+	lat     []time.Duration
+}
+
+func (r loadResult) perSec() float64 { return float64(r.ops) / r.elapsed.Seconds() }
+
+func (r loadResult) pct(p float64) float64 {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
+	return float64(r.lat[int(float64(len(r.lat)-1)*p)].Microseconds()) / 1000
+}
+
+// run starts callers that each loop op until d has passed.
+func run(callers int, d time.Duration, op func(ctx context.Context, caller, i int) error) loadResult {
+	var mu sync.Mutex
+	var res loadResult
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(d)
+	for c := 0; c < callers; c++ {
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 4096)
+			errs := 0
+			for i := 0; time.Now().Before(deadline); i++ {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				t0 := time.Now()
+				err := op(ctx, c, i)
+				cancel()
+				if err != nil {
+					errs++
+					continue
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			mu.Lock()
+			res.lat = append(res.lat, lat...)
+			res.errors += errs
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	res.ops = len(res.lat)
+	return res
+}
+
+// dispatchLoad is a gateway-like writer: Dispatch a new request, and every
+// 32 dispatches Complete them in one batch, so the tables stay bounded.
+func (b *controllerBench) dispatchLoad(callers int, d time.Duration, call func(ctx context.Context, req *pb.DispatchRequest) error,
+	complete func(ctx context.Context, ids []string) error) loadResult {
+	pending := make([][]string, callers)
+	return run(callers, d, func(ctx context.Context, c, i int) error {
+		id := fmt.Sprintf("b%d", b.seq.Add(1))
+		if err := call(ctx, &pb.DispatchRequest{RequestId: id, PromptTokens: 1000, MaxTokens: 200}); err != nil {
+			return err
+		}
+		pending[c] = append(pending[c], id)
+		if len(pending[c]) >= 32 {
+			_ = complete(ctx, pending[c])
+			pending[c] = pending[c][:0]
+		}
+		return nil
+	})
+}
+
+func (b *controllerBench) leaderDispatch(ctx context.Context, req *pb.DispatchRequest) error {
+	_, err := pb.NewControllerClient(b.conns[b.seq.Load()%uint64(len(b.conns))]).Dispatch(ctx, req)
+	return err
+}
+
+func (b *controllerBench) leaderComplete(ctx context.Context, ids []string) error {
+	_, err := pb.NewControllerClient(b.conns[0]).Complete(ctx, &pb.CompleteRequest{RequestIds: ids})
+	return err
+}
+
+func runBenchController(args []string) error {
+	fs := flag.NewFlagSet("bench controller", flag.ContinueOnError)
+	quick := fs.Bool("quick", false, "short run (under a minute) with the same keys")
+	profile := fs.String("cpuprofile-leader", "", "save a CPU profile of the leader during the 256-caller run")
+	jsonPath := fs.String("json", "", "write the figures as JSON to this file")
+	var extra stringList
+	fs.Var(&extra, "controller-arg", "extra flag for every controller (repeatable), e.g. -controller-arg=-batch-inflight=2")
+	dir := fs.String("dir", "", "data and log directory (default: a temporary one, removed afterwards)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	phase, stable, failovers := 10*time.Second, 60*time.Second, 10
+	if *quick {
+		phase, stable, failovers = 3*time.Second, 8*time.Second, 3
+	}
+	if *dir == "" {
+		d, err := os.MkdirTemp("", "lumen-bench-controller-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		*dir = d
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fmt.Printf("starting 3 controller processes under %s\n", *dir)
+	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: *dir, Controllers: 3, Args: append([]string{"-log-level", "warn"}, extra...)})
+	if err != nil {
+		return err
+	}
+	defer cl.Stop()
+	b := &controllerBench{cluster: cl}
+	leader, err := cl.WaitLeader(ctx)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < 8; i++ {
+		cc, err := grpc.NewClient(cl.Controllers[leader].GRPCAddr, grpcInsecure())
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		b.conns = append(b.conns, cc)
+	}
+	client, err := ctlclient.New(cl.GRPCAddrs(), nil)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	for w := 0; w < 16; w++ {
+		_, err := client.RegisterWorker(ctx, &pb.RegisterWorkerRequest{Worker: &pb.Worker{
+			Id: fmt.Sprintf("w%02d", w), Incarnation: 1, GrpcAddr: fmt.Sprintf("127.0.0.1:%d", 9000+w),
+			Capacity: &pb.Capacity{KvPagesTotal: 8192, CheckpointBudgetBytes: 80 << 30, KvBytesPerToken: 160 << 10,
+				MaxContextTokens: 32768, H2DBytesPerSec: 25e9, PageTokens: 16}}})
+		if err != nil {
+			return fmt.Errorf("register worker: %w", err)
+		}
+	}
+	out := map[string]float64{}
+	type row struct{ name, value, goal string }
+	var rows []row
+
+	for _, callers := range []int{1, 64, 256} {
+		d := phase
+		if callers == 256 {
+			d = stable // the no-fault stability run is the 256-caller run
+		}
+		before, _ := cl.Status(ctx, leader)
+		fmt.Printf("dispatch: %d callers for %s ...\n", callers, d)
+		if callers == 256 && *profile != "" {
+			go saveProfile(cl.Controllers[leader].HTTPAddr, d-time.Second, *profile)
+			go saveProfile(cl.Controllers[(leader+1)%3].HTTPAddr, d-time.Second, *profile+".follower")
+		}
+		r := b.dispatchLoad(callers, d, b.leaderDispatch, b.leaderComplete)
+		out[fmt.Sprintf("dispatch_per_s_%d", callers)] = r.perSec()
+		out[fmt.Sprintf("dispatch_p50_ms_%d", callers)] = r.pct(0.50)
+		out[fmt.Sprintf("dispatch_p99_ms_%d", callers)] = r.pct(0.99)
+		goal := ""
+		if callers == 256 {
+			goal = ">= 20000/s, p99 <= 30 ms"
+			after, err := cl.Status(context.Background(), leader)
+			if err == nil && before != nil {
+				out["elections_without_faults"] = float64(after.Term - before.Term)
+			} else {
+				out["elections_without_faults"] = -1
+			}
+		}
+		rows = append(rows, row{fmt.Sprintf("Dispatch, %d callers", callers),
+			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), goal})
+	}
+	rows = append(rows, row{fmt.Sprintf("elections in the %s run at 256 callers", stable), fmt.Sprintf("%.0f", out["elections_without_faults"]), "0"})
+
+	// Linearizable reads of placements that exist.
+	ids := make([]string, 0, 5000)
+	for i := 0; i < 5000; i++ {
+		ids = append(ids, fmt.Sprintf("read-%d", i))
+	}
+	{
+		var wg sync.WaitGroup
+		for c := 0; c < 50; c++ {
+			wg.Go(func() {
+				for i := c; i < len(ids); i += 50 {
+					_ = b.leaderDispatch(ctx, &pb.DispatchRequest{RequestId: ids[i], PromptTokens: 100, MaxTokens: 100})
+				}
+			})
+		}
+		wg.Wait()
+	}
+	fmt.Printf("linearizable GetPlacement: 256 callers for %s ...\n", phase)
+	rr := run(256, phase, func(ctx context.Context, c, i int) error {
+		id := ids[(c*7919+i)%len(ids)]
+		_, err := pb.NewControllerClient(b.conns[(c+i)%len(b.conns)]).GetPlacement(ctx, &pb.GetPlacementRequest{RequestId: id})
+		return err
+	})
+	out["read_per_s"], out["read_p50_ms"], out["read_p99_ms"] = rr.perSec(), rr.pct(0.5), rr.pct(0.99)
+	rows = append(rows, row{"linearizable GetPlacement, 256 callers",
+		fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", rr.perSec(), rr.pct(0.5), rr.pct(0.99), rr.errors), ">= 50000/s, p99 <= 5 ms"})
+
+	// Failover under load: kill -9 the leader, time the next write that
+	// started after the kill.
+	fmt.Printf("failover: kill -9 the leader %d times under load ...\n", failovers)
+	fo, err := b.failover(failovers)
+	if err != nil {
+		return err
+	}
+	sort.Float64s(fo)
+	out["failover_median_s"] = fo[len(fo)/2]
+	out["failover_max_s"] = fo[len(fo)-1]
+	out["failover_min_s"] = fo[0]
+	rows = append(rows, row{fmt.Sprintf("failover, %d kills of the leader", len(fo)),
+		fmt.Sprintf("median %.3f s  max %.3f s  min %.3f s", fo[len(fo)/2], fo[len(fo)-1], fo[0]), "median <= 1 s, max <= 2 s"})
+
+	fmt.Printf("\n%-44s %-58s %s\n", "measure", "result", "goal")
+	for _, r := range rows {
+		fmt.Printf("%-44s %-58s %s\n", r.name, r.value, r.goal)
+	}
+	if *jsonPath != "" {
+		data, _ := json.MarshalIndent(out, "", "  ")
+		if err := os.WriteFile(*jsonPath, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+		fmt.Printf("\nwrote %s\n", *jsonPath)
+	}
+	return nil
+}
+
+// failover kills the leader n times while 64 callers write through clients
+// that know every replica, and returns, per kill, the seconds from the kill
+// to the first successful write issued after it.
+func (b *controllerBench) failover(n int) ([]float64, error) {
+	cl := b.cluster
+	client, err := ctlclient.New(cl.GRPCAddrs(), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	client.AttemptTimeout = time.Second
+	var killedAt atomic.Int64 // unix nanos of the last kill; 0 = none pending
+	firstOK := make(chan time.Time, 1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := 0; c < 64; c++ {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				start := time.Now()
+				_, err := client.Dispatch(ctx, &pb.DispatchRequest{RequestId: fmt.Sprintf("f%d", b.seq.Add(1)), PromptTokens: 10, MaxTokens: 10})
+				cancel()
+				k := killedAt.Load()
+				if err == nil && k != 0 && start.UnixNano() >= k {
+					select {
+					case firstOK <- time.Now():
+					default:
+					}
+				}
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+	var out []float64
+	rng := rand.New(rand.NewSource(1))
+	for k := 0; k < n; k++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		leader, err := cl.WaitLeader(ctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		// Let the load settle on the current leader.
+		time.Sleep(time.Duration(300+rng.Intn(300)) * time.Millisecond)
+		select {
+		case <-firstOK:
+		default:
+		}
+		t := time.Now()
+		cl.Kill(leader)
+		killedAt.Store(t.UnixNano())
+		select {
+		case ok := <-firstOK:
+			out = append(out, ok.Sub(t).Seconds())
+		case <-time.After(20 * time.Second):
+			return nil, fmt.Errorf("no write succeeded within 20 s of killing %s", cl.Controllers[leader].ID)
+		}
+		killedAt.Store(0)
+		fmt.Printf("  kill %d: %s was leader; next write after %.3f s\n", k+1, cl.Controllers[leader].ID, out[len(out)-1])
+		if err := cl.Restart(leader); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func saveProfile(httpAddr string, d time.Duration, path string) {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", httpAddr, int(d.Seconds())))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "profile:", err)
+		return
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = io.Copy(f, resp.Body)
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return fmt.Sprint(*s) }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }

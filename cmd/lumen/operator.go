@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/tlsconf"
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+func init() {
+	register("status", "show the controller quorum's leader, term and tables", runStatus)
+	register("operator raft", "list-peers | remove-peer ID | transfer-leader [ID]", runOperatorRaft)
+	register("placement get", "show where a request runs and who holds its checkpoint", runPlacementGet)
+	register("workers", "list workers, their phase and load", runWorkers)
+	register("strategy set", "set the recovery strategy: lumen, fixed-checkpoint, stop-and-restart", runStrategySet)
+}
+
+// clientFlags are the flags every command that talks to controllers takes.
+type clientFlags struct {
+	addr    string
+	timeout time.Duration
+	tls     tlsconf.Files
+}
+
+func (c *clientFlags) register(fs *flag.FlagSet) {
+	def := os.Getenv("LUMEN_ADDR")
+	if def == "" {
+		def = "127.0.0.1:7100"
+	}
+	fs.StringVar(&c.addr, "addr", def, "comma-separated controller gRPC addresses (env LUMEN_ADDR)")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "give up after this long")
+	fs.StringVar(&c.tls.Cert, "tls-cert", "", "client certificate (mutual TLS)")
+	fs.StringVar(&c.tls.Key, "tls-key", "", "client key")
+	fs.StringVar(&c.tls.CA, "tls-ca", "", "CA certificate")
+}
+
+func (c *clientFlags) dial() (*ctlclient.Client, context.Context, context.CancelFunc, error) {
+	_, clientTLS, err := c.tls.Load()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cl, err := ctlclient.New([]string{c.addr}, clientTLS)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	return cl, ctx, func() { cancel(); cl.Close() }, nil
+}
+
+// explain turns a gRPC error into a sentence for an operator.
+func explain(err error, addr string) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return fmt.Errorf("%s (tried %s: is the quorum running? set -addr or LUMEN_ADDR)", st.Message(), addr)
+	case codes.NotFound, codes.InvalidArgument, codes.FailedPrecondition:
+		return errors.New(st.Message())
+	}
+	return fmt.Errorf("%s: %s", st.Code(), st.Message())
+}
+
+func runStatus(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	cf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	st, err := cl.ClusterStatus(ctx)
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	fmt.Printf("leader      %s (%s)\nterm        %d\ncommit      %d\napplied     %d (on %s, %s)\nstrategy    %s (lambda %g)\nworkers     %d\nplacements  %d\n",
+		st.LeaderId, st.LeaderGrpcAddr, st.Term, st.CommitIndex, st.AppliedIndex, st.NodeId, st.State,
+		policy.Strategy(st.Strategy), st.Lambda, st.Workers, st.Placements)
+	return nil
+}
+
+func runOperatorRaft(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("operator raft", flag.ContinueOnError)
+	cf.register(fs)
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "Usage: lumen operator raft list-peers | remove-peer ID | transfer-leader [ID] [flags]")
+		fs.PrintDefaults()
+	}
+	if len(args) == 0 {
+		fs.Usage()
+		return errors.New("missing subcommand")
+	}
+	sub := args[0]
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	switch sub {
+	case "list-peers":
+		var resp *pb.RaftPeersResponse
+		err = cl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) (e error) {
+			resp, e = op.RaftPeers(ctx, &pb.RaftPeersRequest{})
+			return e
+		})
+		if err != nil {
+			return explain(err, cf.addr)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tRAFT ADDRESS\tGRPC ADDRESS\tSTATE\tVOTER")
+		for _, p := range resp.Peers {
+			state := "follower"
+			if p.Leader {
+				state = "leader"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\n", p.Id, p.Address, p.GrpcAddr, state, p.Suffrage == "Voter")
+		}
+		tw.Flush()
+		fmt.Printf("term %d\n", resp.Term)
+	case "remove-peer":
+		if fs.NArg() != 1 {
+			return errors.New("usage: lumen operator raft remove-peer ID")
+		}
+		err = cl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+			_, e := op.RemovePeer(ctx, &pb.RemovePeerRequest{Id: fs.Arg(0)})
+			return e
+		})
+		if err != nil {
+			return explain(err, cf.addr)
+		}
+		fmt.Printf("removed %s from the raft configuration\n", fs.Arg(0))
+	case "transfer-leader":
+		var resp *pb.TransferLeadershipResponse
+		err = cl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) (e error) {
+			resp, e = op.TransferLeadership(ctx, &pb.TransferLeadershipRequest{Id: fs.Arg(0)})
+			return e
+		})
+		if err != nil {
+			return explain(err, cf.addr)
+		}
+		fmt.Printf("leadership transferred; new leader %s\n", resp.NewLeader)
+	default:
+		fs.Usage()
+		return fmt.Errorf("unknown subcommand %q", sub)
+	}
+	return nil
+}
+
+func runPlacementGet(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("placement get", flag.ContinueOnError)
+	cf.register(fs)
+	stale := fs.Bool("stale", false, "read from the replica answering, without a quorum round")
+	id, rest := splitFirst(args)
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if id == "" {
+		return errors.New("usage: lumen placement get REQUEST_ID [-stale]")
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	req := &pb.GetPlacementRequest{RequestId: id}
+	if *stale {
+		req.Consistency = pb.Consistency_CONSISTENCY_STALE
+	}
+	resp, err := cl.GetPlacement(ctx, req)
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	p := resp.Placement
+	holder := p.HolderId
+	if holder == "" {
+		holder = "(none)"
+	}
+	fmt.Printf("request     %s\nworker      %s (incarnation %d)\nholder      %s\nreserved    %d bytes\nstate       %s\nepoch       %d\ntokens      prompt %d, max output %d\nread at     index %d\n",
+		p.RequestId, p.WorkerId, p.WorkerIncarnation, holder, p.ReservedBytes, strings.TrimPrefix(p.State.String(), "PLACEMENT_STATE_"),
+		p.Epoch, p.PromptTokens, p.MaxTokens, resp.AppliedIndex)
+	return nil
+}
+
+// splitFirst takes a leading positional argument off args.
+func splitFirst(args []string) (string, []string) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return args[0], args[1:]
+	}
+	return "", args
+}
+
+func runWorkers(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("workers", flag.ContinueOnError)
+	cf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	resp, err := cl.ListWorkers(ctx, &pb.ListWorkersRequest{})
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	loads := map[string]*pb.LoadRecord{}
+	for _, l := range resp.Loads {
+		loads[l.WorkerId] = l
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tINC\tPHASE\tADDRESS\tQ_W(ms)\tRUNNING\tWAITING\tKV PAGES\tCKPT FREE")
+	for _, w := range resp.Workers {
+		l := loads[w.Id]
+		if l == nil {
+			l = &pb.LoadRecord{}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.1f\t%d\t%d\t%d/%d\t%d\n", w.Id, w.Incarnation,
+			strings.TrimPrefix(w.Phase.String(), "WORKER_PHASE_"), w.GrpcAddr, l.QueueWaitMs, l.Running, l.Waiting,
+			l.KvPagesUsed, l.KvPagesTotal, l.FreeCheckpointBytes)
+	}
+	tw.Flush()
+	return nil
+}
+
+func runStrategySet(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("strategy set", flag.ContinueOnError)
+	cf.register(fs)
+	lambda := fs.Float64("lambda", 0, "weight of the restore delay in h(r) (0 keeps the current value)")
+	name, rest := splitFirst(args)
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	s, ok := policy.ParseStrategy(name)
+	if !ok {
+		return fmt.Errorf("unknown strategy %q: use lumen, fixed-checkpoint or stop-and-restart", name)
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	var resp *pb.SetStrategyResponse
+	err = cl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) (e error) {
+		resp, e = op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(s), Lambda: *lambda})
+		return e
+	})
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	fmt.Printf("strategy %s (was %s), at index %d\n", s, policy.Strategy(resp.Previous), resp.Index)
+	return nil
+}

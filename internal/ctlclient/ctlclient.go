@@ -1,0 +1,184 @@
+// Package ctlclient is a client of the controller quorum that survives the
+// loss of any replica: it holds a connection to every replica it was given
+// and moves on to the next when one is unreachable. Any replica accepts any
+// call (followers forward to the leader), so no leader tracking is needed.
+package ctlclient
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// ErrNoAddress: the client was given no controller address.
+var ErrNoAddress = errors.New("ctlclient: no controller address given")
+
+// Client calls the controller quorum.
+type Client struct {
+	addrs []string
+	conns []*grpc.ClientConn
+	next  atomic.Uint32
+	// AttemptTimeout bounds one attempt on one replica before the next is
+	// tried (default 2 s); the caller's context bounds the whole call.
+	AttemptTimeout time.Duration
+}
+
+// New connects (lazily) to every address. clientTLS may be nil.
+func New(addrs []string, clientTLS *tls.Config) (*Client, error) {
+	var clean []string
+	for _, a := range addrs {
+		for _, s := range strings.Split(a, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				clean = append(clean, s)
+			}
+		}
+	}
+	if len(clean) == 0 {
+		return nil, ErrNoAddress
+	}
+	creds := insecure.NewCredentials()
+	if clientTLS != nil {
+		creds = credentials.NewTLS(clientTLS)
+	}
+	c := &Client{addrs: clean, AttemptTimeout: 2 * time.Second}
+	for _, a := range clean {
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("ctlclient: %s: %w", a, err)
+		}
+		c.conns = append(c.conns, cc)
+	}
+	return c, nil
+}
+
+// Close closes every connection.
+func (c *Client) Close() {
+	for _, cc := range c.conns {
+		cc.Close()
+	}
+}
+
+// Addrs returns the controller addresses.
+func (c *Client) Addrs() []string { return c.addrs }
+
+// Do runs call against one replica after another until one answers with
+// anything but Unavailable or DeadlineExceeded of its own attempt, or ctx
+// ends. The error then names every replica tried.
+func (c *Client) Do(ctx context.Context, call func(ctx context.Context, cc *grpc.ClientConn) error) error {
+	start := int(c.next.Load())
+	var errs []string
+	for attempt := 0; ; attempt++ {
+		i := (start + attempt) % len(c.conns)
+		actx, cancel := context.WithTimeout(ctx, c.AttemptTimeout)
+		err := call(actx, c.conns[i])
+		cancel()
+		code := status.Code(err)
+		if err == nil || (code != codes.Unavailable && code != codes.DeadlineExceeded) {
+			c.next.Store(uint32(i))
+			return err
+		}
+		if ctx.Err() != nil {
+			if len(errs) == 0 {
+				errs = append(errs, fmt.Sprintf("%s: %v", c.addrs[i], status.Convert(err).Message()))
+			}
+			return status.Errorf(codes.Unavailable, "no controller answered in time; last errors: %s", strings.Join(errs, "; "))
+		}
+		errs = append(errs, fmt.Sprintf("%s: %v", c.addrs[i], status.Convert(err).Message()))
+		if len(errs) > len(c.conns) {
+			errs = errs[1:]
+		}
+		if (attempt+1)%len(c.conns) == 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// Dispatch places a request.
+func (c *Client) Dispatch(ctx context.Context, req *pb.DispatchRequest) (resp *pb.DispatchResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).Dispatch(ctx, req)
+		return e
+	})
+	return resp, err
+}
+
+// Complete ends requests.
+func (c *Client) Complete(ctx context.Context, req *pb.CompleteRequest) (resp *pb.CompleteResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).Complete(ctx, req)
+		return e
+	})
+	return resp, err
+}
+
+// GetPlacement reads a placement.
+func (c *Client) GetPlacement(ctx context.Context, req *pb.GetPlacementRequest) (resp *pb.GetPlacementResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).GetPlacement(ctx, req)
+		return e
+	})
+	return resp, err
+}
+
+// RegisterWorker registers a worker.
+func (c *Client) RegisterWorker(ctx context.Context, req *pb.RegisterWorkerRequest) (resp *pb.RegisterWorkerResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).RegisterWorker(ctx, req)
+		return e
+	})
+	return resp, err
+}
+
+// ReportLoad sends a load record.
+func (c *Client) ReportLoad(ctx context.Context, req *pb.ReportLoadRequest) (resp *pb.ReportLoadResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).ReportLoad(ctx, req)
+		return e
+	})
+	return resp, err
+}
+
+// ListWorkers lists workers and their loads.
+func (c *Client) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (resp *pb.ListWorkersResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).ListWorkers(ctx, req)
+		return e
+	})
+	return resp, err
+}
+
+// ClusterStatus asks one replica for its view; it moves on when that
+// replica is unreachable.
+func (c *Client) ClusterStatus(ctx context.Context) (resp *pb.ClusterStatusResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewOperatorClient(cc).ClusterStatus(ctx, &pb.ClusterStatusRequest{})
+		return e
+	})
+	return resp, err
+}
+
+// Operator runs an operator call with failover.
+func (c *Client) Operator(ctx context.Context, call func(ctx context.Context, op pb.OperatorClient) error) error {
+	return c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) error {
+		return call(ctx, pb.NewOperatorClient(cc))
+	})
+}
+
+// Conn returns the connection to replica i, for callers that pin one.
+func (c *Client) Conn(i int) *grpc.ClientConn { return c.conns[i%len(c.conns)] }

@@ -1,0 +1,258 @@
+// Package devcluster runs lumen processes on one machine for the demo, the
+// benchmarks and the fault-injection suite: each process is a real `lumen`
+// subcommand with its own data directory and log file, on loopback ports,
+// killed with SIGKILL when a test says so.
+package devcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/ctlclient"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// Controller is one controller process.
+type Controller struct {
+	ID       string
+	DataDir  string
+	LogPath  string
+	RaftAddr string
+	GRPCAddr string
+	SerfAddr string
+	HTTPAddr string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Running reports whether the process is alive.
+func (c *Controller) Running() bool {
+	if c.cmd == nil {
+		return false
+	}
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Pid returns the process id, or 0.
+func (c *Controller) Pid() int {
+	if !c.Running() {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// Options configures a local quorum.
+type Options struct {
+	// Bin is the lumen binary; empty means this executable.
+	Bin string
+	// Dir holds each replica's data directory and log.
+	Dir string
+	// Controllers is the quorum size (3 or 5).
+	Controllers int
+	// Args are extra flags for every controller.
+	Args []string
+}
+
+// Cluster is a local controller quorum.
+type Cluster struct {
+	opts        Options
+	Controllers []*Controller
+}
+
+// FreePort returns a loopback port free for both TCP and UDP now.
+func FreePort() (int, error) {
+	for i := 0; i < 50; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			u.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("devcluster: no free loopback port")
+}
+
+func freeAddr() (string, error) {
+	p, err := FreePort()
+	return fmt.Sprintf("127.0.0.1:%d", p), err
+}
+
+// Start launches the quorum and waits until it has a leader.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		opts.Bin = exe
+	}
+	if opts.Controllers <= 0 {
+		opts.Controllers = 3
+	}
+	c := &Cluster{opts: opts}
+	for i := 0; i < opts.Controllers; i++ {
+		ctl := &Controller{ID: fmt.Sprintf("ctl%d", i+1)}
+		ctl.DataDir = filepath.Join(opts.Dir, ctl.ID)
+		ctl.LogPath = filepath.Join(opts.Dir, ctl.ID+".log")
+		var err error
+		for _, p := range []*string{&ctl.RaftAddr, &ctl.GRPCAddr, &ctl.SerfAddr, &ctl.HTTPAddr} {
+			if *p, err = freeAddr(); err != nil {
+				return nil, err
+			}
+		}
+		c.Controllers = append(c.Controllers, ctl)
+	}
+	for i := range c.Controllers {
+		if err := c.Restart(i); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
+	if _, err := c.WaitLeader(ctx); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// GRPCAddrs lists every controller's API address.
+func (c *Cluster) GRPCAddrs() []string {
+	out := make([]string, len(c.Controllers))
+	for i, ctl := range c.Controllers {
+		out[i] = ctl.GRPCAddr
+	}
+	return out
+}
+
+// Restart starts controller i (again) from its data directory.
+func (c *Cluster) Restart(i int) error {
+	ctl := c.Controllers[i]
+	if ctl.Running() {
+		return fmt.Errorf("devcluster: %s is running", ctl.ID)
+	}
+	var join []string
+	for j, o := range c.Controllers {
+		if j != i {
+			join = append(join, o.SerfAddr)
+		}
+	}
+	args := []string{"controller", "-id", ctl.ID, "-data-dir", ctl.DataDir,
+		"-raft-addr", ctl.RaftAddr, "-grpc-addr", ctl.GRPCAddr, "-serf-addr", ctl.SerfAddr, "-http-addr", ctl.HTTPAddr,
+		"-bootstrap-expect", strconv.Itoa(len(c.Controllers)), "-join", strings.Join(join, ",")}
+	args = append(args, c.opts.Args...)
+	if err := os.MkdirAll(c.opts.Dir, 0o755); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(ctl.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(c.opts.Bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("devcluster: start %s: %w", ctl.ID, err)
+	}
+	ctl.cmd, ctl.done = cmd, make(chan struct{})
+	go func(ctl *Controller, done chan struct{}) {
+		ctl.err = cmd.Wait()
+		logf.Close()
+		close(done)
+	}(ctl, ctl.done)
+	return nil
+}
+
+// Kill sends SIGKILL to controller i and waits for it to die.
+func (c *Cluster) Kill(i int) {
+	ctl := c.Controllers[i]
+	if !ctl.Running() {
+		return
+	}
+	_ = ctl.cmd.Process.Signal(syscall.SIGKILL)
+	<-ctl.done
+}
+
+// Stop terminates every controller (SIGTERM, then SIGKILL after 5 s).
+func (c *Cluster) Stop() {
+	for _, ctl := range c.Controllers {
+		if ctl.Running() {
+			_ = ctl.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for i, ctl := range c.Controllers {
+		if !ctl.Running() {
+			continue
+		}
+		select {
+		case <-ctl.done:
+		case <-time.After(5 * time.Second):
+			c.Kill(i)
+		}
+	}
+}
+
+// Status asks controller i for its view of the cluster.
+func (c *Cluster) Status(ctx context.Context, i int) (*pb.ClusterStatusResponse, error) {
+	cl, err := ctlclient.New([]string{c.Controllers[i].GRPCAddr}, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	return cl.ClusterStatus(ctx)
+}
+
+// WaitLeader waits until a running controller reports itself the leader and
+// every running controller names it, and returns the leader's index.
+func (c *Cluster) WaitLeader(ctx context.Context) (int, error) {
+	for {
+		if i, ok := c.agreedLeader(ctx); ok {
+			return i, nil
+		}
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("devcluster: no leader: %w (logs in %s)", ctx.Err(), c.opts.Dir)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) agreedLeader(ctx context.Context) (int, bool) {
+	leader, leaderID := -1, ""
+	for i, ctl := range c.Controllers {
+		if !ctl.Running() {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		st, err := c.Status(sctx, i)
+		cancel()
+		if err != nil || st.LeaderId == "" || (leaderID != "" && st.LeaderId != leaderID) {
+			return -1, false
+		}
+		leaderID = st.LeaderId
+		if st.State == "Leader" && st.LeaderId == ctl.ID {
+			leader = i
+		}
+	}
+	return leader, leader >= 0
+}
