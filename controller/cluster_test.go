@@ -1,8 +1,8 @@
 package controller
 
 import (
-	"context"
 	"bytes"
+	"context"
 	"fmt"
 	"strconv"
 	"sync"
@@ -46,11 +46,12 @@ func (w *testLogWriter) Write(p []byte) (int, error) {
 }
 
 type cluster struct {
-	t     testing.TB
-	cfgs  []Config
-	nodes []*Node
-	conns map[string]*grpc.ClientConn
-	logw  *testLogWriter
+	t      testing.TB
+	cfgs   []Config
+	nodes  []*Node
+	connMu sync.Mutex // guards conns
+	conns  map[string]*grpc.ClientConn
+	logw   *testLogWriter
 }
 
 // newCluster starts n replicas on loopback that bootstrap together.
@@ -146,6 +147,8 @@ func (c *cluster) follower() *Node {
 }
 
 func (c *cluster) conn(n *Node) *grpc.ClientConn {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
 	addr := n.GRPCAddr()
 	if cc, ok := c.conns[addr]; ok {
 		return cc

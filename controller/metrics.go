@@ -1,6 +1,9 @@
 package controller
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
 
 // metrics are a replica's Prometheus metrics, in a registry of its own so
 // several replicas can run in one process (tests).
@@ -37,6 +40,6 @@ func newMetrics() *metrics {
 			Help: "Calls forwarded to the leader, by method."}, []string{"method"}),
 	}
 	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

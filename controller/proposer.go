@@ -22,13 +22,12 @@ var errNotLeader = errors.New("controller: not the leader")
 // once, and under load commands pile up into the next entry while earlier
 // ones replicate.
 type proposer struct {
-	raft     *raft.Raft
-	in       chan *proposal
-	slots    chan struct{}
-	max      int
-	metrics  *metrics
-	stop     <-chan struct{}
-	inflight chan struct{} // closed by run when every waiter is done
+	raft    *raft.Raft
+	in      chan *proposal
+	slots   chan struct{}
+	max     int
+	metrics *metrics
+	stop    <-chan struct{}
 }
 
 type proposal struct {
@@ -164,4 +163,3 @@ func fail(batch []*proposal, err error) {
 		pr.done <- proposalResult{err: err}
 	}
 }
-

@@ -106,14 +106,6 @@ func (s *state) view(id string) *policy.Worker {
 	return nil
 }
 
-func (s *state) viewIndex(id string) int {
-	i := sort.SearchStrings(s.ids, id)
-	if i < len(s.ids) && s.ids[i] == id {
-		return i
-	}
-	return -1
-}
-
 // putWorker stores a worker row and refreshes its view's static fields.
 func (s *state) putWorker(w *pb.Worker) {
 	if _, ok := s.workers[w.Id]; !ok {
