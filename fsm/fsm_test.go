@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -379,6 +380,7 @@ func TestDeterminism(t *testing.T) {
 		if !bytes.Equal(sa, sb) {
 			t.Fatalf("seed %d: snapshots differ after entry %d", seed, i)
 		}
+		checkHolderIndex(t, a.f.st, rng)
 	}
 	if w, p := a.f.Counts(); w == 0 || p == 0 {
 		t.Fatalf("random log left %d workers, %d placements: not exercising the tables", w, p)
@@ -502,5 +504,20 @@ func TestEventsSinceAndCompaction(t *testing.T) {
 	case <-ch:
 	default:
 		t.Fatal("watcher not woken")
+	}
+}
+
+// checkHolderIndex fails when the incrementally kept holder index answers
+// anything but what the reference scan over the views answers.
+func checkHolderIndex(t *testing.T, s *state, rng *rand.Rand) {
+	t.Helper()
+	for k := 0; k < 8; k++ {
+		serving := rng.Intn(len(s.views)+1) - 1
+		fp := uint64(rng.Intn(1 << 20))
+		g1, r1 := s.holders.Pick(serving, fp)
+		g2, r2 := policy.PickHolder(s.views, serving, fp, s.lambda)
+		if g1 != g2 || r1 != r2 {
+			t.Fatalf("holder index %d %q, reference %d %q (serving %d, footprint %d)", g1, r1, g2, r2, serving, fp)
+		}
 	}
 }

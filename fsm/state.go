@@ -20,6 +20,9 @@ type state struct {
 	// ids is the sorted worker ids; views[i] is policy's view of ids[i].
 	ids   []string
 	views []policy.Worker
+	// holders indexes views for h(r); refresh it through touch and
+	// reindex whenever a view's holder fields change.
+	holders *policy.HolderIndex
 
 	placements map[string]*pb.Placement
 	// serving[w] is the set of request ids placed on worker w.
@@ -47,8 +50,20 @@ func newState() *state {
 		holding:        map[string]map[string]struct{}{},
 		completedSet:   map[string]struct{}{},
 		nextRecoveryID: 1,
+		holders:        policy.NewHolderIndex(nil, DefaultLambda),
 	}
 }
+
+// touch refreshes worker id's entry in the holder index after its view
+// changed.
+func (s *state) touch(id string) {
+	i := sort.SearchStrings(s.ids, id)
+	if i < len(s.ids) && s.ids[i] == id {
+		s.holders.Update(i, &s.views[i])
+	}
+}
+
+func (s *state) reindex() { s.holders.Rebuild(s.views, s.lambda) }
 
 // eventSink collects the events one batch produces.
 type eventSink = *[]*pb.Event
@@ -108,7 +123,8 @@ func (s *state) view(id string) *policy.Worker {
 
 // putWorker stores a worker row and refreshes its view's static fields.
 func (s *state) putWorker(w *pb.Worker) {
-	if _, ok := s.workers[w.Id]; !ok {
+	_, known := s.workers[w.Id]
+	if !known {
 		i := sort.SearchStrings(s.ids, w.Id)
 		s.ids = append(s.ids, "")
 		copy(s.ids[i+1:], s.ids[i:])
@@ -124,6 +140,11 @@ func (s *state) putWorker(w *pb.Worker) {
 	v.H2DBytesPerSec = w.GetCapacity().GetH2DBytesPerSec()
 	if v.KVPagesTotal == 0 {
 		v.KVPagesTotal = w.GetCapacity().GetKvPagesTotal()
+	}
+	if known {
+		s.touch(w.Id)
+	} else {
+		s.reindex()
 	}
 }
 
@@ -169,6 +190,7 @@ func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 	v := s.view(nw.Id)
 	*v = policy.Worker{ID: v.ID, Eligible: v.Eligible, CheckpointBudget: v.CheckpointBudget,
 		H2DBytesPerSec: v.H2DBytesPerSec, KVPagesTotal: nw.GetCapacity().GetKvPagesTotal()}
+	s.touch(nw.Id)
 	from := pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
 	if ok {
 		from = pb.WorkerPhase_WORKER_PHASE_FAILED
@@ -203,6 +225,7 @@ func (s *state) reportLoad(l *pb.LoadRecord) Result {
 	v.Running = l.Running
 	v.Waiting = l.Waiting
 	v.PendingRequests, v.PendingPages = 0, 0
+	s.touch(l.WorkerId)
 	return Result{}
 }
 
@@ -243,8 +266,9 @@ func (s *state) setStrategy(c *pb.SetStrategyCmd, idx uint64, evs eventSink) Res
 	}
 	prev := s.strategy
 	s.strategy = c.Strategy
-	if c.Lambda > 0 {
+	if c.Lambda > 0 && c.Lambda != s.lambda {
 		s.lambda = c.Lambda
+		s.reindex()
 	}
 	if prev != c.Strategy {
 		s.emit(evs, idx, &pb.Event{Body: &pb.Event_StrategyChanged{StrategyChanged: &pb.StrategyChanged{From: prev, To: c.Strategy}}})
@@ -286,6 +310,7 @@ func (s *state) reserve(holder string, bytes uint64) {
 	if v := s.view(holder); v != nil {
 		v.Reserved += bytes
 		v.Held++
+		s.touch(holder)
 	}
 }
 
@@ -293,6 +318,7 @@ func (s *state) release(holder string, bytes uint64) {
 	if v := s.view(holder); v != nil && v.Held > 0 {
 		v.Reserved -= min(bytes, v.Reserved)
 		v.Held--
+		s.touch(holder)
 	}
 }
 
@@ -307,7 +333,7 @@ func (s *state) strategyPolicy() policy.Strategy { return policy.Strategy(s.stra
 // serving (into views) and fills p's holder fields.
 func (s *state) placeHolder(p *pb.Placement, serving int) policy.NoHolder {
 	p.ReservedBytes = s.footprint(s.ids[serving], p.PromptTokens, p.MaxTokens)
-	h, why := policy.ChooseHolder(s.strategyPolicy(), s.views, serving, p.ReservedBytes, s.lambda)
+	h, why := policy.ChooseHolder(s.strategyPolicy(), s.views, s.holders, serving, p.ReservedBytes, s.lambda)
 	if h < 0 {
 		p.HolderId, p.ReservedBytes = "", 0
 		return why
@@ -415,6 +441,7 @@ func (s *state) failWorker(w *pb.Worker, reason string, idx uint64, evs eventSin
 	delete(s.holding, w.Id)
 	v := s.view(w.Id)
 	v.Reserved, v.Held, v.PendingRequests, v.PendingPages = 0, 0, 0, 0
+	s.touch(w.Id)
 	s.recover(w.Id, w.Incarnation, idx, evs)
 	return nw
 }
@@ -525,6 +552,7 @@ func restoreState(snap *pb.Snapshot) (*state, error) {
 		}
 		s.loads[l.WorkerId] = l
 		v.QueueWaitMs, v.KVPagesTotal, v.KVPagesUsed = l.QueueWaitMs, l.KvPagesTotal, l.KvPagesUsed
+		s.touch(l.WorkerId)
 		v.QueueHeadPages, v.Running, v.Waiting = l.QueueHeadPages, l.Running, l.Waiting
 	}
 	for _, pd := range snap.Pending {
@@ -546,5 +574,6 @@ func restoreState(snap *pb.Snapshot) (*state, error) {
 	for _, id := range snap.Completed {
 		s.rememberCompleted(id)
 	}
+	s.reindex()
 	return s, nil
 }

@@ -167,15 +167,10 @@ func PickHolder(ws []Worker, serving int, footprint uint64, lambda float64) (int
 			continue
 		}
 		peers = true
-		free := w.CheckpointBudget - w.Reserved
-		if w.Reserved > w.CheckpointBudget || footprint > free {
+		if w.FreeCheckpointBytes() < footprint {
 			continue
 		}
-		score := w.QueueWaitMs
-		if w.Held > 0 && lambda != 0 {
-			score += lambda * w.RestoreDelayMs()
-		}
-		if score < bestScore {
+		if score := holderScore(w, lambda); score < bestScore {
 			best, bestScore = i, score
 		}
 	}
@@ -208,14 +203,18 @@ func RingHolder(ws []Worker, serving int, footprint uint64) (int, NoHolder) {
 	return -1, NoHolderNoPeer
 }
 
-// ChooseHolder applies the strategy's holder rule.
-func ChooseHolder(s Strategy, ws []Worker, serving int, footprint uint64, lambda float64) (int, NoHolder) {
+// ChooseHolder applies the strategy's holder rule. idx, when not nil, is the
+// HolderIndex of ws and answers LUMEN's h(r).
+func ChooseHolder(s Strategy, ws []Worker, idx *HolderIndex, serving int, footprint uint64, lambda float64) (int, NoHolder) {
 	switch s {
 	case StopAndRestart:
 		return -1, NoHolderStrategy
 	case FixedCheckpoint:
 		return RingHolder(ws, serving, footprint)
 	default:
+		if idx != nil {
+			return idx.Pick(serving, footprint)
+		}
 		return PickHolder(ws, serving, footprint, lambda)
 	}
 }

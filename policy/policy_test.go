@@ -122,7 +122,7 @@ func TestRingHolder(t *testing.T) {
 			t.Errorf("%s: got %s (%q), want %s (%q)", c.name, ids(c.ws, got), reason, c.want, c.reason)
 		}
 	}
-	if got, reason := ChooseHolder(StopAndRestart, []Worker{w("a", 0), w("b", 0)}, 0, 1, 1); got != -1 || reason != NoHolderStrategy {
+	if got, reason := ChooseHolder(StopAndRestart, []Worker{w("a", 0), w("b", 0)}, nil, 0, 1, 1); got != -1 || reason != NoHolderStrategy {
 		t.Errorf("stop-and-restart chose holder %d (%q)", got, reason)
 	}
 }
@@ -271,9 +271,7 @@ func TestPlanRecoveryBalanced(t *testing.T) {
 	}
 }
 
-// BenchmarkPickHolder10k measures one h(r) decision over 10,000 workers and
-// reports its p50 and p99.
-func BenchmarkPickHolder10k(b *testing.B) {
+func tenThousandWorkers() []Worker {
 	rng := rand.New(rand.NewSource(1))
 	ws := make([]Worker, 10000)
 	for i := range ws {
@@ -282,11 +280,16 @@ func BenchmarkPickHolder10k(b *testing.B) {
 		ws[i].Reserved = uint64(ws[i].Held) * 1 << 24
 		ws[i].Eligible = rng.Intn(50) != 0
 	}
+	return ws
+}
+
+// benchDecisions times each decision and reports p50 and p99 in µs.
+func benchDecisions(b *testing.B, pick func(i int) int) {
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		h, _ := PickHolder(ws, i%len(ws), 1<<20, 1)
+		h := pick(i)
 		lat = append(lat, time.Since(start))
 		if h < 0 {
 			b.Fatal("no holder")
@@ -296,4 +299,53 @@ func BenchmarkPickHolder10k(b *testing.B) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+}
+
+// BenchmarkHolder10k measures one h(r) decision over 10,000 workers, as the
+// fsm makes it (the index) and by the reference scan.
+func BenchmarkHolder10k(b *testing.B) {
+	ws := tenThousandWorkers()
+	idx := NewHolderIndex(ws, 1)
+	b.Run("index", func(b *testing.B) {
+		benchDecisions(b, func(i int) int { h, _ := idx.Pick(i%len(ws), 1<<20); return h })
+	})
+	b.Run("scan", func(b *testing.B) {
+		benchDecisions(b, func(i int) int { h, _ := PickHolder(ws, i%len(ws), 1<<20, 1); return h })
+	})
+}
+
+// TestHolderIndexMatchesPickHolder changes random workers and checks, after
+// each change, that the index picks what the reference scan picks.
+func TestHolderIndexMatchesPickHolder(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	ws := make([]Worker, 40)
+	for i := range ws {
+		ws[i] = w(fmt.Sprintf("w%02d", i), float64(rng.Intn(5)))
+		ws[i].CheckpointBudget = uint64(rng.Intn(1000))
+	}
+	lambda := float64(rng.Intn(3))
+	idx := NewHolderIndex(ws, lambda)
+	for step := 0; step < 5000; step++ {
+		i := rng.Intn(len(ws))
+		switch rng.Intn(4) {
+		case 0:
+			ws[i].Eligible = !ws[i].Eligible
+		case 1:
+			ws[i].QueueWaitMs = float64(rng.Intn(5))
+		case 2:
+			ws[i].Held++
+			ws[i].Reserved += uint64(rng.Intn(300))
+		case 3:
+			ws[i].Held, ws[i].Reserved = 0, 0
+		}
+		idx.Update(i, &ws[i])
+		serving, fp := rng.Intn(len(ws)+1)-1, uint64(rng.Intn(400))
+		g1, r1 := idx.Pick(serving, fp)
+		g2, r2 := PickHolder(ws, serving, fp, lambda)
+		if g1 != g2 || r1 != r2 {
+			t.Fatalf("seed %d step %d: index %d %q, scan %d %q", seed, step, g1, r1, g2, r2)
+		}
+	}
 }

@@ -1,0 +1,128 @@
+package policy
+
+import "math"
+
+// holderScore is h(r)'s objective for one worker: q_w + λ·p_w(r).
+func holderScore(w *Worker, lambda float64) float64 {
+	score := w.QueueWaitMs
+	if w.Held > 0 && lambda != 0 {
+		score += lambda * w.RestoreDelayMs()
+	}
+	return score
+}
+
+// HolderIndex answers h(r) without scanning every worker: a segment tree over
+// the workers (in the order of the []Worker it mirrors) in which every node
+// keeps the lowest score and the most free checkpoint bytes of the leaves
+// below it. Pick walks the tree left to right, skipping every subtree that
+// cannot hold the footprint or cannot beat the best score found, so with
+// budgets to spare it visits O(log n) nodes; updates are O(log n).
+//
+// Whoever changes a worker's eligibility, q_w, budget or reservations calls
+// Update for it, and Rebuild after inserting a worker or changing lambda.
+// PickHolder is the reference definition: Pick returns the same worker.
+type HolderIndex struct {
+	lambda   float64
+	n        int       // workers
+	size     int       // leaves: the power of two >= n
+	minScore []float64 // per node; +Inf for ineligible leaves
+	maxFree  []uint64  // per node; 0 for ineligible leaves
+	eligible []bool    // per worker
+	count    int       // eligible workers
+}
+
+// NewHolderIndex builds the index of ws.
+func NewHolderIndex(ws []Worker, lambda float64) *HolderIndex {
+	x := &HolderIndex{}
+	x.Rebuild(ws, lambda)
+	return x
+}
+
+// Rebuild recomputes every entry.
+func (x *HolderIndex) Rebuild(ws []Worker, lambda float64) {
+	x.lambda, x.n, x.size, x.count = lambda, len(ws), 1, 0
+	for x.size < len(ws) {
+		x.size *= 2
+	}
+	x.minScore = make([]float64, 2*x.size)
+	x.maxFree = make([]uint64, 2*x.size)
+	x.eligible = make([]bool, len(ws))
+	for i := range x.minScore {
+		x.minScore[i] = math.Inf(1)
+	}
+	for i := range ws {
+		x.setLeaf(i, &ws[i])
+	}
+	for v := x.size - 1; v >= 1; v-- {
+		x.pull(v)
+	}
+}
+
+func (x *HolderIndex) setLeaf(i int, w *Worker) {
+	v := x.size + i
+	if w.Eligible != x.eligible[i] {
+		if w.Eligible {
+			x.count++
+		} else {
+			x.count--
+		}
+		x.eligible[i] = w.Eligible
+	}
+	if w.Eligible {
+		x.minScore[v], x.maxFree[v] = holderScore(w, x.lambda), w.FreeCheckpointBytes()
+	} else {
+		x.minScore[v], x.maxFree[v] = math.Inf(1), 0
+	}
+}
+
+func (x *HolderIndex) pull(v int) {
+	l, r := 2*v, 2*v+1
+	x.minScore[v] = min(x.minScore[l], x.minScore[r])
+	x.maxFree[v] = max(x.maxFree[l], x.maxFree[r])
+}
+
+// Update refreshes worker i's entry from w.
+func (x *HolderIndex) Update(i int, w *Worker) {
+	x.setLeaf(i, w)
+	for v := (x.size + i) / 2; v >= 1; v /= 2 {
+		x.pull(v)
+	}
+}
+
+// Pick is h(r) over the index: the eligible worker other than serving whose
+// free budget covers footprint with the lowest score; ties to the lower
+// index (the smaller id).
+func (x *HolderIndex) Pick(serving int, footprint uint64) (int, NoHolder) {
+	best, bestScore := -1, math.Inf(1)
+	var walk func(v int)
+	walk = func(v int) {
+		// A subtree is worth entering only if it may hold a worker with
+		// room whose score beats the best so far (ties: the leftmost wins,
+		// and subtrees are visited left to right).
+		if x.maxFree[v] < footprint || !(x.minScore[v] < bestScore) {
+			return
+		}
+		if v >= x.size {
+			if i := v - x.size; i != serving {
+				best, bestScore = i, x.minScore[v]
+			}
+			return
+		}
+		walk(2 * v)
+		walk(2*v + 1)
+	}
+	if x.n > 0 {
+		walk(1)
+	}
+	if best >= 0 {
+		return best, HolderFound
+	}
+	peers := x.count
+	if serving >= 0 && serving < x.n && x.eligible[serving] {
+		peers--
+	}
+	if peers <= 0 {
+		return -1, NoHolderNoPeer
+	}
+	return -1, NoHolderBudgetFull
+}
