@@ -16,18 +16,23 @@ import (
 // errNotLeader: this replica stopped leading before the command was proposed.
 var errNotLeader = errors.New("controller: not the leader")
 
-// proposer coalesces commands into log entries (group commit). One goroutine,
-// run, owns the batch being built: it proposes an entry as soon as fewer than
-// `inflight` entries are waiting to apply, so a lone command is proposed at
-// once, and under load commands pile up into the next entry while earlier
-// ones replicate.
+// proposer coalesces commands into log entries (group commit). Callers
+// append to a queue; one goroutine, run, proposes an entry as soon as fewer
+// than `inflight` entries are waiting to apply, taking everything queued.
+// A lone command is proposed at once; under load commands pile up while
+// earlier entries replicate. (A mutex-guarded queue rather than a channel:
+// hundreds of callers selecting on one channel contended on its lock.)
 type proposer struct {
 	raft    *raft.Raft
-	in      chan *proposal
+	wake    chan struct{} // buffered 1: something was queued
 	slots   chan struct{}
 	max     int
 	metrics *metrics
 	stop    <-chan struct{}
+
+	mu      sync.Mutex // guards queue and stopped
+	queue   []*proposal
+	stopped bool
 }
 
 type proposal struct {
@@ -42,7 +47,7 @@ type proposalResult struct {
 }
 
 func newProposer(r *raft.Raft, max, inflight int, m *metrics, stop <-chan struct{}) *proposer {
-	return &proposer{raft: r, in: make(chan *proposal, 4*max), slots: make(chan struct{}, inflight),
+	return &proposer{raft: r, wake: make(chan struct{}, 1), slots: make(chan struct{}, inflight),
 		max: max, metrics: m, stop: stop}
 }
 
@@ -51,12 +56,16 @@ func newProposer(r *raft.Raft, max, inflight int, m *metrics, stop <-chan struct
 // idempotent so it may retry.
 func (p *proposer) propose(ctx context.Context, cmd *pb.Command) (proposalResult, error) {
 	pr := &proposal{cmd: cmd, done: make(chan proposalResult, 1)}
-	select {
-	case p.in <- pr:
-	case <-ctx.Done():
-		return proposalResult{}, ctx.Err()
-	case <-p.stop:
+	p.mu.Lock()
+	if p.stopped {
+		p.mu.Unlock()
 		return proposalResult{}, errNotLeader
+	}
+	p.queue = append(p.queue, pr)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
 	}
 	select {
 	case r := <-pr.done:
@@ -72,43 +81,31 @@ func (p *proposer) propose(ctx context.Context, cmd *pb.Command) (proposalResult
 func (p *proposer) run() {
 	var waiters sync.WaitGroup
 	defer waiters.Wait()
+	defer p.failQueued()
 	for {
-		var batch []*proposal
 		select {
-		case pr := <-p.in:
-			batch = append(batch, pr)
+		case <-p.wake:
 		case <-p.stop:
-			p.failQueued()
 			return
 		}
-		// Wait for a free slot, gathering what arrives meanwhile.
-		acquired := false
-		for !acquired {
-			in := p.in
-			if len(batch) >= p.max {
-				in = nil
-			}
+		for {
+			// Wait for a slot first: commands queue up meanwhile.
 			select {
 			case p.slots <- struct{}{}:
-				acquired = true
-			case pr := <-in:
-				batch = append(batch, pr)
 			case <-p.stop:
-				fail(batch, errNotLeader)
-				p.failQueued()
 				return
 			}
-		}
-	drain:
-		for len(batch) < p.max {
-			select {
-			case pr := <-p.in:
-				batch = append(batch, pr)
-			default:
-				break drain
+			p.mu.Lock()
+			n := min(len(p.queue), p.max)
+			batch := p.queue[:n:n]
+			p.queue = p.queue[n:]
+			p.mu.Unlock()
+			if n == 0 {
+				<-p.slots
+				break
 			}
+			p.submit(batch, &waiters)
 		}
-		p.submit(batch, &waiters)
 	}
 }
 
@@ -146,16 +143,14 @@ func (p *proposer) submit(batch []*proposal, waiters *sync.WaitGroup) {
 	})
 }
 
-// failQueued fails everything still queued once leadership is gone.
+// failQueued fails everything still queued once leadership is gone, and
+// refuses what comes after.
 func (p *proposer) failQueued() {
-	for {
-		select {
-		case pr := <-p.in:
-			pr.done <- proposalResult{err: errNotLeader}
-		default:
-			return
-		}
-	}
+	p.mu.Lock()
+	q := p.queue
+	p.queue, p.stopped = nil, true
+	p.mu.Unlock()
+	fail(q, errNotLeader)
 }
 
 func fail(batch []*proposal, err error) {

@@ -198,6 +198,9 @@ func runBenchController(args []string) error {
 				out["elections_without_faults"] = -1
 			}
 		}
+		if r.errors > r.ops/100 {
+			return fmt.Errorf("dispatch with %d callers: %d errors for %d successes", callers, r.errors, r.ops)
+		}
 		rows = append(rows, row{fmt.Sprintf("Dispatch, %d callers", callers),
 			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), goal})
 	}
@@ -210,14 +213,22 @@ func runBenchController(args []string) error {
 	}
 	{
 		var wg sync.WaitGroup
+		var failed atomic.Int64
 		for c := 0; c < 50; c++ {
 			wg.Go(func() {
 				for i := c; i < len(ids); i += 50 {
-					_ = b.leaderDispatch(ctx, &pb.DispatchRequest{RequestId: ids[i], PromptTokens: 100, MaxTokens: 100})
+					pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Second)
+					if b.leaderDispatch(pctx, &pb.DispatchRequest{RequestId: ids[i], PromptTokens: 100, MaxTokens: 100}) != nil {
+						failed.Add(1)
+					}
+					pcancel()
 				}
 			})
 		}
 		wg.Wait()
+		if n := failed.Load(); n > 0 {
+			return fmt.Errorf("placing the read set: %d of %d Dispatches failed", n, len(ids))
+		}
 	}
 	fmt.Printf("linearizable GetPlacement: 256 callers for %s ...\n", phase)
 	rr := run(256, phase, func(ctx context.Context, c, i int) error {
@@ -226,6 +237,9 @@ func runBenchController(args []string) error {
 		return err
 	})
 	out["read_per_s"], out["read_p50_ms"], out["read_p99_ms"] = rr.perSec(), rr.pct(0.5), rr.pct(0.99)
+	if rr.errors > rr.ops/100 {
+		return fmt.Errorf("linearizable reads: %d errors for %d successes", rr.errors, rr.ops)
+	}
 	rows = append(rows, row{"linearizable GetPlacement, 256 callers",
 		fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", rr.perSec(), rr.pct(0.5), rr.pct(0.99), rr.errors), ">= 50000/s, p99 <= 5 ms"})
 
