@@ -595,3 +595,20 @@ func TestConcurrentWritesCoalesce(t *testing.T) {
 		return true
 	})
 }
+
+func TestGracefulLeave(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	leader := c.waitLeader()
+	i := c.index(leader)
+	if err := leader.Leave(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	c.nodes[i] = nil
+	n := c.waitLeader()
+	waitFor(t, 10*time.Second, "a 2-voter configuration", func() bool {
+		f := n.Raft().GetConfiguration()
+		return f.Error() == nil && len(f.Configuration().Servers) == 2
+	})
+	// The two left still commit: a quorum of 2.
+	c.addWorker("w1", 1, 1<<30)
+}
