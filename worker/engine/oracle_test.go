@@ -93,10 +93,19 @@ type live struct {
 // prefill and restores from exported pages at random page boundaries, and
 // requires every output to equal the request's reference run alone.
 func TestOracle(t *testing.T) {
+	syn, err := NewSynthetic(SyntheticConfig{Pages: 2048})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []Engine{newEngine(t, 2048), syn} {
+		t.Run(e.Info().Backend, func(t *testing.T) { oracle(t, e) })
+	}
+}
+
+func oracle(t *testing.T, e Engine) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
-	e := newEngine(t, 2048)
 	ctx := context.Background()
 	for trial := 0; trial < 6; trial++ {
 		sampled := trial%2 == 1

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -238,4 +239,49 @@ func EnsureModel(dir string) (string, error) {
 		return "", fmt.Errorf("engine: make the default model in %s: %w", dir, err)
 	}
 	return path, nil
+}
+
+// DraftAgreement decodes prompts greedily with the target in dir and returns
+// how often the draft, given the same prefix, predicts the target's next
+// token.
+func DraftAgreement(dir string, prompts, tokens int) (float64, error) {
+	target, err := NewTransformer(TransformerConfig{Path: filepath.Join(dir, TargetFile), Pages: 1024})
+	if err != nil {
+		return 0, err
+	}
+	draft, err := NewTransformer(TransformerConfig{Path: filepath.Join(dir, DraftFile), Pages: 1024})
+	if err != nil {
+		return 0, err
+	}
+	ctx := context.Background()
+	var tk Tokenizer
+	agree, total := 0, 0
+	for i := 0; i < prompts; i++ {
+		prompt := tk.Encode(fmt.Sprintf("prompt %d: the cluster keeps serving", i))
+		seq := SeqID(i + 1)
+		tOut, err := target.Forward(ctx, []Chunk{{Seq: seq, Tokens: prompt, Sample: 1}})
+		if err != nil {
+			return 0, err
+		}
+		dOut, err := draft.Forward(ctx, []Chunk{{Seq: seq, Tokens: prompt, Sample: 1}})
+		if err != nil {
+			return 0, err
+		}
+		for n := 0; n < tokens; n++ {
+			next := tOut[0][0]
+			if dOut[0][0] == next {
+				agree++
+			}
+			total++
+			if tOut, err = target.Forward(ctx, []Chunk{{Seq: seq, Tokens: []int32{next}, Sample: 1}}); err != nil {
+				return 0, err
+			}
+			if dOut, err = draft.Forward(ctx, []Chunk{{Seq: seq, Tokens: []int32{next}, Sample: 1}}); err != nil {
+				return 0, err
+			}
+		}
+		target.Release(seq)
+		draft.Release(seq)
+	}
+	return float64(agree) / float64(total), nil
 }

@@ -1,0 +1,184 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Profile is the GPU and model a worker emulates: how long a step takes as a
+// function of its shape, how big the KV cache and weights are, how fast bytes
+// move. Values come from CALIBRATION.md (vLLM on H100/H200, PCIe Gen5).
+type Profile struct {
+	Name  string
+	Model string
+	GPU   string
+	// KV cache: bf16, 2 × layers × kv_heads × head_dim × 2 bytes per token.
+	Layers, KVHeads, HeadDim int
+	WeightBytes              int64
+	GPUMemBytes              int64
+	MaxContext               int
+	// A decode step over B sequences takes DecodeBaseMs + DecodePerSeqMs·B;
+	// each verification position counts as one sequence.
+	DecodeBaseMs, DecodePerSeqMs float64
+	// Prefill tokens run at this rate, on top of the step's base time.
+	PrefillTokensPerSec float64
+	H2DBytesPerSec      float64 // pinned host → GPU
+	D2HBytesPerSec      float64 // GPU → pinned host
+	DiskBytesPerSec     float64 // weights from the page cache
+	EngineInit          time.Duration
+}
+
+// KVBytesPerToken is bf16 K and V over every layer.
+func (p Profile) KVBytesPerToken() int64 { return int64(2 * p.Layers * p.KVHeads * p.HeadDim * 2) }
+
+// KVPages is how many 16-token pages fit in 90% of GPU memory after weights.
+func (p Profile) KVPages() int {
+	free := int64(float64(p.GPUMemBytes)*0.9) - p.WeightBytes
+	return int(free / (p.KVBytesPerToken() * PageTokens))
+}
+
+// StepTime is the emulated time of one engine step: decodeRows sequences
+// decoding (or verification positions) and prefillTokens tokens prefilled.
+func (p Profile) StepTime(decodeRows, prefillTokens int) time.Duration {
+	ms := p.DecodeBaseMs + p.DecodePerSeqMs*float64(decodeRows)
+	if prefillTokens > 0 {
+		ms += float64(prefillTokens) / p.PrefillTokensPerSec * 1000
+	}
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+// LoadTime is weights from disk into host memory, then host to GPU, then
+// engine initialisation.
+func (p Profile) LoadTime() time.Duration {
+	s := float64(p.WeightBytes)/p.DiskBytesPerSec + float64(p.WeightBytes)/p.H2DBytesPerSec
+	return time.Duration(s*float64(time.Second)) + p.EngineInit
+}
+
+// Profiles are the built-in profiles by name.
+var Profiles = map[string]Profile{
+	"qwen3-14b-h100": {Name: "qwen3-14b-h100", Model: "Qwen3-14B", GPU: "NVIDIA H100 80GB HBM3",
+		Layers: 40, KVHeads: 8, HeadDim: 128, WeightBytes: 29.5e9, GPUMemBytes: 80e9, MaxContext: 32768,
+		DecodeBaseMs: 11.6, DecodePerSeqMs: 0.114, PrefillTokensPerSec: 20000,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
+	"qwen3-32b-h100": {Name: "qwen3-32b-h100", Model: "Qwen3-32B", GPU: "NVIDIA H100 80GB HBM3",
+		Layers: 64, KVHeads: 8, HeadDim: 128, WeightBytes: 65.5e9, GPUMemBytes: 80e9, MaxContext: 32768,
+		DecodeBaseMs: 23.83, DecodePerSeqMs: 0.1714, PrefillTokensPerSec: 10000,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
+	// H200: decode is memory-bound, 4.8 / 3.35 TB/s ≈ 1.43× faster; prefill is
+	// compute-bound and unchanged.
+	"qwen3-14b-h200": {Name: "qwen3-14b-h200", Model: "Qwen3-14B", GPU: "NVIDIA H200 141GB HBM3e",
+		Layers: 40, KVHeads: 8, HeadDim: 128, WeightBytes: 29.5e9, GPUMemBytes: 141e9, MaxContext: 32768,
+		DecodeBaseMs: 11.6 / 1.43, DecodePerSeqMs: 0.114 / 1.43, PrefillTokensPerSec: 20000,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
+	// The draft: 1.2 GB of weights read per step (0.36 ms at 3.35 TB/s)
+	// plus launch overheads.
+	"qwen3-0.6b-h100": {Name: "qwen3-0.6b-h100", Model: "Qwen3-0.6B", GPU: "NVIDIA H100 80GB HBM3",
+		Layers: 28, KVHeads: 8, HeadDim: 128, WeightBytes: 1.2e9, GPUMemBytes: 80e9, MaxContext: 32768,
+		DecodeBaseMs: 1.8, DecodePerSeqMs: 0.02, PrefillTokensPerSec: 150000,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 5 * time.Second},
+}
+
+// LookupProfile returns a profile by name; "none" returns false with no error.
+func LookupProfile(name string) (Profile, bool, error) {
+	if name == "none" || name == "" {
+		return Profile{}, false, nil
+	}
+	p, ok := Profiles[name]
+	if !ok {
+		names := make([]string, 0, len(Profiles))
+		for n := range Profiles {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return Profile{}, false, fmt.Errorf("%w: unknown profile %q: use none or one of %s", ErrBadInput, name, strings.Join(names, ", "))
+	}
+	return p, true, nil
+}
+
+// StepStats records emulated and actual step times.
+type StepStats struct {
+	Steps    int
+	Emulated time.Duration // sum of the profile's times (scaled)
+	Actual   time.Duration // sum of the wall times
+}
+
+// Paced makes an engine take the time its profile says: after each call it
+// waits out the difference between the emulated time (scaled by Scale) and
+// the time the call really took.
+type Paced struct {
+	Engine
+	Profile Profile
+	Scale   float64 // 1 = real time; 0.1 = ten times faster
+
+	mu    sync.Mutex // guards stats
+	stats StepStats
+	// Sleep is the clock's wait (time.Sleep by default).
+	Sleep func(time.Duration)
+}
+
+// NewPaced wraps e.
+func NewPaced(e Engine, p Profile, scale float64) *Paced {
+	return &Paced{Engine: e, Profile: p, Scale: scale, Sleep: time.Sleep}
+}
+
+func (p *Paced) pace(start time.Time, emulated time.Duration) {
+	emulated = time.Duration(float64(emulated) * p.Scale)
+	if wait := emulated - time.Since(start); wait > 0 {
+		p.Sleep(wait)
+	}
+	p.mu.Lock()
+	p.stats.Steps++
+	p.stats.Emulated += emulated
+	p.stats.Actual += time.Since(start)
+	p.mu.Unlock()
+}
+
+// Forward runs the batch and waits out its emulated time.
+func (p *Paced) Forward(ctx context.Context, batch []Chunk) ([][]int32, error) {
+	start := time.Now()
+	out, err := p.Engine.Forward(ctx, batch)
+	if err != nil {
+		return out, err
+	}
+	decode, prefill := 0, 0
+	for _, ch := range batch {
+		if ch.Sample > 1 || len(ch.Tokens) == 1 {
+			decode += len(ch.Tokens) // decode, or verification positions
+		} else {
+			prefill += len(ch.Tokens)
+		}
+	}
+	p.pace(start, p.Profile.StepTime(decode, prefill))
+	return out, nil
+}
+
+// Load loads the weights and waits out the profile's load time.
+func (p *Paced) Load(ctx context.Context) error {
+	start := time.Now()
+	if err := p.Engine.Load(ctx); err != nil {
+		return err
+	}
+	wait := time.Duration(float64(p.Profile.LoadTime())*p.Scale) - time.Since(start)
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Stats returns the step statistics so far.
+func (p *Paced) Stats() StepStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}

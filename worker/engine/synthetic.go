@@ -1,0 +1,253 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+)
+
+// SyntheticPageBytes is the size of an exported synthetic page: the page's
+// 16 token ids, its prefix hash, and filler derived from that hash. (Capacity
+// and transfer times are accounted with the profile's KV bytes per token.)
+const SyntheticPageBytes = 1024
+
+// SyntheticConfig configures a Synthetic engine.
+type SyntheticConfig struct {
+	Pages           int
+	MaxContext      int   // default 32768
+	KVBytesPerToken int64 // reported for accounting; default 160 KiB (Qwen3-14B)
+	WeightBytes     int64
+	Model           string
+}
+
+// Synthetic is an engine whose next token is a hash of the token prefix: as
+// deterministic as the transformer, and nearly free, so dozens of workers fit
+// on one small machine.
+type Synthetic struct {
+	cfg SyntheticConfig
+
+	mu     sync.Mutex // guards everything below
+	loaded bool
+	free   int
+	seqs   map[SeqID]*synthSeq
+}
+
+type synthSeq struct {
+	tokens []int32
+	hashes []uint64 // hashes[p] = hash of tokens[0..p]
+	pages  int
+}
+
+// NewSynthetic returns a loaded synthetic engine.
+func NewSynthetic(cfg SyntheticConfig) (*Synthetic, error) {
+	if cfg.Pages <= 0 {
+		return nil, fmt.Errorf("%w: KV cache pages must be > 0, got %d", ErrBadInput, cfg.Pages)
+	}
+	if cfg.MaxContext == 0 {
+		cfg.MaxContext = 32768
+	}
+	if cfg.KVBytesPerToken == 0 {
+		cfg.KVBytesPerToken = 160 << 10
+	}
+	if cfg.Model == "" {
+		cfg.Model = "synthetic"
+	}
+	return &Synthetic{cfg: cfg, loaded: true, free: cfg.Pages, seqs: map[SeqID]*synthSeq{}}, nil
+}
+
+// Info implements Engine.
+func (s *Synthetic) Info() Info {
+	return Info{Backend: "synthetic", Model: s.cfg.Model, Vocab: VocabSize, MaxContext: s.cfg.MaxContext,
+		PageTokens: PageTokens, KVBytesPerToken: s.cfg.KVBytesPerToken, WeightBytes: s.cfg.WeightBytes, TotalPages: s.cfg.Pages}
+}
+
+// Load implements Engine.
+func (s *Synthetic) Load(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loaded = true
+	return nil
+}
+
+// Unload implements Engine.
+func (s *Synthetic) Unload() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loaded, s.free, s.seqs = false, s.cfg.Pages, map[SeqID]*synthSeq{}
+}
+
+// Loaded implements Engine.
+func (s *Synthetic) Loaded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.loaded
+}
+
+// FreePages implements Engine.
+func (s *Synthetic) FreePages() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.free
+}
+
+// Len implements Engine.
+func (s *Synthetic) Len(seq SeqID) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q := s.seqs[seq]; q != nil {
+		return len(q.tokens)
+	}
+	return 0
+}
+
+// Release implements Engine.
+func (s *Synthetic) Release(seq SeqID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q := s.seqs[seq]; q != nil {
+		s.free += q.pages
+		delete(s.seqs, seq)
+	}
+}
+
+// Truncate implements Engine.
+func (s *Synthetic) Truncate(seq SeqID, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.seqs[seq]
+	if q == nil || n < 0 || n > len(q.tokens) {
+		return fmt.Errorf("%w: truncate sequence %d to %d", ErrBadInput, seq, n)
+	}
+	q.tokens, q.hashes = q.tokens[:n], q.hashes[:n]
+	keep := (n + PageTokens - 1) / PageTokens
+	s.free += q.pages - keep
+	q.pages = keep
+	return nil
+}
+
+// mix extends a prefix hash by one token.
+func mix(h uint64, tok int32) uint64 {
+	h ^= uint64(uint32(tok)) + 0x9e3779b97f4a7c15 + h<<6 + h>>2
+	h *= 0xff51afd7ed558ccd
+	return h ^ h>>33
+}
+
+// Forward implements Engine.
+func (s *Synthetic) Forward(_ context.Context, batch []Chunk) ([][]int32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.loaded {
+		return nil, ErrNotLoaded
+	}
+	need := 0
+	for _, ch := range batch {
+		if ch.Sample < 0 || ch.Sample > len(ch.Tokens) {
+			return nil, fmt.Errorf("%w: sample %d of %d tokens", ErrBadInput, ch.Sample, len(ch.Tokens))
+		}
+		if err := ch.Params.Validate(); err != nil {
+			return nil, err
+		}
+		for _, tok := range ch.Tokens {
+			if tok < 0 || tok >= VocabSize {
+				return nil, fmt.Errorf("%w: token id %d outside the vocabulary [0, %d)", ErrBadInput, tok, VocabSize)
+			}
+		}
+		n, have := 0, 0
+		if q := s.seqs[ch.Seq]; q != nil {
+			n, have = len(q.tokens), q.pages
+		}
+		if n+len(ch.Tokens) > s.cfg.MaxContext {
+			return nil, fmt.Errorf("%w: sequence %d would reach %d positions, beyond the context of %d", ErrBadInput, ch.Seq, n+len(ch.Tokens), s.cfg.MaxContext)
+		}
+		need += (n+len(ch.Tokens)+PageTokens-1)/PageTokens - have
+	}
+	if need > s.free {
+		return nil, ErrOutOfPages
+	}
+	out := make([][]int32, len(batch))
+	for i, ch := range batch {
+		q := s.seqs[ch.Seq]
+		if q == nil {
+			q = &synthSeq{}
+			s.seqs[ch.Seq] = q
+		}
+		for j, tok := range ch.Tokens {
+			h := uint64(0x51ab1e)
+			if len(q.hashes) > 0 {
+				h = q.hashes[len(q.hashes)-1]
+			}
+			h = mix(h, tok)
+			q.tokens, q.hashes = append(q.tokens, tok), append(q.hashes, h)
+			if k := j - (len(ch.Tokens) - ch.Sample); k >= 0 {
+				out[i] = append(out[i], synthToken(h, ch.Params, ch.OutIndex+k))
+			}
+		}
+		pages := (len(q.tokens) + PageTokens - 1) / PageTokens
+		s.free -= pages - q.pages
+		q.pages = pages
+	}
+	return out, nil
+}
+
+// synthToken is the next token after a prefix with hash h: a byte, so text
+// stays text; sampling mixes in the seed and output index.
+func synthToken(h uint64, p Sampling, outIndex int) int32 {
+	if p.Temperature > 0 {
+		h = mix(h, int32(unitHash(p.Seed, uint64(outIndex))*(1<<30)))
+	}
+	return int32(h % 256)
+}
+
+// ExportPage implements Engine.
+func (s *Synthetic) ExportPage(seq SeqID, i int) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.seqs[seq]
+	if q == nil || i < 0 || (i+1)*PageTokens > len(q.tokens) {
+		return nil, fmt.Errorf("%w: sequence %d has no full page %d", ErrBadInput, seq, i)
+	}
+	h := q.hashes[(i+1)*PageTokens-1]
+	out := make([]byte, 0, SyntheticPageBytes)
+	for _, t := range q.tokens[i*PageTokens : (i+1)*PageTokens] {
+		out = binary.LittleEndian.AppendUint32(out, uint32(t))
+	}
+	out = binary.LittleEndian.AppendUint64(out, h)
+	for x := h; len(out) < SyntheticPageBytes; {
+		x = mix(x, 1)
+		out = binary.LittleEndian.AppendUint64(out, x)
+	}
+	return out, nil
+}
+
+// ImportPages implements Engine: it rebuilds the sequence from the pages'
+// tokens and checks each page's hash and filler.
+func (s *Synthetic) ImportPages(seq SeqID, pages [][]byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q := s.seqs[seq]; q != nil && len(q.tokens) > 0 {
+		return fmt.Errorf("%w: import into sequence %d, which already holds %d positions", ErrBadInput, seq, len(q.tokens))
+	}
+	if len(pages) > s.free {
+		return ErrOutOfPages
+	}
+	q := &synthSeq{}
+	h := uint64(0x51ab1e)
+	for i, p := range pages {
+		if len(p) != SyntheticPageBytes {
+			return fmt.Errorf("%w: page %d is %d bytes, a synthetic page is %d", ErrBadInput, i, len(p), SyntheticPageBytes)
+		}
+		for j := 0; j < PageTokens; j++ {
+			tok := int32(binary.LittleEndian.Uint32(p[4*j:]))
+			h = mix(h, tok)
+			q.tokens, q.hashes = append(q.tokens, tok), append(q.hashes, h)
+		}
+		if got := binary.LittleEndian.Uint64(p[4*PageTokens:]); got != h {
+			return fmt.Errorf("%w: page %d is corrupt: prefix hash %x, tokens give %x", ErrBadInput, i, got, h)
+		}
+	}
+	q.pages = len(pages)
+	s.free -= q.pages
+	s.seqs[seq] = q
+	return nil
+}
