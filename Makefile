@@ -4,6 +4,9 @@
 # `make test` needs nothing but the Go toolchain.
 
 GO        ?= go
+# go-nvml's cgo prologue calls NVML functions the header marks deprecated;
+# gcc's warnings about them are noise.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 TOOLS     := $(CURDIR)/.tools/bin
 BIN       := bin/lumen
 
