@@ -508,3 +508,19 @@ func validateWorkerID(id string) error {
 	}
 	return nil
 }
+
+func (s *server) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseRequest) (*pb.SetWorkerPhaseResponse, error) {
+	if err := validateWorkerID(req.WorkerId); err != nil {
+		return nil, err
+	}
+	if _, ok := pb.WorkerPhase_name[int32(req.Phase)]; !ok || req.Phase == pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
+		return nil, status.Errorf(codes.InvalidArgument, "phase %d unknown", req.Phase)
+	}
+	cmd := &pb.Command{Body: &pb.Command_SetPhase{SetPhase: &pb.SetPhaseCmd{
+		WorkerId: req.WorkerId, Incarnation: req.Incarnation, Phase: req.Phase, Reason: req.Reason}}}
+	return write(ctx, s.n, "SetWorkerPhase", cmd, func(r proposalResult) *pb.SetWorkerPhaseResponse {
+		return &pb.SetWorkerPhaseResponse{Worker: r.res.Worker, Index: r.index}
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.SetWorkerPhaseResponse, error) {
+		return pb.NewControllerClient(cc).SetWorkerPhase(ctx, req)
+	})
+}

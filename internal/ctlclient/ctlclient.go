@@ -182,3 +182,12 @@ func (c *Client) Operator(ctx context.Context, call func(ctx context.Context, op
 
 // Conn returns the connection to replica i, for callers that pin one.
 func (c *Client) Conn(i int) *grpc.ClientConn { return c.conns[i%len(c.conns)] }
+
+// SetWorkerPhase moves a worker to a phase.
+func (c *Client) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseRequest) (resp *pb.SetWorkerPhaseResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).SetWorkerPhase(ctx, req)
+		return e
+	})
+	return resp, err
+}

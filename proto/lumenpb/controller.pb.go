@@ -1447,6 +1447,126 @@ func (x *ClusterStatusResponse) GetState() string {
 	return ""
 }
 
+type SetWorkerPhaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Incarnation   uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Phase         WorkerPhase            `protobuf:"varint,3,opt,name=phase,proto3,enum=lumen.v1.WorkerPhase" json:"phase,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWorkerPhaseRequest) Reset() {
+	*x = SetWorkerPhaseRequest{}
+	mi := &file_controller_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWorkerPhaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWorkerPhaseRequest) ProtoMessage() {}
+
+func (x *SetWorkerPhaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWorkerPhaseRequest.ProtoReflect.Descriptor instead.
+func (*SetWorkerPhaseRequest) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SetWorkerPhaseRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *SetWorkerPhaseRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *SetWorkerPhaseRequest) GetPhase() WorkerPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return WorkerPhase_WORKER_PHASE_UNSPECIFIED
+}
+
+func (x *SetWorkerPhaseRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type SetWorkerPhaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Worker        *Worker                `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetWorkerPhaseResponse) Reset() {
+	*x = SetWorkerPhaseResponse{}
+	mi := &file_controller_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetWorkerPhaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetWorkerPhaseResponse) ProtoMessage() {}
+
+func (x *SetWorkerPhaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetWorkerPhaseResponse.ProtoReflect.Descriptor instead.
+func (*SetWorkerPhaseResponse) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SetWorkerPhaseResponse) GetWorker() *Worker {
+	if x != nil {
+		return x.Worker
+	}
+	return nil
+}
+
+func (x *SetWorkerPhaseResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
@@ -1540,10 +1660,18 @@ const file_controller_proto_rawDesc = "" +
 	"placements\x12\x17\n" +
 	"\anode_id\x18\n" +
 	" \x01(\tR\x06nodeId\x12\x14\n" +
-	"\x05state\x18\v \x01(\tR\x05state*B\n" +
+	"\x05state\x18\v \x01(\tR\x05state\"\x9b\x01\n" +
+	"\x15SetWorkerPhaseRequest\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
+	"\x05phase\x18\x03 \x01(\x0e2\x15.lumen.v1.WorkerPhaseR\x05phase\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"X\n" +
+	"\x16SetWorkerPhaseResponse\x12(\n" +
+	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index*B\n" +
 	"\vConsistency\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x00\x12\x15\n" +
-	"\x11CONSISTENCY_STALE\x10\x012\x8b\x04\n" +
+	"\x11CONSISTENCY_STALE\x10\x012\xe0\x04\n" +
 	"\n" +
 	"Controller\x12A\n" +
 	"\bDispatch\x12\x19.lumen.v1.DispatchRequest\x1a\x1a.lumen.v1.DispatchResponse\x12A\n" +
@@ -1553,7 +1681,8 @@ const file_controller_proto_rawDesc = "" +
 	"\x0eRegisterWorker\x12\x1f.lumen.v1.RegisterWorkerRequest\x1a .lumen.v1.RegisterWorkerResponse\x12M\n" +
 	"\fGetPlacement\x12\x1d.lumen.v1.GetPlacementRequest\x1a\x1e.lumen.v1.GetPlacementResponse\x12J\n" +
 	"\vListWorkers\x12\x1c.lumen.v1.ListWorkersRequest\x1a\x1d.lumen.v1.ListWorkersResponse\x12>\n" +
-	"\vWatchEvents\x12\x1c.lumen.v1.WatchEventsRequest\x1a\x0f.lumen.v1.Event0\x012\xdb\x03\n" +
+	"\vWatchEvents\x12\x1c.lumen.v1.WatchEventsRequest\x1a\x0f.lumen.v1.Event0\x01\x12S\n" +
+	"\x0eSetWorkerPhase\x12\x1f.lumen.v1.SetWorkerPhaseRequest\x1a .lumen.v1.SetWorkerPhaseResponse2\xdb\x03\n" +
 	"\bOperator\x12D\n" +
 	"\tRaftPeers\x12\x1a.lumen.v1.RaftPeersRequest\x1a\x1b.lumen.v1.RaftPeersResponse\x12A\n" +
 	"\bAddVoter\x12\x19.lumen.v1.AddVoterRequest\x1a\x1a.lumen.v1.AddVoterResponse\x12G\n" +
@@ -1576,7 +1705,7 @@ func file_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_controller_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: lumen.v1.Consistency
 	(*DispatchRequest)(nil),            // 1: lumen.v1.DispatchRequest
@@ -1605,57 +1734,64 @@ var file_controller_proto_goTypes = []any{
 	(*SetStrategyResponse)(nil),        // 24: lumen.v1.SetStrategyResponse
 	(*ClusterStatusRequest)(nil),       // 25: lumen.v1.ClusterStatusRequest
 	(*ClusterStatusResponse)(nil),      // 26: lumen.v1.ClusterStatusResponse
-	(*Placement)(nil),                  // 27: lumen.v1.Placement
-	(*LoadRecord)(nil),                 // 28: lumen.v1.LoadRecord
-	(*Worker)(nil),                     // 29: lumen.v1.Worker
-	(Strategy)(0),                      // 30: lumen.v1.Strategy
-	(*Event)(nil),                      // 31: lumen.v1.Event
+	(*SetWorkerPhaseRequest)(nil),      // 27: lumen.v1.SetWorkerPhaseRequest
+	(*SetWorkerPhaseResponse)(nil),     // 28: lumen.v1.SetWorkerPhaseResponse
+	(*Placement)(nil),                  // 29: lumen.v1.Placement
+	(*LoadRecord)(nil),                 // 30: lumen.v1.LoadRecord
+	(*Worker)(nil),                     // 31: lumen.v1.Worker
+	(Strategy)(0),                      // 32: lumen.v1.Strategy
+	(WorkerPhase)(0),                   // 33: lumen.v1.WorkerPhase
+	(*Event)(nil),                      // 34: lumen.v1.Event
 }
 var file_controller_proto_depIdxs = []int32{
-	27, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
-	28, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
-	29, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
-	29, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
+	29, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
+	30, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
+	31, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
+	31, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
 	0,  // 4: lumen.v1.GetPlacementRequest.consistency:type_name -> lumen.v1.Consistency
-	27, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
+	29, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
 	0,  // 6: lumen.v1.ListWorkersRequest.consistency:type_name -> lumen.v1.Consistency
-	29, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
-	28, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
+	31, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
+	30, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
 	15, // 9: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
-	30, // 10: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
-	30, // 11: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
-	30, // 12: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
-	1,  // 13: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
-	3,  // 14: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
-	5,  // 15: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
-	7,  // 16: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
-	9,  // 17: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
-	11, // 18: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
-	13, // 19: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
-	14, // 20: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
-	17, // 21: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
-	19, // 22: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
-	21, // 23: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
-	23, // 24: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
-	25, // 25: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
-	2,  // 26: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
-	4,  // 27: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
-	6,  // 28: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
-	8,  // 29: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
-	10, // 30: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
-	12, // 31: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
-	31, // 32: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
-	16, // 33: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
-	18, // 34: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
-	20, // 35: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
-	22, // 36: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
-	24, // 37: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
-	26, // 38: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
-	26, // [26:39] is the sub-list for method output_type
-	13, // [13:26] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	32, // 10: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
+	32, // 11: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
+	32, // 12: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
+	33, // 13: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
+	31, // 14: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
+	1,  // 15: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
+	3,  // 16: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
+	5,  // 17: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
+	7,  // 18: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
+	9,  // 19: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
+	11, // 20: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
+	13, // 21: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
+	27, // 22: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
+	14, // 23: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
+	17, // 24: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
+	19, // 25: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
+	21, // 26: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
+	23, // 27: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
+	25, // 28: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
+	2,  // 29: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
+	4,  // 30: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
+	6,  // 31: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
+	8,  // 32: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
+	10, // 33: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
+	12, // 34: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
+	34, // 35: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
+	28, // 36: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
+	16, // 37: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
+	18, // 38: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
+	20, // 39: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
+	22, // 40: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
+	24, // 41: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
+	26, // 42: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
+	29, // [29:43] is the sub-list for method output_type
+	15, // [15:29] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -1670,7 +1806,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

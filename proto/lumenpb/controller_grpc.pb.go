@@ -29,6 +29,7 @@ const (
 	Controller_GetPlacement_FullMethodName   = "/lumen.v1.Controller/GetPlacement"
 	Controller_ListWorkers_FullMethodName    = "/lumen.v1.Controller/ListWorkers"
 	Controller_WatchEvents_FullMethodName    = "/lumen.v1.Controller/WatchEvents"
+	Controller_SetWorkerPhase_FullMethodName = "/lumen.v1.Controller/SetWorkerPhase"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -47,6 +48,10 @@ type ControllerClient interface {
 	// WatchEvents streams events derived from the committed log, starting
 	// after from_index.
 	WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Event], error)
+	// SetWorkerPhase moves a worker through its life cycle (draining,
+	// leaving, the recovery phases). Leaving or failing recovers the requests
+	// still placed on it.
+	SetWorkerPhase(ctx context.Context, in *SetWorkerPhaseRequest, opts ...grpc.CallOption) (*SetWorkerPhaseResponse, error)
 }
 
 type controllerClient struct {
@@ -136,6 +141,16 @@ func (c *controllerClient) WatchEvents(ctx context.Context, in *WatchEventsReque
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_WatchEventsClient = grpc.ServerStreamingClient[Event]
 
+func (c *controllerClient) SetWorkerPhase(ctx context.Context, in *SetWorkerPhaseRequest, opts ...grpc.CallOption) (*SetWorkerPhaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetWorkerPhaseResponse)
+	err := c.cc.Invoke(ctx, Controller_SetWorkerPhase_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -152,6 +167,10 @@ type ControllerServer interface {
 	// WatchEvents streams events derived from the committed log, starting
 	// after from_index.
 	WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[Event]) error
+	// SetWorkerPhase moves a worker through its life cycle (draining,
+	// leaving, the recovery phases). Leaving or failing recovers the requests
+	// still placed on it.
+	SetWorkerPhase(context.Context, *SetWorkerPhaseRequest) (*SetWorkerPhaseResponse, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -182,6 +201,9 @@ func (UnimplementedControllerServer) ListWorkers(context.Context, *ListWorkersRe
 }
 func (UnimplementedControllerServer) WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[Event]) error {
 	return status.Error(codes.Unimplemented, "method WatchEvents not implemented")
+}
+func (UnimplementedControllerServer) SetWorkerPhase(context.Context, *SetWorkerPhaseRequest) (*SetWorkerPhaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetWorkerPhase not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -323,6 +345,24 @@ func _Controller_WatchEvents_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_WatchEventsServer = grpc.ServerStreamingServer[Event]
 
+func _Controller_SetWorkerPhase_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetWorkerPhaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).SetWorkerPhase(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_SetWorkerPhase_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).SetWorkerPhase(ctx, req.(*SetWorkerPhaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -353,6 +393,10 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWorkers",
 			Handler:    _Controller_ListWorkers_Handler,
+		},
+		{
+			MethodName: "SetWorkerPhase",
+			Handler:    _Controller_SetWorkerPhase_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

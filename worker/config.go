@@ -1,0 +1,93 @@
+// Package worker is lumen's worker daemon: one per GPU. It serves Generate
+// with continuous batching over an engine's paged KV cache, registers with
+// the controller quorum, gossips in Serf, and reports its load.
+//
+// One goroutine, the scheduler, owns the waiting and running queues and
+// drives the engine; the gRPC handlers reach it through channels, and each
+// request's tokens flow back through a mailbox that never blocks the
+// scheduler.
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// Config configures a worker.
+type Config struct {
+	// ID names the worker in the controller and Serf. Required.
+	ID string
+	// DataDir keeps the incarnation counter; empty derives incarnations from
+	// the clock.
+	DataDir string
+	// GRPCAddr serves the Inference API. Required.
+	GRPCAddr string
+	// HTTPAddr serves /metrics, /healthz, /readyz; empty disables it.
+	HTTPAddr string
+	// SerfAddr is the gossip address; Join lists Serf members to join.
+	SerfAddr string
+	Join     []string
+	// Controllers are controller gRPC addresses; empty runs standalone (no
+	// registration, no load reports).
+	Controllers []string
+
+	// Engine serves the tokens. Required.
+	Engine engine.Engine
+	// Profile, when set, is the emulated GPU and model: it sets the KV bytes
+	// per token and host-to-GPU bandwidth the controller accounts with.
+	Profile *engine.Profile
+	// CheckpointBudget is host memory for other workers' checkpoints, bytes.
+	CheckpointBudget uint64
+
+	// TokenBudget caps the tokens one step computes (prefill chunks plus
+	// decodes; default 512). MaxRunning caps running requests (default 256);
+	// MaxWaiting the waiting queue (default 4096).
+	TokenBudget int
+	MaxRunning  int
+	MaxWaiting  int
+
+	// LoadInterval is how often load is reported (default 250 ms); a change
+	// of more than LoadChange of KV usage or queue length reports at once.
+	LoadInterval time.Duration
+	// QueueWindow is the sliding window of q_w (default 10 s).
+	QueueWindow time.Duration
+	// DrainTimeout bounds graceful shutdown (default 30 s).
+	DrainTimeout time.Duration
+
+	Logger hclog.Logger
+}
+
+// DefaultConfig returns a Config with the optional fields at their defaults.
+func DefaultConfig() Config {
+	return Config{TokenBudget: 512, MaxRunning: 256, MaxWaiting: 4096, LoadInterval: 250 * time.Millisecond,
+		QueueWindow: 10 * time.Second, DrainTimeout: 30 * time.Second, CheckpointBudget: 1 << 30}
+}
+
+// Validate says what is wrong with the configuration.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.ID == "" {
+		errs = append(errs, errors.New("ID is required"))
+	}
+	if c.GRPCAddr == "" {
+		errs = append(errs, errors.New("GRPCAddr is required"))
+	}
+	if c.Engine == nil {
+		errs = append(errs, errors.New("Engine is required"))
+	}
+	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
+		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
+	}
+	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 {
+		errs = append(errs, errors.New("LoadInterval, QueueWindow and DrainTimeout must be positive"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("worker: invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,52 @@
+package worker
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+type metrics struct {
+	reg         *prometheus.Registry
+	ttft        prometheus.Histogram
+	tpot        prometheus.Histogram
+	queueDelay  prometheus.Histogram
+	stepSeconds prometheus.Histogram
+	batchRows   prometheus.Histogram
+	kvUsed      prometheus.Gauge
+	kvTotal     prometheus.Gauge
+	running     prometheus.Gauge
+	waiting     prometheus.Gauge
+	preemptions prometheus.Counter
+	completed   prometheus.Counter
+	rejected    *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	lat := prometheus.ExponentialBuckets(0.001, 2, 16)
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_ttft_seconds",
+			Help: "Time from a request's arrival to its first output token.", Buckets: lat}),
+		tpot: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_tpot_seconds",
+			Help: "Time between consecutive output tokens of a request.", Buckets: lat}),
+		queueDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_queue_delay_seconds",
+			Help: "Time from arrival to the first prefill chunk (the q_w samples).", Buckets: lat}),
+		stepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_step_seconds",
+			Help: "Wall time of one engine step, pacing included.", Buckets: lat}),
+		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_batch_tokens",
+			Help: "Tokens computed per engine step.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		kvUsed:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_kv_pages_used", Help: "KV cache pages in use."}),
+		kvTotal: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_kv_pages_total", Help: "KV cache pages."}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_running", Help: "Requests in the running batch."}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_waiting", Help: "Requests waiting to start."}),
+		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_preemptions_total",
+			Help: "Requests preempted (cache dropped, recomputed later) when KV pages ran out."}),
+		completed: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_requests_completed_total", Help: "Requests finished."}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_requests_rejected_total",
+			Help: "Generate calls refused, by gRPC code."}, []string{"code"}),
+	}
+	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
+		m.running, m.waiting, m.preemptions, m.completed, m.rejected,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

@@ -1,0 +1,374 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// event is one message to a request's stream.
+type event struct {
+	resp *pb.GenerateResponse
+	err  error // terminal error
+}
+
+// mailbox carries a request's events from the scheduler to its stream
+// without ever blocking the scheduler.
+type mailbox struct {
+	mu     sync.Mutex // guards events
+	events []event
+	notify chan struct{} // buffered 1
+}
+
+func newMailbox() *mailbox { return &mailbox{notify: make(chan struct{}, 1)} }
+
+func (m *mailbox) put(e event) {
+	m.mu.Lock()
+	m.events = append(m.events, e)
+	m.mu.Unlock()
+	select {
+	case m.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (m *mailbox) take() []event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.events
+	m.events = nil
+	return out
+}
+
+// request is a Generate call inside the scheduler. Only the scheduler
+// goroutine touches it after submission.
+type request struct {
+	id        string
+	seq       engine.SeqID
+	history   []int32 // prompt, then every output token
+	prompt    int     // prompt length
+	outStart  int     // output tokens that arrived already generated
+	maxTokens int     // total output tokens
+	params    engine.Sampling
+	stop      map[int32]bool
+	fed       int // history tokens in the KV cache
+	arrived   time.Time
+	started   time.Time // first prefill chunk (zero until then)
+	lastToken time.Time
+	box       *mailbox
+}
+
+func (r *request) outputs() int { return len(r.history) - r.prompt }
+
+// pagesFor is the KV pages n tokens need.
+func pagesFor(n int) int { return (n + engine.PageTokens - 1) / engine.PageTokens }
+
+// scheduler batches requests continuously over the engine.
+type scheduler struct {
+	w   *Worker
+	eng engine.Engine
+	cfg *Config
+
+	submit chan *request
+	cancel chan string
+	stop   chan struct{}
+	done   chan struct{}
+
+	// Owned by run.
+	waiting []*request
+	running []*request // in admission order
+	byID    map[string]*request
+	nextSeq engine.SeqID
+
+	// stats is read by the load reporter.
+	statsMu sync.Mutex // guards stats
+	stats   schedStats
+}
+
+type schedStats struct {
+	running, waiting int
+	queueHeadPages   int
+	waits            []timedWait // prefill-start waits in the window
+}
+
+type timedWait struct {
+	at   time.Time
+	wait time.Duration
+}
+
+func newScheduler(w *Worker) *scheduler {
+	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan string, 256),
+		stop: make(chan struct{}), done: make(chan struct{}), byID: map[string]*request{}}
+}
+
+// errDuplicate: a request with this id is already here.
+var errDuplicate = errors.New("worker: request id already in flight")
+
+func (s *scheduler) run() {
+	defer close(s.done)
+	ctx := context.Background()
+	for {
+		if len(s.running) == 0 && len(s.waiting) == 0 {
+			select {
+			case r := <-s.submit:
+				s.admit(r)
+			case id := <-s.cancel:
+				s.drop(id, nil)
+			case <-s.stop:
+				s.failAll(errShutdown)
+				return
+			}
+		}
+		s.drainIntake()
+		s.publishStats()
+		select {
+		case <-s.stop:
+			s.failAll(errShutdown)
+			return
+		default:
+		}
+		if len(s.running) == 0 && len(s.waiting) == 0 {
+			continue
+		}
+		s.step(ctx)
+		s.publishStats()
+	}
+}
+
+func (s *scheduler) drainIntake() {
+	for {
+		select {
+		case r := <-s.submit:
+			s.admit(r)
+		case id := <-s.cancel:
+			s.drop(id, nil)
+		default:
+			return
+		}
+	}
+}
+
+func (s *scheduler) admit(r *request) {
+	if _, dup := s.byID[r.id]; dup {
+		r.box.put(event{err: errDuplicate})
+		return
+	}
+	if len(s.waiting) >= s.cfg.MaxWaiting {
+		r.box.put(event{err: fmt.Errorf("%w: %d requests wait", errQueueFull, len(s.waiting))})
+		return
+	}
+	s.nextSeq++
+	r.seq = s.nextSeq
+	s.byID[r.id] = r
+	s.waiting = append(s.waiting, r)
+	s.w.metrics.waiting.Set(float64(len(s.waiting)))
+}
+
+// drop removes a request wherever it is and frees its pages; err, when not
+// nil, is sent to its stream.
+func (s *scheduler) drop(id string, err error) {
+	r, ok := s.byID[id]
+	if !ok {
+		return
+	}
+	delete(s.byID, id)
+	s.eng.Release(r.seq)
+	s.waiting = remove(s.waiting, r)
+	s.running = remove(s.running, r)
+	if err != nil {
+		r.box.put(event{err: err})
+	}
+}
+
+func remove(q []*request, r *request) []*request {
+	for i, x := range q {
+		if x == r {
+			return append(q[:i], q[i+1:]...)
+		}
+	}
+	return q
+}
+
+func (s *scheduler) failAll(err error) {
+	for id := range s.byID {
+		s.drop(id, err)
+	}
+}
+
+// step builds one batch — every running request's next decode or prefill
+// chunk, then waiting requests while the token budget and KV pages allow —
+// runs it, and delivers the tokens. When the KV cache runs out mid-step it
+// preempts the most recently admitted request (its cache is dropped and it
+// waits to be recomputed) and tries again.
+func (s *scheduler) step(ctx context.Context) {
+	for {
+		batch, reqs := s.build()
+		if len(batch) == 0 {
+			if len(s.running) == 0 && len(s.waiting) > 0 {
+				// The head cannot fit even alone: it never will.
+				head := s.waiting[0]
+				s.drop(head.id, fmt.Errorf("%w: it needs %d KV pages, the worker has %d", errTooLarge,
+					pagesFor(len(head.history)+1), s.eng.Info().TotalPages))
+			}
+			return
+		}
+		start := time.Now()
+		out, err := s.eng.Forward(ctx, batch)
+		if errors.Is(err, engine.ErrOutOfPages) && len(s.running) > 0 {
+			s.preempt()
+			continue
+		}
+		if err != nil {
+			// A request the engine refuses fails alone; the rest go on.
+			for _, r := range reqs {
+				s.drop(r.id, fmt.Errorf("worker: engine: %w", err))
+			}
+			return
+		}
+		s.w.metrics.stepSeconds.Observe(time.Since(start).Seconds())
+		s.w.metrics.batchRows.Observe(float64(rows(batch)))
+		s.deliver(batch, reqs, out)
+		return
+	}
+}
+
+func rows(b []engine.Chunk) int {
+	n := 0
+	for _, c := range b {
+		n += len(c.Tokens)
+	}
+	return n
+}
+
+func (s *scheduler) build() ([]engine.Chunk, []*request) {
+	budget := s.cfg.TokenBudget
+	var batch []engine.Chunk
+	var reqs []*request
+	add := func(r *request) {
+		pending := r.history[r.fed:]
+		n := min(len(pending), budget)
+		if n == 0 {
+			return
+		}
+		sample := 0
+		if n == len(pending) {
+			sample = 1
+		}
+		batch = append(batch, engine.Chunk{Seq: r.seq, Tokens: pending[:n], Sample: sample, Params: r.params, OutIndex: r.outputs()})
+		reqs = append(reqs, r)
+		budget -= n
+	}
+	for _, r := range s.running {
+		if budget == 0 {
+			break
+		}
+		add(r)
+	}
+	// Admit waiting requests whose next chunk fits in the free pages, leaving
+	// one page of headroom per running request for its decodes.
+	free := s.eng.FreePages() - len(s.running)
+	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxRunning {
+		r := s.waiting[0]
+		need := pagesFor(min(len(r.history), budget))
+		if need > free {
+			break
+		}
+		free -= need
+		s.waiting = s.waiting[1:]
+		s.running = append(s.running, r)
+		if r.started.IsZero() {
+			r.started = time.Now()
+			s.recordWait(r.started.Sub(r.arrived))
+		}
+		add(r)
+	}
+	return batch, reqs
+}
+
+func (s *scheduler) preempt() {
+	victim := s.running[len(s.running)-1]
+	s.running = s.running[:len(s.running)-1]
+	s.eng.Release(victim.seq)
+	s.nextSeq++
+	victim.seq, victim.fed = s.nextSeq, 0
+	s.waiting = append([]*request{victim}, s.waiting...)
+	s.w.metrics.preemptions.Inc()
+}
+
+func (s *scheduler) deliver(batch []engine.Chunk, reqs []*request, out [][]int32) {
+	now := time.Now()
+	for i, ch := range batch {
+		r := reqs[i]
+		r.fed += len(ch.Tokens)
+		if len(out[i]) == 0 {
+			continue
+		}
+		tok := out[i][0]
+		r.history = append(r.history, tok)
+		idx := r.outputs() - 1
+		if idx == r.outStart {
+			s.w.metrics.ttft.Observe(now.Sub(r.arrived).Seconds())
+		} else {
+			s.w.metrics.tpot.Observe(now.Sub(r.lastToken).Seconds())
+		}
+		r.lastToken = now
+		resp := &pb.GenerateResponse{Token: tok, Index: uint32(idx), PromptTokens: uint32(r.prompt)}
+		switch {
+		case r.stop[tok]:
+			resp.Done, resp.FinishReason = true, pb.FinishReason_FINISH_REASON_STOP
+		case r.outputs() >= r.maxTokens:
+			resp.Done, resp.FinishReason = true, pb.FinishReason_FINISH_REASON_LENGTH
+		}
+		r.box.put(event{resp: resp})
+		if resp.Done {
+			delete(s.byID, r.id)
+			s.eng.Release(r.seq)
+			s.running = remove(s.running, r)
+			s.w.metrics.completed.Inc()
+		}
+	}
+}
+
+func (s *scheduler) recordWait(d time.Duration) {
+	s.w.metrics.queueDelay.Observe(d.Seconds())
+	s.statsMu.Lock()
+	s.stats.waits = append(s.stats.waits, timedWait{time.Now(), d})
+	s.statsMu.Unlock()
+}
+
+func (s *scheduler) publishStats() {
+	head := 0
+	if len(s.waiting) > 0 {
+		head = pagesFor(len(s.waiting[0].history))
+	}
+	s.statsMu.Lock()
+	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = len(s.running), len(s.waiting), head
+	s.statsMu.Unlock()
+	s.w.metrics.running.Set(float64(len(s.running)))
+	s.w.metrics.waiting.Set(float64(len(s.waiting)))
+}
+
+// snapshot returns the load figures and q_w over the window.
+func (s *scheduler) snapshot(window time.Duration) (running, waiting, headPages int, qw float64) {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	cut := time.Now().Add(-window)
+	kept := s.stats.waits[:0]
+	var sum time.Duration
+	for _, w := range s.stats.waits {
+		if w.at.After(cut) {
+			kept = append(kept, w)
+			sum += w.wait
+		}
+	}
+	s.stats.waits = kept
+	if len(kept) > 0 {
+		qw = float64(sum.Microseconds()) / 1000 / float64(len(kept))
+	}
+	return s.stats.running, s.stats.waiting, s.stats.queueHeadPages, qw
+}

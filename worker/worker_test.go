@@ -1,0 +1,309 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+var modelPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lumen-worker-test-")
+	if err != nil {
+		panic(err)
+	}
+	if _, _, err := engine.InitModel(dir, engine.DefaultSeed); err != nil {
+		panic(err)
+	}
+	modelPath = filepath.Join(dir, engine.TargetFile)
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+type harness struct {
+	t   *testing.T
+	w   *Worker
+	eng engine.Engine
+	cc  *grpc.ClientConn
+	cl  pb.InferenceClient
+}
+
+func start(t *testing.T, pages int, tweak func(*Config)) *harness {
+	t.Helper()
+	eng, err := engine.NewTransformer(engine.TransformerConfig{Path: modelPath, Pages: pages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.ID, cfg.GRPCAddr, cfg.Engine = "w1", "127.0.0.1:0", eng
+	cfg.Logger = hclog.NewNullLogger()
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(w.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, w: w, eng: eng, cc: cc, cl: pb.NewInferenceClient(cc)}
+	t.Cleanup(func() {
+		cc.Close()
+		w.Shutdown(context.Background())
+	})
+	return h
+}
+
+// generate runs a request to the end and checks the stream's indexes.
+func (h *harness) generate(ctx context.Context, req *pb.GenerateRequest) ([]int32, pb.FinishReason, error) {
+	stream, err := h.cl.Generate(ctx, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []int32
+	next := uint32(len(req.Generated))
+	for {
+		r, err := stream.Recv()
+		if err == io.EOF {
+			return out, 0, fmt.Errorf("stream ended without done")
+		}
+		if err != nil {
+			return out, 0, err
+		}
+		if r.Index != next {
+			return out, 0, fmt.Errorf("token index %d, expected %d", r.Index, next)
+		}
+		next++
+		out = append(out, r.Token)
+		if r.Done {
+			return out, r.FinishReason, nil
+		}
+	}
+}
+
+var (
+	refOnce sync.Once
+	refEng  *engine.Transformer
+	refMu   sync.Mutex // guards refEng's single sequence
+)
+
+// reference is the engine's own output for a prompt, run alone.
+func reference(t *testing.T, prompt []int32, n int) []int32 {
+	t.Helper()
+	refOnce.Do(func() {
+		var err error
+		if refEng, err = engine.NewTransformer(engine.TransformerConfig{Path: modelPath, Pages: 256}); err != nil {
+			panic(err)
+		}
+	})
+	refMu.Lock()
+	defer refMu.Unlock()
+	e := refEng
+	defer e.Release(1)
+	ctx := context.Background()
+	out, err := e.Forward(ctx, []engine.Chunk{{Seq: 1, Tokens: prompt, Sample: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := []int32{out[0][0]}
+	for len(gen) < n {
+		out, err = e.Forward(ctx, []engine.Chunk{{Seq: 1, Tokens: gen[len(gen)-1:], Sample: 1, OutIndex: len(gen)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gen = append(gen, out[0][0])
+	}
+	return gen
+}
+
+func randomPrompt(rng *rand.Rand, n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(rng.Intn(256))
+	}
+	return p
+}
+
+// TestContinuousBatchingMatchesReference sends 16 concurrent requests with a
+// small token budget (so prefills are chunked) and a KV cache too small for
+// all of them (so requests are preempted and recomputed); every output must
+// equal the request run alone.
+func TestContinuousBatchingMatchesReference(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	h := start(t, 14, func(c *Config) { c.TokenBudget = 32 })
+	type job struct {
+		prompt []int32
+		n      int
+	}
+	jobs := make([]job, 16)
+	for i := range jobs {
+		jobs[i] = job{randomPrompt(rng, 5+rng.Intn(40)), 20 + rng.Intn(30)}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(jobs))
+	got := make([][]int32, len(jobs))
+	for i, j := range jobs {
+		wg.Go(func() {
+			out, reason, err := h.generate(context.Background(), &pb.GenerateRequest{RequestId: fmt.Sprintf("r%d", i), Prompt: j.prompt, MaxTokens: uint32(j.n)})
+			if err == nil && reason != pb.FinishReason_FINISH_REASON_LENGTH {
+				err = fmt.Errorf("finish reason %v", reason)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("request %d: %w", i, err)
+			}
+			got[i] = out
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for i, j := range jobs {
+		if want := reference(t, j.prompt, j.n); !slices.Equal(got[i], want) {
+			t.Fatalf("seed %d request %d:\n got  %v\n want %v", seed, i, got[i], want)
+		}
+	}
+	if h.eng.FreePages() != 14 {
+		t.Fatalf("%d of 14 pages free after every request finished", h.eng.FreePages())
+	}
+	var m struct{ pre float64 }
+	m.pre = counterValue(h.w.metrics.preemptions)
+	t.Logf("preemptions: %.0f", m.pre)
+	if m.pre == 0 {
+		t.Fatal("a 14-page cache for 16 requests never preempted: the test does not exercise preemption")
+	}
+}
+
+func TestResumeContinuesWithoutRepeat(t *testing.T) {
+	h := start(t, 256, nil)
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}
+	want := reference(t, prompt, 30)
+	out, _, err := h.generate(context.Background(), &pb.GenerateRequest{RequestId: "resume", Prompt: prompt, Generated: want[:12], MaxTokens: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(out, want[12:]) {
+		t.Fatalf("resumed output %v, want %v", out, want[12:])
+	}
+}
+
+func TestStopToken(t *testing.T) {
+	h := start(t, 256, nil)
+	prompt := []int32{104, 101, 108, 108, 111}
+	want := reference(t, prompt, 20)
+	stop := want[5]
+	first := slices.Index(want, stop)
+	out, reason, err := h.generate(context.Background(), &pb.GenerateRequest{RequestId: "stop", Prompt: prompt, MaxTokens: 20, StopTokens: []int32{stop}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reason != pb.FinishReason_FINISH_REASON_STOP || !slices.Equal(out, want[:first+1]) {
+		t.Fatalf("stop: %v %v, want %v", out, reason, want[:first+1])
+	}
+}
+
+func TestCancelFreesPages(t *testing.T) {
+	h := start(t, 64, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := h.cl.Generate(ctx, &pb.GenerateRequest{RequestId: "long", Prompt: make([]int32, 100), MaxTokens: 900})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if h.eng.FreePages() == 64 {
+		t.Fatal("a running request holds no pages")
+	}
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.eng.FreePages() != 64 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 64 pages free after cancel", h.eng.FreePages())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestBadInputKeepsServing(t *testing.T) {
+	h := start(t, 64, nil)
+	long := make([]int32, 2048)
+	cases := []struct {
+		name string
+		req  *pb.GenerateRequest
+		msg  string
+	}{
+		{"empty prompt", &pb.GenerateRequest{RequestId: "a", MaxTokens: 1}, "prompt is empty"},
+		{"no id", &pb.GenerateRequest{Prompt: []int32{1}, MaxTokens: 1}, "request_id must be 1..128 bytes"},
+		{"oversized prompt", &pb.GenerateRequest{RequestId: "a", Prompt: long, MaxTokens: 1}, "prompt has 2048 tokens; the context holds 2048"},
+		{"max_tokens beyond context", &pb.GenerateRequest{RequestId: "a", Prompt: []int32{1}, MaxTokens: 2048}, "exceeds the context of 2048"},
+		{"zero max_tokens", &pb.GenerateRequest{RequestId: "a", Prompt: []int32{1}}, "max_tokens must be >= 1"},
+		{"unknown token", &pb.GenerateRequest{RequestId: "a", Prompt: []int32{1, 999}, MaxTokens: 1}, "prompt[1] = 999 is not a token id: the vocabulary is [0, 320)"},
+		{"bad temperature", &pb.GenerateRequest{RequestId: "a", Prompt: []int32{1}, MaxTokens: 1, Sampling: &pb.SamplingParams{Temperature: 5}}, "temperature 5 must be in [0, 2]"},
+		{"bad top_p", &pb.GenerateRequest{RequestId: "a", Prompt: []int32{1}, MaxTokens: 1, Sampling: &pb.SamplingParams{Temperature: 1, TopP: 2}}, "top_p 2 must be in (0, 1]"},
+		{"nothing left", &pb.GenerateRequest{RequestId: "a", Prompt: []int32{1}, Generated: []int32{1, 2}, MaxTokens: 2}, "nothing left to generate"},
+	}
+	for _, c := range cases {
+		_, _, err := h.generate(context.Background(), c.req)
+		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), c.msg) {
+			t.Errorf("%s: %v, want InvalidArgument containing %q", c.name, err, c.msg)
+		}
+	}
+	// Still serving.
+	if _, _, err := h.generate(context.Background(), &pb.GenerateRequest{RequestId: "ok", Prompt: []int32{1, 2, 3}, MaxTokens: 5}); err != nil {
+		t.Fatalf("after bad input: %v", err)
+	}
+}
+
+func TestGracefulShutdownFinishesInFlight(t *testing.T) {
+	h := start(t, 256, nil)
+	done := make(chan error, 1)
+	go func() {
+		out, _, err := h.generate(context.Background(), &pb.GenerateRequest{RequestId: "inflight", Prompt: []int32{1, 2, 3}, MaxTokens: 200})
+		if err == nil && len(out) != 200 {
+			err = fmt.Errorf("%d tokens", len(out))
+		}
+		done <- err
+	}()
+	for h.w.inFlight() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	h.w.Shutdown(context.Background())
+	if err := <-done; err != nil {
+		t.Fatalf("in-flight request during graceful shutdown: %v", err)
+	}
+	if _, _, err := h.generate(context.Background(), &pb.GenerateRequest{RequestId: "late", Prompt: []int32{1}, MaxTokens: 1}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("after shutdown: %v", err)
+	}
+}
