@@ -57,3 +57,5 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+func sortStrings(s []string) []string { sort.Strings(s); return s }

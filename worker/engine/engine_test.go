@@ -198,3 +198,24 @@ func TestDraftAgreement(t *testing.T) {
 		t.Fatalf("draft agrees on %.1f%% of tokens; speculation needs well over half", rate*100)
 	}
 }
+
+// TestPacedCarriesOverrun checks that a step that overran its emulated time
+// (a timer woke late) shortens the next wait, so emulated time does not drift.
+func TestPacedCarriesOverrun(t *testing.T) {
+	syn, _ := NewSynthetic(SyntheticConfig{Pages: 64})
+	p := NewPaced(syn, Profiles["qwen3-14b-h100"], 1)
+	step := Profiles["qwen3-14b-h100"].StepTime(1, 0)
+	var waits []time.Duration
+	p.Sleep = func(d time.Duration) {
+		waits = append(waits, d)
+		time.Sleep(d + 2*time.Millisecond) // the clock wakes 2 ms late
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := p.Forward(context.Background(), []Chunk{{Seq: 1, Tokens: []int32{int32(i)}, Sample: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(waits) != 2 || waits[0] < step-time.Millisecond || waits[1] > waits[0]-time.Millisecond {
+		t.Fatalf("waits %v for %s steps: the second did not make up the first's overrun", waits, step)
+	}
+}

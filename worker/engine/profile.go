@@ -114,8 +114,12 @@ type Paced struct {
 	Profile Profile
 	Scale   float64 // 1 = real time; 0.1 = ten times faster
 
-	mu    sync.Mutex // guards stats
+	mu    sync.Mutex // guards stats and debt
 	stats StepStats
+	// debt is how far the past steps ran over their emulated time (timers
+	// wake late); the next wait is shortened by it, so a worker's emulated
+	// time does not drift. Capped at one step.
+	debt time.Duration
 	// Sleep is the clock's wait (time.Sleep by default).
 	Sleep func(time.Duration)
 }
@@ -127,13 +131,18 @@ func NewPaced(e Engine, p Profile, scale float64) *Paced {
 
 func (p *Paced) pace(start time.Time, emulated time.Duration) {
 	emulated = time.Duration(float64(emulated) * p.Scale)
-	if wait := emulated - time.Since(start); wait > 0 {
+	p.mu.Lock()
+	debt := p.debt
+	p.mu.Unlock()
+	if wait := emulated - time.Since(start) - debt; wait > 0 {
 		p.Sleep(wait)
 	}
+	actual := time.Since(start)
 	p.mu.Lock()
+	p.debt = min(max(p.debt+actual-emulated, 0), emulated)
 	p.stats.Steps++
 	p.stats.Emulated += emulated
-	p.stats.Actual += time.Since(start)
+	p.stats.Actual += actual
 	p.mu.Unlock()
 }
 

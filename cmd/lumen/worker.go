@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/lumen-project/lumen/gpu"
+	"github.com/lumen-project/lumen/worker"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+func init() {
+	register("worker", "run a worker: an inference engine serving Generate, registered with the controllers", runWorker)
+}
+
+func runWorker(args []string) error {
+	cfg := worker.DefaultConfig()
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.StringVar(&cfg.ID, "id", "", "worker id (required)")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the incarnation counter")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:7500", "Inference API host:port")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", "", "host:port for /metrics, /healthz, /readyz (empty: off)")
+	fs.StringVar(&cfg.SerfAddr, "serf-addr", "127.0.0.1:7600", "Serf gossip host:port (empty: no gossip)")
+	join := fs.String("join", "", "comma-separated Serf addresses to join (controllers)")
+	controllers := fs.String("controllers", "", "comma-separated controller gRPC addresses (empty: standalone)")
+	backend := fs.String("engine", "transformer", "transformer or synthetic")
+	modelDir := fs.String("model-dir", engine.DefaultModelDir(), "model directory (made on first use when absent)")
+	profileName := fs.String("profile", "none", "timing profile to emulate: none, "+strings.Join(profileNames(), ", "))
+	timeScale := fs.Float64("time-scale", 1, "scale the profile's times (0.1 = ten times faster)")
+	pages := fs.Int("kv-pages", 0, "KV cache pages of 16 tokens (default: the profile's GPU, or 4096 for the transformer)")
+	budget := fs.String("checkpoint-budget", "1GiB", "host memory for other workers' checkpoints (e.g. 80GB, 512MiB)")
+	fs.IntVar(&cfg.TokenBudget, "token-budget", cfg.TokenBudget, "tokens one engine step may compute")
+	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "most requests in the running batch")
+	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cfg.ID == "" {
+		return fmt.Errorf("-id is required")
+	}
+	var err error
+	if cfg.CheckpointBudget, err = parseBytes(budget); err != nil {
+		return fmt.Errorf("-checkpoint-budget: %w", err)
+	}
+	if *join != "" {
+		cfg.Join = strings.Split(*join, ",")
+	}
+	if *controllers != "" {
+		cfg.Controllers = strings.Split(*controllers, ",")
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "worker", Level: hclog.LevelFromString(*level), Output: os.Stderr})
+	cfg.Logger = logger
+	profile, paced, err := engine.LookupProfile(*profileName)
+	if err != nil {
+		return err
+	}
+	fallback := gpu.Device{Name: "CPU (no GPU emulated)"}
+	if paced {
+		fallback = gpu.Device{Name: profile.GPU, MemoryBytes: uint64(profile.GPUMemBytes)}
+		cfg.Profile = &profile
+	}
+	found := gpu.Discover(fallback)
+	if !found.NVML {
+		logger.Info(found.Reason)
+	} else {
+		for _, d := range found.Devices {
+			logger.Info("GPU", "index", d.Index, "name", d.Name, "uuid", d.UUID, "memory_mib", d.MemoryBytes>>20)
+		}
+	}
+	var eng engine.Engine
+	switch *backend {
+	case "transformer":
+		path, err := engine.EnsureModel(*modelDir)
+		if err != nil {
+			return err
+		}
+		n := *pages
+		if n == 0 {
+			n = 4096
+		}
+		if eng, err = engine.NewTransformer(engine.TransformerConfig{Path: path, Pages: n}); err != nil {
+			return err
+		}
+		logger.Info("model loaded", "path", path)
+	case "synthetic":
+		n := *pages
+		if n == 0 {
+			n = 4096
+			if paced {
+				n = profile.KVPages()
+			}
+		}
+		sc := engine.SyntheticConfig{Pages: n}
+		if paced {
+			sc.KVBytesPerToken, sc.WeightBytes, sc.Model, sc.MaxContext = profile.KVBytesPerToken(), profile.WeightBytes, profile.Model, profile.MaxContext
+		}
+		if eng, err = engine.NewSynthetic(sc); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("-engine %q: use transformer or synthetic", *backend)
+	}
+	if paced {
+		p := engine.NewPaced(eng, profile, *timeScale)
+		start := time.Now()
+		logger.Info("loading weights as the profile says", "profile", profile.Name, "emulated", time.Duration(float64(profile.LoadTime())**timeScale))
+		if err := p.Load(context.Background()); err != nil {
+			return err
+		}
+		logger.Info("weights loaded", "took", time.Since(start).Round(time.Millisecond))
+		eng = p
+	}
+	cfg.Engine = eng
+	w, err := worker.New(cfg)
+	if err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	s := <-sig
+	logger.Info("draining", "signal", s.String())
+	w.Shutdown(context.Background())
+	return nil
+}
+
+func profileNames() []string {
+	var out []string
+	for n := range engine.Profiles {
+		out = append(out, n)
+	}
+	return sortStrings(out)
+}
+
+// parseBytes reads sizes like 80GB, 512MiB or 1048576.
+func parseBytes(s *string) (uint64, error) {
+	v := strings.TrimSpace(*s)
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	for _, u := range units {
+		if strings.HasSuffix(v, u.suffix) {
+			var f float64
+			if _, err := fmt.Sscan(strings.TrimSuffix(v, u.suffix), &f); err != nil || f < 0 {
+				return 0, fmt.Errorf("%q is not a size like 80GB or 512MiB", v)
+			}
+			return uint64(f * u.mult), nil
+		}
+	}
+	var n uint64
+	if _, err := fmt.Sscan(v, &n); err != nil {
+		return 0, fmt.Errorf("%q is not a size like 80GB or 512MiB", v)
+	}
+	return n, nil
+}
