@@ -347,8 +347,16 @@ func (s *scheduler) publishStats() {
 		head = pagesFor(len(s.waiting[0].history))
 	}
 	s.statsMu.Lock()
+	prev := s.stats.running + s.stats.waiting
 	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = len(s.running), len(s.waiting), head
 	s.statsMu.Unlock()
+	// A large change in the load is reported at once, not at the next tick.
+	if now := len(s.running) + len(s.waiting); now > prev+max(prev/10, 4) || now < prev-max(prev/10, 4) {
+		select {
+		case s.w.loadKick <- struct{}{}:
+		default:
+		}
+	}
 	s.w.metrics.running.Set(float64(len(s.running)))
 	s.w.metrics.waiting.Set(float64(len(s.waiting)))
 }

@@ -74,6 +74,11 @@ func runWorker(args []string) error {
 		for _, d := range found.Devices {
 			logger.Info("GPU", "index", d.Index, "name", d.Name, "uuid", d.UUID, "memory_mib", d.MemoryBytes>>20)
 		}
+		if paced && found.Devices[0].MemoryBytes > 0 {
+			// KV capacity follows the real device's memory.
+			profile.GPUMemBytes = int64(found.Devices[0].MemoryBytes)
+			cfg.Profile = &profile
+		}
 	}
 	var eng engine.Engine
 	switch *backend {

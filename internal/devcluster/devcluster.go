@@ -73,6 +73,7 @@ type Options struct {
 type Cluster struct {
 	opts        Options
 	Controllers []*Controller
+	Workers     []*Worker
 }
 
 // FreePort returns a loopback port free for both TCP and UDP now.
@@ -193,8 +194,10 @@ func (c *Cluster) Kill(i int) {
 	<-ctl.done
 }
 
-// Stop terminates every controller (SIGTERM, then SIGKILL after 5 s).
+// Stop terminates every worker, then every controller (SIGTERM, then
+// SIGKILL after a grace period).
 func (c *Cluster) Stop() {
+	c.StopWorkers()
 	for _, ctl := range c.Controllers {
 		if ctl.Running() {
 			_ = ctl.cmd.Process.Signal(syscall.SIGTERM)
@@ -255,4 +258,105 @@ func (c *Cluster) agreedLeader(ctx context.Context) (int, bool) {
 		}
 	}
 	return leader, leader >= 0
+}
+
+// Worker is one worker process.
+type Worker struct {
+	ID       string
+	DataDir  string
+	LogPath  string
+	GRPCAddr string
+	SerfAddr string
+	HTTPAddr string
+	Args     []string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Running reports whether the process is alive.
+func (w *Worker) Running() bool {
+	if w.cmd == nil {
+		return false
+	}
+	select {
+	case <-w.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// AddWorker starts a worker process joined to the quorum; args are extra
+// flags (engine, profile, ...).
+func (c *Cluster) AddWorker(id string, args ...string) (*Worker, error) {
+	w := &Worker{ID: id, DataDir: filepath.Join(c.opts.Dir, id), LogPath: filepath.Join(c.opts.Dir, id+".log"), Args: args}
+	var err error
+	for _, p := range []*string{&w.GRPCAddr, &w.SerfAddr, &w.HTTPAddr} {
+		if *p, err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	c.Workers = append(c.Workers, w)
+	return w, c.StartWorker(w)
+}
+
+// StartWorker starts (or restarts, with a new incarnation) a worker.
+func (c *Cluster) StartWorker(w *Worker) error {
+	if w.Running() {
+		return fmt.Errorf("devcluster: %s is running", w.ID)
+	}
+	var serf []string
+	for _, ctl := range c.Controllers {
+		serf = append(serf, ctl.SerfAddr)
+	}
+	args := append([]string{"worker", "-id", w.ID, "-data-dir", w.DataDir, "-grpc-addr", w.GRPCAddr,
+		"-serf-addr", w.SerfAddr, "-http-addr", w.HTTPAddr, "-join", strings.Join(serf, ","),
+		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, w.Args...)
+	logf, err := os.OpenFile(w.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(c.opts.Bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("devcluster: start %s: %w", w.ID, err)
+	}
+	w.cmd, w.done = cmd, make(chan struct{})
+	go func(done chan struct{}) {
+		_ = cmd.Wait()
+		logf.Close()
+		close(done)
+	}(w.done)
+	return nil
+}
+
+// KillWorker sends SIGKILL to a worker and waits for it to die.
+func (c *Cluster) KillWorker(w *Worker) {
+	if w.Running() {
+		_ = w.cmd.Process.Signal(syscall.SIGKILL)
+		<-w.done
+	}
+}
+
+// StopWorkers terminates every worker (SIGTERM: they drain), then SIGKILL
+// after 10 s.
+func (c *Cluster) StopWorkers() {
+	for _, w := range c.Workers {
+		if w.Running() {
+			_ = w.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, w := range c.Workers {
+		if !w.Running() {
+			continue
+		}
+		select {
+		case <-w.done:
+		case <-time.After(10 * time.Second):
+			c.KillWorker(w)
+		}
+	}
 }
