@@ -84,7 +84,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
 	}
 	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 {
-		errs = append(errs, errors.New("LoadInterval, QueueWindow and DrainTimeout must be positive"))
+		errs = append(errs, fmt.Errorf("LoadInterval (%s), QueueWindow (%s) and DrainTimeout (%s) must be positive", c.LoadInterval, c.QueueWindow, c.DrainTimeout))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("worker: invalid config: %w", errors.Join(errs...))
