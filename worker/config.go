@@ -72,13 +72,13 @@ func DefaultConfig() Config {
 func (c *Config) Validate() error {
 	var errs []error
 	if c.ID == "" {
-		errs = append(errs, errors.New("ID is required"))
+		errs = append(errs, errors.New("an ID is required"))
 	}
 	if c.GRPCAddr == "" {
-		errs = append(errs, errors.New("GRPCAddr is required"))
+		errs = append(errs, errors.New("a GRPCAddr is required"))
 	}
 	if c.Engine == nil {
-		errs = append(errs, errors.New("Engine is required"))
+		errs = append(errs, errors.New("an Engine is required"))
 	}
 	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
 		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
