@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.7.0
 
 PROTO_FILES := $(wildcard proto/*.proto)
 
-.PHONY: all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean
+.PHONY: fuzz all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean
 
 all: build
 
@@ -31,6 +31,10 @@ test:
 
 test-short:
 	$(GO) test -count=1 ./policy/... ./fsm/...
+
+## fuzz: fuzz the gateway's request decoder (new findings land in the build cache; copy them into testdata to keep them).
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 60s ./gateway/
 
 ## demo: the README's first command.
 demo: build

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,6 +75,7 @@ type Cluster struct {
 	opts        Options
 	Controllers []*Controller
 	Workers     []*Worker
+	Gateway     *Gateway
 }
 
 // FreePort returns a loopback port free for both TCP and UDP now.
@@ -197,6 +199,7 @@ func (c *Cluster) Kill(i int) {
 // Stop terminates every worker, then every controller (SIGTERM, then
 // SIGKILL after a grace period).
 func (c *Cluster) Stop() {
+	c.Gateway.stop()
 	c.StopWorkers()
 	for _, ctl := range c.Controllers {
 		if ctl.Running() {
@@ -358,5 +361,78 @@ func (c *Cluster) StopWorkers() {
 		case <-time.After(10 * time.Second):
 			c.KillWorker(w)
 		}
+	}
+}
+
+// Gateway is the gateway process.
+type Gateway struct {
+	Addr    string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+// StartGateway starts a gateway process on addr (empty: a free port).
+func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
+	if addr == "" {
+		var err error
+		if addr, err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	g := &Gateway{Addr: addr, LogPath: filepath.Join(c.opts.Dir, "gateway.log")}
+	logf, err := os.OpenFile(g.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(c.opts.Bin, append([]string{"gateway", "-http", addr, "-controllers", strings.Join(c.GRPCAddrs(), ","),
+		"-log-level", "warn"}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("devcluster: start gateway: %w", err)
+	}
+	g.cmd, g.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(g.done) }()
+	c.Gateway = g
+	return g, nil
+}
+
+// WaitReady polls the gateway's /readyz until it answers 200.
+func (g *Gateway) WaitReady(ctx context.Context) error {
+	for {
+		resp, err := http.Get("http://" + g.Addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("devcluster: gateway not ready: %w", ctx.Err())
+		case <-g.done:
+			return fmt.Errorf("devcluster: gateway exited (log: %s)", g.LogPath)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (g *Gateway) stop() {
+	if g == nil || g.cmd == nil {
+		return
+	}
+	select {
+	case <-g.done:
+		return
+	default:
+	}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.done:
+	case <-time.After(10 * time.Second):
+		_ = g.cmd.Process.Signal(syscall.SIGKILL)
+		<-g.done
 	}
 }

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/lumen-project/lumen/gateway"
+)
+
+func init() {
+	register("gateway", "serve the OpenAI-compatible API in front of the cluster", runGateway)
+}
+
+func runGateway(args []string) error {
+	cfg := gateway.DefaultConfig()
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.StringVar(&cfg.Addr, "http", cfg.Addr, "HTTP listen address")
+	controllers := fs.String("controllers", "127.0.0.1:7100", "comma-separated controller gRPC addresses")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name clients ask for")
+	fs.IntVar(&cfg.MaxContext, "max-context", cfg.MaxContext, "context length until a worker reports one")
+	keys := fs.String("api-keys", os.Getenv("LUMEN_API_KEYS"), "comma-separated bearer tokens to accept (env LUMEN_API_KEYS; empty: no auth)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "and this key")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body")
+	fs.IntVar(&cfg.MaxConcurrent, "max-concurrent", cfg.MaxConcurrent, "requests in flight before 429")
+	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Controllers = strings.Split(*controllers, ",")
+	if *keys != "" {
+		cfg.APIKeys = strings.Split(*keys, ",")
+	}
+	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "gateway", Level: hclog.LevelFromString(*level), Output: os.Stderr})
+	g, err := gateway.New(cfg)
+	if err != nil {
+		return err
+	}
+	scheme := "http"
+	if cfg.TLSCert != "" {
+		scheme = "https"
+	}
+	cfg.Logger.Info("gateway running", "url", fmt.Sprintf("%s://%s/v1", scheme, g.Addr()), "model", cfg.Model)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	<-sig
+	g.Close()
+	return nil
+}

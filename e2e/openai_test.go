@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// referenceText decodes greedily with the engine, alone, and renders the text
+// as the gateway does (bytes; special tokens and the stop token add nothing),
+// with invalid UTF-8 replaced as JSON encoding replaces it.
+func referenceText(t *testing.T, e *engine.Transformer, prompt []int32, max int, stops ...int32) (string, string, int) {
+	t.Helper()
+	ctx := context.Background()
+	defer e.Release(1)
+	out, err := e.Forward(ctx, []engine.Chunk{{Seq: 1, Tokens: prompt, Sample: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tk engine.Tokenizer
+	var text []byte
+	n := 0
+	for {
+		tok := out[0][0]
+		n++
+		stop := false
+		for _, s := range stops {
+			stop = stop || s == tok
+		}
+		if stop {
+			return jsonText(text), "stop", n
+		}
+		text = append(text, tk.DecodeToken(tok)...)
+		if n == max {
+			return jsonText(text), "length", n
+		}
+		if out, err = e.Forward(ctx, []engine.Chunk{{Seq: 1, Tokens: []int32{tok}, Sample: 1, OutIndex: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func jsonText(b []byte) string {
+	enc, _ := json.Marshal(string(b))
+	var s string
+	_ = json.Unmarshal(enc, &s)
+	return s
+}
+
+// TestOpenAISDK drives the gateway with the official OpenAI Go SDK:
+// completions and chat, streaming and not; every output equals the engine's
+// reference output for the same prompt.
+func TestOpenAISDK(t *testing.T) {
+	modelDir := t.TempDir()
+	if _, _, err := engine.InitModel(modelDir, engine.DefaultSeed); err != nil {
+		t.Fatal(err)
+	}
+	cl := startQuorum(t)
+	for _, id := range []string{"w1", "w2"} {
+		if _, err := cl.AddWorker(id, "-model-dir", modelDir, "-kv-pages", "1024"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gw, err := cl.StartGateway("", "-api-keys", "sk-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := gw.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := engine.NewTransformer(engine.TransformerConfig{Path: filepath.Join(modelDir, engine.TargetFile), Pages: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := openai.NewClient(option.WithBaseURL("http://"+gw.Addr+"/v1"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
+	var tk engine.Tokenizer
+
+	for i, prompt := range []string{"The cluster", "kill -9 and carry on", "é"} {
+		want, reason, n := referenceText(t, ref, tk.Encode(prompt), 24, engine.TokEOS)
+		c, err := client.Completions.New(ctx, openai.CompletionNewParams{
+			Model: "lumen-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+			MaxTokens: openai.Int(24), Temperature: openai.Float(0)})
+		if err != nil {
+			t.Fatalf("completion %d: %v", i, err)
+		}
+		if c.Choices[0].Text != want || string(c.Choices[0].FinishReason) != reason || c.Usage.CompletionTokens != int64(n) {
+			t.Fatalf("completion %d: %q %s %d, want %q %s %d", i, c.Choices[0].Text, c.Choices[0].FinishReason, c.Usage.CompletionTokens, want, reason, n)
+		}
+		stream := client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+			Model: "lumen-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: toInt64(tk.Encode(prompt))},
+			MaxTokens: openai.Int(24), Temperature: openai.Float(0)})
+		var sb strings.Builder
+		var finish string
+		for stream.Next() {
+			ch := stream.Current()
+			if len(ch.Choices) > 0 {
+				sb.WriteString(ch.Choices[0].Text)
+				if ch.Choices[0].FinishReason != "" {
+					finish = string(ch.Choices[0].FinishReason)
+				}
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("streaming completion %d: %v", i, err)
+		}
+		if sb.String() != want || finish != reason {
+			t.Fatalf("streaming completion %d: %q %s, want %q %s", i, sb.String(), finish, want, reason)
+		}
+	}
+
+	msgs := []engine.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "where do requests go when a worker dies?"}}
+	want, reason, n := referenceText(t, ref, tk.ApplyChatTemplate(msgs), 32, engine.TokEOS, engine.TokImEnd)
+	params := openai.ChatCompletionNewParams{Model: "lumen-tiny", MaxTokens: openai.Int(32), Temperature: openai.Float(0),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("where do requests go when a worker dies?")}}
+	cc, err := client.Chat.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.Choices[0].Message.Content != want || string(cc.Choices[0].FinishReason) != reason || cc.Usage.CompletionTokens != int64(n) {
+		t.Fatalf("chat: %q %s, want %q %s", cc.Choices[0].Message.Content, cc.Choices[0].FinishReason, want, reason)
+	}
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	cs := client.Chat.Completions.NewStreaming(ctx, params)
+	var sb strings.Builder
+	var usage int64
+	for cs.Next() {
+		ch := cs.Current()
+		if len(ch.Choices) > 0 {
+			sb.WriteString(ch.Choices[0].Delta.Content)
+		}
+		if ch.Usage.TotalTokens > 0 {
+			usage = ch.Usage.CompletionTokens
+		}
+	}
+	if err := cs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if sb.String() != want || usage != int64(n) {
+		t.Fatalf("streaming chat: %q (usage %d), want %q (%d)", sb.String(), usage, want, n)
+	}
+
+	// Errors through the SDK: status and message.
+	var apiErr *openai.Error
+	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "gpt-4",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || !strings.Contains(apiErr.Message, "gpt-4") {
+		t.Fatalf("unknown model: %v", err)
+	}
+	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny", Temperature: openai.Float(3),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "temperature" {
+		t.Fatalf("bad temperature: %v", err)
+	}
+	bad := openai.NewClient(option.WithBaseURL("http://"+gw.Addr+"/v1"), option.WithAPIKey("sk-wrong"), option.WithMaxRetries(0))
+	_, err = bad.Models.List(ctx)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 {
+		t.Fatalf("wrong key: %v", err)
+	}
+	models, err := client.Models.List(ctx)
+	if err != nil || len(models.Data) != 1 || models.Data[0].ID != "lumen-tiny" {
+		t.Fatalf("models: %v %v", models, err)
+	}
+}
+
+func toInt64(ids []int32) []int64 {
+	out := make([]int64, len(ids))
+	for i, id := range ids {
+		out[i] = int64(id)
+	}
+	return out
+}

@@ -1,0 +1,294 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"reflect"
+	"strings"
+)
+
+// apiError is an OpenAI-style error with its HTTP status.
+type apiError struct {
+	Status  int    `json:"-"`
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Param   string `json:"param,omitempty"`
+	Code    string `json:"code,omitempty"`
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{Status: 400, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// Limits the gateway enforces on a request body.
+const (
+	maxStopSequences = 4
+	maxStopBytes     = 64
+	maxMessages      = 256
+)
+
+// promptInput is a completions prompt: text, or token ids.
+type promptInput struct {
+	text   *string
+	tokens []int32
+}
+
+func (p *promptInput) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		p.text = &s
+		return nil
+	}
+	var ids []int64
+	if err := json.Unmarshal(b, &ids); err == nil {
+		return p.setTokens(ids)
+	}
+	var ss []string
+	if err := json.Unmarshal(b, &ss); err == nil {
+		if len(ss) != 1 {
+			return badRequest("prompt", "prompt: batches of %d prompts are not supported; send one prompt per request", len(ss))
+		}
+		p.text = &ss[0]
+		return nil
+	}
+	var idss [][]int64
+	if err := json.Unmarshal(b, &idss); err == nil {
+		if len(idss) != 1 {
+			return badRequest("prompt", "prompt: batches of %d prompts are not supported; send one prompt per request", len(idss))
+		}
+		return p.setTokens(idss[0])
+	}
+	return badRequest("prompt", "prompt must be a string, an array of one string, or an array of token ids")
+}
+
+func (p *promptInput) setTokens(ids []int64) error {
+	p.tokens = make([]int32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id > math.MaxInt32 {
+			return badRequest("prompt", "prompt[%d] = %d is not a token id", i, id)
+		}
+		p.tokens[i] = int32(id)
+	}
+	return nil
+}
+
+// stopInput is a stop sequence or a list of them.
+type stopInput []string
+
+func (s *stopInput) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*s = []string{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return badRequest("stop", "stop must be a string or an array of strings")
+	}
+	*s = many
+	return nil
+}
+
+// content is a chat message's content: a string or text parts.
+type content string
+
+func (c *content) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*c = content(s)
+		return nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return badRequest("messages", "message content must be a string or an array of text parts")
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return badRequest("messages", "message content part of type %q is not supported; only text", p.Type)
+		}
+		sb.WriteString(p.Text)
+	}
+	*c = content(sb.String())
+	return nil
+}
+
+type message struct {
+	Role    string  `json:"role"`
+	Content content `json:"content"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// request is the union of the completions and chat completions bodies.
+type request struct {
+	Model               string         `json:"model"`
+	Prompt              *promptInput   `json:"prompt"`
+	Messages            []message      `json:"messages"`
+	MaxTokens           *int64         `json:"max_tokens"`
+	MaxCompletionTokens *int64         `json:"max_completion_tokens"`
+	Temperature         *float64       `json:"temperature"`
+	TopP                *float64       `json:"top_p"`
+	N                   *int64         `json:"n"`
+	Seed                *int64         `json:"seed"`
+	Stop                stopInput      `json:"stop"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+	User                string         `json:"user"`
+}
+
+// decodeRequest parses a body and turns JSON type errors into 400s naming
+// the parameter.
+func decodeRequest(r io.Reader) (*request, error) {
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, badRequest("", "the request body is empty; send a JSON object")
+	}
+	var req request
+	if err := json.Unmarshal(body, &req); err != nil {
+		var ae *apiError
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &ae):
+			return nil, ae
+		case errors.As(err, &te):
+			return nil, badRequest(te.Field, "%s must be %s, got a JSON %s", te.Field, jsonType(te.Type.Kind()), te.Value)
+		case errors.As(err, &se):
+			return nil, badRequest("", "the body is not valid JSON: %v (at byte %d)", se, se.Offset)
+		}
+		return nil, badRequest("", "the body is not a valid request: %v", err)
+	}
+	return &req, nil
+}
+
+// params are a validated request's generation parameters.
+type params struct {
+	maxTokens   int
+	temperature float32
+	topP        float32
+	seed        uint64
+	seeded      bool
+	stop        []string
+}
+
+// validate checks what both endpoints share. defMax is the default
+// max_tokens; context the model's context length.
+func (req *request) validate(chat bool, defMax int) (params, *apiError) {
+	var p params
+	if req.Model == "" {
+		return p, badRequest("model", "you must provide a model parameter")
+	}
+	mt := req.MaxTokens
+	if chat && req.MaxCompletionTokens != nil {
+		mt = req.MaxCompletionTokens
+	}
+	p.maxTokens = defMax
+	if mt != nil {
+		if *mt < 1 {
+			return p, badRequest("max_tokens", "max_tokens must be at least 1, got %d", *mt)
+		}
+		if *mt > math.MaxInt32 {
+			return p, badRequest("max_tokens", "max_tokens %d is too large", *mt)
+		}
+		p.maxTokens = int(*mt)
+	}
+	p.temperature = 1
+	if req.Temperature != nil {
+		t := *req.Temperature
+		if math.IsNaN(t) || t < 0 || t > 2 {
+			return p, badRequest("temperature", "temperature must be between 0 and 2, got %v", t)
+		}
+		p.temperature = float32(t)
+	}
+	p.topP = 1
+	if req.TopP != nil {
+		t := *req.TopP
+		if math.IsNaN(t) || t <= 0 || t > 1 {
+			return p, badRequest("top_p", "top_p must be greater than 0 and at most 1, got %v", t)
+		}
+		p.topP = float32(t)
+	}
+	if req.N != nil && *req.N != 1 {
+		return p, badRequest("n", "n must be 1, got %d: lumen returns one choice per request", *req.N)
+	}
+	if req.Seed != nil {
+		p.seed, p.seeded = uint64(*req.Seed), true
+	}
+	if len(req.Stop) > maxStopSequences {
+		return p, badRequest("stop", "stop has %d sequences; at most %d", len(req.Stop), maxStopSequences)
+	}
+	for i, s := range req.Stop {
+		if s == "" || len(s) > maxStopBytes {
+			return p, badRequest("stop", "stop[%d] must be 1..%d bytes, got %d", i, maxStopBytes, len(s))
+		}
+	}
+	p.stop = req.Stop
+	if req.StreamOptions != nil && !req.Stream {
+		return p, badRequest("stream_options", "stream_options is only allowed when stream is true")
+	}
+	if chat {
+		if req.Prompt != nil {
+			return p, badRequest("prompt", "chat completions take messages, not prompt")
+		}
+		if len(req.Messages) == 0 {
+			return p, badRequest("messages", "messages must hold at least one message")
+		}
+		if len(req.Messages) > maxMessages {
+			return p, badRequest("messages", "messages has %d entries; at most %d", len(req.Messages), maxMessages)
+		}
+		for i, m := range req.Messages {
+			switch m.Role {
+			case "system", "user", "assistant", "developer":
+			default:
+				return p, badRequest("messages", "messages[%d].role %q must be system, developer, user or assistant", i, m.Role)
+			}
+		}
+	} else {
+		if len(req.Messages) > 0 {
+			return p, badRequest("messages", "completions take prompt, not messages; use /v1/chat/completions")
+		}
+		if req.Prompt == nil {
+			return p, badRequest("prompt", "you must provide a prompt")
+		}
+		if req.Prompt.text != nil && *req.Prompt.text == "" || req.Prompt.text == nil && len(req.Prompt.tokens) == 0 {
+			return p, badRequest("prompt", "prompt is empty")
+		}
+	}
+	return p, nil
+}
+
+// jsonType names a Go kind as the JSON type a client must send.
+func jsonType(k reflect.Kind) string {
+	switch k {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
+}

@@ -1,0 +1,165 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newTestGateway serves the API with a controller address nobody answers:
+// enough for every error that is decided before placement, and for 503.
+func newTestGateway(t *testing.T, tweak func(*Config)) *Gateway {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Addr, cfg.Controllers, cfg.Logger = "127.0.0.1:0", []string{"127.0.0.1:1"}, hclog.NewNullLogger()
+	cfg.DispatchTimeout = time.Second
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	return g
+}
+
+func post(t *testing.T, h http.Handler, path, body string, hdr ...string) (int, map[string]any) {
+	t.Helper()
+	req := httptest.NewRequest("POST", path, strings.NewReader(body))
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	var out map[string]any
+	_ = json.Unmarshal(rec.Body.Bytes(), &out)
+	return rec.Code, out
+}
+
+func errorOf(body map[string]any) (msg, param string) {
+	e, _ := body["error"].(map[string]any)
+	msg, _ = e["message"].(string)
+	param, _ = e["param"].(string)
+	return
+}
+
+func TestErrors(t *testing.T) {
+	g := newTestGateway(t, nil)
+	h := g.Handler()
+	cases := []struct {
+		name, path, body string
+		code             int
+		param, msg       string
+	}{
+		{"malformed JSON", "/v1/completions", `{"model":`, 400, "", "not valid JSON"},
+		{"empty body", "/v1/completions", ``, 400, "", "body is empty"},
+		{"wrong type", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","max_tokens":"ten"}`, 400, "max_tokens", "max_tokens must be an integer"},
+		{"wrong type temperature", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","temperature":"hot"}`, 400, "temperature", "must be a number"},
+		{"no model", "/v1/completions", `{"prompt":"x"}`, 400, "model", "you must provide a model"},
+		{"unknown model", "/v1/completions", `{"model":"gpt-4","prompt":"x"}`, 404, "model", "the model `gpt-4` does not exist"},
+		{"no prompt", "/v1/completions", `{"model":"lumen-tiny"}`, 400, "prompt", "you must provide a prompt"},
+		{"empty prompt", "/v1/completions", `{"model":"lumen-tiny","prompt":""}`, 400, "prompt", "prompt is empty"},
+		{"empty token prompt", "/v1/completions", `{"model":"lumen-tiny","prompt":[]}`, 400, "prompt", "prompt is empty"},
+		{"batch prompt", "/v1/completions", `{"model":"lumen-tiny","prompt":["a","b"]}`, 400, "prompt", "batches of 2 prompts"},
+		{"bad token id", "/v1/completions", `{"model":"lumen-tiny","prompt":[1,2,400]}`, 400, "prompt", "prompt[2] = 400 is not a token id"},
+		{"negative token id", "/v1/completions", `{"model":"lumen-tiny","prompt":[-1]}`, 400, "prompt", "prompt[0] = -1 is not a token id"},
+		{"zero max_tokens", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","max_tokens":0}`, 400, "max_tokens", "at least 1"},
+		{"max_tokens beyond context", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","max_tokens":5000}`, 400, "max_tokens", "context is 2048 tokens"},
+		{"prompt beyond context", "/v1/completions", `{"model":"lumen-tiny","prompt":"` + strings.Repeat("a", 2100) + `"}`, 400, "prompt", "the prompt has 2100"},
+		{"temperature", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","temperature":2.5}`, 400, "temperature", "between 0 and 2"},
+		{"top_p", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","top_p":0}`, 400, "top_p", "greater than 0"},
+		{"n", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","n":2}`, 400, "n", "n must be 1"},
+		{"too many stops", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","stop":["a","b","c","d","e"]}`, 400, "stop", "at most 4"},
+		{"empty stop", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","stop":""}`, 400, "stop", "stop[0] must be 1..64 bytes"},
+		{"stream_options without stream", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","stream_options":{"include_usage":true}}`, 400, "stream_options", "only allowed when stream"},
+		{"chat without messages", "/v1/chat/completions", `{"model":"lumen-tiny"}`, 400, "messages", "at least one message"},
+		{"chat bad role", "/v1/chat/completions", `{"model":"lumen-tiny","messages":[{"role":"robot","content":"x"}]}`, 400, "messages", `messages[0].role "robot"`},
+		{"chat image part", "/v1/chat/completions", `{"model":"lumen-tiny","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "messages", "only text"},
+		{"chat with prompt", "/v1/chat/completions", `{"model":"lumen-tiny","prompt":"x","messages":[{"role":"user","content":"x"}]}`, 400, "prompt", "take messages, not prompt"},
+		{"no worker", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","max_tokens":1}`, 503, "", "no worker can take the request"},
+	}
+	for _, c := range cases {
+		start := time.Now()
+		code, body := post(t, h, c.path, c.body)
+		msg, param := errorOf(body)
+		if code != c.code || param != c.param || !strings.Contains(msg, c.msg) {
+			t.Errorf("%s: %d param %q %q, want %d param %q containing %q", c.name, code, param, msg, c.code, c.param, c.msg)
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Errorf("%s: took %s", c.name, time.Since(start))
+		}
+	}
+}
+
+func TestAuthBodyLimitAndAdmission(t *testing.T) {
+	g := newTestGateway(t, func(c *Config) {
+		c.APIKeys = []string{"sk-1"}
+		c.MaxBodyBytes = 100
+		c.MaxConcurrent = 1
+	})
+	h := g.Handler()
+	ok := `{"model":"lumen-tiny","prompt":"x"}`
+	if code, body := post(t, h, "/v1/completions", ok); code != 401 {
+		t.Fatalf("no key: %d %v", code, body)
+	}
+	if code, _ := post(t, h, "/v1/completions", ok, "Authorization", "Bearer sk-2"); code != 401 {
+		t.Fatalf("wrong key: %d", code)
+	}
+	big := `{"model":"lumen-tiny","prompt":"` + strings.Repeat("x", 200) + `"}`
+	if code, body := post(t, h, "/v1/completions", big, "Authorization", "Bearer sk-1"); code != 413 {
+		t.Fatalf("big body: %d %v", code, body)
+	} else if msg, _ := errorOf(body); !strings.Contains(msg, "exceeds 100 bytes") {
+		t.Fatalf("big body message %q", msg)
+	}
+	g.admit <- struct{}{} // the one slot is taken
+	code, body := post(t, h, "/v1/completions", ok, "Authorization", "Bearer sk-1")
+	<-g.admit
+	if msg, _ := errorOf(body); code != 429 || !strings.Contains(msg, "limit") {
+		t.Fatalf("admission: %d %q", code, msg)
+	}
+	req := httptest.NewRequest("GET", "/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer sk-1")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 200 || !bytes.Contains(rec.Body.Bytes(), []byte(`"lumen-tiny"`)) {
+		t.Fatalf("models: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// FuzzDecodeRequest feeds arbitrary bodies to the decoder and validator:
+// they never panic, and every refusal is a 400 with a message.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"lumen-tiny","prompt":"hello","max_tokens":8,"temperature":0.5,"stop":["\n"]}`,
+		`{"model":"lumen-tiny","prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"lumen-tiny","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_completion_tokens":4}`,
+		`{"model":"lumen-tiny","prompt":[[1,2]],"seed":7,"top_p":0.9,"n":1}`,
+		`{"prompt":{"nested":true}}`, `[]`, `null`, `{"max_tokens":1e309}`,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		req, err := decodeRequest(bytes.NewReader(body))
+		if err != nil {
+			ae, ok := err.(*apiError)
+			if !ok || ae.Status != 400 || ae.Message == "" {
+				t.Fatalf("decode error %#v", err)
+			}
+			return
+		}
+		if _, ae := req.validate(chat, 16); ae != nil && (ae.Status != 400 || ae.Message == "") {
+			t.Fatalf("validate error %#v", ae)
+		}
+	})
+}

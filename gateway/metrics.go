@@ -1,0 +1,41 @@
+package gateway
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+type metrics struct {
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	ttft     prometheus.Histogram
+	e2e      prometheus.Histogram
+	resumes  *prometheus.CounterVec
+	inflight prometheus.Gauge
+	tokens   prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	lat := prometheus.ExponentialBuckets(0.001, 2, 18)
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_requests_total",
+			Help: "Requests by endpoint and HTTP status."}, []string{"endpoint", "code"}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_ttft_seconds",
+			Help: "Time from a request's arrival to its first token, through the gateway.", Buckets: lat}),
+		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_request_seconds",
+			Help: "Time from arrival to the last token.", Buckets: lat}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_resumes_total",
+			Help: "Broken worker streams resumed, by how: moved (the placement moved), retry (same worker), redispatch (before the first token)."}, []string{"how"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_gateway_inflight", Help: "Requests in flight."}),
+		tokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_gateway_tokens_total", Help: "Output tokens delivered."}),
+	}
+	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.resumes, m.inflight, m.tokens,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }

@@ -1,0 +1,410 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// Default max_tokens when a request names none.
+const (
+	defaultCompletionTokens = 16
+	defaultChatTokens       = 256
+)
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// statusWriter records the status for metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
+	arrived := time.Now()
+	w := &statusWriter{ResponseWriter: hw}
+	endpoint := "completions"
+	if chat {
+		endpoint = "chat"
+	}
+	defer func() {
+		code := w.code
+		if code == 0 {
+			code = 200
+		}
+		g.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
+	}()
+	if !g.authorized(r) {
+		writeError(w, errUnauthorized)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes)
+	req, err := decodeRequest(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		var ae *apiError
+		switch {
+		case errors.As(err, &mbe):
+			writeError(w, &apiError{Status: 413, Type: "invalid_request_error",
+				Message: fmt.Sprintf("the request body exceeds %d bytes", g.cfg.MaxBodyBytes)})
+		case errors.As(err, &ae):
+			writeError(w, ae)
+		default:
+			writeError(w, badRequest("", "reading the body: %v", err))
+		}
+		return
+	}
+	defMax := defaultCompletionTokens
+	if chat {
+		defMax = defaultChatTokens
+	}
+	p, aerr := req.validate(chat, defMax)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	if req.Model != g.cfg.Model {
+		writeError(w, &apiError{Status: 404, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("the model `%s` does not exist; this gateway serves `%s`", req.Model, g.cfg.Model)})
+		return
+	}
+	// Tokenize and check against the model's vocabulary and context.
+	var prompt []int32
+	stopTokens := []int32{engine.TokEOS}
+	switch {
+	case chat:
+		msgs := make([]engine.Message, len(req.Messages))
+		for i, m := range req.Messages {
+			msgs[i] = engine.Message{Role: m.Role, Content: string(m.Content)}
+		}
+		prompt = g.tok.ApplyChatTemplate(msgs)
+		stopTokens = append(stopTokens, engine.TokImEnd)
+	case req.Prompt.text != nil:
+		prompt = g.tok.Encode(*req.Prompt.text)
+	default:
+		prompt = req.Prompt.tokens
+		for i, id := range prompt {
+			if id >= engine.VocabSize {
+				writeError(w, badRequest("prompt", "prompt[%d] = %d is not a token id: the vocabulary is [0, %d)", i, id, engine.VocabSize))
+				return
+			}
+		}
+	}
+	g.mu.Lock()
+	maxCtx := g.maxContext
+	g.mu.Unlock()
+	if len(prompt)+p.maxTokens > maxCtx {
+		param := "max_tokens"
+		if len(prompt) >= maxCtx {
+			param = "prompt"
+		}
+		writeError(w, badRequest(param, "this model's context is %d tokens; the prompt has %d and max_tokens is %d", maxCtx, len(prompt), p.maxTokens))
+		return
+	}
+	if !p.seeded {
+		p.seed = uint64(time.Now().UnixNano()) // fixed for the request's life, resumes included
+	}
+	select {
+	case g.admit <- struct{}{}:
+		defer func() { <-g.admit }()
+	default:
+		writeError(w, &apiError{Status: 429, Type: "rate_limit_error", Code: "too_many_requests",
+			Message: fmt.Sprintf("the gateway has %d requests in flight, its limit; retry later", g.cfg.MaxConcurrent)})
+		return
+	}
+	g.metrics.inflight.Inc()
+	defer g.metrics.inflight.Dec()
+
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	e := &entry{id: newID(prefix), prompt: prompt, params: p, maxToken: p.maxTokens}
+	ctx := r.Context()
+	placement, aerr := g.dispatch(ctx, e)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	g.journal.open(e)
+	defer func() {
+		g.journal.close(e.id)
+		g.done <- e.dispatchID()
+	}()
+	out := newResponder(w, chat, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, e.id, g.cfg.Model)
+	text := &textStream{stop: p.stop}
+	first := true
+	finish, err := g.generate(ctx, e, placement, stopTokens, func(tok int32) bool {
+		if first {
+			g.metrics.ttft.Observe(time.Since(arrived).Seconds())
+			first = false
+		}
+		g.metrics.tokens.Inc()
+		delta, stopped := text.push([]byte(g.tok.DecodeToken(tok)))
+		out.delta(delta)
+		return stopped
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return // the client went away; the worker stream was cancelled
+		}
+		out.fail(err)
+		return
+	}
+	out.delta(text.flush())
+	g.metrics.e2e.Observe(time.Since(arrived).Seconds())
+	out.finish(finish, usage{PromptTokens: len(prompt), CompletionTokens: len(e.out), TotalTokens: len(prompt) + len(e.out)})
+}
+
+// dispatch places the request through the controller.
+func (g *Gateway) dispatch(ctx context.Context, e *entry) (*pb.Placement, *apiError) {
+	dctx, cancel := context.WithTimeout(ctx, g.cfg.DispatchTimeout)
+	defer cancel()
+	resp, err := g.ctl.Dispatch(dctx, &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)),
+		MaxTokens: uint32(e.maxToken)})
+	if err != nil {
+		st := status.Convert(err)
+		return nil, &apiError{Status: 503, Type: "server_error", Code: "no_worker",
+			Message: fmt.Sprintf("no worker can take the request: %s", st.Message())}
+	}
+	return resp.Placement, nil
+}
+
+// errNotResumable wraps worker errors that a resume would not fix.
+var errNotResumable = errors.New("gateway: request refused by the worker")
+
+// generate streams the request from its worker until it finishes, calling
+// onToken for each new token in index order (true stops generation). When
+// the worker stream breaks it resumes where the controller says the request
+// continues, with the whole token history.
+func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
+	worker, epoch := pl.WorkerId, pl.Epoch
+	for {
+		finish, err := g.stream(ctx, e, worker, epoch, stopTokens, onToken)
+		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
+			return finish, err
+		}
+		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", worker, "tokens", len(e.out), "error", err)
+		if worker, epoch, err = g.resumeTarget(ctx, e, worker, epoch); err != nil {
+			return "", err
+		}
+	}
+}
+
+// stream runs one Generate call.
+func (g *Gateway) stream(ctx context.Context, e *entry, worker string, epoch uint64, stopTokens []int32, onToken func(int32) bool) (string, error) {
+	cc, err := g.workerConn(ctx, worker)
+	if err != nil {
+		return "", err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := pb.NewInferenceClient(cc).Generate(sctx, &pb.GenerateRequest{
+		RequestId: e.dispatchID(), Prompt: e.prompt, Generated: e.out, MaxTokens: uint32(e.maxToken),
+		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
+		StopTokens: stopTokens, Epoch: epoch,
+	})
+	if err != nil {
+		return "", err
+	}
+	for {
+		r, err := st.Recv()
+		if err == io.EOF {
+			return "", errors.New("gateway: worker stream ended without a last token")
+		}
+		if err != nil {
+			switch status.Code(err) {
+			case codes.InvalidArgument, codes.ResourceExhausted, codes.AlreadyExists:
+				return "", fmt.Errorf("%w: %s", errNotResumable, status.Convert(err).Message())
+			}
+			return "", err
+		}
+		fresh, err := e.accept(r.Index, r.Token)
+		if err != nil {
+			return "", err // a gap or a conflict: resume from the journal
+		}
+		if fresh && onToken(r.Token) {
+			return "stop", nil
+		}
+		if r.Done {
+			if r.FinishReason == pb.FinishReason_FINISH_REASON_LENGTH {
+				return "length", nil
+			}
+			return "stop", nil
+		}
+	}
+}
+
+// resumeTarget finds where a request whose stream broke continues: the
+// placement's worker once the controller moves it (recovery), the same
+// worker again when it does not move (a transient break), or a new
+// placement for a request that broke before its first token.
+func (g *Gateway) resumeTarget(ctx context.Context, e *entry, worker string, epoch uint64) (string, uint64, error) {
+	start := time.Now()
+	wait := 20 * time.Millisecond
+	for time.Since(start) < g.cfg.ResumeTimeout {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := g.ctl.GetPlacement(rctx, &pb.GetPlacementRequest{RequestId: e.dispatchID()})
+		cancel()
+		switch {
+		case err == nil && (resp.Placement.WorkerId != worker || resp.Placement.Epoch != epoch):
+			g.metrics.resumes.WithLabelValues("moved").Inc()
+			return resp.Placement.WorkerId, resp.Placement.Epoch, nil
+		case len(e.out) == 0 && (status.Code(err) == codes.NotFound || time.Since(start) > time.Second):
+			// Nothing was streamed yet: place it afresh.
+			g.done <- e.dispatchID()
+			e.attempt++
+			pl, aerr := g.dispatch(ctx, e)
+			if aerr != nil {
+				return "", 0, aerr
+			}
+			g.metrics.resumes.WithLabelValues("redispatch").Inc()
+			return pl.WorkerId, pl.Epoch, nil
+		case err == nil && time.Since(start) > 3*time.Second:
+			g.metrics.resumes.WithLabelValues("retry").Inc()
+			return worker, epoch, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", 0, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 250*time.Millisecond)
+	}
+	return "", 0, fmt.Errorf("gateway: request %s could not be resumed within %s", e.id, g.cfg.ResumeTimeout)
+}
+
+// responder writes a completion as one JSON object or as server-sent events.
+type responder struct {
+	w            http.ResponseWriter
+	chat, stream bool
+	includeUsage bool
+	id, model    string
+	created      int64
+	text         []byte
+	started      bool
+}
+
+func newResponder(w http.ResponseWriter, chat, stream, includeUsage bool, id, model string) *responder {
+	return &responder{w: w, chat: chat, stream: stream, includeUsage: includeUsage, id: id, model: model, created: time.Now().Unix()}
+}
+
+func (o *responder) object() string {
+	switch {
+	case o.chat && o.stream:
+		return "chat.completion.chunk"
+	case o.chat:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (o *responder) event(v any) {
+	if !o.started {
+		h := o.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		o.w.WriteHeader(200)
+		o.started = true
+	}
+	b, _ := json.Marshal(v)
+	fmt.Fprintf(o.w, "data: %s\n\n", b)
+	if f, ok := o.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (o *responder) chunk(text string, finish *string) map[string]any {
+	choice := map[string]any{"index": 0, "finish_reason": finish}
+	if o.chat {
+		delta := map[string]any{}
+		if !o.started {
+			delta["role"] = "assistant"
+		}
+		if text != "" || finish == nil {
+			delta["content"] = text
+		}
+		choice["delta"] = delta
+	} else {
+		choice["text"], choice["logprobs"] = text, nil
+	}
+	return map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model, "choices": []any{choice}}
+}
+
+func (o *responder) delta(text string) {
+	if text == "" {
+		return
+	}
+	if !o.stream {
+		o.text = append(o.text, text...)
+		return
+	}
+	o.event(o.chunk(text, nil))
+}
+
+func (o *responder) finish(reason string, u usage) {
+	if !o.stream {
+		choice := map[string]any{"index": 0, "finish_reason": reason}
+		if o.chat {
+			choice["message"] = map[string]any{"role": "assistant", "content": string(o.text)}
+		} else {
+			choice["text"], choice["logprobs"] = string(o.text), nil
+		}
+		writeJSON(o.w, 200, map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model,
+			"choices": []any{choice}, "usage": u})
+		return
+	}
+	o.event(o.chunk("", &reason))
+	if o.includeUsage {
+		o.event(map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model, "choices": []any{}, "usage": u})
+	}
+	fmt.Fprint(o.w, "data: [DONE]\n\n")
+	if f, ok := o.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// fail ends an accepted request with an explicit error: a JSON error before
+// the stream started, an error event after.
+func (o *responder) fail(err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = &apiError{Status: 503, Type: "server_error", Message: err.Error()}
+		if errors.Is(err, errNotResumable) {
+			ae.Status, ae.Type = 400, "invalid_request_error"
+		}
+	}
+	if o.stream && o.started {
+		o.event(map[string]any{"error": ae})
+		return
+	}
+	writeError(o.w, ae)
+}
