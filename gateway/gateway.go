@@ -54,7 +54,7 @@ type Config struct {
 	// DispatchTimeout bounds placing a request (default 10 s); past it the
 	// client gets 503.
 	DispatchTimeout time.Duration
-	Logger        hclog.Logger
+	Logger          hclog.Logger
 }
 
 // DefaultConfig returns the defaults.
