@@ -43,11 +43,11 @@ func (t *textStream) push(b []byte) (delta string, stopped bool) {
 		}
 	}
 	emit := len(s) - keep
-	// And an incomplete UTF-8 sequence at the end.
-	for emit > 0 && !utf8.ValidString(s[:emit]) {
-		emit--
-		if len(s)-emit > utf8.UTFMax {
-			emit = len(s) - keep // invalid bytes, not incomplete: emit as is
+	// And an incomplete UTF-8 sequence at the end (invalid bytes go out at
+	// once, as they are).
+	for i := max(0, emit-utf8.UTFMax+1); i < emit; i++ {
+		if utf8.RuneStart(s[i]) && !utf8.FullRuneInString(s[i:emit]) {
+			emit = i
 			break
 		}
 	}

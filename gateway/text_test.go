@@ -32,6 +32,11 @@ func TestTextStreamUTF8AndStops(t *testing.T) {
 	if ts.flush() != "" {
 		t.Fatal("nothing should remain")
 	}
+	// Invalid bytes are not held back.
+	ts = &textStream{}
+	if d, _ := ts.push([]byte{0xff}); d != "\xff" {
+		t.Fatalf("invalid byte held back: %q", d)
+	}
 }
 
 func TestJournalAcceptsInOrderOnly(t *testing.T) {

@@ -35,6 +35,7 @@ func runWorker(args []string) error {
 	modelDir := fs.String("model-dir", engine.DefaultModelDir(), "model directory (made on first use when absent)")
 	profileName := fs.String("profile", "none", "timing profile to emulate: none, "+strings.Join(profileNames(), ", "))
 	timeScale := fs.Float64("time-scale", 1, "scale the profile's times (0.1 = ten times faster)")
+	emulateLoad := fs.Bool("emulate-load", true, "with a profile, take the profile's model-load time before serving")
 	pages := fs.Int("kv-pages", 0, "KV cache pages of 16 tokens (default: the profile's GPU, or 4096 for the transformer)")
 	budget := fs.String("checkpoint-budget", "1GiB", "host memory for other workers' checkpoints (e.g. 80GB, 512MiB)")
 	fs.IntVar(&cfg.TokenBudget, "token-budget", cfg.TokenBudget, "tokens one engine step may compute")
@@ -113,7 +114,9 @@ func runWorker(args []string) error {
 	default:
 		return fmt.Errorf("-engine %q: use transformer or synthetic", *backend)
 	}
-	if paced {
+	if paced && !*emulateLoad {
+		eng = engine.NewPaced(eng, profile, *timeScale)
+	} else if paced {
 		p := engine.NewPaced(eng, profile, *timeScale)
 		start := time.Now()
 		logger.Info("loading weights as the profile says", "profile", profile.Name, "emulated", time.Duration(float64(profile.LoadTime())**timeScale))

@@ -190,13 +190,13 @@ func (s *Synthetic) Forward(_ context.Context, batch []Chunk) ([][]int32, error)
 	return out, nil
 }
 
-// synthToken is the next token after a prefix with hash h: a byte, so text
-// stays text; sampling mixes in the seed and output index.
+// synthToken is the next token after a prefix with hash h: a printable ASCII
+// byte, so text stays text; sampling mixes in the seed and output index.
 func synthToken(h uint64, p Sampling, outIndex int) int32 {
 	if p.Temperature > 0 {
 		h = mix(h, int32(unitHash(p.Seed, uint64(outIndex))*(1<<30)))
 	}
-	return int32(h % 256)
+	return int32(' ' + h%95)
 }
 
 // ExportPage implements Engine.

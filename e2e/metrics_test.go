@@ -1,0 +1,28 @@
+package e2e
+
+import (
+	"bufio"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// metricValue reads one unlabelled metric from a Prometheus endpoint.
+func metricValue(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+" ") {
+			v, _ := strconv.ParseFloat(strings.TrimPrefix(line, name+" "), 64)
+			return v
+		}
+	}
+	return 0
+}

@@ -1,0 +1,119 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// TestStreamsSurviveWorkerKill streams requests through the gateway, kills
+// the worker serving them with SIGKILL mid-stream, and requires every client
+// to receive its full output, equal to the reference, without an error. The
+// resume here is the gateway's: it waits for the controller to move the
+// placement (Serf notices the death, the leader commits MarkFailed, Apply
+// plans recovery) and continues there with the token history.
+func TestStreamsSurviveWorkerKill(t *testing.T) {
+	modelDir := t.TempDir()
+	if _, _, err := engine.InitModel(modelDir, engine.DefaultSeed); err != nil {
+		t.Fatal(err)
+	}
+	cl := startQuorum(t)
+	// Paced by the 14B profile at half speed (time-scale 2), so streams are
+	// still running when the worker dies.
+	var ws []*devcluster.Worker
+	for _, id := range []string{"w1", "w2", "w3"} {
+		w, err := cl.AddWorker(id, "-model-dir", modelDir, "-kv-pages", "1024", "-profile", "qwen3-14b-h100", "-time-scale", "2", "-emulate-load=false")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	gw, err := cl.StartGateway("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if err := gw.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := engine.NewTransformer(engine.TransformerConfig{Path: filepath.Join(modelDir, engine.TargetFile), Pages: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := openai.NewClient(option.WithBaseURL("http://"+gw.Addr+"/v1"), option.WithMaxRetries(0))
+	var tk engine.Tokenizer
+	const streams, maxTokens = 12, 60
+	prompts := make([]string, streams)
+	wants := make([]string, streams)
+	for i := range prompts {
+		prompts[i] = fmt.Sprintf("stream %d keeps going", i)
+		wants[i], _, _ = referenceText(t, ref, tk.Encode(prompts[i]), maxTokens, engine.TokEOS)
+	}
+	var wg sync.WaitGroup
+	got := make([]string, streams)
+	errs := make([]error, streams)
+	started := make(chan struct{}, streams)
+	for i := range prompts {
+		wg.Go(func() {
+			s := client.Completions.NewStreaming(ctx, openai.CompletionNewParams{Model: "lumen-tiny",
+				Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompts[i])},
+				MaxTokens: openai.Int(maxTokens), Temperature: openai.Float(0)})
+			var sb strings.Builder
+			first := true
+			for s.Next() {
+				if ch := s.Current(); len(ch.Choices) > 0 {
+					sb.WriteString(ch.Choices[0].Text)
+					if first && ch.Choices[0].Text != "" {
+						first = false
+						started <- struct{}{}
+					}
+				}
+			}
+			got[i], errs[i] = sb.String(), s.Err()
+		})
+	}
+	for i := 0; i < streams; i++ {
+		<-started
+	}
+	// Kill the worker serving the most streams.
+	busiest, most := ws[0], -1
+	for _, w := range ws {
+		if n := countInFlight(t, w); n > most {
+			busiest, most = w, n
+		}
+	}
+	t.Logf("kill -9 %s with %d requests in flight", busiest.ID, most)
+	if most == 0 {
+		t.Fatal("no worker has requests in flight: the streams finished before the kill")
+	}
+	cl.KillWorker(busiest)
+	wg.Wait()
+	for i := range prompts {
+		if errs[i] != nil {
+			t.Errorf("stream %d ended with an error: %v", i, errs[i])
+		} else if got[i] != wants[i] {
+			t.Errorf("stream %d:\n got  %q\n want %q", i, got[i], wants[i])
+		}
+	}
+}
+
+// countInFlight reads a worker's running + waiting gauges.
+func countInFlight(t *testing.T, w *devcluster.Worker) int {
+	t.Helper()
+	n := 0
+	for _, name := range []string{"lumen_worker_running", "lumen_worker_waiting"} {
+		n += int(metricValue(t, "http://"+w.HTTPAddr+"/metrics", name))
+	}
+	return n
+}
