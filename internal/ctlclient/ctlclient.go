@@ -191,3 +191,18 @@ func (c *Client) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseReque
 	})
 	return resp, err
 }
+
+// WatchEvents opens the event stream on one replica (the first that
+// answers), from index from.
+func (c *Client) WatchEvents(ctx context.Context, from uint64) (grpc.ServerStreamingClient[pb.Event], error) {
+	var stream grpc.ServerStreamingClient[pb.Event]
+	var lastErr error
+	for i := range c.conns {
+		s, err := pb.NewControllerClient(c.conns[(int(c.next.Load())+i)%len(c.conns)]).WatchEvents(ctx, &pb.WatchEventsRequest{FromIndex: from})
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+	}
+	return stream, lastErr
+}
