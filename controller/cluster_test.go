@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/internal/gossip"
@@ -611,4 +614,47 @@ func TestGracefulLeave(t *testing.T) {
 	})
 	// The two left still commit: a quorum of 2.
 	c.addWorker("w1", 1, 1<<30)
+}
+
+func TestReportUnreachableProbesAndMarksFailed(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	// w-live answers health checks; w-dead's address refuses connections.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	f := c.follower()
+	for id, addr := range map[string]string{"w-live": lis.Addr().String(), "w-dead": deadAddr} {
+		if _, err := c.client(f).RegisterWorker(ctxT(t, 5*time.Second), &pb.RegisterWorkerRequest{Worker: &pb.Worker{
+			Id: id, Incarnation: 1, GrpcAddr: addr, Capacity: &pb.Capacity{KvPagesTotal: 100, KvBytesPerToken: 1, CheckpointBudgetBytes: 1 << 20}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.client(f).Dispatch(ctxT(t, 5*time.Second), &pb.DispatchRequest{RequestId: "r", PromptTokens: 1, MaxTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.client(f).ReportUnreachable(ctxT(t, 5*time.Second), &pb.ReportUnreachableRequest{WorkerId: "w-live", Reporter: "test"})
+	if err != nil || r.MarkedFailed {
+		t.Fatalf("a live worker was marked failed: %v %v", r, err)
+	}
+	start := time.Now()
+	r, err = c.client(f).ReportUnreachable(ctxT(t, 5*time.Second), &pb.ReportUnreachableRequest{WorkerId: "w-dead", Reporter: "test"})
+	if err != nil || !r.MarkedFailed || r.ProbeError == "" {
+		t.Fatalf("a dead worker was not marked failed: %v %v", r, err)
+	}
+	t.Logf("dead worker marked failed %s after the report (probe: %s)", time.Since(start), r.ProbeError)
+	if w := c.waitLeader().FSM().Worker("w-dead"); w.Phase != pb.WorkerPhase_WORKER_PHASE_FAILED {
+		t.Fatalf("w-dead is %v", w.Phase)
+	}
+	if w := c.waitLeader().FSM().Worker("w-live"); w.Phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+		t.Fatalf("w-live is %v", w.Phase)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/serf/serf"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -523,4 +524,64 @@ func (s *server) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseReque
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.SetWorkerPhaseResponse, error) {
 		return pb.NewControllerClient(cc).SetWorkerPhase(ctx, req)
 	})
+}
+
+// probeTimeout bounds the leader's probe of a worker reported unreachable.
+const probeTimeout = 300 * time.Millisecond
+
+func (s *server) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachableRequest) (*pb.ReportUnreachableResponse, error) {
+	if err := validateWorkerID(req.WorkerId); err != nil {
+		return nil, err
+	}
+	return leaderOp(ctx, s.n, "ReportUnreachable", func(ctx context.Context) (*pb.ReportUnreachableResponse, error) {
+		w := s.n.fsm.Worker(req.WorkerId)
+		if w == nil {
+			return nil, status.Errorf(codes.NotFound, "no worker %q", req.WorkerId)
+		}
+		if w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
+			return &pb.ReportUnreachableResponse{MarkedFailed: true}, nil
+		}
+		probeErr := probeWorker(ctx, w.GrpcAddr)
+		if probeErr == nil {
+			return &pb.ReportUnreachableResponse{}, nil
+		}
+		s.n.log.Info("worker failed its probe", "worker", w.Id, "reporter", req.Reporter, "error", probeErr)
+		r, err := s.n.leaderStateOrNil().proposer.propose(ctx, &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{
+			WorkerId: w.Id, Incarnation: w.Incarnation, Reason: "probe failed after report by " + req.Reporter + ": " + probeErr.Error()}}})
+		if err != nil {
+			return nil, err
+		}
+		if r.res.Err != nil {
+			return nil, toStatus(r.res.Err)
+		}
+		return &pb.ReportUnreachableResponse{MarkedFailed: true, ProbeError: probeErr.Error()}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.ReportUnreachableResponse, error) {
+		return pb.NewControllerClient(cc).ReportUnreachable(ctx, req)
+	})
+}
+
+// probeWorker checks that a worker accepts a connection and answers its
+// gRPC health check within probeTimeout.
+func probeWorker(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	c.Close()
+	cc, err := grpc.NewClient(addr, DialOptions(nil)...)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return err
+	}
+	if resp.Status != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health %s", resp.Status)
+	}
+	return nil
 }

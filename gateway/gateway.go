@@ -80,6 +80,7 @@ type Gateway struct {
 	maxContext int
 	readyAt    time.Time
 	ready      error
+	reporting  map[string]bool // workers being reported unreachable
 
 	srv  *http.Server
 	lis  net.Listener

@@ -213,6 +213,9 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 			return finish, err
 		}
 		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", worker, "tokens", len(e.out), "error", err)
+		if status.Code(err) == codes.Unavailable {
+			g.reportUnreachable(worker, err)
+		}
 		if worker, epoch, err = g.resumeTarget(ctx, e, worker, epoch); err != nil {
 			return "", err
 		}
@@ -407,4 +410,28 @@ func (o *responder) fail(err error) {
 		return
 	}
 	writeError(o.w, ae)
+}
+
+// reportUnreachable tells the leader a worker's stream broke (the fast path
+// of failure detection), once per worker at a time.
+func (g *Gateway) reportUnreachable(worker string, cause error) {
+	g.mu.Lock()
+	if g.reporting == nil {
+		g.reporting = map[string]bool{}
+	}
+	if g.reporting[worker] {
+		g.mu.Unlock()
+		return
+	}
+	g.reporting[worker] = true
+	g.mu.Unlock()
+	go func() {
+		defer func() { g.mu.Lock(); delete(g.reporting, worker); g.mu.Unlock() }()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := g.ctl.ReportUnreachable(ctx, &pb.ReportUnreachableRequest{WorkerId: worker, Reporter: "gateway",
+			Detail: status.Convert(cause).Message()}); err != nil {
+			g.log.Debug("report unreachable failed", "worker", worker, "error", err)
+		}
+	}()
 }

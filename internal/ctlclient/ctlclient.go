@@ -206,3 +206,12 @@ func (c *Client) WatchEvents(ctx context.Context, from uint64) (grpc.ServerStrea
 	}
 	return stream, lastErr
 }
+
+// ReportUnreachable tells the leader a worker's stream broke.
+func (c *Client) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachableRequest) (resp *pb.ReportUnreachableResponse, err error) {
+	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
+		resp, e = pb.NewControllerClient(cc).ReportUnreachable(ctx, req)
+		return e
+	})
+	return resp, err
+}

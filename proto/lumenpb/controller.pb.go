@@ -1567,6 +1567,120 @@ func (x *SetWorkerPhaseResponse) GetIndex() uint64 {
 	return 0
 }
 
+type ReportUnreachableRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// Who saw it, and what broke (for the log).
+	Reporter      string `protobuf:"bytes,2,opt,name=reporter,proto3" json:"reporter,omitempty"`
+	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportUnreachableRequest) Reset() {
+	*x = ReportUnreachableRequest{}
+	mi := &file_controller_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportUnreachableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportUnreachableRequest) ProtoMessage() {}
+
+func (x *ReportUnreachableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportUnreachableRequest.ProtoReflect.Descriptor instead.
+func (*ReportUnreachableRequest) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ReportUnreachableRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *ReportUnreachableRequest) GetReporter() string {
+	if x != nil {
+		return x.Reporter
+	}
+	return ""
+}
+
+func (x *ReportUnreachableRequest) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+type ReportUnreachableResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when the probe failed and the worker is now marked failed.
+	MarkedFailed  bool   `protobuf:"varint,1,opt,name=marked_failed,json=markedFailed,proto3" json:"marked_failed,omitempty"`
+	ProbeError    string `protobuf:"bytes,2,opt,name=probe_error,json=probeError,proto3" json:"probe_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportUnreachableResponse) Reset() {
+	*x = ReportUnreachableResponse{}
+	mi := &file_controller_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportUnreachableResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportUnreachableResponse) ProtoMessage() {}
+
+func (x *ReportUnreachableResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportUnreachableResponse.ProtoReflect.Descriptor instead.
+func (*ReportUnreachableResponse) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ReportUnreachableResponse) GetMarkedFailed() bool {
+	if x != nil {
+		return x.MarkedFailed
+	}
+	return false
+}
+
+func (x *ReportUnreachableResponse) GetProbeError() string {
+	if x != nil {
+		return x.ProbeError
+	}
+	return ""
+}
+
 var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
@@ -1668,10 +1782,18 @@ const file_controller_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"X\n" +
 	"\x16SetWorkerPhaseResponse\x12(\n" +
 	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index*B\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"k\n" +
+	"\x18ReportUnreachableRequest\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
+	"\breporter\x18\x02 \x01(\tR\breporter\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"a\n" +
+	"\x19ReportUnreachableResponse\x12#\n" +
+	"\rmarked_failed\x18\x01 \x01(\bR\fmarkedFailed\x12\x1f\n" +
+	"\vprobe_error\x18\x02 \x01(\tR\n" +
+	"probeError*B\n" +
 	"\vConsistency\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x00\x12\x15\n" +
-	"\x11CONSISTENCY_STALE\x10\x012\xe0\x04\n" +
+	"\x11CONSISTENCY_STALE\x10\x012\xbe\x05\n" +
 	"\n" +
 	"Controller\x12A\n" +
 	"\bDispatch\x12\x19.lumen.v1.DispatchRequest\x1a\x1a.lumen.v1.DispatchResponse\x12A\n" +
@@ -1682,7 +1804,8 @@ const file_controller_proto_rawDesc = "" +
 	"\fGetPlacement\x12\x1d.lumen.v1.GetPlacementRequest\x1a\x1e.lumen.v1.GetPlacementResponse\x12J\n" +
 	"\vListWorkers\x12\x1c.lumen.v1.ListWorkersRequest\x1a\x1d.lumen.v1.ListWorkersResponse\x12>\n" +
 	"\vWatchEvents\x12\x1c.lumen.v1.WatchEventsRequest\x1a\x0f.lumen.v1.Event0\x01\x12S\n" +
-	"\x0eSetWorkerPhase\x12\x1f.lumen.v1.SetWorkerPhaseRequest\x1a .lumen.v1.SetWorkerPhaseResponse2\xdb\x03\n" +
+	"\x0eSetWorkerPhase\x12\x1f.lumen.v1.SetWorkerPhaseRequest\x1a .lumen.v1.SetWorkerPhaseResponse\x12\\\n" +
+	"\x11ReportUnreachable\x12\".lumen.v1.ReportUnreachableRequest\x1a#.lumen.v1.ReportUnreachableResponse2\xdb\x03\n" +
 	"\bOperator\x12D\n" +
 	"\tRaftPeers\x12\x1a.lumen.v1.RaftPeersRequest\x1a\x1b.lumen.v1.RaftPeersResponse\x12A\n" +
 	"\bAddVoter\x12\x19.lumen.v1.AddVoterRequest\x1a\x1a.lumen.v1.AddVoterResponse\x12G\n" +
@@ -1705,7 +1828,7 @@ func file_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_controller_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: lumen.v1.Consistency
 	(*DispatchRequest)(nil),            // 1: lumen.v1.DispatchRequest
@@ -1736,29 +1859,31 @@ var file_controller_proto_goTypes = []any{
 	(*ClusterStatusResponse)(nil),      // 26: lumen.v1.ClusterStatusResponse
 	(*SetWorkerPhaseRequest)(nil),      // 27: lumen.v1.SetWorkerPhaseRequest
 	(*SetWorkerPhaseResponse)(nil),     // 28: lumen.v1.SetWorkerPhaseResponse
-	(*Placement)(nil),                  // 29: lumen.v1.Placement
-	(*LoadRecord)(nil),                 // 30: lumen.v1.LoadRecord
-	(*Worker)(nil),                     // 31: lumen.v1.Worker
-	(Strategy)(0),                      // 32: lumen.v1.Strategy
-	(WorkerPhase)(0),                   // 33: lumen.v1.WorkerPhase
-	(*Event)(nil),                      // 34: lumen.v1.Event
+	(*ReportUnreachableRequest)(nil),   // 29: lumen.v1.ReportUnreachableRequest
+	(*ReportUnreachableResponse)(nil),  // 30: lumen.v1.ReportUnreachableResponse
+	(*Placement)(nil),                  // 31: lumen.v1.Placement
+	(*LoadRecord)(nil),                 // 32: lumen.v1.LoadRecord
+	(*Worker)(nil),                     // 33: lumen.v1.Worker
+	(Strategy)(0),                      // 34: lumen.v1.Strategy
+	(WorkerPhase)(0),                   // 35: lumen.v1.WorkerPhase
+	(*Event)(nil),                      // 36: lumen.v1.Event
 }
 var file_controller_proto_depIdxs = []int32{
-	29, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
-	30, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
-	31, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
-	31, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
+	31, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
+	32, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
+	33, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
+	33, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
 	0,  // 4: lumen.v1.GetPlacementRequest.consistency:type_name -> lumen.v1.Consistency
-	29, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
+	31, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
 	0,  // 6: lumen.v1.ListWorkersRequest.consistency:type_name -> lumen.v1.Consistency
-	31, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
-	30, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
+	33, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
+	32, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
 	15, // 9: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
-	32, // 10: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
-	32, // 11: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
-	32, // 12: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
-	33, // 13: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
-	31, // 14: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
+	34, // 10: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
+	34, // 11: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
+	34, // 12: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
+	35, // 13: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
+	33, // 14: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
 	1,  // 15: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
 	3,  // 16: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
 	5,  // 17: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
@@ -1767,28 +1892,30 @@ var file_controller_proto_depIdxs = []int32{
 	11, // 20: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
 	13, // 21: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
 	27, // 22: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
-	14, // 23: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
-	17, // 24: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
-	19, // 25: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
-	21, // 26: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
-	23, // 27: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
-	25, // 28: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
-	2,  // 29: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
-	4,  // 30: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
-	6,  // 31: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
-	8,  // 32: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
-	10, // 33: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
-	12, // 34: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
-	34, // 35: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
-	28, // 36: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
-	16, // 37: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
-	18, // 38: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
-	20, // 39: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
-	22, // 40: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
-	24, // 41: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
-	26, // 42: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
-	29, // [29:43] is the sub-list for method output_type
-	15, // [15:29] is the sub-list for method input_type
+	29, // 23: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
+	14, // 24: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
+	17, // 25: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
+	19, // 26: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
+	21, // 27: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
+	23, // 28: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
+	25, // 29: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
+	2,  // 30: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
+	4,  // 31: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
+	6,  // 32: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
+	8,  // 33: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
+	10, // 34: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
+	12, // 35: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
+	36, // 36: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
+	28, // 37: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
+	30, // 38: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
+	16, // 39: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
+	18, // 40: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
+	20, // 41: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
+	22, // 42: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
+	24, // 43: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
+	26, // 44: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
+	30, // [30:45] is the sub-list for method output_type
+	15, // [15:30] is the sub-list for method input_type
 	15, // [15:15] is the sub-list for extension type_name
 	15, // [15:15] is the sub-list for extension extendee
 	0,  // [0:15] is the sub-list for field type_name
@@ -1806,7 +1933,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -22,14 +22,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Controller_Dispatch_FullMethodName       = "/lumen.v1.Controller/Dispatch"
-	Controller_Complete_FullMethodName       = "/lumen.v1.Controller/Complete"
-	Controller_ReportLoad_FullMethodName     = "/lumen.v1.Controller/ReportLoad"
-	Controller_RegisterWorker_FullMethodName = "/lumen.v1.Controller/RegisterWorker"
-	Controller_GetPlacement_FullMethodName   = "/lumen.v1.Controller/GetPlacement"
-	Controller_ListWorkers_FullMethodName    = "/lumen.v1.Controller/ListWorkers"
-	Controller_WatchEvents_FullMethodName    = "/lumen.v1.Controller/WatchEvents"
-	Controller_SetWorkerPhase_FullMethodName = "/lumen.v1.Controller/SetWorkerPhase"
+	Controller_Dispatch_FullMethodName          = "/lumen.v1.Controller/Dispatch"
+	Controller_Complete_FullMethodName          = "/lumen.v1.Controller/Complete"
+	Controller_ReportLoad_FullMethodName        = "/lumen.v1.Controller/ReportLoad"
+	Controller_RegisterWorker_FullMethodName    = "/lumen.v1.Controller/RegisterWorker"
+	Controller_GetPlacement_FullMethodName      = "/lumen.v1.Controller/GetPlacement"
+	Controller_ListWorkers_FullMethodName       = "/lumen.v1.Controller/ListWorkers"
+	Controller_WatchEvents_FullMethodName       = "/lumen.v1.Controller/WatchEvents"
+	Controller_SetWorkerPhase_FullMethodName    = "/lumen.v1.Controller/SetWorkerPhase"
+	Controller_ReportUnreachable_FullMethodName = "/lumen.v1.Controller/ReportUnreachable"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -52,6 +53,10 @@ type ControllerClient interface {
 	// leaving, the recovery phases). Leaving or failing recovers the requests
 	// still placed on it.
 	SetWorkerPhase(ctx context.Context, in *SetWorkerPhaseRequest, opts ...grpc.CallOption) (*SetWorkerPhaseResponse, error)
+	// ReportUnreachable is the fast path of failure detection: a gateway or a
+	// peer saw a stream to the worker break. The leader probes the worker and,
+	// when the probe fails, commits MarkFailed.
+	ReportUnreachable(ctx context.Context, in *ReportUnreachableRequest, opts ...grpc.CallOption) (*ReportUnreachableResponse, error)
 }
 
 type controllerClient struct {
@@ -151,6 +156,16 @@ func (c *controllerClient) SetWorkerPhase(ctx context.Context, in *SetWorkerPhas
 	return out, nil
 }
 
+func (c *controllerClient) ReportUnreachable(ctx context.Context, in *ReportUnreachableRequest, opts ...grpc.CallOption) (*ReportUnreachableResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportUnreachableResponse)
+	err := c.cc.Invoke(ctx, Controller_ReportUnreachable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -171,6 +186,10 @@ type ControllerServer interface {
 	// leaving, the recovery phases). Leaving or failing recovers the requests
 	// still placed on it.
 	SetWorkerPhase(context.Context, *SetWorkerPhaseRequest) (*SetWorkerPhaseResponse, error)
+	// ReportUnreachable is the fast path of failure detection: a gateway or a
+	// peer saw a stream to the worker break. The leader probes the worker and,
+	// when the probe fails, commits MarkFailed.
+	ReportUnreachable(context.Context, *ReportUnreachableRequest) (*ReportUnreachableResponse, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -204,6 +223,9 @@ func (UnimplementedControllerServer) WatchEvents(*WatchEventsRequest, grpc.Serve
 }
 func (UnimplementedControllerServer) SetWorkerPhase(context.Context, *SetWorkerPhaseRequest) (*SetWorkerPhaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetWorkerPhase not implemented")
+}
+func (UnimplementedControllerServer) ReportUnreachable(context.Context, *ReportUnreachableRequest) (*ReportUnreachableResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportUnreachable not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -363,6 +385,24 @@ func _Controller_SetWorkerPhase_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Controller_ReportUnreachable_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportUnreachableRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).ReportUnreachable(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_ReportUnreachable_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).ReportUnreachable(ctx, req.(*ReportUnreachableRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -397,6 +437,10 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetWorkerPhase",
 			Handler:    _Controller_SetWorkerPhase_Handler,
+		},
+		{
+			MethodName: "ReportUnreachable",
+			Handler:    _Controller_ReportUnreachable_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
