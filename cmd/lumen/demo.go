@@ -177,17 +177,21 @@ func runDemo(args []string) error {
 	cl.KillWorker(busiest)
 	fmt.Printf("   %s killed with %d requests in flight\n", busiest.ID, most)
 	var plan *pb.RecoveryPlan
+	reason := ""
 	for plan == nil {
 		ev, err := stream.Recv()
 		if err != nil {
 			return fmt.Errorf("watch events: %w", err)
 		}
+		if pc := ev.GetPhaseChanged(); pc != nil && pc.WorkerId == busiest.ID && pc.To == pb.WorkerPhase_WORKER_PHASE_FAILED {
+			reason = pc.Reason
+		}
 		if rp := ev.GetRecoveryPlan(); rp != nil && rp.FailedWorker == busiest.ID {
 			plan = rp
 		}
 	}
-	fmt.Printf("   Serf declared it dead, the leader committed MarkFailed: recovery plan %d, %d ms after the kill\n",
-		plan.Id, time.Since(killedAt).Milliseconds())
+	fmt.Printf("   marked FAILED and recovery plan %d committed %d ms after the kill\n   (%s)\n",
+		plan.Id, time.Since(killedAt).Milliseconds(), reason)
 	sort.Slice(plan.Assignments, func(i, j int) bool { return plan.Assignments[i].RequestId < plan.Assignments[j].RequestId })
 	reuse := 0
 	for _, a := range plan.Assignments {
