@@ -106,6 +106,19 @@ func TestStreamsSurviveWorkerKill(t *testing.T) {
 			t.Errorf("stream %d:\n got  %q\n want %q", i, got[i], wants[i])
 		}
 	}
+	// The interrupted requests resumed at their holders from checkpointed
+	// pages, not only by recomputing.
+	restored, recomputed := 0.0, 0.0
+	for _, w := range ws {
+		if w != busiest {
+			restored += metricValue(t, "http://"+w.HTTPAddr+"/metrics", "lumen_worker_restored_pages_total")
+			recomputed += metricValue(t, "http://"+w.HTTPAddr+"/metrics", "lumen_worker_resume_recomputed_tokens_total")
+		}
+	}
+	t.Logf("resumed from %v checkpointed pages; %v tokens recomputed", restored, recomputed)
+	if restored == 0 {
+		t.Fatal("no resumed request reused a checkpointed page")
+	}
 }
 
 // countInFlight reads a worker's running + waiting gauges.

@@ -206,25 +206,24 @@ var errNotResumable = errors.New("gateway: request refused by the worker")
 // the worker stream breaks it resumes where the controller says the request
 // continues, with the whole token history.
 func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
-	worker, epoch := pl.WorkerId, pl.Epoch
 	for {
-		finish, err := g.stream(ctx, e, worker, epoch, stopTokens, onToken)
+		finish, err := g.stream(ctx, e, pl, stopTokens, onToken)
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
 			return finish, err
 		}
-		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", worker, "tokens", len(e.out), "error", err)
+		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "tokens", len(e.out), "error", err)
 		if status.Code(err) == codes.Unavailable {
-			g.reportUnreachable(worker, err)
+			g.reportUnreachable(pl.WorkerId, err)
 		}
-		if worker, epoch, err = g.resumeTarget(ctx, e, worker, epoch); err != nil {
+		if pl, err = g.resumeTarget(ctx, e, pl); err != nil {
 			return "", err
 		}
 	}
 }
 
 // stream runs one Generate call.
-func (g *Gateway) stream(ctx context.Context, e *entry, worker string, epoch uint64, stopTokens []int32, onToken func(int32) bool) (string, error) {
-	cc, err := g.workerConn(ctx, worker)
+func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
+	cc, err := g.workerConn(ctx, pl.WorkerId)
 	if err != nil {
 		return "", err
 	}
@@ -233,7 +232,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, worker string, epoch uin
 	st, err := pb.NewInferenceClient(cc).Generate(sctx, &pb.GenerateRequest{
 		RequestId: e.dispatchID(), Prompt: e.prompt, Generated: e.out, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
-		StopTokens: stopTokens, Epoch: epoch,
+		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId,
 	})
 	if err != nil {
 		return "", err
@@ -270,7 +269,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, worker string, epoch uin
 // placement's worker once the controller moves it (recovery), the same
 // worker again when it does not move (a transient break), or a new
 // placement for a request that broke before its first token.
-func (g *Gateway) resumeTarget(ctx context.Context, e *entry, worker string, epoch uint64) (string, uint64, error) {
+func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement) (*pb.Placement, error) {
 	start := time.Now()
 	wait := 20 * time.Millisecond
 	for time.Since(start) < g.cfg.ResumeTimeout {
@@ -278,31 +277,31 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, worker string, epo
 		resp, err := g.ctl.GetPlacement(rctx, &pb.GetPlacementRequest{RequestId: e.dispatchID()})
 		cancel()
 		switch {
-		case err == nil && (resp.Placement.WorkerId != worker || resp.Placement.Epoch != epoch):
+		case err == nil && (resp.Placement.WorkerId != pl.WorkerId || resp.Placement.Epoch != pl.Epoch):
 			g.metrics.resumes.WithLabelValues("moved").Inc()
-			return resp.Placement.WorkerId, resp.Placement.Epoch, nil
+			return resp.Placement, nil
 		case len(e.out) == 0 && (status.Code(err) == codes.NotFound || time.Since(start) > time.Second):
 			// Nothing was streamed yet: place it afresh.
 			g.done <- e.dispatchID()
 			e.attempt++
-			pl, aerr := g.dispatch(ctx, e)
+			npl, aerr := g.dispatch(ctx, e)
 			if aerr != nil {
-				return "", 0, aerr
+				return nil, aerr
 			}
 			g.metrics.resumes.WithLabelValues("redispatch").Inc()
-			return pl.WorkerId, pl.Epoch, nil
+			return npl, nil
 		case err == nil && time.Since(start) > 3*time.Second:
 			g.metrics.resumes.WithLabelValues("retry").Inc()
-			return worker, epoch, nil
+			return resp.Placement, nil
 		}
 		select {
 		case <-ctx.Done():
-			return "", 0, ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 250*time.Millisecond)
 	}
-	return "", 0, fmt.Errorf("gateway: request %s could not be resumed within %s", e.id, g.cfg.ResumeTimeout)
+	return nil, fmt.Errorf("gateway: request %s could not be resumed within %s", e.id, g.cfg.ResumeTimeout)
 }
 
 // responder writes a completion as one JSON object or as server-sent events.

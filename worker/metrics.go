@@ -19,6 +19,13 @@ type metrics struct {
 	preemptions prometheus.Counter
 	completed   prometheus.Counter
 	rejected    *prometheus.CounterVec
+
+	ckptSent      prometheus.Counter
+	ckptDropped   prometheus.Counter
+	ckptRefused   prometheus.Counter
+	ckptBytes     prometheus.Gauge
+	restoredPages prometheus.Counter
+	recomputed    prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -45,6 +52,19 @@ func newMetrics() *metrics {
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_requests_rejected_total",
 			Help: "Generate calls refused, by gRPC code."}, []string{"code"}),
 	}
+	m.ckptSent = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_checkpoint_pages_sent_total",
+		Help: "KV pages streamed to checkpoint holders."})
+	m.ckptDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_checkpoint_pages_lost_total",
+		Help: "KV pages that could not be sent to their holder (holder unreachable)."})
+	m.ckptRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_checkpoint_pages_refused_total",
+		Help: "Pages this holder refused: its budget or the request's reservation was full."})
+	m.ckptBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_checkpoint_bytes",
+		Help: "Bytes of other workers' checkpoints held here."})
+	m.restoredPages = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_restored_pages_total",
+		Help: "KV pages imported from the checkpoint store when a request resumed here."})
+	m.recomputed = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_resume_recomputed_tokens_total",
+		Help: "Tokens of resumed requests prefilled again (not covered by checkpoint pages)."})
+	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptBytes, m.restoredPages, m.recomputed)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
 		m.running, m.waiting, m.preemptions, m.completed, m.rejected,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

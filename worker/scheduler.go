@@ -61,6 +61,13 @@ type request struct {
 	started   time.Time // first prefill chunk (zero until then)
 	lastToken time.Time
 	box       *mailbox
+
+	// Checkpointing: the holder, the prefix hash of each full page in the
+	// cache, and how many pages have been queued for the holder.
+	holder       string
+	hashes       []uint64
+	ckptSent     int
+	restoreTried bool
 }
 
 func (r *request) outputs() int { return len(r.history) - r.prompt }
@@ -180,6 +187,11 @@ func (s *scheduler) drop(id string, err error) {
 	s.eng.Release(r.seq)
 	s.waiting = remove(s.waiting, r)
 	s.running = remove(s.running, r)
+	if err != errShutdown {
+		// A request handed back at shutdown keeps its checkpoint: it
+		// resumes from it elsewhere.
+		s.releaseCheckpoint(r)
+	}
 	if err != nil {
 		r.box.put(event{err: err})
 	}
@@ -233,6 +245,7 @@ func (s *scheduler) step(ctx context.Context) {
 		s.w.metrics.stepSeconds.Observe(time.Since(start).Seconds())
 		s.w.metrics.batchRows.Observe(float64(rows(batch)))
 		s.deliver(batch, reqs, out)
+		s.checkpoint(reqs)
 		return
 	}
 }
@@ -281,6 +294,7 @@ func (s *scheduler) build() ([]engine.Chunk, []*request) {
 		free -= need
 		s.waiting = s.waiting[1:]
 		s.running = append(s.running, r)
+		s.restore(r)
 		if r.started.IsZero() {
 			r.started = time.Now()
 			s.recordWait(r.started.Sub(r.arrived))
@@ -295,7 +309,7 @@ func (s *scheduler) preempt() {
 	s.running = s.running[:len(s.running)-1]
 	s.eng.Release(victim.seq)
 	s.nextSeq++
-	victim.seq, victim.fed = s.nextSeq, 0
+	victim.seq, victim.fed, victim.ckptSent, victim.hashes = s.nextSeq, 0, 0, nil
 	s.waiting = append([]*request{victim}, s.waiting...)
 	s.w.metrics.preemptions.Inc()
 }
@@ -330,6 +344,7 @@ func (s *scheduler) deliver(batch []engine.Chunk, reqs []*request, out [][]int32
 			s.eng.Release(r.seq)
 			s.running = remove(s.running, r)
 			s.w.metrics.completed.Inc()
+			s.releaseCheckpoint(r)
 		}
 	}
 }
@@ -379,4 +394,57 @@ func (s *scheduler) snapshot(window time.Duration) (running, waiting, headPages 
 		qw = float64(sum.Microseconds()) / 1000 / float64(len(kept))
 	}
 	return s.stats.running, s.stats.waiting, s.stats.queueHeadPages, qw
+}
+
+// restore imports the longest prefix of a newly admitted request's pages
+// that this worker's checkpoint store holds (it was the request's holder),
+// so only the rest is prefilled.
+func (s *scheduler) restore(r *request) {
+	if r.restoreTried || r.fed > 0 {
+		return
+	}
+	r.restoreTried = true
+	if r.outStart == 0 {
+		return // a new request: nothing was checkpointed
+	}
+	// At least one token must be left to compute the next one.
+	hashes := pageHashes(r.history[:len(r.history)-1], nil)
+	pages := s.w.store.prefix(hashes)
+	if len(pages) > 0 {
+		if err := s.eng.ImportPages(r.seq, pages); err == nil {
+			r.fed = len(pages) * pageTokens
+			r.hashes = hashes[:len(pages)]
+			s.w.metrics.restoredPages.Add(float64(len(pages)))
+			s.w.store.release(r.id) // consumed: the request runs here now
+		}
+	}
+	s.w.metrics.recomputed.Add(float64(len(r.history) - r.fed))
+}
+
+// checkpoint queues the pages that filled in this step for the holder.
+func (s *scheduler) checkpoint(reqs []*request) {
+	for _, r := range reqs {
+		if r.holder == "" || r.holder == s.cfg.ID {
+			continue
+		}
+		if _, live := s.byID[r.id]; !live {
+			continue
+		}
+		r.hashes = pageHashes(r.history[:r.fed], r.hashes)
+		snd := s.w.sender(r.holder)
+	queue:
+		for ; r.ckptSent < len(r.hashes); r.ckptSent++ {
+			select {
+			case snd.jobs <- ckptJob{req: r.id, seq: r.seq, page: r.ckptSent, hash: r.hashes[r.ckptSent]}:
+			default:
+				break queue // the holder is slow: this checkpoint falls behind
+			}
+		}
+	}
+}
+
+func (s *scheduler) releaseCheckpoint(r *request) {
+	if r.holder != "" && r.holder != s.cfg.ID && r.ckptSent > 0 {
+		s.w.sender(r.holder).release(r.id)
+	}
 }

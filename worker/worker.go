@@ -52,8 +52,13 @@ type Worker struct {
 	serf    *serf.Serf
 	ctl     *ctlclient.Client
 
-	mu       sync.Mutex // guards draining
-	draining bool
+	store *ckptStore
+
+	mu        sync.Mutex // guards draining, senders, peerAddrs, peerConns
+	draining  bool
+	senders   map[string]*ckptSender
+	peerAddrs map[string]string
+	peerConns map[string]*grpc.ClientConn
 
 	loadKick chan struct{}
 	stop     chan struct{}
@@ -71,7 +76,8 @@ func New(cfg Config) (w *Worker, err error) {
 		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "worker", Level: hclog.Info})
 	}
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(),
-		loadKick: make(chan struct{}, 1), stop: make(chan struct{})}
+		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
+		senders: map[string]*ckptSender{}, peerAddrs: map[string]string{}, peerConns: map[string]*grpc.ClientConn{}}
 	defer func() {
 		if err != nil {
 			w.Shutdown(context.Background())
@@ -252,8 +258,9 @@ func (w *Worker) Load() *pb.LoadRecord {
 	free := w.cfg.Engine.FreePages()
 	used := info.TotalPages - free
 	w.metrics.kvUsed.Set(float64(used))
+	ckUsed, ckBudget := w.store.usage()
 	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation, QueueWaitMs: qw,
-		FreeCheckpointBytes: w.cfg.CheckpointBudget, Running: uint32(running), Waiting: uint32(waiting),
+		FreeCheckpointBytes: ckBudget - ckUsed, ReservedCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
 		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head)}
 }
 
@@ -306,6 +313,11 @@ func (w *Worker) Shutdown(ctx context.Context) {
 		if w.ctl != nil {
 			w.ctl.Close()
 		}
+		w.mu.Lock()
+		for _, cc := range w.peerConns {
+			cc.Close()
+		}
+		w.mu.Unlock()
 	})
 }
 
@@ -458,6 +470,19 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	history := make([]int32, 0, len(req.Prompt)+int(req.MaxTokens))
 	history = append(append(history, req.Prompt...), req.Generated...)
 	now := time.Now()
+	if req.Holder != "" {
+		if err := validatePeerID(req.Holder); err != nil {
+			return nil, err
+		}
+	}
 	return &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
-		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox()}, nil
+		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
+		holder: req.Holder}, nil
+}
+
+func validatePeerID(id string) error {
+	if len(id) > 64 || strings.ContainsAny(id, " /\t\n") {
+		return status.Errorf(codes.InvalidArgument, "holder %q is not a worker id", id)
+	}
+	return nil
 }

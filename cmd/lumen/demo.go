@@ -195,9 +195,9 @@ func runDemo(args []string) error {
 	sort.Slice(plan.Assignments, func(i, j int) bool { return plan.Assignments[i].RequestId < plan.Assignments[j].RequestId })
 	reuse := 0
 	for _, a := range plan.Assignments {
-		how := "plan: recompute (its holder is gone or it had none)"
+		how := "recompute (its holder is gone or it had none)"
 		if a.Mode == pb.RecoveryMode_RECOVERY_MODE_REUSE {
-			how, reuse = "plan: resume at its checkpoint holder", reuse+1
+			how, reuse = "resume at its checkpoint holder, reusing its KV pages", reuse+1
 		}
 		fmt.Printf("   %s -> %-9s %s\n", a.RequestId, a.TargetWorker, how)
 	}
@@ -219,9 +219,17 @@ func runDemo(args []string) error {
 	}
 	fmt.Printf("   %d of %d streams complete and identical to the failure-free reference: no error, no gap, no repeat\n", ok, len(streams))
 	fmt.Printf("   the longest pause any client saw between two tokens: %d ms (the failures' cost: a delay)\n", maxGap.Milliseconds())
-	fmt.Printf("   the plan sent %d of %d interrupted requests to their checkpoint holders; workers do not stream\n"+
-		"   KV pages to holders yet (the next milestone), so today every resumed request recomputes its\n"+
-		"   prompt and output so far on its new worker\n", reuse, len(plan.Assignments))
+	var restored, recomputed, sent float64
+	for _, w := range cl.Workers {
+		if w != busiest {
+			restored += workerMetric(w, "lumen_worker_restored_pages_total")
+			recomputed += workerMetric(w, "lumen_worker_resume_recomputed_tokens_total")
+			sent += workerMetric(w, "lumen_worker_checkpoint_pages_sent_total")
+		}
+	}
+	fmt.Printf("   %d of %d interrupted requests resumed at their checkpoint holders: %.0f KV pages (%.0f tokens)\n"+
+		"   imported from checkpoints, %.0f tokens recomputed by partial prefill (survivors streamed %.0f pages)\n",
+		reuse, len(plan.Assignments), restored, restored*16, recomputed, sent)
 	fmt.Printf("\ndone in %.1f s", time.Since(start).Seconds())
 	if keep {
 		fmt.Printf("; logs in %s", *dir)
@@ -322,24 +330,25 @@ func referenceText(e *engine.Transformer, prompt []int32, max int) string {
 }
 
 func workerInFlight(w *devcluster.Worker) int {
+	return int(workerMetric(w, "lumen_worker_running") + workerMetric(w, "lumen_worker_waiting"))
+}
+
+// workerMetric reads one unlabelled metric from a worker.
+func workerMetric(w *devcluster.Worker, name string) float64 {
 	resp, err := http.Get("http://" + w.HTTPAddr + "/metrics")
 	if err != nil {
 		return 0
 	}
 	defer resp.Body.Close()
-	n := 0
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		var v float64
-		line := sc.Text()
-		for _, name := range []string{"lumen_worker_running ", "lumen_worker_waiting "} {
-			if strings.HasPrefix(line, name) {
-				fmt.Sscan(strings.TrimPrefix(line, name), &v)
-				n += int(v)
-			}
+		if line := sc.Text(); strings.HasPrefix(line, name+" ") {
+			var v float64
+			fmt.Sscan(strings.TrimPrefix(line, name+" "), &v)
+			return v
 		}
 	}
-	return n
+	return 0
 }
 
 func step(s string) { fmt.Printf("\n%s\n", s) }

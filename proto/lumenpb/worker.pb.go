@@ -72,6 +72,146 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_worker_proto_rawDescGZIP(), []int{0}
 }
 
+type CheckpointMessage struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	PageIndex uint32                 `protobuf:"varint,2,opt,name=page_index,json=pageIndex,proto3" json:"page_index,omitempty"`
+	// Hash of the token prefix through the end of the page: pages are found
+	// from a token history alone.
+	PrefixHash uint64 `protobuf:"fixed64,3,opt,name=prefix_hash,json=prefixHash,proto3" json:"prefix_hash,omitempty"`
+	Data       []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// The request's reserved checkpoint footprint on the holder.
+	ReservedBytes uint64 `protobuf:"varint,5,opt,name=reserved_bytes,json=reservedBytes,proto3" json:"reserved_bytes,omitempty"`
+	// The request ended or moved: drop its pages.
+	Release       bool `protobuf:"varint,6,opt,name=release,proto3" json:"release,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointMessage) Reset() {
+	*x = CheckpointMessage{}
+	mi := &file_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointMessage) ProtoMessage() {}
+
+func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointMessage.ProtoReflect.Descriptor instead.
+func (*CheckpointMessage) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CheckpointMessage) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *CheckpointMessage) GetPageIndex() uint32 {
+	if x != nil {
+		return x.PageIndex
+	}
+	return 0
+}
+
+func (x *CheckpointMessage) GetPrefixHash() uint64 {
+	if x != nil {
+		return x.PrefixHash
+	}
+	return 0
+}
+
+func (x *CheckpointMessage) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *CheckpointMessage) GetReservedBytes() uint64 {
+	if x != nil {
+		return x.ReservedBytes
+	}
+	return 0
+}
+
+func (x *CheckpointMessage) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+type CheckpointAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stored        uint32                 `protobuf:"varint,1,opt,name=stored,proto3" json:"stored,omitempty"`
+	Dropped       uint32                 `protobuf:"varint,2,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointAck) Reset() {
+	*x = CheckpointAck{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointAck) ProtoMessage() {}
+
+func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
+func (*CheckpointAck) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CheckpointAck) GetStored() uint32 {
+	if x != nil {
+		return x.Stored
+	}
+	return 0
+}
+
+func (x *CheckpointAck) GetDropped() uint32 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 type SamplingParams struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 0 is greedy. Range [0, 2].
@@ -85,7 +225,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -97,7 +237,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -110,7 +250,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -155,7 +295,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -167,7 +307,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -180,7 +320,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GenerateRequest) GetRequestId() string {
@@ -254,7 +394,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +406,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +419,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GenerateResponse) GetToken() int32 {
@@ -321,7 +461,20 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\"[\n" +
+	"\fworker.proto\x12\blumen.v1\"\xc7\x01\n" +
+	"\x11CheckpointMessage\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"page_index\x18\x02 \x01(\rR\tpageIndex\x12\x1f\n" +
+	"\vprefix_hash\x18\x03 \x01(\x06R\n" +
+	"prefixHash\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12%\n" +
+	"\x0ereserved_bytes\x18\x05 \x01(\x04R\rreservedBytes\x12\x18\n" +
+	"\arelease\x18\x06 \x01(\bR\arelease\"A\n" +
+	"\rCheckpointAck\x12\x16\n" +
+	"\x06stored\x18\x01 \x01(\rR\x06stored\x12\x18\n" +
+	"\adropped\x18\x02 \x01(\rR\adropped\"[\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
@@ -347,9 +500,11 @@ const file_worker_proto_rawDesc = "" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
-	"\x14FINISH_REASON_LENGTH\x10\x022P\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x022\x96\x01\n" +
 	"\tInference\x12C\n" +
-	"\bGenerate\x12\x19.lumen.v1.GenerateRequest\x1a\x1a.lumen.v1.GenerateResponse0\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
+	"\bGenerate\x12\x19.lumen.v1.GenerateRequest\x1a\x1a.lumen.v1.GenerateResponse0\x01\x12D\n" +
+	"\n" +
+	"Checkpoint\x12\x1b.lumen.v1.CheckpointMessage\x1a\x17.lumen.v1.CheckpointAck(\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
 
 var (
 	file_worker_proto_rawDescOnce sync.Once
@@ -364,20 +519,24 @@ func file_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_worker_proto_goTypes = []any{
-	(FinishReason)(0),        // 0: lumen.v1.FinishReason
-	(*SamplingParams)(nil),   // 1: lumen.v1.SamplingParams
-	(*GenerateRequest)(nil),  // 2: lumen.v1.GenerateRequest
-	(*GenerateResponse)(nil), // 3: lumen.v1.GenerateResponse
+	(FinishReason)(0),         // 0: lumen.v1.FinishReason
+	(*CheckpointMessage)(nil), // 1: lumen.v1.CheckpointMessage
+	(*CheckpointAck)(nil),     // 2: lumen.v1.CheckpointAck
+	(*SamplingParams)(nil),    // 3: lumen.v1.SamplingParams
+	(*GenerateRequest)(nil),   // 4: lumen.v1.GenerateRequest
+	(*GenerateResponse)(nil),  // 5: lumen.v1.GenerateResponse
 }
 var file_worker_proto_depIdxs = []int32{
-	1, // 0: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
+	3, // 0: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
 	0, // 1: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
-	2, // 2: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
-	3, // 3: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
+	4, // 2: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
+	1, // 3: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
+	5, // 4: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
+	2, // 5: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
+	4, // [4:6] is the sub-list for method output_type
+	2, // [2:4] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
 	2, // [2:2] is the sub-list for extension extendee
 	0, // [0:2] is the sub-list for field type_name
@@ -394,7 +553,7 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

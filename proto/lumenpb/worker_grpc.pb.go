@@ -21,7 +21,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Inference_Generate_FullMethodName = "/lumen.v1.Inference/Generate"
+	Inference_Generate_FullMethodName   = "/lumen.v1.Inference/Generate"
+	Inference_Checkpoint_FullMethodName = "/lumen.v1.Inference/Checkpoint"
 )
 
 // InferenceClient is the client API for Inference service.
@@ -31,6 +32,9 @@ type InferenceClient interface {
 	// Generate streams a request's output tokens, each with its index in the
 	// output. Cancelling the call frees everything the request held.
 	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error)
+	// Checkpoint streams a serving worker's full KV pages to the holder of
+	// their requests' checkpoints.
+	Checkpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CheckpointMessage, CheckpointAck], error)
 }
 
 type inferenceClient struct {
@@ -60,6 +64,19 @@ func (c *inferenceClient) Generate(ctx context.Context, in *GenerateRequest, opt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_GenerateClient = grpc.ServerStreamingClient[GenerateResponse]
 
+func (c *inferenceClient) Checkpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CheckpointMessage, CheckpointAck], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Inference_ServiceDesc.Streams[1], Inference_Checkpoint_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CheckpointMessage, CheckpointAck]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_CheckpointClient = grpc.ClientStreamingClient[CheckpointMessage, CheckpointAck]
+
 // InferenceServer is the server API for Inference service.
 // All implementations must embed UnimplementedInferenceServer
 // for forward compatibility.
@@ -67,6 +84,9 @@ type InferenceServer interface {
 	// Generate streams a request's output tokens, each with its index in the
 	// output. Cancelling the call frees everything the request held.
 	Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error
+	// Checkpoint streams a serving worker's full KV pages to the holder of
+	// their requests' checkpoints.
+	Checkpoint(grpc.ClientStreamingServer[CheckpointMessage, CheckpointAck]) error
 	mustEmbedUnimplementedInferenceServer()
 }
 
@@ -79,6 +99,9 @@ type UnimplementedInferenceServer struct{}
 
 func (UnimplementedInferenceServer) Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error {
 	return status.Error(codes.Unimplemented, "method Generate not implemented")
+}
+func (UnimplementedInferenceServer) Checkpoint(grpc.ClientStreamingServer[CheckpointMessage, CheckpointAck]) error {
+	return status.Error(codes.Unimplemented, "method Checkpoint not implemented")
 }
 func (UnimplementedInferenceServer) mustEmbedUnimplementedInferenceServer() {}
 func (UnimplementedInferenceServer) testEmbeddedByValue()                   {}
@@ -112,6 +135,13 @@ func _Inference_Generate_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_GenerateServer = grpc.ServerStreamingServer[GenerateResponse]
 
+func _Inference_Checkpoint_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(InferenceServer).Checkpoint(&grpc.GenericServerStream[CheckpointMessage, CheckpointAck]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_CheckpointServer = grpc.ClientStreamingServer[CheckpointMessage, CheckpointAck]
+
 // Inference_ServiceDesc is the grpc.ServiceDesc for Inference service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -124,6 +154,11 @@ var Inference_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Generate",
 			Handler:       _Inference_Generate_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Checkpoint",
+			Handler:       _Inference_Checkpoint_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "worker.proto",
