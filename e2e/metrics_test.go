@@ -6,12 +6,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
+
+// metricsClient gives up on a worker that does not answer (a paused one).
+var metricsClient = &http.Client{Timeout: 2 * time.Second}
 
 // metricValue reads one unlabelled metric from a Prometheus endpoint.
 func metricValue(t *testing.T, url, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := metricsClient.Get(url)
 	if err != nil {
 		return 0
 	}

@@ -122,6 +122,17 @@ func TestRecoveryScenarios(t *testing.T) {
 		{name: "checkpoint budget exhausted", strategy: "lumen", budget: "4KiB", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			return []*devcluster.Worker{busiest(t, env.workers)}
 		}},
+		{name: "worker hangs (SIGSTOP)", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+			a := busiest(t, env.workers)
+			t.Logf("SIGSTOP %s", a.ID)
+			if err := env.cl.PauseWorker(a); err != nil {
+				t.Fatal(err)
+			}
+			// Serf declares it failed; the streams it froze resume elsewhere.
+			// It is killed at the end, when the test stops the cluster.
+			t.Cleanup(func() { _ = env.cl.ResumeWorker(a) })
+			return nil
+		}},
 		{name: "worker killed while it restores", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			a := busiest(t, env.workers)
 			st, _ := env.ctl.ClusterStatus(context.Background())

@@ -22,7 +22,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -81,6 +83,9 @@ type Gateway struct {
 	readyAt    time.Time
 	ready      error
 	reporting  map[string]bool // workers being reported unreachable
+	// streams holds the cancel of each request's live worker stream, by
+	// dispatch id: a placement moved by the controller cuts it.
+	streams map[string]context.CancelFunc
 
 	srv  *http.Server
 	lis  net.Listener
@@ -106,14 +111,16 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, journal: newJournal(), metrics: newMetrics(),
 		admit: make(chan struct{}, cfg.MaxConcurrent), done: make(chan string, 4096),
-		workers: map[string]string{}, conns: map[string]*grpc.ClientConn{}, maxContext: cfg.MaxContext, stop: make(chan struct{})}
+		workers: map[string]string{}, conns: map[string]*grpc.ClientConn{}, maxContext: cfg.MaxContext, stop: make(chan struct{}),
+		streams: map[string]context.CancelFunc{}}
 	g.lis, err = net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		ctl.Close()
 		return nil, fmt.Errorf("gateway: listen on %s: %w", cfg.Addr, err)
 	}
 	g.srv = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	g.wg.Add(2)
+	g.wg.Add(3)
+	go func() { defer g.wg.Done(); g.watchMoves() }()
 	go func() {
 		defer g.wg.Done()
 		var err error
@@ -337,6 +344,53 @@ func (g *Gateway) completer() {
 					return
 				}
 			}
+		}
+	}
+}
+
+// watchMoves follows the controller's events and cuts the worker stream of
+// any in-flight request whose placement moved: a worker that hangs (and
+// breaks no stream) is caught by Serf, and its requests resume where the
+// recovery plan put them.
+func (g *Gateway) watchMoves() {
+	var from uint64
+	for {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-g.stop:
+			case <-ctx.Done():
+			}
+			cancel()
+		}()
+		if from == 0 {
+			if st, err := g.ctl.ClusterStatus(ctx); err == nil {
+				from = st.AppliedIndex
+			}
+		}
+		stream, err := g.ctl.WatchEvents(ctx, from)
+		for err == nil {
+			var ev *pb.Event
+			if ev, err = stream.Recv(); err != nil {
+				break
+			}
+			from = ev.Index
+			if mv := ev.GetPlacementMoved(); mv != nil {
+				g.mu.Lock()
+				if c, ok := g.streams[mv.Placement.RequestId]; ok {
+					c()
+				}
+				g.mu.Unlock()
+			}
+		}
+		cancel()
+		if status.Code(err) == codes.OutOfRange {
+			from = 0 // too far behind: start from now
+		}
+		select {
+		case <-g.stop:
+			return
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

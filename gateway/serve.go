@@ -229,6 +229,15 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, stopTo
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	id := e.dispatchID()
+	g.mu.Lock()
+	g.streams[id] = cancel
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		delete(g.streams, id)
+		g.mu.Unlock()
+	}()
 	st, err := pb.NewInferenceClient(cc).Generate(sctx, &pb.GenerateRequest{
 		RequestId: e.dispatchID(), Prompt: e.prompt, Generated: e.out, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
@@ -246,6 +255,9 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, stopTo
 			switch status.Code(err) {
 			case codes.InvalidArgument, codes.ResourceExhausted, codes.AlreadyExists:
 				return "", fmt.Errorf("%w: %s", errNotResumable, status.Convert(err).Message())
+			}
+			if sctx.Err() != nil && ctx.Err() == nil {
+				return "", errors.New("gateway: the controller moved the request")
 			}
 			return "", err
 		}

@@ -436,3 +436,10 @@ func (g *Gateway) stop() {
 		<-g.done
 	}
 }
+
+// PauseWorker stops a worker with SIGSTOP (it hangs: connections stay open,
+// nothing answers); ResumeWorker continues it.
+func (c *Cluster) PauseWorker(w *Worker) error { return w.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// ResumeWorker sends SIGCONT.
+func (c *Cluster) ResumeWorker(w *Worker) error { return w.cmd.Process.Signal(syscall.SIGCONT) }
