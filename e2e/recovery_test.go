@@ -25,7 +25,6 @@ type recoveryEnv struct {
 	cl      *devcluster.Cluster
 	ctl     *ctlclient.Client
 	workers []*devcluster.Worker
-	url     string
 }
 
 // scenario kills something while 32 streams run; every stream must still

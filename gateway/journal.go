@@ -65,9 +65,3 @@ func (j *journal) close(id string) {
 	defer j.mu.Unlock()
 	delete(j.entries, id)
 }
-
-func (j *journal) len() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return len(j.entries)
-}
