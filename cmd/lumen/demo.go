@@ -27,14 +27,12 @@ func init() {
 
 // demoStream is one client stream through the gateway.
 type demoStream struct {
-	prompt   string
-	text     strings.Builder
-	chunks   int
-	err      error
-	worker   string // where it ran when the worker died
-	resumeAt time.Duration
-	lastAt   time.Time
-	maxGap   time.Duration
+	prompt string
+	text   strings.Builder
+	chunks int
+	err    error
+	lastAt time.Time
+	maxGap time.Duration
 }
 
 func runDemo(args []string) error {
