@@ -29,7 +29,6 @@ func init() {
 type demoStream struct {
 	prompt string
 	text   strings.Builder
-	chunks int
 	err    error
 	lastAt time.Time
 	maxGap time.Duration
