@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.7.0
 
 PROTO_FILES := $(wildcard proto/*.proto)
 
-.PHONY: fuzz all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean
+.PHONY: fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean
 
 all: build
 
@@ -79,10 +79,19 @@ $(TOOLS)/staticcheck:
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 ## bench: every benchmark; figures go in docs/benchmarks.md.
-bench: bench-go bench-controller
+bench: bench-go bench-controller bench-pacing bench-gateway
 
 bench-go:
-	$(GO) test -run '^$$' -bench . -benchtime 5000x -count 5 ./policy/
+	$(GO) test -run '^$$' -bench Holder10k -benchtime 20000x -count 5 ./policy/
+	$(GO) test -run '^$$' -bench . -cpu 1 -benchtime 2s ./worker/engine/
+
+bench-pacing: build
+	mkdir -p bench-results
+	./$(BIN) bench pacing -json bench-results/pacing.json
+
+bench-gateway: build
+	mkdir -p bench-results
+	./$(BIN) bench gateway -json bench-results/gateway.json
 
 bench-controller: build
 	mkdir -p bench-results
