@@ -16,7 +16,7 @@ import (
 
 func startQuorum(t *testing.T) *devcluster.Cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
 	cl, err := devcluster.Start(ctx, devcluster.Options{Bin: lumenBin, Dir: dir, Controllers: 3, Args: []string{"-log-level", "warn"}})

@@ -117,11 +117,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		ctl := &Controller{ID: fmt.Sprintf("ctl%d", i+1)}
 		ctl.DataDir = filepath.Join(opts.Dir, ctl.ID)
 		ctl.LogPath = filepath.Join(opts.Dir, ctl.ID+".log")
-		var err error
-		for _, p := range []*string{&ctl.RaftAddr, &ctl.GRPCAddr, &ctl.SerfAddr, &ctl.HTTPAddr} {
-			if *p, err = freeAddr(); err != nil {
-				return nil, err
-			}
+		if err := ctl.pickAddrs(); err != nil {
+			return nil, err
 		}
 		c.Controllers = append(c.Controllers, ctl)
 	}
@@ -131,11 +128,49 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	if _, err := c.WaitLeader(ctx); err != nil {
-		c.Stop()
-		return nil, err
+	// A port handed out by FreePort can be taken (by another process's
+	// outgoing connection) before the controller binds it; a controller that
+	// exits while the quorum forms gets fresh ports and another try.
+	retries := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := c.WaitLeader(wctx)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		for i, ctl := range c.Controllers {
+			if ctl.Running() {
+				continue
+			}
+			if retries++; retries > 3*len(c.Controllers) {
+				c.Stop()
+				return nil, fmt.Errorf("devcluster: %s keeps exiting at start (log: %s)", ctl.ID, ctl.LogPath)
+			}
+			if err := ctl.pickAddrs(); err != nil {
+				c.Stop()
+				return nil, err
+			}
+			if err := c.Restart(i); err != nil {
+				c.Stop()
+				return nil, err
+			}
+		}
+		if ctx.Err() != nil {
+			c.Stop()
+			return nil, fmt.Errorf("devcluster: no leader: %w (logs in %s)", ctx.Err(), opts.Dir)
+		}
 	}
-	return c, nil
+}
+
+func (ctl *Controller) pickAddrs() error {
+	var err error
+	for _, p := range []*string{&ctl.RaftAddr, &ctl.GRPCAddr, &ctl.SerfAddr, &ctl.HTTPAddr} {
+		if *p, err = freeAddr(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // GRPCAddrs lists every controller's API address.
@@ -291,17 +326,42 @@ func (w *Worker) Running() bool {
 }
 
 // AddWorker starts a worker process joined to the quorum; args are extra
-// flags (engine, profile, ...).
+// flags (engine, profile, ...). It waits until the worker serves HTTP, and
+// gives it fresh ports when it exits at start (a port taken meanwhile).
 func (c *Cluster) AddWorker(id string, args ...string) (*Worker, error) {
 	w := &Worker{ID: id, DataDir: filepath.Join(c.opts.Dir, id), LogPath: filepath.Join(c.opts.Dir, id+".log"), Args: args}
-	var err error
-	for _, p := range []*string{&w.GRPCAddr, &w.SerfAddr, &w.HTTPAddr} {
-		if *p, err = freeAddr(); err != nil {
+	c.Workers = append(c.Workers, w)
+	for attempt := 0; ; attempt++ {
+		var err error
+		for _, p := range []*string{&w.GRPCAddr, &w.SerfAddr, &w.HTTPAddr} {
+			if *p, err = freeAddr(); err != nil {
+				return nil, err
+			}
+		}
+		if err := c.StartWorker(w); err != nil {
 			return nil, err
 		}
+		if w.waitServing(60 * time.Second) {
+			return w, nil
+		}
+		if w.Running() || attempt == 2 {
+			return nil, fmt.Errorf("devcluster: worker %s did not start (log: %s)", id, w.LogPath)
+		}
 	}
-	c.Workers = append(c.Workers, w)
-	return w, c.StartWorker(w)
+}
+
+// waitServing waits until the worker answers /healthz, or exits.
+func (w *Worker) waitServing(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	client := &http.Client{Timeout: time.Second}
+	for time.Now().Before(deadline) && w.Running() {
+		if resp, err := client.Get("http://" + w.HTTPAddr + "/healthz"); err == nil {
+			resp.Body.Close()
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
 }
 
 // StartWorker starts (or restarts, with a new incarnation) a worker.
@@ -372,14 +432,28 @@ type Gateway struct {
 	done    chan struct{}
 }
 
-// StartGateway starts a gateway process on addr (empty: a free port).
+// StartGateway starts a gateway process on addr (empty: a free port, and
+// fresh ones if the gateway exits at start because it was taken).
 func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
-	if addr == "" {
-		var err error
-		if addr, err = freeAddr(); err != nil {
+	auto := addr == ""
+	for attempt := 0; ; attempt++ {
+		if auto {
+			var err error
+			if addr, err = freeAddr(); err != nil {
+				return nil, err
+			}
+		}
+		g, err := c.startGateway(addr, args...)
+		if err != nil {
 			return nil, err
 		}
+		if g.waitListening(30*time.Second) || !auto || attempt == 2 {
+			return g, nil
+		}
 	}
+}
+
+func (c *Cluster) startGateway(addr string, args ...string) (*Gateway, error) {
 	g := &Gateway{Addr: addr, LogPath: filepath.Join(c.opts.Dir, "gateway.log")}
 	logf, err := os.OpenFile(g.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -397,6 +471,25 @@ func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
 	go func() { _ = cmd.Wait(); logf.Close(); close(g.done) }()
 	c.Gateway = g
 	return g, nil
+}
+
+// waitListening waits until the gateway answers /healthz, or exits.
+func (g *Gateway) waitListening(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	client := &http.Client{Timeout: time.Second}
+	for time.Now().Before(deadline) {
+		select {
+		case <-g.done:
+			return false
+		default:
+		}
+		if resp, err := client.Get("http://" + g.Addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
 }
 
 // WaitReady polls the gateway's /readyz until it answers 200.
