@@ -109,58 +109,45 @@ func (c *Client) Do(ctx context.Context, call func(ctx context.Context, cc *grpc
 	}
 }
 
-// Dispatch places a request.
-func (c *Client) Dispatch(ctx context.Context, req *pb.DispatchRequest) (resp *pb.DispatchResponse, err error) {
+// call runs one Controller method with failover, e.g.
+// call(c, ctx, req, pb.ControllerClient.Dispatch).
+func call[Req, Resp any](c *Client, ctx context.Context, req Req,
+	method func(pb.ControllerClient, context.Context, Req, ...grpc.CallOption) (Resp, error)) (resp Resp, err error) {
 	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).Dispatch(ctx, req)
+		resp, e = method(pb.NewControllerClient(cc), ctx, req)
 		return e
 	})
 	return resp, err
+}
+
+// Dispatch places a request.
+func (c *Client) Dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.DispatchResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.Dispatch)
 }
 
 // Complete ends requests.
-func (c *Client) Complete(ctx context.Context, req *pb.CompleteRequest) (resp *pb.CompleteResponse, err error) {
-	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).Complete(ctx, req)
-		return e
-	})
-	return resp, err
+func (c *Client) Complete(ctx context.Context, req *pb.CompleteRequest) (*pb.CompleteResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.Complete)
 }
 
 // GetPlacement reads a placement.
-func (c *Client) GetPlacement(ctx context.Context, req *pb.GetPlacementRequest) (resp *pb.GetPlacementResponse, err error) {
-	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).GetPlacement(ctx, req)
-		return e
-	})
-	return resp, err
+func (c *Client) GetPlacement(ctx context.Context, req *pb.GetPlacementRequest) (*pb.GetPlacementResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.GetPlacement)
 }
 
 // RegisterWorker registers a worker.
-func (c *Client) RegisterWorker(ctx context.Context, req *pb.RegisterWorkerRequest) (resp *pb.RegisterWorkerResponse, err error) {
-	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).RegisterWorker(ctx, req)
-		return e
-	})
-	return resp, err
+func (c *Client) RegisterWorker(ctx context.Context, req *pb.RegisterWorkerRequest) (*pb.RegisterWorkerResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.RegisterWorker)
 }
 
 // ReportLoad sends a load record.
-func (c *Client) ReportLoad(ctx context.Context, req *pb.ReportLoadRequest) (resp *pb.ReportLoadResponse, err error) {
-	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).ReportLoad(ctx, req)
-		return e
-	})
-	return resp, err
+func (c *Client) ReportLoad(ctx context.Context, req *pb.ReportLoadRequest) (*pb.ReportLoadResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.ReportLoad)
 }
 
 // ListWorkers lists workers and their loads.
-func (c *Client) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (resp *pb.ListWorkersResponse, err error) {
-	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).ListWorkers(ctx, req)
-		return e
-	})
-	return resp, err
+func (c *Client) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.ListWorkers)
 }
 
 // ClusterStatus asks one replica for its view; it moves on when that
@@ -184,12 +171,8 @@ func (c *Client) Operator(ctx context.Context, call func(ctx context.Context, op
 func (c *Client) Conn(i int) *grpc.ClientConn { return c.conns[i%len(c.conns)] }
 
 // SetWorkerPhase moves a worker to a phase.
-func (c *Client) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseRequest) (resp *pb.SetWorkerPhaseResponse, err error) {
-	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).SetWorkerPhase(ctx, req)
-		return e
-	})
-	return resp, err
+func (c *Client) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseRequest) (*pb.SetWorkerPhaseResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.SetWorkerPhase)
 }
 
 // WatchEvents opens the event stream on one replica (the first that
@@ -208,10 +191,6 @@ func (c *Client) WatchEvents(ctx context.Context, from uint64) (grpc.ServerStrea
 }
 
 // ReportUnreachable tells the leader a worker's stream broke.
-func (c *Client) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachableRequest) (resp *pb.ReportUnreachableResponse, err error) {
-	err = c.Do(ctx, func(ctx context.Context, cc *grpc.ClientConn) (e error) {
-		resp, e = pb.NewControllerClient(cc).ReportUnreachable(ctx, req)
-		return e
-	})
-	return resp, err
+func (c *Client) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachableRequest) (*pb.ReportUnreachableResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.ReportUnreachable)
 }
