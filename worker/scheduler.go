@@ -431,6 +431,9 @@ func (s *scheduler) checkpoint(reqs []*request) {
 			continue
 		}
 		r.hashes = pageHashes(r.history[:r.fed], r.hashes)
+		if r.ckptSent == len(r.hashes) {
+			continue // no page filled this step
+		}
 		snd := s.w.sender(r.holder)
 	queue:
 		for ; r.ckptSent < len(r.hashes); r.ckptSent++ {

@@ -34,7 +34,6 @@ type Controller struct {
 
 	cmd  *exec.Cmd
 	done chan struct{}
-	err  error
 }
 
 // Running reports whether the process is alive.
@@ -198,27 +197,35 @@ func (c *Cluster) Restart(i int) error {
 		"-raft-addr", ctl.RaftAddr, "-grpc-addr", ctl.GRPCAddr, "-serf-addr", ctl.SerfAddr, "-http-addr", ctl.HTTPAddr,
 		"-bootstrap-expect", strconv.Itoa(len(c.Controllers)), "-join", strings.Join(join, ",")}
 	args = append(args, c.opts.Args...)
+	var err error
+	ctl.cmd, ctl.done, err = c.spawn(ctl.ID, ctl.LogPath, args)
+	return err
+}
+
+// spawn starts `lumen args...` with its output appended to logPath, in its
+// own process group and killed with its parent; done closes when it exits.
+func (c *Cluster) spawn(name, logPath string, args []string) (*exec.Cmd, chan struct{}, error) {
 	if err := os.MkdirAll(c.opts.Dir, 0o755); err != nil {
-		return err
+		return nil, nil, err
 	}
-	logf, err := os.OpenFile(ctl.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	cmd := exec.Command(c.opts.Bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return fmt.Errorf("devcluster: start %s: %w", ctl.ID, err)
+		return nil, nil, fmt.Errorf("devcluster: start %s: %w", name, err)
 	}
-	ctl.cmd, ctl.done = cmd, make(chan struct{})
-	go func(ctl *Controller, done chan struct{}) {
-		ctl.err = cmd.Wait()
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
 		logf.Close()
 		close(done)
-	}(ctl, ctl.done)
-	return nil
+	}()
+	return cmd, done, nil
 }
 
 // Kill sends SIGKILL to controller i and waits for it to die.
@@ -376,24 +383,9 @@ func (c *Cluster) StartWorker(w *Worker) error {
 	args := append([]string{"worker", "-id", w.ID, "-data-dir", w.DataDir, "-grpc-addr", w.GRPCAddr,
 		"-serf-addr", w.SerfAddr, "-http-addr", w.HTTPAddr, "-join", strings.Join(serf, ","),
 		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, w.Args...)
-	logf, err := os.OpenFile(w.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(c.opts.Bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("devcluster: start %s: %w", w.ID, err)
-	}
-	w.cmd, w.done = cmd, make(chan struct{})
-	go func(done chan struct{}) {
-		_ = cmd.Wait()
-		logf.Close()
-		close(done)
-	}(w.done)
-	return nil
+	var err error
+	w.cmd, w.done, err = c.spawn(w.ID, w.LogPath, args)
+	return err
 }
 
 // KillWorker sends SIGKILL to a worker and waits for it to die.
@@ -455,20 +447,12 @@ func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
 
 func (c *Cluster) startGateway(addr string, args ...string) (*Gateway, error) {
 	g := &Gateway{Addr: addr, LogPath: filepath.Join(c.opts.Dir, "gateway.log")}
-	logf, err := os.OpenFile(g.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	var err error
+	g.cmd, g.done, err = c.spawn("gateway", g.LogPath, append([]string{"gateway", "-http", addr,
+		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, args...))
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(c.opts.Bin, append([]string{"gateway", "-http", addr, "-controllers", strings.Join(c.GRPCAddrs(), ","),
-		"-log-level", "warn"}, args...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("devcluster: start gateway: %w", err)
-	}
-	g.cmd, g.done = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(g.done) }()
 	c.Gateway = g
 	return g, nil
 }

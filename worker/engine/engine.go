@@ -92,6 +92,40 @@ type Engine interface {
 	FreePages() int
 }
 
+// checkBatch validates a Forward batch before anything changes, and fails
+// with ErrOutOfPages when the cache has fewer than the free pages it needs.
+// held returns a sequence's cached positions and its pages.
+func checkBatch(batch []Chunk, vocab, maxContext, free int, held func(SeqID) (n, pages int)) error {
+	need := 0
+	seen := make(map[SeqID]bool, len(batch))
+	for _, ch := range batch {
+		if seen[ch.Seq] {
+			return fmt.Errorf("%w: sequence %d appears twice in one batch", ErrBadInput, ch.Seq)
+		}
+		seen[ch.Seq] = true
+		if ch.Sample < 0 || ch.Sample > len(ch.Tokens) {
+			return fmt.Errorf("%w: sample %d of %d tokens", ErrBadInput, ch.Sample, len(ch.Tokens))
+		}
+		if err := ch.Params.Validate(); err != nil {
+			return err
+		}
+		for _, tok := range ch.Tokens {
+			if tok < 0 || int(tok) >= vocab {
+				return fmt.Errorf("%w: token id %d outside the vocabulary [0, %d)", ErrBadInput, tok, vocab)
+			}
+		}
+		n, have := held(ch.Seq)
+		if n+len(ch.Tokens) > maxContext {
+			return fmt.Errorf("%w: sequence %d would reach %d positions, beyond the context of %d", ErrBadInput, ch.Seq, n+len(ch.Tokens), maxContext)
+		}
+		need += (n+len(ch.Tokens)+PageTokens-1)/PageTokens - have
+	}
+	if need > free {
+		return ErrOutOfPages
+	}
+	return nil
+}
+
 // sample picks the next token from logits: argmax (lowest id on ties) when
 // greedy; otherwise temperature and top-p with a uniform drawn from a hash of
 // the seed and the output index, so the choice does not depend on batching.

@@ -140,30 +140,13 @@ func (s *Synthetic) Forward(_ context.Context, batch []Chunk) ([][]int32, error)
 	if !s.loaded {
 		return nil, ErrNotLoaded
 	}
-	need := 0
-	for _, ch := range batch {
-		if ch.Sample < 0 || ch.Sample > len(ch.Tokens) {
-			return nil, fmt.Errorf("%w: sample %d of %d tokens", ErrBadInput, ch.Sample, len(ch.Tokens))
+	if err := checkBatch(batch, VocabSize, s.cfg.MaxContext, s.free, func(id SeqID) (int, int) {
+		if q := s.seqs[id]; q != nil {
+			return len(q.tokens), q.pages
 		}
-		if err := ch.Params.Validate(); err != nil {
-			return nil, err
-		}
-		for _, tok := range ch.Tokens {
-			if tok < 0 || tok >= VocabSize {
-				return nil, fmt.Errorf("%w: token id %d outside the vocabulary [0, %d)", ErrBadInput, tok, VocabSize)
-			}
-		}
-		n, have := 0, 0
-		if q := s.seqs[ch.Seq]; q != nil {
-			n, have = len(q.tokens), q.pages
-		}
-		if n+len(ch.Tokens) > s.cfg.MaxContext {
-			return nil, fmt.Errorf("%w: sequence %d would reach %d positions, beyond the context of %d", ErrBadInput, ch.Seq, n+len(ch.Tokens), s.cfg.MaxContext)
-		}
-		need += (n+len(ch.Tokens)+PageTokens-1)/PageTokens - have
-	}
-	if need > s.free {
-		return nil, ErrOutOfPages
+		return 0, 0
+	}); err != nil {
+		return nil, err
 	}
 	out := make([][]int32, len(batch))
 	for i, ch := range batch {

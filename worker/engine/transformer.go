@@ -260,36 +260,13 @@ func (t *Transformer) Forward(ctx context.Context, batch []Chunk) ([][]int32, er
 	}
 	c := t.mc
 	// Validate and count pages before changing anything.
-	need := 0
-	seen := map[SeqID]bool{}
-	for _, ch := range batch {
-		if seen[ch.Seq] {
-			return nil, fmt.Errorf("%w: sequence %d appears twice in one batch", ErrBadInput, ch.Seq)
+	if err := checkBatch(batch, c.Vocab, c.MaxContext, len(t.free), func(id SeqID) (int, int) {
+		if s := t.seqs[id]; s != nil {
+			return s.n, len(s.pages)
 		}
-		seen[ch.Seq] = true
-		if ch.Sample < 0 || ch.Sample > len(ch.Tokens) {
-			return nil, fmt.Errorf("%w: sample %d of %d tokens", ErrBadInput, ch.Sample, len(ch.Tokens))
-		}
-		if err := ch.Params.Validate(); err != nil {
-			return nil, err
-		}
-		for _, tok := range ch.Tokens {
-			if tok < 0 || int(tok) >= c.Vocab {
-				return nil, fmt.Errorf("%w: token id %d outside the vocabulary [0, %d)", ErrBadInput, tok, c.Vocab)
-			}
-		}
-		n := 0
-		have := 0
-		if s := t.seqs[ch.Seq]; s != nil {
-			n, have = s.n, len(s.pages)
-		}
-		if n+len(ch.Tokens) > c.MaxContext {
-			return nil, fmt.Errorf("%w: sequence %d would reach %d positions, beyond the context of %d", ErrBadInput, ch.Seq, n+len(ch.Tokens), c.MaxContext)
-		}
-		need += (n+len(ch.Tokens)+PageTokens-1)/PageTokens - have
-	}
-	if need > len(t.free) {
-		return nil, ErrOutOfPages
+		return 0, 0
+	}); err != nil {
+		return nil, err
 	}
 	// Allocate pages and lay out the rows.
 	var rows []row
