@@ -214,14 +214,21 @@ func (s *scheduler) failAll(err error) {
 
 // step builds one batch — every running request's next decode or prefill
 // chunk, then waiting requests while the token budget and KV pages allow —
-// runs it, and delivers the tokens. When the KV cache runs out mid-step it
-// preempts the most recently admitted request (its cache is dropped and it
-// waits to be recomputed) and tries again.
+// runs it, and delivers the tokens. When the running requests' next chunks
+// cannot get KV pages it preempts the most recently admitted request (its
+// cache is dropped and it waits to be recomputed) and tries again without
+// admitting anyone, so a victim is never re-admitted into the same squeeze.
 func (s *scheduler) step(ctx context.Context) {
+	admit := true
 	for {
-		batch, reqs := s.build()
+		batch, reqs := s.build(admit)
 		if len(batch) == 0 {
-			if len(s.running) == 0 && len(s.waiting) > 0 {
+			switch {
+			case len(s.running) > 0:
+				s.preempt() // every running request waits for a page
+				admit = false
+				continue
+			case admit && len(s.waiting) > 0:
 				// The head cannot fit even alone: it never will.
 				head := s.waiting[0]
 				s.drop(head.id, fmt.Errorf("%w: it needs %d KV pages, the worker has %d", errTooLarge,
@@ -233,6 +240,7 @@ func (s *scheduler) step(ctx context.Context) {
 		out, err := s.eng.Forward(ctx, batch)
 		if errors.Is(err, engine.ErrOutOfPages) && len(s.running) > 0 {
 			s.preempt()
+			admit = false
 			continue
 		}
 		if err != nil {
@@ -258,15 +266,25 @@ func rows(b []engine.Chunk) int {
 	return n
 }
 
-func (s *scheduler) build() ([]engine.Chunk, []*request) {
+// build takes each running request's next chunk while the token budget and
+// the free KV pages last (a prefill chunk shrinks to the pages there are),
+// then, when admit is set, waiting requests whose first chunk — after the
+// checkpoint pages they will import — fits, leaving a page of headroom per
+// running request for its coming decodes.
+func (s *scheduler) build(admit bool) ([]engine.Chunk, []*request) {
 	budget := s.cfg.TokenBudget
+	free := s.eng.FreePages()
 	var batch []engine.Chunk
 	var reqs []*request
-	add := func(r *request) {
+	// add takes up to n tokens of r's pending history, as far as free
+	// pages allow, and reports whether it took any.
+	add := func(r *request, n int) bool {
 		pending := r.history[r.fed:]
-		n := min(len(pending), budget)
-		if n == 0 {
-			return
+		n = min(n, len(pending), budget)
+		held := pagesFor(r.fed)
+		n = min(n, (held+free)*engine.PageTokens-r.fed)
+		if n <= 0 {
+			return false
 		}
 		sample := 0
 		if n == len(pending) {
@@ -275,31 +293,34 @@ func (s *scheduler) build() ([]engine.Chunk, []*request) {
 		batch = append(batch, engine.Chunk{Seq: r.seq, Tokens: pending[:n], Sample: sample, Params: r.params, OutIndex: r.outputs()})
 		reqs = append(reqs, r)
 		budget -= n
+		free -= pagesFor(r.fed+n) - held
+		return true
 	}
 	for _, r := range s.running {
 		if budget == 0 {
 			break
 		}
-		add(r)
+		add(r, budget)
 	}
-	// Admit waiting requests whose next chunk fits in the free pages, leaving
-	// one page of headroom per running request for its decodes.
-	free := s.eng.FreePages() - len(s.running)
+	if !admit {
+		return batch, reqs
+	}
+	free -= len(s.running)
 	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxRunning {
 		r := s.waiting[0]
-		need := pagesFor(min(len(r.history), budget))
-		if need > free {
+		pages, hashes := s.restorable(r)
+		if pagesFor(min(len(r.history), len(pages)*engine.PageTokens+budget)) > free {
 			break
 		}
-		free -= need
 		s.waiting = s.waiting[1:]
 		s.running = append(s.running, r)
-		s.restore(r)
+		s.restore(r, pages, hashes)
+		free -= pagesFor(r.fed)
 		if r.started.IsZero() {
 			r.started = time.Now()
 			s.recordWait(r.started.Sub(r.arrived))
 		}
-		add(r)
+		add(r, budget)
 	}
 	return batch, reqs
 }
@@ -396,24 +417,33 @@ func (s *scheduler) snapshot(window time.Duration) (running, waiting, headPages 
 	return s.stats.running, s.stats.waiting, s.stats.queueHeadPages, qw
 }
 
-// restore imports the longest prefix of a newly admitted request's pages
+// restorable returns the longest prefix of a newly admitted request's pages
 // that this worker's checkpoint store holds (it was the request's holder),
-// so only the rest is prefilled.
-func (s *scheduler) restore(r *request) {
+// and their hashes; nil for a new request or one already tried.
+func (s *scheduler) restorable(r *request) ([][]byte, []uint64) {
+	if r.restoreTried || r.fed > 0 || r.outStart == 0 {
+		return nil, nil // a new request: nothing was checkpointed
+	}
+	// At least one token must be left to compute the next one.
+	hashes := pageHashes(r.history[:len(r.history)-1], nil)
+	pages := s.w.store.prefix(hashes)
+	return pages, hashes[:len(pages)]
+}
+
+// restore imports the pages restorable found, so only the rest of the
+// request's history is prefilled.
+func (s *scheduler) restore(r *request, pages [][]byte, hashes []uint64) {
 	if r.restoreTried || r.fed > 0 {
 		return
 	}
 	r.restoreTried = true
 	if r.outStart == 0 {
-		return // a new request: nothing was checkpointed
+		return
 	}
-	// At least one token must be left to compute the next one.
-	hashes := pageHashes(r.history[:len(r.history)-1], nil)
-	pages := s.w.store.prefix(hashes)
 	if len(pages) > 0 {
 		if err := s.eng.ImportPages(r.seq, pages); err == nil {
 			r.fed = len(pages) * pageTokens
-			r.hashes = hashes[:len(pages)]
+			r.hashes = hashes
 			s.w.metrics.restoredPages.Add(float64(len(pages)))
 			s.w.store.release(r.id) // consumed: the request runs here now
 		}

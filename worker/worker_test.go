@@ -307,3 +307,45 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }
+
+// TestNoPreemptionLivelock is the squeeze the recovery benchmark found: a
+// running request still prefilling needs more pages than the headroom
+// admission leaves it, so the step runs out of pages; the scheduler used to
+// preempt the newcomer and admit it again at once, forever, without a step.
+// r1 (150 tokens) prefills in chunks of 64 on a 12-page cache; r2 arrives
+// while it does. Both must finish, equal to the reference, with few
+// preemptions.
+func TestNoPreemptionLivelock(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	h := start(t, 12, func(c *Config) {
+		c.TokenBudget = 64
+		// Slow steps (about 60 ms) so r2 surely arrives mid-prefill.
+		c.Engine = engine.NewPaced(c.Engine, engine.Profiles["qwen3-14b-h100"], 4)
+	})
+	p1, p2 := randomPrompt(rng, 150), randomPrompt(rng, 100)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var got1 []int32
+	var err1 error
+	wg.Go(func() {
+		got1, _, err1 = h.generate(ctx, &pb.GenerateRequest{RequestId: "r1", Prompt: p1, MaxTokens: 5})
+	})
+	for gaugeValue(h.w.metrics.running) < 1 {
+		if ctx.Err() != nil {
+			t.Fatal("r1 never ran")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	got2, _, err2 := h.generate(ctx, &pb.GenerateRequest{RequestId: "r2", Prompt: p2, MaxTokens: 5})
+	wg.Wait()
+	if err1 != nil || err2 != nil {
+		t.Fatalf("r1: %v, r2: %v (preemptions %.0f)", err1, err2, counterValue(h.w.metrics.preemptions))
+	}
+	if !slices.Equal(got1, reference(t, p1, 5)) || !slices.Equal(got2, reference(t, p2, 5)) {
+		t.Fatal("outputs differ from the reference")
+	}
+	if n := counterValue(h.w.metrics.preemptions); n > 10 {
+		t.Fatalf("%.0f preemptions for two requests", n)
+	}
+}
