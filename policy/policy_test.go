@@ -192,6 +192,9 @@ func TestPlanRecovery(t *testing.T) {
 			// 4 requests, 3 eligible workers: average rounds up to 2.
 			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
 			"r1->b:reuse r2->c:recompute* r3->b:reuse r4->d:recompute* "},
+		{"fixed-checkpoint restores everything at the holder (DéjàVu)", FixedCheckpoint, cluster(),
+			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
+			"r1->b:reuse r2->b:reuse r3->b:reuse r4->b:reuse "},
 		{"no eligible worker", Lumen, []Worker{dead("a"), dead("b")},
 			[]Interrupted{req("r1", "b", 1)}, ""},
 		{"nothing to recover", Lumen, cluster(), nil, ""},

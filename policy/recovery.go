@@ -33,9 +33,12 @@ type Assignment struct {
 //  1. a request whose holder is eligible resumes there, reusing its pages
 //     (not under stop-and-restart, which keeps no checkpoints);
 //  2. any other request is recomputed on the least-loaded eligible worker;
-//  3. rebalance: while a holder has more recovered requests than the cluster
-//     average (rounded up), its request with the smallest checkpointed prefix
-//     is recomputed on the least-loaded worker instead.
+//  3. under lumen only, rebalance: while a holder has more recovered requests
+//     than the cluster average (rounded up), its request with the smallest
+//     checkpointed prefix is recomputed on the least-loaded worker instead.
+//     fixed-checkpoint is DéjàVu's: every request restores at its ring
+//     successor however many there are, the baseline lumen is measured
+//     against.
 //
 // The checkpointed prefix of a request is not replicated; its prompt length,
 // which is checkpointed once prefill is done, stands for it. Load is the
@@ -79,6 +82,9 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		plan[k] = a
 	}
 
+	if s != Lumen {
+		return plan
+	}
 	// Rebalance the holders that took more than their share.
 	avg := (len(reqs) + eligible - 1) / eligible
 	order := make([]int, len(reqs)) // reuse assignments, smallest prefix first

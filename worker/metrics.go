@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"github.com/lumen-project/lumen/worker/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -69,4 +70,24 @@ func newMetrics() *metrics {
 		m.running, m.waiting, m.preemptions, m.completed, m.rejected,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// pacedStats is what a paced engine (engine.Paced) reports of its steps.
+type pacedStats interface{ Stats() engine.StepStats }
+
+// watchPacing exports how far a paced engine's steps ran over the times its
+// profile asked for: on a busy machine emulated timings are only as good as
+// this ratio.
+func (m *metrics) watchPacing(e engine.Engine) {
+	p, ok := e.(pacedStats)
+	if !ok {
+		return
+	}
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lumen_worker_emulated_seconds_total",
+			Help: "Engine time the timing profile asked for (steps and KV imports)."},
+			func() float64 { return p.Stats().Emulated.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lumen_worker_paced_seconds_total",
+			Help: "Engine time those calls really took; above lumen_worker_emulated_seconds_total when the machine cannot keep up."},
+			func() float64 { return p.Stats().Actual.Seconds() }))
 }

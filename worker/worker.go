@@ -78,6 +78,7 @@ func New(cfg Config) (w *Worker, err error) {
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(),
 		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
 		senders: map[string]*ckptSender{}, peerAddrs: map[string]string{}, peerConns: map[string]*grpc.ClientConn{}}
+	w.metrics.watchPacing(cfg.Engine)
 	defer func() {
 		if err != nil {
 			w.Shutdown(context.Background())

@@ -36,6 +36,7 @@ func runWorker(args []string) error {
 	profileName := fs.String("profile", "none", "timing profile to emulate: none, "+strings.Join(profileNames(), ", "))
 	timeScale := fs.Float64("time-scale", 1, "scale the profile's times (0.1 = ten times faster)")
 	emulateLoad := fs.Bool("emulate-load", true, "with a profile, take the profile's model-load time before serving")
+	loadScale := fs.Float64("load-scale", 0, "scale the emulated model-load time alone (default: -time-scale)")
 	pages := fs.Int("kv-pages", 0, "KV cache pages of 16 tokens (default: the profile's GPU, or 4096 for the transformer)")
 	budget := fs.String("checkpoint-budget", "1GiB", "host memory for other workers' checkpoints (e.g. 80GB, 512MiB)")
 	fs.IntVar(&cfg.TokenBudget, "token-budget", cfg.TokenBudget, "tokens one engine step may compute")
@@ -114,17 +115,22 @@ func runWorker(args []string) error {
 	default:
 		return fmt.Errorf("-engine %q: use transformer or synthetic", *backend)
 	}
+	if *timeScale <= 0 || *loadScale < 0 {
+		return fmt.Errorf("-time-scale (%g) must be > 0 and -load-scale (%g) >= 0", *timeScale, *loadScale)
+	}
+	if *loadScale == 0 {
+		*loadScale = *timeScale
+	}
 	if paced && !*emulateLoad {
 		eng = engine.NewPaced(eng, profile, *timeScale)
 	} else if paced {
-		p := engine.NewPaced(eng, profile, *timeScale)
 		start := time.Now()
-		logger.Info("loading weights as the profile says", "profile", profile.Name, "emulated", time.Duration(float64(profile.LoadTime())**timeScale))
-		if err := p.Load(context.Background()); err != nil {
+		logger.Info("loading weights as the profile says", "profile", profile.Name, "emulated", time.Duration(float64(profile.LoadTime())**loadScale))
+		if err := engine.NewPaced(eng, profile, *loadScale).Load(context.Background()); err != nil {
 			return err
 		}
 		logger.Info("weights loaded", "took", time.Since(start).Round(time.Millisecond))
-		eng = p
+		eng = engine.NewPaced(eng, profile, *timeScale)
 	}
 	cfg.Engine = eng
 	w, err := worker.New(cfg)

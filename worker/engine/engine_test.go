@@ -91,6 +91,39 @@ func TestPacedWaitsOutEmulatedTime(t *testing.T) {
 	}
 }
 
+func TestPacedImportTakesTheCopyTime(t *testing.T) {
+	syn, _ := NewSynthetic(SyntheticConfig{Pages: 8})
+	prof := Profiles["qwen3-32b-h100"]
+	// 16 tokens × 256 KiB over 35 GB/s: 119.8 µs a page.
+	if got := prof.ImportTime(10); got < 1190*time.Microsecond || got > 1205*time.Microsecond {
+		t.Fatalf("10 pages of Qwen3-32B: %s, want about 1.198 ms", got)
+	}
+	prompt := make([]int32, 33)
+	if _, err := syn.Forward(context.Background(), []Chunk{{Seq: 1, Tokens: prompt, Sample: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	var pages [][]byte
+	for i := range 2 {
+		b, err := syn.ExportPage(1, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages = append(pages, b)
+	}
+	p := NewPaced(syn, prof, 1)
+	var slept time.Duration
+	p.Sleep = func(d time.Duration) { slept += d }
+	if err := p.ImportPages(2, pages); err != nil {
+		t.Fatal(err)
+	}
+	if want := prof.ImportTime(2); slept > want || slept < want/2 {
+		t.Fatalf("slept %s for a %s copy", slept, want)
+	}
+	if syn.Len(2) != 32 {
+		t.Fatalf("imported sequence holds %d positions, want 32", syn.Len(2))
+	}
+}
+
 func TestSyntheticImportChecksPages(t *testing.T) {
 	s, _ := NewSynthetic(SyntheticConfig{Pages: 8})
 	ctx := context.Background()

@@ -51,6 +51,12 @@ func (p Profile) StepTime(decodeRows, prefillTokens int) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
+// ImportTime is the host-to-GPU copy of n KV pages.
+func (p Profile) ImportTime(n int) time.Duration {
+	b := float64(int64(n) * PageTokens * p.KVBytesPerToken())
+	return time.Duration(b / p.H2DBytesPerSec * float64(time.Second))
+}
+
 // LoadTime is weights from disk into host memory, then host to GPU, then
 // engine initialisation.
 func (p Profile) LoadTime() time.Duration {
@@ -163,6 +169,17 @@ func (p *Paced) Forward(ctx context.Context, batch []Chunk) ([][]int32, error) {
 	}
 	p.pace(start, p.Profile.StepTime(decode, prefill))
 	return out, nil
+}
+
+// ImportPages imports the pages and waits out their host-to-GPU copy at the
+// profile's bandwidth: a restore is not free, only cheaper than prefill.
+func (p *Paced) ImportPages(seq SeqID, pages [][]byte) error {
+	start := time.Now()
+	if err := p.Engine.ImportPages(seq, pages); err != nil {
+		return err
+	}
+	p.pace(start, p.Profile.ImportTime(len(pages)))
+	return nil
 }
 
 // Load loads the weights and waits out the profile's load time.
