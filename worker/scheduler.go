@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -172,7 +173,18 @@ func (s *scheduler) admit(r *request) {
 	s.nextSeq++
 	r.seq = s.nextSeq
 	s.byID[r.id] = r
-	s.waiting = append(s.waiting, r)
+	if r.outStart > 0 {
+		// A resumed request (its worker failed, or it moved) goes ahead of
+		// new ones, behind earlier resumes: its client is already waiting
+		// mid-stream, and a failure should cost it a delay, not a queue.
+		i := 0
+		for i < len(s.waiting) && s.waiting[i].outStart > 0 {
+			i++
+		}
+		s.waiting = slices.Insert(s.waiting, i, r)
+	} else {
+		s.waiting = append(s.waiting, r)
+	}
 	s.w.metrics.waiting.Set(float64(len(s.waiting)))
 }
 

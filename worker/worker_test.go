@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -347,5 +348,58 @@ func TestNoPreemptionLivelock(t *testing.T) {
 	}
 	if n := counterValue(h.w.metrics.preemptions); n > 10 {
 		t.Fatalf("%.0f preemptions for two requests", n)
+	}
+}
+
+// TestResumedRequestsGoFirst: with the one running slot taken, a resumed
+// request (it arrives with generated tokens) is admitted before a new one
+// that came earlier.
+func TestResumedRequestsGoFirst(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	h := start(t, 256, func(c *Config) {
+		c.MaxRunning = 1
+		c.Engine = engine.NewPaced(c.Engine, engine.Profiles["qwen3-14b-h100"], 1)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, _, _ = h.generate(ctx, &pb.GenerateRequest{RequestId: "busy", Prompt: randomPrompt(rng, 8), MaxTokens: 40})
+	})
+	waitGauge := func(g prometheus.Gauge, v float64) {
+		for gaugeValue(g) < v {
+			if ctx.Err() != nil {
+				t.Fatal("timed out")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitGauge(h.w.metrics.running, 1)
+	var order []string
+	var mu sync.Mutex
+	first := func(id string, req *pb.GenerateRequest) {
+		st, err := h.cl.Generate(ctx, req)
+		if err == nil {
+			_, err = st.Recv()
+		}
+		if err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		order = append(order, id)
+		mu.Unlock()
+	}
+	newPrompt := randomPrompt(rng, 8)
+	wg.Go(func() { first("new", &pb.GenerateRequest{RequestId: "new", Prompt: newPrompt, MaxTokens: 4}) })
+	waitGauge(h.w.metrics.waiting, 1)
+	resumed := randomPrompt(rng, 8)
+	gen := reference(t, resumed, 3)
+	wg.Go(func() {
+		first("resumed", &pb.GenerateRequest{RequestId: "resumed", Prompt: resumed, Generated: gen[:2], MaxTokens: 4})
+	})
+	waitGauge(h.w.metrics.waiting, 2)
+	wg.Wait()
+	if len(order) != 2 || order[0] != "resumed" {
+		t.Fatalf("first tokens in order %v, want the resumed request first", order)
 	}
 }
