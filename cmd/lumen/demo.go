@@ -112,7 +112,7 @@ func runDemo(args []string) error {
 	wants := make([]string, *nStreams)
 	for i := range streams {
 		streams[i] = &demoStream{prompt: fmt.Sprintf("Request %d: keep serving through failures.", i)}
-		wants[i] = referenceText(ref, tk.Encode(streams[i].prompt), *maxTokens)
+		wants[i] = engine.GreedyText(ref, tk.Encode(streams[i].prompt), *maxTokens)
 	}
 	fmt.Printf("   %d prompts, %d greedy tokens each\n", len(streams), *maxTokens)
 
@@ -299,31 +299,6 @@ func (s *demoStream) run(ctx context.Context, addr string, maxTokens int, first 
 		}
 	}
 	s.err = fmt.Errorf("stream ended without [DONE]: %v", sc.Err())
-}
-
-// referenceText decodes a prompt greedily, alone, and renders it as the
-// gateway does (stopping at <|eos|>).
-func referenceText(e *engine.Transformer, prompt []int32, max int) string {
-	ctx := context.Background()
-	defer e.Release(1)
-	var tk engine.Tokenizer
-	out, err := e.Forward(ctx, []engine.Chunk{{Seq: 1, Tokens: prompt, Sample: 1}})
-	var text []byte
-	for n := 1; err == nil; n++ {
-		tok := out[0][0]
-		if tok == engine.TokEOS {
-			break
-		}
-		text = append(text, tk.DecodeToken(tok)...)
-		if n == max {
-			break
-		}
-		out, err = e.Forward(ctx, []engine.Chunk{{Seq: 1, Tokens: []int32{tok}, Sample: 1, OutIndex: n}})
-	}
-	enc, _ := json.Marshal(string(text))
-	var s string
-	_ = json.Unmarshal(enc, &s)
-	return s
 }
 
 func workerInFlight(w *devcluster.Worker) int {

@@ -1,0 +1,625 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/servingstats"
+	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+func init() {
+	register("bench recovery", "the recovery strategies side by side on real processes: one worker (or 4 of 8) killed under an Azure-like load", runBenchRecovery)
+}
+
+// recoverySetup is one cluster shape of the benchmark.
+type recoverySetup struct {
+	name     string
+	workers  int
+	profile  string
+	failures int
+	// maxRunning caps a worker's batch; with the profile's KV pages it
+	// sets the capacity the offered load is a fraction of.
+	maxRunning int
+	budget     string // host checkpoint budget per worker (CALIBRATION.md)
+}
+
+var recoverySetups = []recoverySetup{
+	{name: "w4", workers: 4, profile: "qwen3-32b-h100", failures: 1, maxRunning: 64, budget: "160GB"},
+	{name: "w8", workers: 8, profile: "qwen3-14b-h100", failures: 1, maxRunning: 32, budget: "80GB"},
+	{name: "w8_f4", workers: 8, profile: "qwen3-14b-h100", failures: 4, maxRunning: 32, budget: "80GB"},
+}
+
+// recoveryRun is one column of the comparison.
+type recoveryRun struct {
+	name     string
+	strategy policy.Strategy
+	fail     bool
+	ref      string // the failure-free run recovery is measured against
+}
+
+var recoveryRuns = []recoveryRun{
+	{"no-checkpoint-no-failure", policy.StopAndRestart, false, ""},
+	{"lumen-no-failure", policy.Lumen, false, ""},
+	{"stop-and-restart", policy.StopAndRestart, true, "no-checkpoint-no-failure"},
+	{"fixed-checkpoint", policy.FixedCheckpoint, true, "lumen-no-failure"},
+	{"lumen", policy.Lumen, true, "lumen-no-failure"},
+}
+
+// benchTiming is a run's timeline.
+type benchTiming struct {
+	warmup, failAt, duration time.Duration
+	loadScale                float64
+}
+
+// runOutcome is everything one run measured.
+type runOutcome struct {
+	recs        []*servingstats.Record
+	texts       []string
+	queue       []servingstats.Sample
+	interrupted map[string]bool
+	failAt      time.Duration // offset of the kill (0: none)
+	planAt      time.Duration // offset of the first recovery plan
+	restored    float64
+	recomputed  float64
+	emulated    float64
+	paced       float64
+}
+
+type recoveryFigures struct {
+	TTFTMeanMs       float64 `json:"ttft_mean_ms"`
+	TTFTP99Ms        float64 `json:"ttft_p99_ms"`
+	TPOTMeanMs       float64 `json:"tpot_mean_ms"`
+	ResumeMeanMs     float64 `json:"resume_mean_ms"`
+	RecoveryS        float64 `json:"recovery_s"`
+	PagesReused      float64 `json:"pages_reused"`
+	TokensRecomputed float64 `json:"tokens_recomputed"`
+	Requests         int     `json:"requests"`
+	FailedRequests   int     `json:"failed_requests"`
+	// Beyond the keys the issue asks for.
+	Recovered         bool    `json:"recovered"`
+	Interrupted       int     `json:"interrupted"`
+	ResumeP99Ms       float64 `json:"resume_p99_ms"`
+	PlanMs            float64 `json:"plan_ms"`
+	WrongOutputs      int     `json:"wrong_outputs"`
+	PreFailureTTFTMs  float64 `json:"pre_failure_ttft_mean_ms"`
+	PacingOverrunPct  float64 `json:"pacing_overrun_pct"`
+	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
+}
+
+func runBenchRecovery(args []string) error {
+	fs := flag.NewFlagSet("bench recovery", flag.ContinueOnError)
+	quick := fs.Bool("quick", false, "shorter runs and a faster emulated model reload, same keys")
+	jsonPath := fs.String("json", "", "write the figures as JSON")
+	seed := fs.Uint64("seed", 1, "workload seed (the same for every strategy)")
+	busy := fs.Float64("load", 0.7, "offered load as a fraction of the cluster's modelled capacity")
+	only := fs.String("setups", "w4,w8,w8_f4", "comma-separated setups to run")
+	scale := fs.Float64("time-scale", 1, "slow every emulated time by this factor (arrival rate divided by it)")
+	keep := fs.String("dir", "", "keep logs and data here (default: a temporary directory, removed)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *busy <= 0 || *busy > 1.5 {
+		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", *busy)
+	}
+	if *scale <= 0 {
+		return fmt.Errorf("-time-scale %g: must be > 0", *scale)
+	}
+	timing := benchTiming{warmup: 10 * time.Second, failAt: 40 * time.Second, duration: 100 * time.Second, loadScale: 1}
+	if *quick {
+		timing = benchTiming{warmup: 4 * time.Second, failAt: 12 * time.Second, duration: 36 * time.Second, loadScale: 0.25}
+	}
+	var setups []recoverySetup
+	for _, name := range strings.Split(*only, ",") {
+		found := false
+		for _, s := range recoverySetups {
+			if s.name == strings.TrimSpace(name) {
+				setups, found = append(setups, s), true
+			}
+		}
+		if !found {
+			return fmt.Errorf("-setups: unknown setup %q: use w4, w8, w8_f4", name)
+		}
+	}
+	dir := *keep
+	if dir == "" {
+		d, err := os.MkdirTemp("", "lumen-bench-recovery-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	out := map[string]map[string]*recoveryFigures{}
+	for _, s := range setups {
+		figs, err := benchSetup(s, timing, *seed, *busy, *scale, filepath.Join(dir, s.name))
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		out[s.name] = figs
+		if *jsonPath != "" { // after every setup: a long run keeps what it measured
+			b, _ := json.MarshalIndent(out, "", "  ")
+			if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// capacity models a worker's saturated throughput in requests per second:
+// each request costs its prefill plus its share of the decode steps of a
+// full batch. The batch is the smaller of the running cap and what the KV
+// cache holds at the mean context.
+func capacity(p engine.Profile, maxRunning int, meanPrompt, meanOutput float64) (perWorker float64, batch int) {
+	ctxPages := (meanPrompt + meanOutput/2) / engine.PageTokens
+	batch = min(maxRunning, int(float64(p.KVPages())/(ctxPages+1)))
+	step := p.StepTime(batch, 0).Seconds()
+	perReq := meanPrompt/p.PrefillTokensPerSec + meanOutput*step/float64(batch)
+	return 1 / perReq, batch
+}
+
+func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float64, dir string) (map[string]*recoveryFigures, error) {
+	prof, _, err := engine.LookupProfile(s.profile)
+	if err != nil {
+		return nil, err
+	}
+	tr := workload.AzureConversation
+	perWorker, batch := capacity(prof, s.maxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	rate := busy * perWorker * float64(s.workers) / scale
+	reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: tm.duration, Trace: tr})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("== %s: %d workers, synthetic engine paced as %s (time scale %g), batch %d, %d of them killed at %s\n",
+		s.name, s.workers, s.profile, scale, batch, s.failures, tm.failAt)
+	fmt.Printf("   %d requests, Poisson %.2f/s over %s (%.0f%% of a modelled %.2f req/s a worker), %s lengths, seed %d\n",
+		len(reqs), rate, tm.duration, 100*busy, perWorker/scale, tr.Name, seed)
+	fmt.Printf("   the failed workers restart at once and reload for %s, as the profile says\n",
+		time.Duration(float64(prof.LoadTime())*tm.loadScale*scale).Round(100*time.Millisecond))
+
+	// The failure-free reference of every output: the synthetic engine
+	// alone, in this process.
+	refs, err := syntheticReferences(reqs)
+	if err != nil {
+		return nil, err
+	}
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		bodies[i], _ = json.Marshal(map[string]any{"model": "lumen-tiny", "prompt": r.Prompt, "max_tokens": r.Output,
+			"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+	}
+
+	outcomes := map[string]*runOutcome{}
+	figs := map[string]*recoveryFigures{}
+	for _, run := range recoveryRuns {
+		fmt.Printf("-- %s / %s\n", s.name, run.name)
+		o, err := benchRun(s, run, tm, scale, reqs, bodies, filepath.Join(dir, run.name))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", run.name, err)
+		}
+		outcomes[run.name] = o
+	}
+	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
+	if tm.duration < time.Minute {
+		rule.Window = 3 * time.Second
+	}
+	nominalFail := time.Duration(float64(tm.failAt) * scale)
+	end := time.Duration(float64(tm.duration) * scale)
+	for _, run := range recoveryRuns {
+		o := outcomes[run.name]
+		f := &recoveryFigures{ArrivalRatePerSec: rate}
+		var ttft, tpot, pre, resume []time.Duration
+		for i, r := range o.recs {
+			if r.Err != nil {
+				f.FailedRequests++
+				continue
+			}
+			if o.texts[i] != refs[i] {
+				f.WrongOutputs++
+			}
+			if r.Arrival < time.Duration(float64(tm.warmup)*scale) {
+				continue
+			}
+			if d, ok := r.TTFT(); ok {
+				ttft = append(ttft, d)
+				if r.Arrival < nominalFail {
+					pre = append(pre, d)
+				}
+			}
+			if d, ok := r.TPOT(); ok {
+				tpot = append(tpot, d)
+			}
+		}
+		for _, r := range o.recs {
+			if o.interrupted[r.ID] && r.Err == nil {
+				if d, ok := r.Resume(o.failAt); ok {
+					resume = append(resume, d)
+				}
+			}
+		}
+		f.Requests = len(o.recs)
+		f.TTFTMeanMs, f.TTFTP99Ms = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99)
+		f.TPOTMeanMs, f.PreFailureTTFTMs = servingstats.Mean(tpot), servingstats.Mean(pre)
+		f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(resume), servingstats.Percentile(resume, 0.99)
+		f.Interrupted = len(o.interrupted)
+		f.PagesReused, f.TokensRecomputed = o.restored, o.recomputed
+		if o.emulated > 0 {
+			f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
+		}
+		f.Recovered = true
+		if run.fail {
+			f.PlanMs = float64(o.planAt-o.failAt) / 1e6
+			ref := outcomes[run.ref]
+			d, ok := servingstats.RecoveryTime(
+				servingstats.Levels(o.recs, o.queue, o.failAt, end, rule),
+				servingstats.Levels(ref.recs, ref.queue, o.failAt, end, rule), rule)
+			f.RecoveryS, f.Recovered = d.Seconds(), ok
+		}
+		figs[run.name] = f
+	}
+	printRecoveryTable(s, figs, rule)
+	return figs, nil
+}
+
+// syntheticReferences decodes every request alone on a synthetic engine:
+// what a failure-free, unbatched run returns.
+func syntheticReferences(reqs []workload.Request) ([]string, error) {
+	out := make([]string, len(reqs))
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	jobs := make(chan int)
+	for range 2 {
+		wg.Go(func() {
+			e, err := engine.NewSynthetic(engine.SyntheticConfig{Pages: 1024})
+			if err != nil {
+				firstErr.CompareAndSwap(nil, err)
+				return
+			}
+			for i := range jobs {
+				out[i] = engine.GreedyText(e, reqs[i].Prompt, reqs[i].Output)
+			}
+		})
+	}
+	for i := range reqs {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, reqs []workload.Request, bodies [][]byte, dir string) (*runOutcome, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(float64(tm.duration)*scale)+5*time.Minute)
+	defer cancel()
+	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: dir, Controllers: 3, Args: []string{"-log-level", "warn"}})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Stop()
+	client, err := ctlclient.New(cl.GRPCAddrs(), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	if err := client.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(run.strategy)})
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("set strategy: %w", err)
+	}
+	for i := 1; i <= s.workers; i++ {
+		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), "-engine", "synthetic", "-profile", s.profile,
+			"-time-scale", fmt.Sprint(scale), "-load-scale", fmt.Sprint(tm.loadScale*scale), "-emulate-load=false",
+			"-max-running", fmt.Sprint(s.maxRunning), "-token-budget", "2048", "-checkpoint-budget", s.budget); err != nil {
+			return nil, err
+		}
+	}
+	gw, err := cl.StartGateway("", "-max-concurrent", "16384", "-max-context", "32768")
+	if err != nil {
+		return nil, err
+	}
+	if err := gw.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	if err := waitWorkersServing(ctx, client, s.workers); err != nil {
+		return nil, err
+	}
+
+	o := &runOutcome{recs: make([]*servingstats.Record, len(reqs)), texts: make([]string, len(reqs)), interrupted: map[string]bool{}}
+	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096}}
+	start := time.Now()
+	since := func() time.Duration { return time.Since(start) }
+
+	// The queue length: requests waiting at the live workers, from the
+	// controllers' load table.
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-t.C:
+			}
+			qctx, qcancel := context.WithTimeout(sampleCtx, time.Second)
+			resp, err := client.ListWorkers(qctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
+			qcancel()
+			if err != nil {
+				continue
+			}
+			live := map[string]uint64{}
+			for _, w := range resp.Workers {
+				if w.Phase != pb.WorkerPhase_WORKER_PHASE_FAILED {
+					live[w.Id] = w.Incarnation
+				}
+			}
+			waiting := 0.0
+			for _, l := range resp.Loads {
+				if inc, ok := live[l.WorkerId]; ok && inc == l.Incarnation {
+					waiting += float64(l.Waiting)
+				}
+			}
+			o.queue = append(o.queue, servingstats.Sample{At: since(), Waiting: waiting})
+		}
+	})
+
+	// The failure: fixed workers at a fixed time, restarted at once to
+	// reload their model.
+	var failer sync.WaitGroup
+	var killed atomic.Bool
+	evCtx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	if run.fail {
+		failer.Go(func() {
+			st, err := client.ClusterStatus(ctx)
+			if err != nil {
+				fmt.Printf("   cluster status: %v\n", err)
+				return
+			}
+			events, err := client.WatchEvents(evCtx, st.AppliedIndex)
+			if err != nil {
+				fmt.Printf("   watch events: %v\n", err)
+				return
+			}
+			victims := map[string]bool{}
+			for i := 1; i <= s.failures; i++ {
+				victims[fmt.Sprintf("worker-%d", i)] = true
+			}
+			timer := time.NewTimer(time.Duration(float64(tm.failAt)*scale) - since())
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+			o.failAt = since()
+			for _, w := range cl.Workers {
+				if victims[w.ID] {
+					cl.KillWorker(w)
+				}
+			}
+			killed.Store(true)
+			fmt.Printf("   t=%4.1fs  kill -9 %d worker(s); they restart and reload\n", o.failAt.Seconds(), s.failures)
+			for _, w := range cl.Workers {
+				if victims[w.ID] {
+					w.Args = append(w.Args, "-emulate-load=true")
+					if err := cl.StartWorker(w); err != nil {
+						fmt.Printf("   restart %s: %v\n", w.ID, err)
+					}
+				}
+			}
+			plans := 0
+			for plans < s.failures {
+				ev, err := events.Recv()
+				if err != nil {
+					return
+				}
+				if rp := ev.GetRecoveryPlan(); rp != nil && victims[rp.FailedWorker] {
+					if plans == 0 {
+						o.planAt = since()
+					}
+					plans++
+					for _, a := range rp.Assignments {
+						id, _, _ := strings.Cut(a.RequestId, "~")
+						o.interrupted[id] = true
+					}
+				}
+			}
+		})
+	}
+
+	var wg sync.WaitGroup
+	var done, failed atomic.Int64
+	progress := time.NewTicker(10 * time.Second)
+	defer progress.Stop()
+	for i := range reqs {
+		at := time.Duration(float64(reqs[i].At) * scale)
+		for wait := at - since(); wait > 0; wait = at - since() {
+			select {
+			case <-progress.C:
+				fmt.Printf("   t=%4.0fs  %d sent, %d done, %d failed\n", since().Seconds(), i, done.Load(), failed.Load())
+			case <-time.After(wait):
+			}
+		}
+		rec := &servingstats.Record{Arrival: since()}
+		o.recs[i] = rec
+		wg.Go(func() {
+			o.texts[i], rec.ID, rec.Err = streamOne(ctx, httpc, gw.Addr, bodies[i], rec, since)
+			if rec.Err != nil {
+				failed.Add(1)
+			}
+			done.Add(1)
+		})
+	}
+	fmt.Printf("   t=%4.0fs  all %d sent; waiting for the last streams\n", since().Seconds(), len(reqs))
+	wg.Wait()
+	stopEvents()
+	failer.Wait()
+	stopSampling()
+	sampler.Wait()
+	fmt.Printf("   t=%4.0fs  %d done, %d failed\n", since().Seconds(), done.Load(), failed.Load())
+	for _, w := range cl.Workers {
+		if w.Running() {
+			o.restored += workerMetric(w, "lumen_worker_restored_pages_total")
+			o.recomputed += workerMetric(w, "lumen_worker_resume_recomputed_tokens_total")
+			o.emulated += workerMetric(w, "lumen_worker_emulated_seconds_total")
+			o.paced += workerMetric(w, "lumen_worker_paced_seconds_total")
+		}
+	}
+	if run.fail && !killed.Load() {
+		return nil, errors.New("the failure was never injected")
+	}
+	return o, nil
+}
+
+// waitWorkersServing waits until n workers are registered in full service.
+func waitWorkersServing(ctx context.Context, c *ctlclient.Client, n int) error {
+	for {
+		resp, err := c.ListWorkers(ctx, &pb.ListWorkersRequest{})
+		if err == nil {
+			ok := 0
+			for _, w := range resp.Workers {
+				if w.Phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+					ok++
+				}
+			}
+			if ok >= n {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d workers never all in full service: %w", n, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// streamOne sends one streaming completion and records when each chunk came.
+func streamOne(ctx context.Context, httpc *http.Client, addr string, body []byte, rec *servingstats.Record, since func() time.Duration) (text, id string, err error) {
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpc.Do(req)
+	if err != nil {
+		return "", "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := bufio.NewReader(resp.Body).ReadString('\n')
+		return "", "", fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(b))
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var sb strings.Builder
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data: ")) {
+			continue
+		}
+		data := line[6:]
+		if bytes.Equal(data, []byte("[DONE]")) {
+			return sb.String(), id, nil
+		}
+		var ch struct {
+			ID      string `json:"id"`
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(data, &ch); err != nil {
+			return "", id, fmt.Errorf("bad chunk %q: %w", data, err)
+		}
+		switch {
+		case ch.Error != nil:
+			return "", id, fmt.Errorf("error event: %s", ch.Error.Message)
+		case ch.Usage != nil:
+			rec.Tokens = ch.Usage.CompletionTokens
+		case len(ch.Choices) > 0 && ch.Choices[0].Text != "":
+			rec.Chunks = append(rec.Chunks, since())
+			sb.WriteString(ch.Choices[0].Text)
+		}
+		if id == "" {
+			id = ch.ID
+		}
+	}
+	return "", id, fmt.Errorf("stream ended without [DONE]: %v", sc.Err())
+}
+
+func printRecoveryTable(s recoverySetup, figs map[string]*recoveryFigures, rule servingstats.RecoveryRule) {
+	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+	fmt.Printf("\n%s (%d workers, %s, %d failed)\n", s.name, s.workers, s.profile, s.failures)
+	fmt.Printf("%-24s", "")
+	for _, c := range cols {
+		fmt.Printf(" %18s", c)
+	}
+	fmt.Println()
+	row := func(name string, get func(f *recoveryFigures) string) {
+		fmt.Printf("%-24s", name)
+		for _, c := range cols {
+			fmt.Printf(" %18s", get(figs[c]))
+		}
+		fmt.Println()
+	}
+	f1 := func(v float64) string { return fmt.Sprintf("%.1f", v) }
+	row("TTFT mean (ms)", func(f *recoveryFigures) string { return f1(f.TTFTMeanMs) })
+	row("TTFT p99 (ms)", func(f *recoveryFigures) string { return f1(f.TTFTP99Ms) })
+	row("TPOT mean (ms)", func(f *recoveryFigures) string { return f1(f.TPOTMeanMs) })
+	row("interrupted requests", func(f *recoveryFigures) string { return fmt.Sprint(f.Interrupted) })
+	row("resume mean (ms)", func(f *recoveryFigures) string { return f1(f.ResumeMeanMs) })
+	row("resume p99 (ms)", func(f *recoveryFigures) string { return f1(f.ResumeP99Ms) })
+	row("recovery (s)", func(f *recoveryFigures) string {
+		if !f.Recovered {
+			return fmt.Sprintf(">%.1f", f.RecoveryS)
+		}
+		return fmt.Sprintf("%.2f", f.RecoveryS)
+	})
+	row("pages reused", func(f *recoveryFigures) string { return fmt.Sprintf("%.0f", f.PagesReused) })
+	row("tokens recomputed", func(f *recoveryFigures) string { return fmt.Sprintf("%.0f", f.TokensRecomputed) })
+	row("requests / failed", func(f *recoveryFigures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) })
+	row("outputs != reference", func(f *recoveryFigures) string { return fmt.Sprint(f.WrongOutputs) })
+	row("pacing overrun (%)", func(f *recoveryFigures) string { return f1(f.PacingOverrunPct) })
+	l, sr, fc := figs["lumen"], figs["stop-and-restart"], figs["fixed-checkpoint"]
+	gain := func(a, b float64) string {
+		if b == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
+	}
+	fmt.Printf("lumen vs stop-and-restart: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
+		gain(l.TTFTMeanMs, sr.TTFTMeanMs), gain(l.TTFTP99Ms, sr.TTFTP99Ms), gain(l.TPOTMeanMs, sr.TPOTMeanMs), gain(l.RecoveryS, sr.RecoveryS))
+	fmt.Printf("lumen vs fixed-checkpoint: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
+		gain(l.TTFTMeanMs, fc.TTFTMeanMs), gain(l.TTFTP99Ms, fc.TTFTP99Ms), gain(l.TPOTMeanMs, fc.TPOTMeanMs), gain(l.RecoveryS, fc.RecoveryS))
+	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
+	fmt.Printf("checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
+		gain(a.TTFTMeanMs, b.TTFTMeanMs), gain(a.TPOTMeanMs, b.TPOTMeanMs))
+	fmt.Printf("recovery: failure -> the start of the first %s window after which every window's mean TTFT is within %.0f%%\n"+
+		"and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
+		rule.Window, 100*rule.Tolerance, 100*rule.Tolerance, rule.QueueSlack)
+}

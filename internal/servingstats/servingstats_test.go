@@ -1,0 +1,110 @@
+package servingstats
+
+import (
+	"testing"
+	"time"
+)
+
+const ms1 = time.Millisecond
+
+func TestRecordFigures(t *testing.T) {
+	r := &Record{Arrival: 100 * ms1, Chunks: []time.Duration{150 * ms1, 160 * ms1, 170 * ms1, 180 * ms1}, Tokens: 4}
+	if d, _ := r.TTFT(); d != 50*ms1 {
+		t.Fatalf("TTFT %s", d)
+	}
+	if d, _ := r.TPOT(); d != 10*ms1 {
+		t.Fatalf("TPOT %s", d)
+	}
+	// Failure at 1000 ms: two chunks already in flight arrive at 1001 and
+	// 1002 ms, then the resumed stream continues at 1300 ms.
+	r = &Record{Chunks: []time.Duration{990 * ms1, 1001 * ms1, 1002 * ms1, 1300 * ms1, 1310 * ms1}, Tokens: 5}
+	if d, ok := r.Resume(1000 * ms1); !ok || d != 300*ms1 {
+		t.Fatalf("resume %s %v, want 300ms", d, ok)
+	}
+	// No token before the failure: the first token is the resume.
+	r = &Record{Arrival: 990 * ms1, Chunks: []time.Duration{1400 * ms1, 1410 * ms1}, Tokens: 2}
+	if d, ok := r.Resume(1000 * ms1); !ok || d != 400*ms1 {
+		t.Fatalf("resume %s %v, want 400ms", d, ok)
+	}
+	r = &Record{Chunks: []time.Duration{900 * ms1}, Tokens: 1}
+	if _, ok := r.Resume(1000 * ms1); ok {
+		t.Fatal("a request finished before the failure resumed")
+	}
+	if _, ok := r.TPOT(); ok {
+		t.Fatal("TPOT of one token")
+	}
+}
+
+func TestPercentileAndMean(t *testing.T) {
+	var xs []time.Duration
+	for i := 1; i <= 100; i++ {
+		xs = append(xs, time.Duration(i)*ms1)
+	}
+	if p := Percentile(xs, 0.99); p != 99 {
+		t.Fatalf("p99 %v", p)
+	}
+	if p := Percentile(xs, 0.5); p != 50 {
+		t.Fatalf("p50 %v", p)
+	}
+	if m := Mean(xs); m != 50.5 {
+		t.Fatalf("mean %v", m)
+	}
+	if Mean(nil) != 0 || Percentile(nil, 0.5) != 0 {
+		t.Fatal("empty input")
+	}
+}
+
+// TestRecoveryTime: a run whose TTFT triples after the failure and comes
+// back to within 10% of the reference 12 s later, with a blip at 6 s that
+// must not count as recovered.
+func TestRecoveryTime(t *testing.T) {
+	rule := RecoveryRule{Window: 2 * time.Second, Step: time.Second, Tolerance: 0.1, QueueSlack: 1}
+	var run, ref []*Record
+	var qRun, qRef []Sample
+	for i := 0; i < 300; i++ { // 10 requests a second for 30 s
+		at := time.Duration(i) * 100 * ms1
+		ttft := 100 * ms1
+		ref = append(ref, &Record{Arrival: at, Chunks: []time.Duration{at + ttft}})
+		switch {
+		case at >= 12*time.Second: // recovered (5% above the reference)
+			ttft = 105 * ms1
+		case at >= 6*time.Second && at < 7*time.Second: // a blip of normal
+		default:
+			ttft = 300 * ms1
+		}
+		run = append(run, &Record{Arrival: at, Chunks: []time.Duration{at + ttft}})
+	}
+	for at := time.Duration(0); at < 30*time.Second; at += 250 * ms1 {
+		qRef = append(qRef, Sample{at, 2})
+		w := 2.0
+		if at < 10*time.Second {
+			w = 40 // the queue drains 2 s before TTFT recovers
+		}
+		qRun = append(qRun, Sample{at, w})
+	}
+	a := Levels(run, qRun, 0, 30*time.Second, rule)
+	b := Levels(ref, qRef, 0, 30*time.Second, rule)
+	d, ok := RecoveryTime(a, b, rule)
+	if !ok || d != 12*time.Second {
+		t.Fatalf("recovery %s %v, want 12s", d, ok)
+	}
+	// Never back: TTFT stays 3× to the end.
+	for _, r := range run {
+		r.Chunks[0] = r.Arrival + 300*ms1
+	}
+	a = Levels(run, qRef, 0, 30*time.Second, rule)
+	if d, ok := RecoveryTime(a, b, rule); ok || d != 30*time.Second {
+		t.Fatalf("unrecovered run: %s %v, want 30s false", d, ok)
+	}
+	// The queue alone keeps it out: 1.1 × 2 + 1 = 3.2 < 4.
+	for _, r := range run {
+		r.Chunks[0] = r.Arrival + 100*ms1
+	}
+	var q4 []Sample
+	for _, s := range qRef {
+		q4 = append(q4, Sample{s.At, 4})
+	}
+	if _, ok := RecoveryTime(Levels(run, q4, 0, 30*time.Second, rule), b, rule); ok {
+		t.Fatal("a queue twice the reference's counted as recovered")
+	}
+}

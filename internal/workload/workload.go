@@ -1,0 +1,122 @@
+// Package workload generates seeded request streams shaped like public LLM
+// traces, for benchmarks and fault-injection runs.
+//
+// No trace file ships with lumen (nothing is downloaded at run time), so a
+// trace is described by its quantiles (CALIBRATION.md) and sampled through a
+// piecewise-linear quantile function whose knots reproduce the published
+// mean, median, p90 and p99.
+package workload
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"time"
+)
+
+// Knot is one point (p, value) of a quantile function.
+type Knot struct{ P, V float64 }
+
+// Dist is a distribution given by its quantile function: knots at
+// increasing p from 0 to 1, joined linearly.
+type Dist []Knot
+
+// Quantile returns the value at probability p in [0, 1].
+func (d Dist) Quantile(p float64) float64 {
+	i := sort.Search(len(d), func(i int) bool { return d[i].P >= p })
+	switch {
+	case i == 0:
+		return d[0].V
+	case i == len(d):
+		return d[len(d)-1].V
+	}
+	a, b := d[i-1], d[i]
+	return a.V + (b.V-a.V)*(p-a.P)/(b.P-a.P)
+}
+
+// Mean is the distribution's exact mean (the integral of the quantile
+// function).
+func (d Dist) Mean() float64 {
+	m := 0.0
+	for i := 1; i < len(d); i++ {
+		m += (d[i].P - d[i-1].P) * (d[i].V + d[i-1].V) / 2
+	}
+	return m
+}
+
+// Sample draws one value, rounded to a whole token, at least 1.
+func (d Dist) Sample(r *rand.Rand) int {
+	return max(1, int(math.Round(d.Quantile(r.Float64()))))
+}
+
+// Trace is a request-length shape.
+type Trace struct {
+	Name           string
+	Prompt, Output Dist
+	// Published figures the knots reproduce: mean, median, p90, p99.
+	PromptStats, OutputStats [4]float64
+}
+
+// AzureConversation is the Azure LLM inference trace 2023, conversation:
+// prompt tokens mean 1155, median 1020, p90 2734, p99 4142; output tokens
+// mean 211, median 129, p90 424, p99 601. Both are heavy at the short end
+// (the mean sits close to the median while p90 is 2.7× and 3.3× it), so the
+// lower knots fall steeply.
+var AzureConversation = Trace{
+	Name: "azure-2023-conversation",
+	Prompt: Dist{{0, 8}, {0.2, 60}, {0.3, 200}, {0.4, 750}, {0.5, 1020}, {0.75, 1500},
+		{0.9, 2734}, {0.99, 4142}, {1, 6000}},
+	Output:      Dist{{0, 4}, {0.25, 70}, {0.5, 129}, {0.75, 380}, {0.9, 424}, {0.99, 601}, {1, 900}},
+	PromptStats: [4]float64{1155, 1020, 2734, 4142},
+	OutputStats: [4]float64{211, 129, 424, 601},
+}
+
+// Request is one arrival.
+type Request struct {
+	At     time.Duration // offset from the start of the run
+	Prompt []int32       // token ids
+	Output int           // tokens to generate (max_tokens)
+}
+
+// Config describes a run's arrivals.
+type Config struct {
+	Seed     uint64
+	Rate     float64       // mean arrivals per second (Poisson)
+	Duration time.Duration // arrivals in [0, Duration)
+	Trace    Trace
+	// Tokens maps a draw in [0, 1<<31) to a prompt token id; default:
+	// printable ASCII (32..126), which every lumen engine accepts.
+	Tokens func(uint32) int32
+}
+
+// Generate returns the arrivals, sorted by time. The same config gives the
+// same requests, byte for byte.
+func Generate(c Config) ([]Request, error) {
+	if c.Rate <= 0 || c.Duration <= 0 {
+		return nil, fmt.Errorf("workload: rate (%g/s) and duration (%s) must be positive", c.Rate, c.Duration)
+	}
+	if len(c.Trace.Prompt) < 2 || len(c.Trace.Output) < 2 {
+		return nil, fmt.Errorf("workload: trace %q has no length distributions", c.Trace.Name)
+	}
+	tok := c.Tokens
+	if tok == nil {
+		tok = func(x uint32) int32 { return 32 + int32(x%95) }
+	}
+	r := rand.New(rand.NewPCG(c.Seed, 0x6c756d656e))
+	var out []Request
+	t := 0.0
+	for {
+		t += r.ExpFloat64() / c.Rate
+		at := time.Duration(t * float64(time.Second))
+		if at >= c.Duration {
+			return out, nil
+		}
+		n := c.Trace.Prompt.Sample(r)
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = tok(r.Uint32() >> 1)
+		}
+		out = append(out, Request{At: at, Prompt: p, Output: c.Trace.Output.Sample(r)})
+	}
+}
