@@ -286,11 +286,18 @@ func (s *server) SetStrategy(ctx context.Context, req *pb.SetStrategyRequest) (*
 	})
 }
 
-func (s *server) ClusterStatus(ctx context.Context, _ *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
+func (s *server) ClusterStatus(ctx context.Context, req *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
 	_, leader := s.n.raft.LeaderWithID()
 	strategy, lambda := s.n.fsm.Strategy()
 	workers, placements := s.n.fsm.Counts()
-	return &pb.ClusterStatusResponse{
+	var hash, at uint64
+	if req.GetWithStateHash() {
+		var err error
+		if hash, at, err = s.n.fsm.StateHash(); err != nil {
+			return nil, status.Errorf(codes.Internal, "state hash: %v", err)
+		}
+	}
+	return &pb.ClusterStatusResponse{StateHash: hash, StateIndex: at,
 		LeaderId: string(leader), LeaderGrpcAddr: s.n.grpcAddrOf(string(leader)),
 		Term: s.n.term(), CommitIndex: s.n.raft.CommitIndex(), AppliedIndex: s.n.fsm.Applied(),
 		Strategy: strategy, Lambda: lambda, Workers: uint32(workers), Placements: uint32(placements),

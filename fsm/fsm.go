@@ -3,6 +3,7 @@ package fsm
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"sort"
 	"sync"
@@ -141,6 +142,21 @@ func (f *FSM) MarshalSnapshot() ([]byte, error) {
 	s := f.st.capture(f.applied.get())
 	f.mu.RUnlock()
 	return marshalSnapshot(s)
+}
+
+// StateHash returns a hash of the whole state (its snapshot encoding) and
+// the applied index it is at: replicas that applied the same log agree.
+func (f *FSM) StateHash() (uint64, uint64, error) {
+	f.mu.RLock()
+	s := f.st.capture(f.applied.get())
+	f.mu.RUnlock()
+	data, err := marshalSnapshot(s)
+	if err != nil {
+		return 0, 0, err
+	}
+	h := fnv.New64a()
+	h.Write(data)
+	return h.Sum64(), s.AppliedIndex, nil
 }
 
 type snapshot struct{ s *pb.Snapshot }

@@ -369,6 +369,7 @@ func TestDeterminism(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
 	a, b := newHarness(t), newHarness(t)
+	var prevHash uint64
 	for i, batch := range randomLog(rng, 400) {
 		a.apply(batch...)
 		b.apply(proto.Clone(&pb.LogEntry{Commands: batch}).(*pb.LogEntry).Commands...)
@@ -380,6 +381,15 @@ func TestDeterminism(t *testing.T) {
 		if !bytes.Equal(sa, sb) {
 			t.Fatalf("seed %d: snapshots differ after entry %d", seed, i)
 		}
+		ha, ia, _ := a.f.StateHash()
+		hb, ib, _ := b.f.StateHash()
+		if ha != hb || ia != ib {
+			t.Fatalf("seed %d: state hashes %x@%d and %x@%d after entry %d", seed, ha, ia, hb, ib, i)
+		}
+		if i > 0 && ha == prevHash {
+			t.Fatalf("seed %d: entry %d left the state hash unchanged", seed, i)
+		}
+		prevHash = ha
 		checkHolderIndex(t, a.f.st, rng)
 	}
 	if w, p := a.f.Counts(); w == 0 || p == 0 {

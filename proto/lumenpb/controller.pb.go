@@ -1288,7 +1288,10 @@ func (x *SetStrategyResponse) GetIndex() uint64 {
 }
 
 type ClusterStatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Also hash the replica's whole state (the snapshot encoding): replicas
+	// at the same state_index must have equal hashes.
+	WithStateHash bool `protobuf:"varint,1,opt,name=with_state_hash,json=withStateHash,proto3" json:"with_state_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1323,6 +1326,13 @@ func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
 	return file_controller_proto_rawDescGZIP(), []int{24}
 }
 
+func (x *ClusterStatusRequest) GetWithStateHash() bool {
+	if x != nil {
+		return x.WithStateHash
+	}
+	return false
+}
+
 type ClusterStatusResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	LeaderId       string                 `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
@@ -1336,8 +1346,12 @@ type ClusterStatusResponse struct {
 	Placements     uint32                 `protobuf:"varint,9,opt,name=placements,proto3" json:"placements,omitempty"`
 	NodeId         string                 `protobuf:"bytes,10,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	State          string                 `protobuf:"bytes,11,opt,name=state,proto3" json:"state,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// With with_state_hash: FNV-1a 64 of the state at applied index
+	// state_index.
+	StateHash     uint64 `protobuf:"varint,12,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
+	StateIndex    uint64 `protobuf:"varint,13,opt,name=state_index,json=stateIndex,proto3" json:"state_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
@@ -1445,6 +1459,20 @@ func (x *ClusterStatusResponse) GetState() string {
 		return x.State
 	}
 	return ""
+}
+
+func (x *ClusterStatusResponse) GetStateHash() uint64 {
+	if x != nil {
+		return x.StateHash
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetStateIndex() uint64 {
+	if x != nil {
+		return x.StateIndex
+	}
+	return 0
 }
 
 type SetWorkerPhaseRequest struct {
@@ -1758,8 +1786,9 @@ const file_controller_proto_rawDesc = "" +
 	"\x06lambda\x18\x02 \x01(\x01R\x06lambda\"[\n" +
 	"\x13SetStrategyResponse\x12.\n" +
 	"\bprevious\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bprevious\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\x16\n" +
-	"\x14ClusterStatusRequest\"\xeb\x02\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\">\n" +
+	"\x14ClusterStatusRequest\x12&\n" +
+	"\x0fwith_state_hash\x18\x01 \x01(\bR\rwithStateHash\"\xab\x03\n" +
 	"\x15ClusterStatusResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12(\n" +
 	"\x10leader_grpc_addr\x18\x02 \x01(\tR\x0eleaderGrpcAddr\x12\x12\n" +
@@ -1774,7 +1803,11 @@ const file_controller_proto_rawDesc = "" +
 	"placements\x12\x17\n" +
 	"\anode_id\x18\n" +
 	" \x01(\tR\x06nodeId\x12\x14\n" +
-	"\x05state\x18\v \x01(\tR\x05state\"\x9b\x01\n" +
+	"\x05state\x18\v \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"state_hash\x18\f \x01(\x04R\tstateHash\x12\x1f\n" +
+	"\vstate_index\x18\r \x01(\x04R\n" +
+	"stateIndex\"\x9b\x01\n" +
 	"\x15SetWorkerPhaseRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
