@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.7.0
 
 PROTO_FILES := $(wildcard proto/*.proto)
 
-.PHONY: fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean
+.PHONY: jepsen fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean
 
 all: build
 
@@ -25,12 +25,18 @@ build:
 	$(GO) build -o $(BIN) ./cmd/lumen
 
 ## test: vet, every package's tests with the race detector, then the
-## multi-process e2e suite (without it: the processes under test are plain
-## builds, and instrumenting the harness only slows the cluster it drives).
+## multi-process e2e suite and a minute of jepsen (without it: the processes
+## under test are plain builds, and instrumenting the harness only slows the
+## cluster it drives).
 test:
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v /e2e)
-	$(GO) test -count=1 -timeout 20m ./e2e/
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /e2e -e /jepsen)
+	$(GO) test -count=1 -timeout 20m ./e2e/ ./jepsen/
+
+## jepsen: the full fault-injection matrix (about 45 minutes; needs root and
+## iproute2 for the partitions). Histories and the summary land in jepsen-results/.
+jepsen: build
+	./$(BIN) jepsen -matrix -duration 2m -results jepsen-results
 
 test-short:
 	$(GO) test -count=1 ./policy/... ./fsm/...

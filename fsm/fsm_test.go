@@ -112,6 +112,12 @@ func TestDispatchAndComplete(t *testing.T) {
 	if pl, _ := h.f.Placement("r1"); pl != nil {
 		t.Fatalf("placement survives complete: %v", pl)
 	}
+	// A retried Complete (its first reply lost) says it took effect
+	// already, not that the request is unknown (jepsen found this).
+	c = h.one(complete("r1"))
+	if c.Complete.Completed != 0 || len(c.Complete.NotFound) != 0 || len(c.Complete.AlreadyCompleted) != 1 {
+		t.Fatalf("retried complete %v", c.Complete)
+	}
 	if r := h.one(dispatch("r1", 100, 28)); !errors.Is(r.Err, ErrCompleted) {
 		t.Fatalf("dispatch of completed id: %v", r.Err)
 	}

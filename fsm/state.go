@@ -385,7 +385,11 @@ func (s *state) complete(c *pb.CompleteCmd, idx uint64) Result {
 	for _, id := range c.RequestIds {
 		p, ok := s.placements[id]
 		if !ok {
-			resp.NotFound = append(resp.NotFound, id)
+			if _, done := s.completedSet[id]; done {
+				resp.AlreadyCompleted = append(resp.AlreadyCompleted, id)
+			} else {
+				resp.NotFound = append(resp.NotFound, id)
+			}
 			continue
 		}
 		s.dropHolder(p)

@@ -32,8 +32,10 @@ type Controller struct {
 	SerfAddr string
 	HTTPAddr string
 
-	cmd  *exec.Cmd
-	done chan struct{}
+	index int
+	host  string // its own address, with Options.Hosts
+	cmd   *exec.Cmd
+	done  chan struct{}
 }
 
 // Running reports whether the process is alive.
@@ -67,6 +69,14 @@ type Options struct {
 	Controllers int
 	// Args are extra flags for every controller.
 	Args []string
+	// Hosts, when set, gives controller i its own IP address (its ports
+	// are then fixed: 7000 Raft, 7100 gRPC, 7200 Serf, 7300 HTTP), and
+	// Wrap(i) the command prefix that runs it where that address lives
+	// (for example "ip netns exec NS"). WorkerHost is the address workers
+	// and the gateway bind, reachable from the controllers.
+	Hosts      []string
+	Wrap       func(i int) []string
+	WorkerHost string
 }
 
 // Cluster is a local controller quorum.
@@ -78,15 +88,17 @@ type Cluster struct {
 }
 
 // FreePort returns a loopback port free for both TCP and UDP now.
-func FreePort() (int, error) {
+func FreePort() (int, error) { return freePortOn("127.0.0.1") }
+
+func freePortOn(host string) (int, error) {
 	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return 0, err
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+		if u, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port))); err == nil {
 			u.Close()
 			return port, nil
 		}
@@ -94,9 +106,20 @@ func FreePort() (int, error) {
 	return 0, errors.New("devcluster: no free loopback port")
 }
 
-func freeAddr() (string, error) {
-	p, err := FreePort()
-	return fmt.Sprintf("127.0.0.1:%d", p), err
+func freeAddr() (string, error) { return freeAddrOn("127.0.0.1") }
+
+func freeAddrOn(host string) (string, error) {
+	p, err := freePortOn(host)
+	return net.JoinHostPort(host, strconv.Itoa(p)), err
+}
+
+// workerAddr is a free address where the controllers can reach a worker or
+// the gateway.
+func (c *Cluster) workerAddr() (string, error) {
+	if c.opts.WorkerHost != "" {
+		return freeAddrOn(c.opts.WorkerHost)
+	}
+	return freeAddr()
 }
 
 // Start launches the quorum and waits until it has a leader.
@@ -113,9 +136,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	c := &Cluster{opts: opts}
 	for i := 0; i < opts.Controllers; i++ {
-		ctl := &Controller{ID: fmt.Sprintf("ctl%d", i+1)}
+		ctl := &Controller{ID: fmt.Sprintf("ctl%d", i+1), index: i}
 		ctl.DataDir = filepath.Join(opts.Dir, ctl.ID)
 		ctl.LogPath = filepath.Join(opts.Dir, ctl.ID+".log")
+		if i < len(opts.Hosts) {
+			ctl.host = opts.Hosts[i]
+		}
 		if err := ctl.pickAddrs(); err != nil {
 			return nil, err
 		}
@@ -163,6 +189,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 }
 
 func (ctl *Controller) pickAddrs() error {
+	if ctl.host != "" {
+		ctl.RaftAddr, ctl.GRPCAddr = ctl.host+":7000", ctl.host+":7100"
+		ctl.SerfAddr, ctl.HTTPAddr = ctl.host+":7200", ctl.host+":7300"
+		return nil
+	}
 	var err error
 	for _, p := range []*string{&ctl.RaftAddr, &ctl.GRPCAddr, &ctl.SerfAddr, &ctl.HTTPAddr} {
 		if *p, err = freeAddr(); err != nil {
@@ -197,14 +228,27 @@ func (c *Cluster) Restart(i int) error {
 		"-raft-addr", ctl.RaftAddr, "-grpc-addr", ctl.GRPCAddr, "-serf-addr", ctl.SerfAddr, "-http-addr", ctl.HTTPAddr,
 		"-bootstrap-expect", strconv.Itoa(len(c.Controllers)), "-join", strings.Join(join, ",")}
 	args = append(args, c.opts.Args...)
+	var wrap []string
+	if c.opts.Wrap != nil {
+		wrap = c.opts.Wrap(i) // it execs lumen in place: the pid stays the controller's
+	}
 	var err error
-	ctl.cmd, ctl.done, err = c.spawn(ctl.ID, ctl.LogPath, args)
+	ctl.cmd, ctl.done, err = c.spawn(ctl.ID, ctl.LogPath, wrap, args)
 	return err
+}
+
+// Signal sends sig to controller i (SIGSTOP, SIGCONT, ...).
+func (c *Cluster) Signal(i int, sig syscall.Signal) error {
+	ctl := c.Controllers[i]
+	if !ctl.Running() {
+		return fmt.Errorf("devcluster: %s is not running", ctl.ID)
+	}
+	return ctl.cmd.Process.Signal(sig)
 }
 
 // spawn starts `lumen args...` with its output appended to logPath, in its
 // own process group and killed with its parent; done closes when it exits.
-func (c *Cluster) spawn(name, logPath string, args []string) (*exec.Cmd, chan struct{}, error) {
+func (c *Cluster) spawn(name, logPath string, wrap, args []string) (*exec.Cmd, chan struct{}, error) {
 	if err := os.MkdirAll(c.opts.Dir, 0o755); err != nil {
 		return nil, nil, err
 	}
@@ -212,7 +256,11 @@ func (c *Cluster) spawn(name, logPath string, args []string) (*exec.Cmd, chan st
 	if err != nil {
 		return nil, nil, err
 	}
-	cmd := exec.Command(c.opts.Bin, args...)
+	argv := append([]string{c.opts.Bin}, args...)
+	if wrap != nil {
+		argv = append(append([]string(nil), wrap...), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -341,7 +389,7 @@ func (c *Cluster) AddWorker(id string, args ...string) (*Worker, error) {
 	for attempt := 0; ; attempt++ {
 		var err error
 		for _, p := range []*string{&w.GRPCAddr, &w.SerfAddr, &w.HTTPAddr} {
-			if *p, err = freeAddr(); err != nil {
+			if *p, err = c.workerAddr(); err != nil {
 				return nil, err
 			}
 		}
@@ -384,7 +432,7 @@ func (c *Cluster) StartWorker(w *Worker) error {
 		"-serf-addr", w.SerfAddr, "-http-addr", w.HTTPAddr, "-join", strings.Join(serf, ","),
 		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, w.Args...)
 	var err error
-	w.cmd, w.done, err = c.spawn(w.ID, w.LogPath, args)
+	w.cmd, w.done, err = c.spawn(w.ID, w.LogPath, nil, args)
 	return err
 }
 
@@ -431,7 +479,7 @@ func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
 	for attempt := 0; ; attempt++ {
 		if auto {
 			var err error
-			if addr, err = freeAddr(); err != nil {
+			if addr, err = c.workerAddr(); err != nil {
 				return nil, err
 			}
 		}
@@ -448,7 +496,7 @@ func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
 func (c *Cluster) startGateway(addr string, args ...string) (*Gateway, error) {
 	g := &Gateway{Addr: addr, LogPath: filepath.Join(c.opts.Dir, "gateway.log")}
 	var err error
-	g.cmd, g.done, err = c.spawn("gateway", g.LogPath, append([]string{"gateway", "-http", addr,
+	g.cmd, g.done, err = c.spawn("gateway", g.LogPath, nil, append([]string{"gateway", "-http", addr,
 		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, args...))
 	if err != nil {
 		return nil, err
@@ -520,3 +568,11 @@ func (c *Cluster) PauseWorker(w *Worker) error { return w.cmd.Process.Signal(sys
 
 // ResumeWorker sends SIGCONT.
 func (c *Cluster) ResumeWorker(w *Worker) error { return w.cmd.Process.Signal(syscall.SIGCONT) }
+
+// SignalWorker sends sig to a running worker.
+func (c *Cluster) SignalWorker(w *Worker, sig syscall.Signal) error {
+	if !w.Running() {
+		return fmt.Errorf("devcluster: %s is not running", w.ID)
+	}
+	return w.cmd.Process.Signal(sig)
+}

@@ -249,11 +249,15 @@ func (x *CompleteRequest) GetRequestIds() []string {
 type CompleteResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Completed uint32                 `protobuf:"varint,1,opt,name=completed,proto3" json:"completed,omitempty"`
-	// Ids with no placement (never dispatched, or already completed).
-	NotFound      []string `protobuf:"bytes,2,rep,name=not_found,json=notFound,proto3" json:"not_found,omitempty"`
-	Index         uint64   `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Ids with no placement that were never dispatched (or completed so long
+	// ago they are forgotten).
+	NotFound []string `protobuf:"bytes,2,rep,name=not_found,json=notFound,proto3" json:"not_found,omitempty"`
+	Index    uint64   `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// Ids completed before: a retried Complete (its first reply lost) took
+	// effect already. Not counted in completed.
+	AlreadyCompleted []string `protobuf:"bytes,4,rep,name=already_completed,json=alreadyCompleted,proto3" json:"already_completed,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CompleteResponse) Reset() {
@@ -305,6 +309,13 @@ func (x *CompleteResponse) GetIndex() uint64 {
 		return x.Index
 	}
 	return 0
+}
+
+func (x *CompleteResponse) GetAlreadyCompleted() []string {
+	if x != nil {
+		return x.AlreadyCompleted
+	}
+	return nil
 }
 
 type ReportLoadRequest struct {
@@ -1727,11 +1738,12 @@ const file_controller_proto_rawDesc = "" +
 	"\x05index\x18\x04 \x01(\x04R\x05index\"2\n" +
 	"\x0fCompleteRequest\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
-	"requestIds\"c\n" +
+	"requestIds\"\x90\x01\n" +
 	"\x10CompleteResponse\x12\x1c\n" +
 	"\tcompleted\x18\x01 \x01(\rR\tcompleted\x12\x1b\n" +
 	"\tnot_found\x18\x02 \x03(\tR\bnotFound\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index\"=\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\x12+\n" +
+	"\x11already_completed\x18\x04 \x03(\tR\x10alreadyCompleted\"=\n" +
 	"\x11ReportLoadRequest\x12(\n" +
 	"\x04load\x18\x01 \x01(\v2\x14.lumen.v1.LoadRecordR\x04load\"*\n" +
 	"\x12ReportLoadResponse\x12\x14\n" +

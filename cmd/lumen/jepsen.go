@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lumen-project/lumen/jepsen"
+)
+
+func init() {
+	register("jepsen", "fault injection over real processes: nemeses, histories, linearizability and serving checkers", runJepsen)
+}
+
+// jepsenMatrix is `make jepsen`: every nemesis alone, then the
+// combinations that matter.
+var jepsenMatrix = []struct {
+	nemeses     []string
+	controllers int
+}{
+	{[]string{"kill-controller"}, 3},
+	{[]string{"kill-leader"}, 3},
+	{[]string{"kill-all-controllers"}, 3},
+	{[]string{"kill-worker"}, 3},
+	{[]string{"kill-holder"}, 3},
+	{[]string{"pause-leader"}, 3},
+	{[]string{"pause-worker"}, 3},
+	{[]string{"partition-leader"}, 3},
+	{[]string{"partition-halves"}, 5},
+	{[]string{"partition-bridge"}, 5},
+	{[]string{"partition-one-way"}, 3},
+	{[]string{"membership"}, 3},
+	{[]string{"kill-leader", "kill-worker"}, 3},
+	{[]string{"partition-halves", "kill-holder"}, 3},
+	{[]string{"pause-leader", "pause-worker", "kill-holder"}, 3},
+	{[]string{"membership", "kill-controller", "partition-one-way"}, 5},
+	{[]string{"partition-leader", "kill-worker", "pause-worker", "kill-leader"}, 3},
+}
+
+func runJepsen(args []string) error {
+	fs := flag.NewFlagSet("jepsen", flag.ContinueOnError)
+	matrix := fs.Bool("matrix", false, "run the full matrix (every nemesis alone and the combinations that matter)")
+	nemeses := fs.String("nemesis", "kill-leader,kill-worker,pause-worker,partition-halves", "comma-separated nemeses for one run: "+strings.Join(jepsen.NemesisNames(), ", "))
+	duration := fs.Duration("duration", 2*time.Minute, "workload time under faults, per run")
+	interval := fs.Duration("interval", 4*time.Second, "mean time between faults")
+	seed := fs.Int64("seed", 0, "seed (0: from the clock); printed")
+	controllers := fs.Int("controllers", 3, "controllers for a single run (3 or 5)")
+	workers := fs.Int("workers", 3, "workers")
+	results := fs.String("results", "jepsen-results", "directory for histories, logs and the summary")
+	list := fs.Bool("list", false, "list the nemeses and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *list {
+		for _, n := range jepsen.NemesisNames() {
+			fmt.Printf("%-22s %s\n", n, jepsen.NemesisDoc(n))
+		}
+		return nil
+	}
+	if *seed == 0 {
+		*seed = time.Now().UnixNano() % 1_000_000
+	}
+	if *controllers != 3 && *controllers != 5 {
+		return fmt.Errorf("-controllers %d: use 3 or 5", *controllers)
+	}
+	type runSpec struct {
+		nemeses     []string
+		controllers int
+	}
+	var runs []runSpec
+	if *matrix {
+		for _, m := range jepsenMatrix {
+			runs = append(runs, runSpec{m.nemeses, m.controllers})
+		}
+	} else {
+		runs = []runSpec{{strings.Split(*nemeses, ","), *controllers}}
+	}
+	if err := jepsen.NetAvailable(); err != nil {
+		fmt.Printf("network namespaces unavailable (%v): runs with partitions are left out\n", err)
+		kept := runs[:0]
+		for _, r := range runs {
+			if !jepsen.NeedsNet(r.nemeses) {
+				kept = append(kept, r)
+			}
+		}
+		runs = kept
+	}
+	if len(runs) == 0 {
+		return fmt.Errorf("nothing to run")
+	}
+	root := filepath.Join(*results, time.Now().Format("20060102-150405"))
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	fmt.Printf("jepsen: %d run(s) of %s each, seed %d, results in %s\n", len(runs), *duration, *seed, root)
+	var reports []*jepsen.Report
+	failed := 0
+	for k, r := range runs {
+		name := strings.Join(r.nemeses, "+")
+		if r.controllers != 3 {
+			name += fmt.Sprintf("/%dc", r.controllers)
+		}
+		cfg := jepsen.Config{Name: name, Bin: bin, Dir: filepath.Join(root, fmt.Sprintf("%02d-%s", k+1, strings.ReplaceAll(name, "/", "-"))),
+			ModelDir: filepath.Join(root, "model"), Seed: *seed + int64(k), Controllers: r.controllers, Workers: *workers,
+			Duration: *duration, Nemeses: r.nemeses, Interval: *interval, PlacementClients: 6, ServingClients: 2, Log: os.Stdout}
+		rep, err := jepsen.Run(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("%s: %w (logs in %s)", name, err, cfg.Dir)
+		}
+		reports = append(reports, rep)
+		if !rep.OK() {
+			failed++
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	summary := jepsen.Summary(reports)
+	fmt.Printf("\n%s", summary)
+	if err := os.WriteFile(filepath.Join(root, "summary.txt"), []byte(summary), 0o644); err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d runs found violations (histories in %s)", failed, len(reports), root)
+	}
+	fmt.Printf("no violations; histories in %s\n", root)
+	return nil
+}

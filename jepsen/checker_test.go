@@ -1,0 +1,149 @@
+package jepsen
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The checkers must catch what they are for: each hand-built history below
+// breaks one promise.
+
+func TestLinearizableAcceptsAValidHistory(t *testing.T) {
+	ops := []Op{
+		{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 10, Found: true, Worker: "w1", Created: 5},
+		{Client: 1, Kind: GetLin, ID: "a", Call: 5, Return: 8, Found: false}, // concurrent with the dispatch
+		{Client: 1, Kind: GetLin, ID: "a", Call: 11, Return: 12, Found: true, Worker: "w1", Created: 5},
+		// A move by recovery: a higher epoch, another worker.
+		{Client: 0, Kind: GetLin, ID: "a", Call: 13, Return: 14, Found: true, Worker: "w2", Epoch: 1, Created: 5},
+		{Client: 0, Kind: Complete, ID: "a", Call: 15, Return: 16, Found: true},
+		{Client: 1, Kind: GetLin, ID: "a", Call: 17, Return: 18, Found: false},
+		// An indeterminate dispatch may or may not have happened.
+		{Client: 2, Kind: Dispatch, ID: "b", Call: 0, Return: Unknown, Indeterminate: true},
+		{Client: 1, Kind: GetLin, ID: "b", Call: 20, Return: 21, Found: false},
+		{Client: 1, Kind: GetLin, ID: "b", Call: 22, Return: 23, Found: true, Worker: "w3", Created: 9},
+	}
+	if v := CheckLinearizable(ops, "", time.Minute); !v.OK {
+		t.Fatalf("valid history rejected: %v", v.Violations)
+	}
+}
+
+func TestLinearizableCatchesAStaleRead(t *testing.T) {
+	dir := t.TempDir()
+	html := filepath.Join(dir, "lin.html")
+	for name, ops := range map[string][]Op{
+		"read misses an acknowledged dispatch": {
+			{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 10, Found: true, Worker: "w1", Created: 5},
+			{Client: 1, Kind: GetLin, ID: "a", Call: 11, Return: 12, Found: false},
+		},
+		"read sees an older epoch": {
+			{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 1, Found: true, Worker: "w1", Created: 5},
+			{Client: 0, Kind: GetLin, ID: "a", Call: 2, Return: 3, Found: true, Worker: "w2", Epoch: 1, Created: 5},
+			{Client: 1, Kind: GetLin, ID: "a", Call: 4, Return: 5, Found: true, Worker: "w1", Epoch: 0, Created: 5},
+		},
+		"completed placement comes back": {
+			{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 1, Found: true, Worker: "w1", Created: 5},
+			{Client: 0, Kind: Complete, ID: "a", Call: 2, Return: 3, Found: true},
+			{Client: 1, Kind: GetLin, ID: "a", Call: 4, Return: 5, Found: true, Worker: "w1", Created: 5},
+		},
+		"a different placement under the same id": {
+			{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 1, Found: true, Worker: "w1", Created: 5},
+			{Client: 1, Kind: GetLin, ID: "a", Call: 2, Return: 3, Found: true, Worker: "w1", Created: 7},
+		},
+	} {
+		v := CheckLinearizable(ops, html, time.Minute)
+		if v.OK {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+	if _, err := os.Stat(html); err != nil {
+		t.Fatalf("no visualization written: %v", err)
+	}
+}
+
+func TestDurableCatchesALostWrite(t *testing.T) {
+	ops := []Op{
+		{Kind: Dispatch, ID: "a", Found: true, Worker: "w1", Created: 5, Index: 5},
+		{Kind: Dispatch, ID: "b", Found: true, Worker: "w2", Created: 6, Index: 6},
+		{Kind: Complete, ID: "b", Found: true},
+		{Kind: Dispatch, ID: "c", Indeterminate: true, Return: Unknown},
+	}
+	ok := map[string]Op{"a": {ID: "a", Found: true, Worker: "w1", Created: 5}, "b": {ID: "b"}}
+	if v := CheckDurable(ops, ok); !v.OK {
+		t.Fatalf("durable history rejected: %v", v.Violations)
+	}
+	lost := map[string]Op{"a": {ID: "a"}, "b": {ID: "b"}}
+	if v := CheckDurable(ops, lost); v.OK || !strings.Contains(v.Violations[0], "lost") {
+		t.Fatalf("lost write not caught: %+v", v)
+	}
+	back := map[string]Op{"a": ok["a"], "b": {ID: "b", Found: true, Worker: "w2"}}
+	if v := CheckDurable(ops, back); v.OK {
+		t.Fatal("completed placement back from the dead not caught")
+	}
+}
+
+func TestStaleReadsMustBeCommittedStates(t *testing.T) {
+	ops := []Op{
+		{Kind: Dispatch, ID: "a", Found: true, Created: 5},
+		{Kind: GetStale, ID: "a", Found: false}, // before the dispatch applied here: fine
+		{Kind: GetStale, ID: "a", Found: true, Created: 5},
+	}
+	if v := CheckStaleReads(ops); !v.OK {
+		t.Fatalf("valid stale reads rejected: %v", v.Violations)
+	}
+	bad := append(ops, Op{Kind: GetStale, ID: "zz", Found: true, Worker: "w1"}, Op{Kind: GetStale, ID: "a", Found: true, Created: 9})
+	if v := CheckStaleReads(bad); v.OK || len(v.Violations) != 2 {
+		t.Fatalf("phantom and foreign stale reads: %+v", v)
+	}
+}
+
+func TestServingCatchesACorruptedOutput(t *testing.T) {
+	ref := func(prompt string, max int) string { return strings.Repeat("x", max) }
+	good := []Stream{
+		{Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx"},
+		{Prompt: "p", Max: 3, Accepted: true, ErrEvent: "no worker"},
+		{Prompt: "p", Max: 3, Err: "HTTP 429"},
+	}
+	if v := CheckServing(good, ref); !v.OK {
+		t.Fatalf("good streams rejected: %v", v.Violations)
+	}
+	for name, s := range map[string]Stream{
+		"a repeated token": {Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxxx"},
+		"a gap":            {Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xx"},
+		"a changed token":  {Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xyx"},
+		"a silent cut":     {Prompt: "p", Max: 3, Accepted: true, Text: "x", Err: "stream cut"},
+	} {
+		if v := CheckServing([]Stream{s}, ref); v.OK {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}
+
+func TestInvariantCheckers(t *testing.T) {
+	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 10, Budget: 10}}); !v.OK {
+		t.Fatal("a full budget is not over it")
+	}
+	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 11, Budget: 10}}); v.OK {
+		t.Fatal("over budget not caught")
+	}
+	fails := []Failure{{Worker: "w1", Inc: 1, Index: 100}}
+	ops := []Op{
+		{Kind: Dispatch, ID: "a", Worker: "w1", Inc: 1, Index: 99},
+		{Kind: Dispatch, ID: "b", Worker: "w1", Inc: 2, Index: 150}, // the new incarnation
+	}
+	if v := CheckNoDispatchToFailed(ops, fails); !v.OK {
+		t.Fatalf("valid dispatches rejected: %v", v.Violations)
+	}
+	ops = append(ops, Op{Kind: Dispatch, ID: "c", Worker: "w1", Inc: 1, Index: 101})
+	if v := CheckNoDispatchToFailed(ops, fails); v.OK {
+		t.Fatal("dispatch to a failed incarnation not caught")
+	}
+	if v := CheckConverged([]ReplicaState{{"c1", 9, 1}, {"c2", 9, 1}}); !v.OK {
+		t.Fatal("equal replicas rejected")
+	}
+	if v := CheckConverged([]ReplicaState{{"c1", 9, 1}, {"c2", 9, 2}}); v.OK {
+		t.Fatal("diverged replicas not caught")
+	}
+}

@@ -1,0 +1,88 @@
+package jepsen
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"sync"
+	"time"
+)
+
+// Kind is a placement operation.
+type Kind string
+
+// The placement workload's operations.
+const (
+	Dispatch  Kind = "dispatch"
+	Complete  Kind = "complete"
+	GetLin    Kind = "get"         // linearizable GetPlacement
+	GetStale  Kind = "get-stale"   // stale GetPlacement
+	Unknown        = math.MaxInt64 // the Return of an operation whose outcome is unknown
+	notReturn      = -1
+)
+
+// Op is one operation of a history. Call and Return are nanoseconds since
+// the start of the run on one monotonic clock; an operation whose outcome is
+// unknown (timeout, connection lost) has Return = Unknown and Indeterminate
+// set, as in etcd's robustness tests: it may have happened at any time after
+// its call, or never.
+type Op struct {
+	Client        int    `json:"client"`
+	Kind          Kind   `json:"kind"`
+	ID            string `json:"id"`
+	Call          int64  `json:"call"`
+	Return        int64  `json:"return"`
+	Indeterminate bool   `json:"indeterminate,omitempty"`
+	Err           string `json:"err,omitempty"`
+	// Results. Found: the placement exists (get), or the request was
+	// completed by this call (complete).
+	Found   bool   `json:"found,omitempty"`
+	Worker  string `json:"worker,omitempty"`
+	Inc     uint64 `json:"incarnation,omitempty"`
+	Epoch   uint64 `json:"epoch,omitempty"`
+	Created uint64 `json:"created_index,omitempty"`
+	Index   uint64 `json:"index,omitempty"` // the log index the reply names
+}
+
+// History collects operations from concurrent clients.
+type History struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []Op
+}
+
+// NewHistory starts the clock.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the history's clock.
+func (h *History) Now() int64 { return int64(time.Since(h.start)) }
+
+// Add records a finished operation.
+func (h *History) Add(op Op) {
+	h.mu.Lock()
+	h.ops = append(h.ops, op)
+	h.mu.Unlock()
+}
+
+// Ops returns a copy of the operations so far.
+func (h *History) Ops() []Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Op(nil), h.ops...)
+}
+
+// WriteJSONL writes one operation a line.
+func WriteJSONL(path string, ops []Op) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(f)
+	for _, op := range ops {
+		if err := enc.Encode(op); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}

@@ -1,0 +1,296 @@
+package jepsen
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"syscall"
+	"time"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// nemesis is one kind of fault: start injects it and returns what it did;
+// the fault lasts until heal (every nemesis heals through env.heal).
+type nemesis struct {
+	net   bool // needs network namespaces
+	doc   string
+	start func(ctx context.Context, e *env) (string, error)
+}
+
+// Nemeses are the faults by name.
+var Nemeses = map[string]nemesis{
+	"kill-controller": {doc: "kill -9 a random controller; it restarts from its data directory (fsync'd state only) at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			i := e.rng.Intn(len(e.cl.Controllers))
+			e.cl.Kill(i)
+			return "kill -9 " + e.cl.Controllers[i].ID, nil
+		}},
+	"kill-leader": {doc: "kill -9 the leader; it restarts at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			i, err := e.leader(ctx)
+			if err != nil {
+				return "", err
+			}
+			e.cl.Kill(i)
+			return "kill -9 leader " + e.cl.Controllers[i].ID, nil
+		}},
+	"kill-all-controllers": {doc: "kill -9 every controller at once: the whole quorum restarts from disk at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			for i := range e.cl.Controllers {
+				e.cl.Kill(i)
+			}
+			return "kill -9 every controller", nil
+		}},
+	"kill-worker": {doc: "kill -9 a random worker; it restarts (new incarnation) at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			w := e.cl.Workers[e.rng.Intn(len(e.cl.Workers))]
+			e.cl.KillWorker(w)
+			return "kill -9 " + w.ID, nil
+		}},
+	"kill-holder": {doc: "kill -9 the checkpoint holder of a request in flight (or a random worker when none has one)",
+		start: func(ctx context.Context, e *env) (string, error) {
+			victim := e.holderInFlight(ctx)
+			for _, w := range e.cl.Workers {
+				if w.ID == victim {
+					e.cl.KillWorker(w)
+					return "kill -9 holder " + w.ID, nil
+				}
+			}
+			w := e.cl.Workers[e.rng.Intn(len(e.cl.Workers))]
+			e.cl.KillWorker(w)
+			return "kill -9 " + w.ID + " (no holder found)", nil
+		}},
+	"pause-leader": {doc: "SIGSTOP the leader; SIGCONT at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			i, err := e.leader(ctx)
+			if err != nil {
+				return "", err
+			}
+			return "SIGSTOP leader " + e.cl.Controllers[i].ID, e.cl.Signal(i, syscall.SIGSTOP)
+		}},
+	"pause-worker": {doc: "SIGSTOP a random worker; SIGCONT at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			w := e.cl.Workers[e.rng.Intn(len(e.cl.Workers))]
+			return "SIGSTOP " + w.ID, e.cl.SignalWorker(w, syscall.SIGSTOP)
+		}},
+	"partition-leader": {net: true, doc: "isolate the leader from every other node, workers and clients included",
+		start: func(ctx context.Context, e *env) (string, error) {
+			i, err := e.leader(ctx)
+			if err != nil {
+				return "", err
+			}
+			for j := range e.cl.Controllers {
+				if j != i {
+					if err := e.cutBoth(i, j); err != nil {
+						return "", err
+					}
+				}
+			}
+			return "isolate leader " + e.cl.Controllers[i].ID, e.cutBoth(i, -1)
+		}},
+	"partition-halves": {net: true, doc: "split the controllers into a random majority and minority",
+		start: func(ctx context.Context, e *env) (string, error) {
+			perm := e.rng.Perm(len(e.cl.Controllers))
+			minority := perm[:len(perm)/2]
+			in := map[int]bool{}
+			for _, i := range minority {
+				in[i] = true
+			}
+			for _, a := range minority {
+				for b := range e.cl.Controllers {
+					if !in[b] {
+						if err := e.cutBoth(a, b); err != nil {
+							return "", err
+						}
+					}
+				}
+			}
+			return fmt.Sprintf("minority %s cut from the rest", e.names(minority)), nil
+		}},
+	"partition-bridge": {net: true, doc: "two halves that cannot talk, joined through one bridge node that talks to both",
+		start: func(ctx context.Context, e *env) (string, error) {
+			perm := e.rng.Perm(len(e.cl.Controllers))
+			bridge, rest := perm[0], perm[1:]
+			left, right := rest[:len(rest)/2], rest[len(rest)/2:]
+			for _, a := range left {
+				for _, b := range right {
+					if err := e.cutBoth(a, b); err != nil {
+						return "", err
+					}
+				}
+			}
+			return fmt.Sprintf("%s | %s | %s (bridge %s)", e.names(left), e.cl.Controllers[bridge].ID, e.names(right), e.cl.Controllers[bridge].ID), nil
+		}},
+	"partition-one-way": {net: true, doc: "one-way loss: one controller's packets to another are dropped, the reverse direction works",
+		start: func(ctx context.Context, e *env) (string, error) {
+			perm := e.rng.Perm(len(e.cl.Controllers))
+			a, b := perm[0], perm[1]
+			if i, err := e.leader(ctx); err == nil && e.rng.Intn(2) == 0 {
+				a, b = i, perm[0]
+				if b == a {
+					b = perm[1]
+				}
+			}
+			return fmt.Sprintf("drop %s -> %s", e.cl.Controllers[a].ID, e.cl.Controllers[b].ID), e.net.Cut(a, b)
+		}},
+	"membership": {doc: "remove a voter under load; it is added back at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			i := e.rng.Intn(len(e.cl.Controllers))
+			id := e.cl.Controllers[i].ID
+			err := e.client.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+				_, err := op.RemovePeer(ctx, &pb.RemovePeerRequest{Id: id})
+				return err
+			})
+			if err != nil {
+				return "", err
+			}
+			e.mu.Lock()
+			e.removed[i] = true
+			e.mu.Unlock()
+			return "remove voter " + id, nil
+		}},
+}
+
+// NemesisNames lists the nemeses, sorted.
+func NemesisNames() []string {
+	var out []string
+	for n := range Nemeses {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// NemesisDoc describes a nemesis.
+func NemesisDoc(name string) string { return Nemeses[name].doc }
+
+func (e *env) names(idx []int) string {
+	s := ""
+	for k, i := range idx {
+		if k > 0 {
+			s += ","
+		}
+		s += e.cl.Controllers[i].ID
+	}
+	return "{" + s + "}"
+}
+
+func (e *env) cutBoth(a, b int) error {
+	if err := e.net.Cut(a, b); err != nil {
+		return err
+	}
+	if b < 0 {
+		return nil
+	}
+	return e.net.Cut(b, a)
+}
+
+// holderInFlight finds the checkpoint holder of a request the gateway is
+// serving now: the placement of the newest dispatched ids.
+func (e *env) holderInFlight(ctx context.Context) string {
+	r, err := e.client.ListWorkers(ctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
+	if err != nil {
+		return ""
+	}
+	// The holder with the most reserved checkpoint bytes holds requests
+	// in flight now.
+	best, most := "", uint64(0)
+	for _, l := range r.Loads {
+		if l.ReservedCheckpointBytes > most {
+			best, most = l.WorkerId, l.ReservedCheckpointBytes
+		}
+	}
+	return best
+}
+
+// nemesis injects a fault from the configured set about every Interval,
+// holds it for 1–3 s, heals it, and stops when ctx ends.
+func (e *env) nemesis(ctx context.Context) {
+	if len(e.cfg.Nemeses) == 0 {
+		<-ctx.Done()
+		return
+	}
+	for {
+		wait := e.cfg.Interval/2 + time.Duration(e.rng.Int63n(int64(e.cfg.Interval)))
+		sleepCtx(ctx, wait)
+		if ctx.Err() != nil {
+			return
+		}
+		name := e.cfg.Nemeses[e.rng.Intn(len(e.cfg.Nemeses))]
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		what, err := Nemeses[name].start(fctx, e)
+		cancel()
+		if err != nil {
+			e.logf("nemesis %s: not injected: %v", name, err)
+		} else {
+			e.mu.Lock()
+			e.faults[name]++
+			e.mu.Unlock()
+			e.logf("nemesis %s: %s", name, what)
+		}
+		sleepCtx(ctx, time.Second+time.Duration(e.rng.Int63n(int64(2*time.Second))))
+		e.heal(context.Background())
+	}
+}
+
+// heal undoes every fault: SIGCONT to all, the network whole, dead
+// processes restarted from their data, removed voters added back.
+func (e *env) heal(ctx context.Context) {
+	e.signalAll(syscall.SIGCONT)
+	if e.net != nil {
+		if err := e.net.Heal(); err != nil {
+			e.logf("heal network: %v", err)
+		}
+	}
+	for i, ctl := range e.cl.Controllers {
+		if !ctl.Running() {
+			if err := e.cl.Restart(i); err != nil {
+				e.logf("restart %s: %v", ctl.ID, err)
+			}
+		}
+	}
+	for _, w := range e.cl.Workers {
+		if !w.Running() {
+			if err := e.cl.StartWorker(w); err != nil {
+				e.logf("restart %s: %v", w.ID, err)
+			}
+		}
+	}
+	e.mu.Lock()
+	removed := e.removed
+	e.removed = map[int]bool{}
+	e.mu.Unlock()
+	for i := range removed {
+		ctl := e.cl.Controllers[i]
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			err := e.client.Operator(actx, func(ctx context.Context, op pb.OperatorClient) error {
+				_, err := op.AddVoter(ctx, &pb.AddVoterRequest{Id: ctl.ID, RaftAddr: ctl.RaftAddr})
+				return err
+			})
+			cancel()
+			if err == nil {
+				e.logf("heal: %s added back as a voter", ctl.ID)
+				break
+			}
+			if time.Now().After(deadline) {
+				e.logf("heal: add voter %s: %v", ctl.ID, err)
+				break
+			}
+			sleepCtx(ctx, 200*time.Millisecond)
+		}
+	}
+}
+
+// healAll heals and waits until the quorum has a leader every replica
+// agrees on.
+func (e *env) healAll(ctx context.Context) {
+	e.heal(ctx)
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if _, err := e.cl.WaitLeader(wctx); err != nil {
+		e.logf("after heal: %v", err)
+	}
+}

@@ -1,0 +1,632 @@
+package jepsen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/devcluster"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// Config is one run: a cluster, workloads, and the nemeses to unleash.
+type Config struct {
+	Name        string
+	Bin         string // the lumen binary
+	Dir         string // this run's results: logs, data, histories
+	ModelDir    string // a generated model (made when absent)
+	Seed        int64
+	Controllers int // 3 or 5
+	Workers     int
+	Duration    time.Duration // of the workload under faults
+	Nemeses     []string      // names from Nemeses; combined, one fault at a time
+	Interval    time.Duration // mean time between faults
+	// Clients of each workload.
+	PlacementClients, ServingClients int
+	Log                              io.Writer
+}
+
+// Report is what a run found.
+type Report struct {
+	Name          string
+	Seed          int64
+	Ops           int // placement operations
+	Indeterminate int
+	Streams       int
+	Faults        map[string]int
+	Verdicts      []Verdict
+	Elapsed       time.Duration
+}
+
+// OK is true when every checker passed.
+func (r *Report) OK() bool {
+	for _, v := range r.Verdicts {
+		if !v.OK {
+			return false
+		}
+	}
+	return len(r.Verdicts) > 0
+}
+
+// env is a running cluster and its faults.
+type env struct {
+	cfg    Config
+	cl     *devcluster.Cluster
+	net    *Net
+	client *ctlclient.Client
+	rng    *rand.Rand
+	logf   func(format string, args ...any)
+	hist   *History
+
+	mu      sync.Mutex
+	removed map[int]bool // controllers removed from the Raft configuration
+	faults  map[string]int
+}
+
+// Run starts the cluster, runs the workloads under the nemeses, heals,
+// checks, and tears everything down, even when it fails.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	start := time.Now()
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}}
+	e.logf = func(format string, args ...any) {
+		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	e.logf("%s: seed %d, %d controllers, %d workers, nemeses %s, %s", cfg.Name, cfg.Seed, cfg.Controllers, cfg.Workers, strings.Join(cfg.Nemeses, "+"), cfg.Duration)
+	for _, n := range cfg.Nemeses {
+		if _, ok := Nemeses[n]; !ok {
+			return nil, fmt.Errorf("unknown nemesis %q: use %s", n, strings.Join(NemesisNames(), ", "))
+		}
+	}
+
+	opts := devcluster.Options{Bin: cfg.Bin, Dir: cfg.Dir, Controllers: cfg.Controllers, Args: []string{"-log-level", "info"}}
+	if needsNet(cfg.Nemeses) {
+		octet := 100 + int(cfg.Seed%100+100)%100
+		nt, err := NewNet(fmt.Sprintf("lj%d", octet), octet, cfg.Controllers)
+		if err != nil {
+			return nil, fmt.Errorf("partitions: %w", err)
+		}
+		defer nt.Teardown()
+		e.net = nt
+		opts.Hosts, opts.Wrap, opts.WorkerHost = nt.Hosts, nt.Wrap, nt.Bridge
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	cl, err := devcluster.Start(cctx, opts)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	e.cl = cl
+	defer cl.Stop()
+	if cfg.ModelDir == "" {
+		cfg.ModelDir = filepath.Join(cfg.Dir, "model")
+	}
+	if _, _, err := engine.InitModel(cfg.ModelDir, engine.DefaultSeed); err != nil {
+		return nil, err
+	}
+	for i := 1; i <= cfg.Workers; i++ {
+		// Transformer workers paced like Qwen3-14B/H100 at half speed, so
+		// streams are still running when faults land.
+		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), "-model-dir", cfg.ModelDir, "-kv-pages", "1024",
+			"-profile", "qwen3-14b-h100", "-time-scale", "2", "-emulate-load=false", "-checkpoint-budget", "64MiB"); err != nil {
+			return nil, err
+		}
+	}
+	gw, err := cl.StartGateway("")
+	if err != nil {
+		return nil, err
+	}
+	if err := gw.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	if e.client, err = ctlclient.New(cl.GRPCAddrs(), nil); err != nil {
+		return nil, err
+	}
+	defer e.client.Close()
+	e.logf("cluster up: %s; gateway %s", strings.Join(cl.GRPCAddrs(), " "), gw.Addr)
+
+	// Observers: the event log (failures) and the load table (budgets).
+	obsCtx, stopObs := context.WithCancel(ctx)
+	var obs sync.WaitGroup
+	var failures []Failure
+	var budgets []BudgetSample
+	obs.Go(func() { failures = e.watchFailures(obsCtx) })
+	obs.Go(func() { budgets = e.sampleBudgets(obsCtx) })
+
+	// Workloads.
+	runCtx, stopRun := context.WithTimeout(ctx, cfg.Duration)
+	defer stopRun()
+	var work sync.WaitGroup
+	for c := 0; c < cfg.PlacementClients; c++ {
+		work.Go(func() { e.placementClient(runCtx, c) })
+	}
+	var streams []Stream
+	var smu sync.Mutex
+	var serving sync.WaitGroup
+	for c := 0; c < cfg.ServingClients; c++ {
+		serving.Go(func() {
+			out := e.servingClient(runCtx, ctx, c, gw.Addr)
+			smu.Lock()
+			streams = append(streams, out...)
+			smu.Unlock()
+		})
+	}
+	// The nemesis, until the run ends; then everything heals.
+	e.nemesis(runCtx)
+	work.Wait()
+	e.logf("faults over; healing")
+	e.healAll(ctx)
+	serving.Wait()
+	e.logf("workloads done: %d placement operations, %d streams", len(e.hist.Ops()), len(streams))
+
+	ops := e.hist.Ops()
+	final := e.finalReads(ctx, ops)
+	stopObs()
+	obs.Wait()
+	states := e.converge(ctx)
+
+	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Elapsed: time.Since(start)}
+	for _, op := range ops {
+		if op.Indeterminate {
+			rep.Indeterminate++
+		}
+	}
+	ref := newReference(filepath.Join(cfg.ModelDir, engine.TargetFile))
+	rep.Verdicts = []Verdict{
+		CheckLinearizable(ops, filepath.Join(cfg.Dir, "linearizability.html"), 2*time.Minute),
+		CheckStaleReads(ops),
+		CheckDurable(ops, final),
+		CheckServing(streams, ref.text),
+		CheckBudgets(budgets),
+		CheckNoDispatchToFailed(ops, failures),
+		CheckConverged(states),
+	}
+	if err := WriteJSONL(filepath.Join(cfg.Dir, "history.jsonl"), ops); err != nil {
+		return rep, err
+	}
+	if b, err := json.MarshalIndent(streams, "", " "); err == nil {
+		_ = os.WriteFile(filepath.Join(cfg.Dir, "streams.json"), b, 0o644)
+	}
+	for _, v := range rep.Verdicts {
+		e.logf("checker %-22s %-8s %s", v.Checker, v.String(), v.Note)
+		for _, x := range v.Violations {
+			e.logf("    %s", x)
+		}
+	}
+	return rep, nil
+}
+
+func needsNet(nemeses []string) bool {
+	for _, n := range nemeses {
+		if Nemeses[n].net {
+			return true
+		}
+	}
+	return false
+}
+
+// placementClient dispatches unique request ids, reads them back
+// (linearizably and stale), completes most, and reads ids of other clients.
+func (e *env) placementClient(ctx context.Context, c int) {
+	rng := rand.New(rand.NewSource(e.cfg.Seed*1000 + int64(c)))
+	var mine []string
+	for n := 0; ctx.Err() == nil; n++ {
+		id := fmt.Sprintf("j%d-%d", c, n)
+		mine = append(mine, id)
+		if d := e.op(ctx, c, Dispatch, id); d.Err != "" {
+			continue
+		}
+		e.op(ctx, c, GetLin, id)
+		if rng.Intn(3) == 0 {
+			e.op(ctx, c, GetStale, id)
+		}
+		// Someone else's request, to interleave clients on one id.
+		if other := e.recentID(rng); other != "" {
+			e.op(ctx, c, GetLin, other)
+		}
+		if rng.Intn(10) < 7 {
+			e.op(ctx, c, Complete, id)
+			e.op(ctx, c, GetLin, id)
+		}
+	}
+}
+
+func (e *env) recentID(rng *rand.Rand) string {
+	ops := e.hist.Ops()
+	if len(ops) == 0 {
+		return ""
+	}
+	return ops[len(ops)-1-rng.Intn(min(len(ops), 50))].ID
+}
+
+// op performs one placement operation and records it.
+func (e *env) op(ctx context.Context, c int, kind Kind, id string) Op {
+	op := Op{Client: c, Kind: kind, ID: id, Call: e.hist.Now()}
+	octx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var err error
+	switch kind {
+	case Dispatch:
+		var r *pb.DispatchResponse
+		if r, err = e.client.Dispatch(octx, &pb.DispatchRequest{RequestId: id, PromptTokens: 16, MaxTokens: 16}); err == nil {
+			op.Found, op.Index = true, r.Index
+			fill(&op, r.Placement)
+		}
+	case Complete:
+		var r *pb.CompleteResponse
+		if r, err = e.client.Complete(octx, &pb.CompleteRequest{RequestIds: []string{id}}); err == nil {
+			// Found: this id is complete now, by this call or by an
+			// earlier attempt of it whose reply was lost.
+			op.Found, op.Index = len(r.NotFound) == 0, r.Index
+		}
+	case GetLin, GetStale:
+		cons := pb.Consistency_CONSISTENCY_LINEARIZABLE
+		if kind == GetStale {
+			cons = pb.Consistency_CONSISTENCY_STALE
+		}
+		var r *pb.GetPlacementResponse
+		r, err = e.client.GetPlacement(octx, &pb.GetPlacementRequest{RequestId: id, Consistency: cons})
+		if status.Code(err) == codes.NotFound {
+			err = nil
+		} else if err == nil {
+			op.Found, op.Index = true, r.AppliedIndex
+			fill(&op, r.Placement)
+		}
+	}
+	op.Return = e.hist.Now()
+	if err != nil {
+		op.Err = err.Error()
+		if kind == Dispatch || kind == Complete {
+			// A definite refusal changed nothing; anything else may have.
+			switch status.Code(err) {
+			case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition:
+			default:
+				op.Indeterminate, op.Return = true, Unknown
+			}
+		}
+	}
+	e.hist.Add(op)
+	return op
+}
+
+func fill(op *Op, p *pb.Placement) {
+	if p == nil {
+		return
+	}
+	op.Worker, op.Inc, op.Epoch, op.Created = p.WorkerId, p.WorkerIncarnation, p.Epoch, p.CreatedIndex
+}
+
+// servingClient streams completions through the gateway until runCtx ends;
+// a stream in flight then is let finish (under ctx).
+func (e *env) servingClient(runCtx, ctx context.Context, c int, addr string) []Stream {
+	var out []Stream
+	httpc := &http.Client{}
+	for n := 0; runCtx.Err() == nil; n++ {
+		s := Stream{Client: c, N: n, Prompt: fmt.Sprintf("jepsen client %d request %d: keep serving.", c, n), Max: 24, Call: e.hist.Now()}
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		streamCompletion(sctx, httpc, addr, &s)
+		cancel()
+		s.Return = e.hist.Now()
+		out = append(out, s)
+	}
+	return out
+}
+
+func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream) {
+	body, _ := json.Marshal(map[string]any{"model": "lumen-tiny", "prompt": s.Prompt, "max_tokens": s.Max, "temperature": 0, "stream": true})
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpc.Do(req)
+	if err != nil {
+		s.Err = err.Error()
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		s.Err = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		return
+	}
+	s.Accepted = true
+	var text strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data: ")) {
+			continue
+		}
+		data := line[6:]
+		if bytes.Equal(data, []byte("[DONE]")) {
+			s.Done, s.Text = true, text.String()
+			return
+		}
+		var ch struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(data, &ch); err != nil {
+			s.Err = fmt.Sprintf("bad chunk %q", data)
+			return
+		}
+		if ch.Error != nil {
+			s.ErrEvent = ch.Error.Message
+			return
+		}
+		if len(ch.Choices) > 0 {
+			text.WriteString(ch.Choices[0].Text)
+		}
+	}
+	s.Text = text.String()
+	s.Err = fmt.Sprintf("stream cut: %v", sc.Err())
+}
+
+// watchFailures follows the event log from the start, from whichever
+// replica answers, and returns every committed MarkFailed.
+func (e *env) watchFailures(ctx context.Context) []Failure {
+	var out []Failure
+	var from uint64
+	for ctx.Err() == nil {
+		st, err := e.client.WatchEvents(ctx, from)
+		if err != nil {
+			sleepCtx(ctx, 200*time.Millisecond)
+			continue
+		}
+		for {
+			ev, err := st.Recv()
+			if err != nil {
+				break
+			}
+			from = ev.Index
+			if pc := ev.GetPhaseChanged(); pc != nil && pc.To == pb.WorkerPhase_WORKER_PHASE_FAILED {
+				out = append(out, Failure{Worker: pc.WorkerId, Inc: pc.Incarnation, Index: ev.Index})
+			}
+		}
+	}
+	return out
+}
+
+// sampleBudgets reads the load table twice a second.
+func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
+	var out []BudgetSample
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		r, err := e.client.ListWorkers(qctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
+		cancel()
+		if err != nil {
+			continue
+		}
+		budget := map[string]uint64{}
+		for _, w := range r.Workers {
+			budget[w.Id] = w.GetCapacity().GetCheckpointBudgetBytes()
+		}
+		for _, l := range r.Loads {
+			out = append(out, BudgetSample{At: e.hist.Now(), Worker: l.WorkerId, Reserved: l.ReservedCheckpointBytes, Budget: budget[l.WorkerId]})
+		}
+	}
+}
+
+// finalReads reads every dispatched id linearizably once the faults are
+// healed, retrying until the cluster answers.
+func (e *env) finalReads(ctx context.Context, ops []Op) map[string]Op {
+	out := map[string]Op{}
+	seen := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind != Dispatch || seen[op.ID] {
+			continue
+		}
+		seen[op.ID] = true
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			r, err := e.client.GetPlacement(rctx, &pb.GetPlacementRequest{RequestId: op.ID})
+			cancel()
+			if status.Code(err) == codes.NotFound {
+				out[op.ID] = Op{ID: op.ID}
+				break
+			}
+			if err == nil {
+				f := Op{ID: op.ID, Found: true}
+				fill(&f, r.Placement)
+				out[op.ID] = f
+				break
+			}
+			sleepCtx(ctx, 100*time.Millisecond)
+		}
+	}
+	return out
+}
+
+// converge stops the workers and the gateway (their load reports move the
+// log) and waits until every replica has applied the same index, then
+// returns each replica's state hash.
+func (e *env) converge(ctx context.Context) []ReplicaState {
+	e.cl.StopWorkers()
+	deadline := time.Now().Add(45 * time.Second)
+	var last []ReplicaState
+	for time.Now().Before(deadline) {
+		last = last[:0]
+		for i, ctl := range e.cl.Controllers {
+			cl, err := ctlclient.New([]string{ctl.GRPCAddr}, nil)
+			if err != nil {
+				continue
+			}
+			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			var st *pb.ClusterStatusResponse
+			err = cl.Operator(sctx, func(ctx context.Context, op pb.OperatorClient) (err error) {
+				st, err = op.ClusterStatus(ctx, &pb.ClusterStatusRequest{WithStateHash: true})
+				return err
+			})
+			cancel()
+			cl.Close()
+			if err == nil {
+				last = append(last, ReplicaState{Node: e.cl.Controllers[i].ID, Index: st.StateIndex, Hash: st.StateHash})
+			}
+		}
+		if len(last) == len(e.cl.Controllers) && CheckConverged(last).OK {
+			return last
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
+	}
+	return last
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// reference decodes prompts alone with the transformer: the failure-free
+// output every stream must equal.
+type reference struct {
+	mu    sync.Mutex
+	path  string
+	eng   *engine.Transformer
+	cache map[string]string
+}
+
+func newReference(path string) *reference { return &reference{path: path, cache: map[string]string{}} }
+
+func (r *reference) text(prompt string, max int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := fmt.Sprintf("%d\x00%s", max, prompt)
+	if t, ok := r.cache[key]; ok {
+		return t
+	}
+	if r.eng == nil {
+		var err error
+		if r.eng, err = engine.NewTransformer(engine.TransformerConfig{Path: r.path, Pages: 64}); err != nil {
+			return "reference engine: " + err.Error()
+		}
+	}
+	var tk engine.Tokenizer
+	t := engine.GreedyText(r.eng, tk.Encode(prompt), max)
+	r.cache[key] = t
+	return t
+}
+
+// errNoLeader: no controller says it leads.
+var errNoLeader = errors.New("no leader")
+
+// leader returns the index of the controller that says it leads (the
+// highest term wins), among the running ones.
+func (e *env) leader(ctx context.Context) (int, error) {
+	best, term := -1, uint64(0)
+	for i, ctl := range e.cl.Controllers {
+		if !ctl.Running() {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		st, err := e.cl.Status(sctx, i)
+		cancel()
+		if err == nil && st.State == "Leader" && st.Term >= term {
+			best, term = i, st.Term
+		}
+	}
+	if best < 0 {
+		return -1, errNoLeader
+	}
+	return best, nil
+}
+
+// signalAll sends sig to every process of the cluster (SIGCONT at heal).
+func (e *env) signalAll(sig syscall.Signal) {
+	for i := range e.cl.Controllers {
+		_ = e.cl.Signal(i, sig)
+	}
+	for _, w := range e.cl.Workers {
+		if w.Running() {
+			_ = e.cl.SignalWorker(w, sig)
+		}
+	}
+}
+
+// Summary is the table `make jepsen` prints.
+func Summary(reports []*Report) string {
+	var b strings.Builder
+	checkers := []string{}
+	if len(reports) > 0 {
+		for _, v := range reports[0].Verdicts {
+			checkers = append(checkers, v.Checker)
+		}
+	}
+	fmt.Fprintf(&b, "%-28s %6s %7s %6s %8s %6s", "nemesis", "seed", "ops", "indet", "streams", "faults")
+	for _, c := range checkers {
+		fmt.Fprintf(&b, " %-8s", abbreviate(c))
+	}
+	b.WriteString("\n")
+	for _, r := range reports {
+		faults := 0
+		for _, n := range r.Faults {
+			faults += n
+		}
+		fmt.Fprintf(&b, "%-28s %6d %7d %6d %8d %6d", r.Name, r.Seed, r.Ops, r.Indeterminate, r.Streams, faults)
+		for _, v := range r.Verdicts {
+			fmt.Fprintf(&b, " %-8s", v.String())
+		}
+		b.WriteString("\n")
+	}
+	var keys []string
+	for _, c := range checkers {
+		keys = append(keys, abbreviate(c)+" = "+c)
+	}
+	sort.Strings(keys)
+	fmt.Fprintf(&b, "(%s)\n", strings.Join(keys, ", "))
+	return b.String()
+}
+
+func abbreviate(s string) string {
+	if len(s) <= 8 {
+		return s
+	}
+	parts := strings.Split(s, "-")
+	if len(parts) > 1 {
+		a := ""
+		for _, p := range parts {
+			a += p[:1]
+		}
+		return a
+	}
+	return s[:8]
+}
+
+// NeedsNet says whether any of the nemeses partitions the network.
+func NeedsNet(nemeses []string) bool { return needsNet(nemeses) }
