@@ -79,6 +79,8 @@ type env struct {
 	mu      sync.Mutex
 	removed map[int]bool // controllers removed from the Raft configuration
 	faults  map[string]int
+	recent  [64]string // ids dispatched lately, for cross-client reads
+	nRecent int
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -232,10 +234,12 @@ func needsNet(nemeses []string) bool {
 // (linearizably and stale), completes most, and reads ids of other clients.
 func (e *env) placementClient(ctx context.Context, c int) {
 	rng := rand.New(rand.NewSource(e.cfg.Seed*1000 + int64(c)))
-	var mine []string
 	for n := 0; ctx.Err() == nil; n++ {
 		id := fmt.Sprintf("j%d-%d", c, n)
-		mine = append(mine, id)
+		e.mu.Lock()
+		e.recent[e.nRecent%len(e.recent)] = id
+		e.nRecent++
+		e.mu.Unlock()
 		if d := e.op(ctx, c, Dispatch, id); d.Err != "" {
 			continue
 		}
@@ -255,11 +259,12 @@ func (e *env) placementClient(ctx context.Context, c int) {
 }
 
 func (e *env) recentID(rng *rand.Rand) string {
-	ops := e.hist.Ops()
-	if len(ops) == 0 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.nRecent == 0 {
 		return ""
 	}
-	return ops[len(ops)-1-rng.Intn(min(len(ops), 50))].ID
+	return e.recent[rng.Intn(min(e.nRecent, len(e.recent)))]
 }
 
 // op performs one placement operation and records it.
@@ -588,7 +593,7 @@ func Summary(reports []*Report) string {
 			checkers = append(checkers, v.Checker)
 		}
 	}
-	fmt.Fprintf(&b, "%-28s %6s %7s %6s %8s %6s", "nemesis", "seed", "ops", "indet", "streams", "faults")
+	fmt.Fprintf(&b, "%-44s %6s %7s %6s %8s %6s", "nemesis", "seed", "ops", "indet", "streams", "faults")
 	for _, c := range checkers {
 		fmt.Fprintf(&b, " %-8s", abbreviate(c))
 	}
@@ -598,7 +603,7 @@ func Summary(reports []*Report) string {
 		for _, n := range r.Faults {
 			faults += n
 		}
-		fmt.Fprintf(&b, "%-28s %6d %7d %6d %8d %6d", r.Name, r.Seed, r.Ops, r.Indeterminate, r.Streams, faults)
+		fmt.Fprintf(&b, "%-44s %6d %7d %6d %8d %6d", r.Name, r.Seed, r.Ops, r.Indeterminate, r.Streams, faults)
 		for _, v := range r.Verdicts {
 			fmt.Fprintf(&b, " %-8s", v.String())
 		}
