@@ -33,7 +33,12 @@ func NetAvailable() error {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return fmt.Errorf("network namespaces need iproute2 (ip): %w", err)
 	}
-	return nil
+	// Root is not always enough (a container without CAP_SYS_ADMIN): try.
+	probe := fmt.Sprintf("ljprobe%d", os.Getpid())
+	if err := run("ip", "netns", "add", probe); err != nil {
+		return err
+	}
+	return run("ip", "netns", "del", probe)
 }
 
 func run(args ...string) error {

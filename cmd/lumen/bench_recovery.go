@@ -65,8 +65,8 @@ var recoveryRuns = []recoveryRun{
 
 // benchTiming is a run's timeline.
 type benchTiming struct {
-	warmup, failAt, duration time.Duration
-	loadScale                float64
+	warmup, failAt, duration, calibration time.Duration
+	loadScale                             float64
 }
 
 // runOutcome is everything one run measured.
@@ -102,6 +102,7 @@ type recoveryFigures struct {
 	PreFailureTTFTMs  float64 `json:"pre_failure_ttft_mean_ms"`
 	PacingOverrunPct  float64 `json:"pacing_overrun_pct"`
 	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
+	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
 }
 
 func runBenchRecovery(args []string) error {
@@ -109,9 +110,9 @@ func runBenchRecovery(args []string) error {
 	quick := fs.Bool("quick", false, "shorter runs and a faster emulated model reload, same keys")
 	jsonPath := fs.String("json", "", "write the figures as JSON")
 	seed := fs.Uint64("seed", 1, "workload seed (the same for every strategy)")
-	busy := fs.Float64("load", 0.7, "offered load as a fraction of the cluster's modelled capacity")
+	busy := fs.Float64("load", 0.7, "offered load as a fraction of the cluster's measured saturated throughput")
 	only := fs.String("setups", "w4,w8,w8_f4", "comma-separated setups to run")
-	scale := fs.Float64("time-scale", 1, "slow every emulated time by this factor (arrival rate divided by it)")
+	scale := fs.Float64("time-scale", 1, "slow every emulated time, arrivals included, by this factor")
 	keep := fs.String("dir", "", "keep logs and data here (default: a temporary directory, removed)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -122,9 +123,9 @@ func runBenchRecovery(args []string) error {
 	if *scale <= 0 {
 		return fmt.Errorf("-time-scale %g: must be > 0", *scale)
 	}
-	timing := benchTiming{warmup: 10 * time.Second, failAt: 40 * time.Second, duration: 100 * time.Second, loadScale: 1}
+	timing := benchTiming{warmup: 10 * time.Second, failAt: 30 * time.Second, duration: 120 * time.Second, calibration: time.Minute, loadScale: 1}
 	if *quick {
-		timing = benchTiming{warmup: 4 * time.Second, failAt: 12 * time.Second, duration: 36 * time.Second, loadScale: 0.25}
+		timing = benchTiming{warmup: 4 * time.Second, failAt: 12 * time.Second, duration: 36 * time.Second, calibration: 24 * time.Second, loadScale: 0.25}
 	}
 	var setups []recoverySetup
 	for _, name := range strings.Split(*only, ",") {
@@ -182,16 +183,23 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 		return nil, err
 	}
 	tr := workload.AzureConversation
-	perWorker, batch := capacity(prof, s.maxRunning, tr.Prompt.Mean(), tr.Output.Mean())
-	rate := busy * perWorker * float64(s.workers) / scale
+	modelled, batch := capacity(prof, s.maxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	fmt.Printf("== %s: %d workers, synthetic engine paced as %s (time scale %g), batch up to %d, %d of them killed at %s\n",
+		s.name, s.workers, s.profile, scale, batch, s.failures, tm.failAt)
+	// "Busy" is measured, not modelled: a calibration run offers twice
+	// the modelled capacity and counts what the cluster delivers.
+	saturated, err := calibrate(s, tm, scale, seed, 2*modelled*float64(s.workers), filepath.Join(dir, "calibration"))
+	if err != nil {
+		return nil, fmt.Errorf("calibration: %w", err)
+	}
+	rate := busy * saturated
 	reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: tm.duration, Trace: tr})
 	if err != nil {
 		return nil, err
 	}
-	fmt.Printf("== %s: %d workers, synthetic engine paced as %s (time scale %g), batch %d, %d of them killed at %s\n",
-		s.name, s.workers, s.profile, scale, batch, s.failures, tm.failAt)
-	fmt.Printf("   %d requests, Poisson %.2f/s over %s (%.0f%% of a modelled %.2f req/s a worker), %s lengths, seed %d\n",
-		len(reqs), rate, tm.duration, 100*busy, perWorker/scale, tr.Name, seed)
+	fmt.Printf("   saturated, the cluster completes %.2f requests/s (the model said %.2f); the workload offers %.0f%% of that:\n",
+		saturated, modelled*float64(s.workers), 100*busy)
+	fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.duration, tr.Name, seed)
 	fmt.Printf("   the failed workers restart at once and reload for %s, as the profile says\n",
 		time.Duration(float64(prof.LoadTime())*tm.loadScale*scale).Round(100*time.Millisecond))
 
@@ -211,21 +219,24 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 	figs := map[string]*recoveryFigures{}
 	for _, run := range recoveryRuns {
 		fmt.Printf("-- %s / %s\n", s.name, run.name)
-		o, err := benchRun(s, run, tm, scale, reqs, bodies, filepath.Join(dir, run.name))
+		o, err := benchRun(s, run, tm, scale, reqs, bodies, filepath.Join(dir, run.name), 0)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", run.name, err)
 		}
 		outcomes[run.name] = o
 	}
+	// A window holds at least 100 arrivals, so that one long prompt does
+	// not move its mean TTFT by 10% on its own.
 	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
-	if tm.duration < time.Minute {
-		rule.Window = 3 * time.Second
+	if w := time.Duration(100 / rate * float64(time.Second)); w > rule.Window {
+		rule.Window = w.Round(time.Second)
 	}
+	rule.Window = time.Duration(float64(rule.Window) * scale)
 	nominalFail := time.Duration(float64(tm.failAt) * scale)
 	end := time.Duration(float64(tm.duration) * scale)
 	for _, run := range recoveryRuns {
 		o := outcomes[run.name]
-		f := &recoveryFigures{ArrivalRatePerSec: rate}
+		f := &recoveryFigures{ArrivalRatePerSec: rate, SaturatedPerSec: saturated}
 		var ttft, tpot, pre, resume []time.Duration
 		for i, r := range o.recs {
 			if r.Err != nil {
@@ -309,9 +320,13 @@ func syntheticReferences(reqs []workload.Request) ([]string, error) {
 	return out, nil
 }
 
-func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, reqs []workload.Request, bodies [][]byte, dir string) (*runOutcome, error) {
+// benchRun runs one column: a fresh cluster, the arrivals, the failure.
+// With stopAt > 0 every request still open then is cancelled (calibration).
+func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, reqs []workload.Request, bodies [][]byte, dir string, stopAt time.Duration) (*runOutcome, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(float64(tm.duration)*scale)+5*time.Minute)
 	defer cancel()
+	reqCtx, stopRequests := context.WithCancel(ctx)
+	defer stopRequests()
 	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: dir, Controllers: 3, Args: []string{"-log-level", "warn"}})
 	if err != nil {
 		return nil, err
@@ -466,14 +481,19 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 		rec := &servingstats.Record{Arrival: since()}
 		o.recs[i] = rec
 		wg.Go(func() {
-			o.texts[i], rec.ID, rec.Err = streamOne(ctx, httpc, gw.Addr, bodies[i], rec, since)
+			o.texts[i], rec.ID, rec.Err = streamOne(reqCtx, httpc, gw.Addr, bodies[i], rec, since)
 			if rec.Err != nil {
 				failed.Add(1)
 			}
 			done.Add(1)
 		})
 	}
-	fmt.Printf("   t=%4.0fs  all %d sent; waiting for the last streams\n", since().Seconds(), len(reqs))
+	if stopAt > 0 {
+		sleepUntil(ctx, start.Add(stopAt))
+		stopRequests()
+	} else {
+		fmt.Printf("   t=%4.0fs  all %d sent; waiting for the last streams\n", since().Seconds(), len(reqs))
+	}
 	wg.Wait()
 	stopEvents()
 	failer.Wait()
@@ -492,6 +512,52 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 		return nil, errors.New("the failure was never injected")
 	}
 	return o, nil
+}
+
+func sleepUntil(ctx context.Context, t time.Time) {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+}
+
+// calibrate measures the cluster's saturated throughput in requests per
+// (emulated) second: arrivals at `offered`, well above capacity, and the
+// output tokens delivered per second over the second half of the run,
+// divided by the mean output length. Run at the same lengths, it is the
+// rate the "busy" fraction is of.
+func calibrate(s recoverySetup, tm benchTiming, scale float64, seed uint64, offered float64, dir string) (float64, error) {
+	d := tm.calibration
+	reqs, err := workload.Generate(workload.Config{Seed: seed + 1000, Rate: offered, Duration: d, Trace: workload.AzureConversation})
+	if err != nil {
+		return 0, err
+	}
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		bodies[i], _ = json.Marshal(map[string]any{"model": "lumen-tiny", "prompt": r.Prompt, "max_tokens": r.Output,
+			"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+	}
+	fmt.Printf("-- %s / calibration: %.1f requests/s offered for %s\n", s.name, offered, d)
+	wall := time.Duration(float64(d) * scale)
+	o, err := benchRun(s, recoveryRun{name: "calibration", strategy: policy.Lumen}, tm, scale, reqs, bodies, dir, wall)
+	if err != nil {
+		return 0, err
+	}
+	tokens := 0
+	for _, r := range o.recs {
+		for _, c := range r.Chunks {
+			if c >= wall/2 && c < wall {
+				tokens++
+			}
+		}
+	}
+	perWallSec := float64(tokens) / (wall / 2).Seconds()
+	if o.emulated > 0 {
+		fmt.Printf("   %.0f tokens/s delivered; engine steps ran %.1f%% over the profile's times\n", perWallSec, 100*(o.paced/o.emulated-1))
+	}
+	return perWallSec * scale / workload.AzureConversation.Output.Mean(), nil
 }
 
 // waitWorkersServing waits until n workers are registered in full service.
@@ -619,7 +685,7 @@ func printRecoveryTable(s recoverySetup, figs map[string]*recoveryFigures, rule 
 	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
 	fmt.Printf("checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
 		gain(a.TTFTMeanMs, b.TTFTMeanMs), gain(a.TPOTMeanMs, b.TPOTMeanMs))
-	fmt.Printf("recovery: failure -> the start of the first %s window after which every window's mean TTFT is within %.0f%%\n"+
-		"and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
-		rule.Window, 100*rule.Tolerance, 100*rule.Tolerance, rule.QueueSlack)
+	fmt.Printf("recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
+		"is within %.0f%% and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
+		rule.Window, rule.Step, 100*rule.Tolerance, 100*rule.Tolerance, rule.QueueSlack)
 }
