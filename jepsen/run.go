@@ -447,32 +447,54 @@ func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
 // finalReads reads every dispatched id linearizably once the faults are
 // healed, retrying until the cluster answers.
 func (e *env) finalReads(ctx context.Context, ops []Op) map[string]Op {
-	out := map[string]Op{}
+	var ids []string
 	seen := map[string]bool{}
 	for _, op := range ops {
-		if op.Kind != Dispatch || seen[op.ID] {
-			continue
-		}
-		seen[op.ID] = true
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			r, err := e.client.GetPlacement(rctx, &pb.GetPlacementRequest{RequestId: op.ID})
-			cancel()
-			if status.Code(err) == codes.NotFound {
-				out[op.ID] = Op{ID: op.ID}
-				break
-			}
-			if err == nil {
-				f := Op{ID: op.ID, Found: true}
-				fill(&f, r.Placement)
-				out[op.ID] = f
-				break
-			}
-			sleepCtx(ctx, 100*time.Millisecond)
+		if op.Kind == Dispatch && !seen[op.ID] {
+			seen[op.ID] = true
+			ids = append(ids, op.ID)
 		}
 	}
+	out := map[string]Op{}
+	var mu sync.Mutex
+	jobs := make(chan string)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for id := range jobs {
+				if f, ok := e.finalRead(ctx, id); ok {
+					mu.Lock()
+					out[id] = f
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, id := range ids {
+		jobs <- id
+	}
+	close(jobs)
+	wg.Wait()
 	return out
+}
+
+func (e *env) finalRead(ctx context.Context, id string) (Op, bool) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		r, err := e.client.GetPlacement(rctx, &pb.GetPlacementRequest{RequestId: id})
+		cancel()
+		if status.Code(err) == codes.NotFound {
+			return Op{ID: id}, true
+		}
+		if err == nil {
+			f := Op{ID: id, Found: true}
+			fill(&f, r.Placement)
+			return f, true
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+	return Op{}, false
 }
 
 // converge stops the workers and the gateway (their load reports move the
