@@ -327,6 +327,11 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 	defer cancel()
 	reqCtx, stopRequests := context.WithCancel(ctx)
 	defer stopRequests()
+	// Every run starts from empty data directories (a -dir kept from an
+	// earlier invocation would restart its old quorum).
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
 	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: dir, Controllers: 3, Args: []string{"-log-level", "warn"}})
 	if err != nil {
 		return nil, err
