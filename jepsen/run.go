@@ -106,7 +106,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	opts := devcluster.Options{Bin: cfg.Bin, Dir: cfg.Dir, Controllers: cfg.Controllers, Args: []string{"-log-level", "info"}}
 	if needsNet(cfg.Nemeses) {
-		octet := 100 + int(cfg.Seed%100+100)%100
+		// The subnet and names follow the process, so two harnesses on
+		// one machine (make test beside make jepsen) do not share them.
+		octet := 100 + os.Getpid()%150
 		nt, err := NewNet(fmt.Sprintf("lj%d", octet), octet, cfg.Controllers)
 		if err != nil {
 			return nil, fmt.Errorf("partitions: %w", err)

@@ -192,6 +192,20 @@ func TestPlanRecovery(t *testing.T) {
 			// 4 requests, 3 eligible workers: average rounds up to 2.
 			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
 			"r1->b:reuse r2->c:recompute* r3->b:reuse r4->d:recompute* "},
+		{"lumen recomputes elsewhere when the holder has no KV room", Lumen, func() []Worker {
+			ws := cluster()
+			ws[1].KVPagesUsed = 995 // b: 5 pages free, r1 needs 7
+			return ws
+		}(),
+			[]Interrupted{req("r1", "b", 100), req("r2", "d", 100)},
+			"r1->c:recompute* r2->d:reuse "},
+		{"fixed-checkpoint waits at a full holder", FixedCheckpoint, func() []Worker {
+			ws := cluster()
+			ws[1].KVPagesUsed = 995
+			return ws
+		}(),
+			[]Interrupted{req("r1", "b", 100)},
+			"r1->b:reuse "},
 		{"fixed-checkpoint restores everything at the holder (DéjàVu)", FixedCheckpoint, cluster(),
 			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
 			"r1->b:reuse r2->b:reuse r3->b:reuse r4->b:reuse "},

@@ -31,7 +31,9 @@ type Assignment struct {
 // PlanRecovery decides where each interrupted request resumes:
 //
 //  1. a request whose holder is eligible resumes there, reusing its pages
-//     (not under stop-and-restart, which keeps no checkpoints);
+//     (not under stop-and-restart, which keeps no checkpoints) — under
+//     lumen, only when the holder has the KV pages for it, or no worker
+//     has more: otherwise it is recomputed on the freest worker;
 //  2. any other request is recomputed on the least-loaded eligible worker;
 //  3. under lumen only, rebalance: while a holder has more recovered requests
 //     than the cluster average (rounded up), its request with the smallest
@@ -68,12 +70,27 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		ws[i].PendingPages -= Pages(uint64(r.PromptTokens) + 1)
 	}
 
+	// room is the KV pages a worker can give a resumed request now.
+	room := func(i int) int64 {
+		w := &ws[i]
+		return int64(w.KVPagesTotal) - int64(w.KVPagesUsed) - int64(w.QueueHeadPages) - int64(w.PendingPages)
+	}
 	plan := make([]Assignment, len(reqs))
 	count := make([]int, len(ws))
 	for k, r := range reqs {
 		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
 		if h, ok := byID[r.Holder]; ok && s != StopAndRestart && r.Holder != "" && ws[h].Eligible {
 			a.Target, a.Mode = h, Reuse
+			// A restore needs the whole prefix in KV at once: at a holder
+			// without the room it waits for running requests to finish
+			// (seconds on a KV-bound worker). lumen recomputes it on the
+			// freest worker instead when that one has the room.
+			need := int64(Pages(uint64(r.PromptTokens) + 1))
+			if s == Lumen && room(h) < need {
+				if alt := PickServing(ws); alt >= 0 && alt != h && room(alt) >= need {
+					a.Target, a.Mode, a.Rebalanced = alt, Recompute, true
+				}
+			}
 		} else {
 			a.Target, a.Mode = PickServing(ws), Recompute
 		}
