@@ -505,6 +505,15 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 	stopSampling()
 	sampler.Wait()
 	fmt.Printf("   t=%4.0fs  %d done, %d failed\n", since().Seconds(), done.Load(), failed.Load())
+	if stopAt == 0 {
+		shown := 0
+		for i, r := range o.recs {
+			if r.Err != nil && shown < 5 {
+				fmt.Printf("   request %d (%s, sent at %.1fs, %d tokens streamed) failed: %v\n", i, r.ID, r.Arrival.Seconds(), len(r.Chunks), r.Err)
+				shown++
+			}
+		}
+	}
 	for _, w := range cl.Workers {
 		if w.Running() {
 			o.restored += workerMetric(w, "lumen_worker_restored_pages_total")
