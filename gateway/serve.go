@@ -176,6 +176,9 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		if ctx.Err() != nil {
 			return // the client went away; the worker stream was cancelled
 		}
+		// A request that ends in an error is what lumen promises not to
+		// happen short of bad input: always worth a line in the log.
+		g.log.Warn("request failed", "request", e.id, "attempt", e.attempt, "tokens", len(e.out), "error", err)
 		out.fail(err)
 		return
 	}
