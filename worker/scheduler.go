@@ -83,7 +83,7 @@ type scheduler struct {
 	cfg *Config
 
 	submit chan *request
-	cancel chan string
+	cancel chan *request // a call that ended: drop its request if still its own
 	stop   chan struct{}
 	done   chan struct{}
 
@@ -110,12 +110,12 @@ type timedWait struct {
 }
 
 func newScheduler(w *Worker) *scheduler {
-	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan string, 256),
+	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan *request, 256),
 		stop: make(chan struct{}), done: make(chan struct{}), byID: map[string]*request{}}
 }
 
-// errDuplicate: a request with this id is already here.
-var errDuplicate = errors.New("worker: request id already in flight")
+// errSuperseded ends a call whose request id came in again on a new call.
+var errSuperseded = errors.New("worker: a newer call for this request id took it over")
 
 func (s *scheduler) run() {
 	defer close(s.done)
@@ -125,8 +125,8 @@ func (s *scheduler) run() {
 			select {
 			case r := <-s.submit:
 				s.admit(r)
-			case id := <-s.cancel:
-				s.drop(id, nil)
+			case r := <-s.cancel:
+				s.dropIfCurrent(r)
 			case <-s.stop:
 				s.failAll(errShutdown)
 				return
@@ -153,8 +153,8 @@ func (s *scheduler) drainIntake() {
 		select {
 		case r := <-s.submit:
 			s.admit(r)
-		case id := <-s.cancel:
-			s.drop(id, nil)
+		case r := <-s.cancel:
+			s.dropIfCurrent(r)
 		default:
 			return
 		}
@@ -162,9 +162,13 @@ func (s *scheduler) drainIntake() {
 }
 
 func (s *scheduler) admit(r *request) {
-	if _, dup := s.byID[r.id]; dup {
-		r.box.put(event{err: errDuplicate})
-		return
+	if old, dup := s.byID[r.id]; dup {
+		// The gateway calls again for a request only when it has given
+		// up on its previous call (the stream broke on its side, or the
+		// controller moved the request and back): the latest call wins.
+		// Refusing it made a race into a client-visible error: the old
+		// call's cancellation can reach the scheduler after the new call.
+		s.drop(old.id, errSuperseded)
 	}
 	if len(s.waiting) >= s.cfg.MaxWaiting {
 		r.box.put(event{err: fmt.Errorf("%w: %d requests wait", errQueueFull, len(s.waiting))})
@@ -206,6 +210,14 @@ func (s *scheduler) drop(id string, err error) {
 	}
 	if err != nil {
 		r.box.put(event{err: err})
+	}
+}
+
+// dropIfCurrent drops r when it is still the request under its id (a newer
+// call may have taken the id over).
+func (s *scheduler) dropIfCurrent(r *request) {
+	if cur, ok := s.byID[r.id]; ok && cur == r {
+		s.drop(r.id, nil)
 	}
 }
 

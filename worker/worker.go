@@ -373,7 +373,7 @@ func (s *inferenceServer) Generate(req *pb.GenerateRequest, stream grpc.ServerSt
 		case <-stream.Context().Done():
 			// The client went away: free everything the request holds.
 			select {
-			case w.sched.cancel <- r.id:
+			case w.sched.cancel <- r:
 			case <-w.sched.done:
 			}
 			return status.FromContextError(stream.Context().Err()).Err()
@@ -384,7 +384,7 @@ func (s *inferenceServer) Generate(req *pb.GenerateRequest, stream grpc.ServerSt
 			}
 			if err := stream.Send(ev.resp); err != nil {
 				select {
-				case w.sched.cancel <- r.id:
+				case w.sched.cancel <- r:
 				case <-w.sched.done:
 				}
 				return err
@@ -402,8 +402,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, errQueueFull):
 		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, errDuplicate):
-		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, errSuperseded):
+		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, errTooLarge), errors.Is(err, engine.ErrBadInput):
 		return status.Error(codes.InvalidArgument, err.Error())
 	}

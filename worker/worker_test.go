@@ -403,3 +403,64 @@ func TestResumedRequestsGoFirst(t *testing.T) {
 		t.Fatalf("first tokens in order %v, want the resumed request first", order)
 	}
 }
+
+// TestSecondCallTakesTheRequestOver: the gateway calls again for a request
+// id only when it gave up on its first call, and the first call's
+// cancellation may reach the worker after the second call (the recovery
+// benchmark hit this: "request id already in flight" reached two clients).
+// The latest call wins, and the first call's late cancellation does not
+// touch it.
+func TestSecondCallTakesTheRequestOver(t *testing.T) {
+	rng := rand.New(rand.NewSource(9))
+	h := start(t, 256, func(c *Config) {
+		c.Engine = engine.NewPaced(c.Engine, engine.Profiles["qwen3-14b-h100"], 1)
+	})
+	prompt := randomPrompt(rng, 20)
+	want := reference(t, prompt, 30)
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	defer cancel1()
+	st1, err := h.cl.Generate(ctx1, &pb.GenerateRequest{RequestId: "x", Prompt: prompt, MaxTokens: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int32
+	for len(got) < 5 {
+		r, err := st1.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.Token)
+	}
+	// The second call, as a resume from the 5 tokens seen.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st2, err := h.cl.Generate(ctx, &pb.GenerateRequest{RequestId: "x", Prompt: prompt, Generated: got, MaxTokens: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := st2.Recv()
+	if err != nil {
+		t.Fatalf("second call: %v", err)
+	}
+	// The first call is over; its cancellation now must not reach the
+	// second.
+	for {
+		if _, err := st1.Recv(); err != nil {
+			if status.Code(err) != codes.Aborted {
+				t.Fatalf("first call ended %v, want Aborted", err)
+			}
+			break
+		}
+	}
+	cancel1()
+	out := append(got, first.Token)
+	for !first.Done {
+		if first, err = st2.Recv(); err != nil {
+			t.Fatalf("second call after the first was cancelled: %v", err)
+		}
+		out = append(out, first.Token)
+	}
+	if !slices.Equal(out, want) {
+		t.Fatalf("got  %v\nwant %v", out, want)
+	}
+}
