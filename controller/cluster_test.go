@@ -659,3 +659,38 @@ func TestReportUnreachableProbesAndMarksFailed(t *testing.T) {
 		t.Fatalf("w-live is %v", w.Phase)
 	}
 }
+
+// TestRemovedVoterCanBeAddedBack: the leader is removed from the
+// configuration and added back; then another replica stops, and the quorum
+// (which needs the re-added one) still commits. With raft's default
+// ShutdownOnRemove the removed replica stopped Raft, came back as a dead
+// voter, and this lost the quorum (jepsen's membership nemesis found it).
+func TestRemovedVoterCanBeAddedBack(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	c.addWorker("w1", 1, 1<<30)
+	leader := c.waitLeader()
+	op := pb.NewOperatorClient(c.conn(leader))
+	if _, err := op.RemovePeer(ctxT(t, 5*time.Second), &pb.RemovePeerRequest{Id: leader.ID()}); err != nil {
+		t.Fatal(err)
+	}
+	next := c.waitLeader()
+	for next == leader {
+		next = c.waitLeader()
+	}
+	if _, err := pb.NewOperatorClient(c.conn(next)).AddVoter(ctxT(t, 5*time.Second),
+		&pb.AddVoterRequest{Id: leader.ID(), RaftAddr: leader.RaftAddr()}); err != nil {
+		t.Fatal(err)
+	}
+	// Let the re-added replica catch up, then stop the third one.
+	waitFor(t, 10*time.Second, "the re-added replica to catch up", func() bool {
+		return leader.FSM().Applied() >= next.FSM().Applied()
+	})
+	for i, n := range c.nodes {
+		if n != leader && n != next {
+			c.stop(i)
+		}
+	}
+	if _, err := c.client(next).Dispatch(ctxT(t, 10*time.Second), &pb.DispatchRequest{RequestId: "after", PromptTokens: 8, MaxTokens: 8}); err != nil {
+		t.Fatalf("no commit with the re-added voter and the leader: %v", err)
+	}
+}

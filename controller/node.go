@@ -161,6 +161,10 @@ func (n *Node) raftConfig() *raft.Config {
 	c.SnapshotThreshold = n.cfg.SnapshotThreshold
 	c.TrailingLogs = n.cfg.TrailingLogs
 	c.SnapshotInterval = n.cfg.SnapshotInterval
+	// A replica removed from the configuration keeps running Raft, so an
+	// operator (or jepsen's membership nemesis) can add it back; with the
+	// default it shut down and, added back, counted as a dead voter.
+	c.ShutdownOnRemove = false
 	c.BatchApplyCh = true
 	c.MaxAppendEntries = 256
 	c.NotifyCh = n.leaderNotify
