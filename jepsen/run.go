@@ -459,6 +459,10 @@ func (e *env) finalReads(ctx context.Context, ops []Op) map[string]Op {
 	}
 	out := map[string]Op{}
 	var mu sync.Mutex
+	// A cluster that never got its quorum back must not hold the run for
+	// hours: ids left unread show up as durability violations.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
 	jobs := make(chan string)
 	var wg sync.WaitGroup
 	for range 8 {
