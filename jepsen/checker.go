@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -39,6 +40,9 @@ type pstate struct {
 	epoch   uint64
 	worker  string
 }
+
+// refusedCompleted is in the error of a Dispatch of a completed id.
+const refusedCompleted = "request already completed"
 
 const (
 	absent = iota
@@ -82,6 +86,16 @@ var PlacementModel = porcupine.NondeterministicModel{
 				}
 				return []interface{}{s}
 			}
+			if out.Err != "" {
+				// A definite refusal changed nothing. A present id is never
+				// refused (its Dispatch answers with the placement), a
+				// completed one is refused as such, and an absent one only
+				// for want of a worker.
+				if s.st == present || (s.st == completed) != strings.Contains(out.Err, refusedCompleted) {
+					return nil
+				}
+				return []interface{}{s}
+			}
 			switch {
 			case s.st == absent:
 				return []interface{}{pstate{st: present, known: true, created: out.Created, epoch: out.Epoch, worker: out.Worker}}
@@ -92,6 +106,9 @@ var PlacementModel = porcupine.NondeterministicModel{
 		case Complete:
 			if out.Indeterminate {
 				return []interface{}{s, pstate{st: completed}}
+			}
+			if out.Err != "" {
+				return []interface{}{s} // refused (a malformed call): nothing changed
 			}
 			if out.Found == (s.st == present) {
 				if s.st == present {
@@ -123,6 +140,8 @@ var PlacementModel = porcupine.NondeterministicModel{
 		switch {
 		case out.Indeterminate:
 			return fmt.Sprintf("%s(%s) -> ?", in.Kind, in.ID)
+		case out.Err != "":
+			return fmt.Sprintf("%s(%s) -> refused: %s", in.Kind, in.ID, out.Err)
 		case in.Kind == Complete:
 			return fmt.Sprintf("complete(%s) -> %v", in.ID, out.Found)
 		case !out.Found && in.Kind != Dispatch:
@@ -164,6 +183,15 @@ func CheckLinearizable(ops []Op, htmlPath string, timeout time.Duration) Verdict
 	switch res {
 	case porcupine.Illegal:
 		v.fail("the placement history is not linearizable (porcupine)")
+		// Name the request ids whose histories are not linearizable,
+		// each on its own (the model partitions by id), with their ops.
+		for _, part := range PlacementModel.Partition(hist) {
+			if porcupine.CheckOperations(model, part) {
+				continue
+			}
+			id := part[0].Input.(Op).ID
+			v.fail("request %s: %d operations, not linearizable: %s", id, len(part), describe(part))
+		}
 		if htmlPath != "" {
 			if err := porcupine.VisualizePath(model, info, htmlPath); err == nil {
 				v.Violations = append(v.Violations, "visualization: "+htmlPath)
@@ -173,6 +201,22 @@ func CheckLinearizable(ops []Op, htmlPath string, timeout time.Duration) Verdict
 		v.Note += "; porcupine timed out: unknown (not counted as a violation)"
 	}
 	return v
+}
+
+// describe lists a partition's operations, call order, for a violation.
+func describe(part []porcupine.Operation) string {
+	var b strings.Builder
+	for i, op := range part {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		ret := "∞"
+		if op.Return != Unknown {
+			ret = fmt.Sprintf("%.3fs", float64(op.Return)/1e9)
+		}
+		fmt.Fprintf(&b, "[%.3fs..%s c%d] %s", float64(op.Call)/1e9, ret, op.ClientId, PlacementModel.DescribeOperation(op.Input, op.Output))
+	}
+	return b.String()
 }
 
 // CheckStaleReads checks that every stale read saw some committed state: a

@@ -63,6 +63,45 @@ func TestLinearizableCatchesAStaleRead(t *testing.T) {
 	}
 }
 
+// A refused Dispatch (no worker in full service, an id already completed)
+// changed nothing: reads after it see no placement, and a refusal of an id
+// that has a placement, or that names the wrong reason, is caught.
+func TestLinearizableRefusedDispatch(t *testing.T) {
+	noWorker := "rpc error: code = FailedPrecondition desc = fsm: no worker in full service"
+	completedErr := "rpc error: code = FailedPrecondition desc = fsm: request already completed: \"a\""
+	ok := []Op{
+		{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 10, Err: noWorker},
+		{Client: 1, Kind: GetLin, ID: "a", Call: 11, Return: 12, Found: false},
+		{Client: 0, Kind: Dispatch, ID: "b", Call: 0, Return: 1, Found: true, Worker: "w1", Created: 5},
+		{Client: 0, Kind: Complete, ID: "b", Call: 2, Return: 3, Found: true},
+		{Client: 1, Kind: Dispatch, ID: "b", Call: 4, Return: 5, Err: completedErr},
+		{Client: 1, Kind: GetLin, ID: "b", Call: 6, Return: 7, Found: false},
+	}
+	if v := CheckLinearizable(ok, "", time.Minute); !v.OK {
+		t.Fatalf("valid refusals rejected: %v", v.Violations)
+	}
+	for name, ops := range map[string][]Op{
+		"a read finds a placement the refused dispatch never made": {
+			{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 10, Err: noWorker},
+			{Client: 1, Kind: GetLin, ID: "a", Call: 11, Return: 12, Found: true, Worker: "w1", Created: 5},
+		},
+		"a present id refused": {
+			{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 1, Found: true, Worker: "w1", Created: 5},
+			{Client: 1, Kind: Dispatch, ID: "a", Call: 2, Return: 3, Err: noWorker},
+		},
+		"a never-completed id refused as completed": {
+			{Client: 0, Kind: Dispatch, ID: "a", Call: 0, Return: 1, Err: completedErr},
+		},
+	} {
+		v := CheckLinearizable(ops, "", time.Minute)
+		if v.OK {
+			t.Errorf("%s: not caught", name)
+		} else if len(v.Violations) < 2 || !strings.Contains(v.Violations[1], "request a:") {
+			t.Errorf("%s: the violation does not name the request: %v", name, v.Violations)
+		}
+	}
+}
+
 func TestDurableCatchesALostWrite(t *testing.T) {
 	ops := []Op{
 		{Kind: Dispatch, ID: "a", Found: true, Worker: "w1", Created: 5, Index: 5},
