@@ -168,7 +168,9 @@ func TestContinuousBatchingMatchesReference(t *testing.T) {
 	}
 	jobs := make([]job, 16)
 	for i := range jobs {
-		jobs[i] = job{randomPrompt(rng, 5+rng.Intn(40)), 20 + rng.Intn(30)}
+		// Outputs of 3+ pages each: any two running at once outgrow the
+		// cache, however the calls arrive.
+		jobs[i] = job{randomPrompt(rng, 5+rng.Intn(40)), 40 + rng.Intn(20)}
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(jobs))
