@@ -140,4 +140,23 @@ func TestWorkerProcesses(t *testing.T) {
 	if inc <= incs[victim.ID] {
 		t.Fatalf("incarnation %d after restart, was %d", inc, incs[victim.ID])
 	}
+	// SIGSTOP a worker until it is marked FAILED. The process is the same
+	// after SIGCONT, but its incarnation is gone: its load is refused, and
+	// it registers a new incarnation instead of staying out of service.
+	paused := ws[1]
+	if err := cl.PauseWorker(paused); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	waitPhase(t, client, paused.ID, pb.WorkerPhase_WORKER_PHASE_FAILED, 0)
+	t.Logf("%s marked FAILED %s after SIGSTOP", paused.ID, time.Since(stopped).Round(time.Millisecond))
+	if err := cl.ResumeWorker(paused); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	rejoined := waitPhase(t, client, paused.ID, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, incs[paused.ID])
+	t.Logf("%s back in FULL_SERVICE as incarnation %d %s after SIGCONT", paused.ID, rejoined, time.Since(resumed).Round(time.Millisecond))
+	if rejoined <= incs[paused.ID] {
+		t.Fatalf("incarnation %d after the pause, was %d", rejoined, incs[paused.ID])
+	}
 }

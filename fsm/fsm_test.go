@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 
@@ -290,6 +291,34 @@ func TestNewIncarnationReplacesOld(t *testing.T) {
 	stale := worker("a", 1<<30)
 	if r := h.one(stale); !errors.Is(r.Err, ErrStaleIncarnation) {
 		t.Fatalf("stale registration accepted: %v", r.Err)
+	}
+}
+
+// A worker marked failed while it still runs (paused, cut off) has its
+// load refused, so it registers a new incarnation; the requests no worker
+// could take when it failed are planned onto the cluster it rejoins.
+func TestFailedIncarnationRejoins(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("a", 1<<30))
+	h.one(dispatch("r", 10, 10))
+	h.one(markFailed("a", 1))
+	if r := h.one(load("a", 1, 0, 0)); !errors.Is(r.Err, ErrStaleIncarnation) || !strings.Contains(r.Err.Error(), "FAILED") {
+		t.Fatalf("load of a failed incarnation: %v, want refused as FAILED", r.Err)
+	}
+	if p, _ := h.f.Placement("r"); p.State != pb.PlacementState_PLACEMENT_STATE_RECOVERING || p.WorkerIncarnation != 1 {
+		t.Fatalf("orphan %v", p)
+	}
+	reg := worker("a", 1<<30)
+	reg.GetRegisterWorker().Worker.Incarnation = 2
+	if r := h.one(reg); r.Err != nil || r.Worker.Phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+		t.Fatalf("re-register: %+v", r)
+	}
+	p, _ := h.f.Placement("r")
+	if p.WorkerId != "a" || p.WorkerIncarnation != 2 || p.Epoch != 1 {
+		t.Fatalf("the failed incarnation's request was not planned onto the new one: %v", p)
+	}
+	if r := h.one(load("a", 2, 0, 0)); r.Err != nil {
+		t.Fatalf("load of the new incarnation: %v", r.Err)
 	}
 }
 

@@ -179,6 +179,9 @@ func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 			s.failWorker(old, "restarted with a new incarnation", idx, evs)
 		}
 	}
+	// Requests the old incarnation still has (RECOVERING: no worker could
+	// take them when it failed) are planned once the new row is in.
+	leftover := ok && len(s.serving[w.Id]) > 0
 	nw := proto.Clone(w).(*pb.Worker)
 	if nw.Phase == pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
 		nw.Phase = pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE
@@ -198,6 +201,9 @@ func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 	s.emit(evs, idx, &pb.Event{Body: &pb.Event_PhaseChanged{PhaseChanged: &pb.WorkerPhaseChanged{
 		WorkerId: nw.Id, Incarnation: nw.Incarnation, From: from, To: nw.Phase, Reason: "registered"}}})
 	if v.Eligible {
+		if leftover {
+			s.recover(nw.Id, old.Incarnation, idx, evs)
+		}
 		s.recoverOrphans(idx, evs)
 	}
 	return Result{Worker: nw}
@@ -213,6 +219,13 @@ func (s *state) reportLoad(l *pb.LoadRecord) Result {
 	}
 	if l.Incarnation != w.Incarnation {
 		return Result{Err: fmt.Errorf("%w: load of %s incarnation %d, table has %d", ErrStaleIncarnation, l.WorkerId, l.Incarnation, w.Incarnation)}
+	}
+	if w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
+		// A worker that was paused or cut off long enough to be marked
+		// failed is still running this incarnation: refusing its reports
+		// tells it to register a new one (its requests have moved).
+		return Result{Err: fmt.Errorf("%w: load of %s incarnation %d, which is %s; register a new incarnation",
+			ErrStaleIncarnation, l.WorkerId, l.Incarnation, w.Phase)}
 	}
 	nl := proto.Clone(l).(*pb.LoadRecord)
 	nl.ReportUnixNano = s.lastStamp

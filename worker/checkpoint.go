@@ -117,6 +117,14 @@ func (s *ckptStore) prefix(hashes []uint64) [][]byte {
 	return out
 }
 
+// reset drops every page.
+func (s *ckptStore) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.used = 0
+	s.pages, s.byReq, s.reqBytes = map[uint64]*ckptPage{}, map[string][]uint64{}, map[string]uint64{}
+}
+
 func (s *ckptStore) usage() (used, budget uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -20,6 +20,7 @@ type metrics struct {
 	preemptions prometheus.Counter
 	completed   prometheus.Counter
 	rejected    *prometheus.CounterVec
+	rejoins     prometheus.Counter
 
 	ckptSent      prometheus.Counter
 	ckptDropped   prometheus.Counter
@@ -52,6 +53,8 @@ func newMetrics() *metrics {
 		completed: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_requests_completed_total", Help: "Requests finished."}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_requests_rejected_total",
 			Help: "Generate calls refused, by gRPC code."}, []string{"code"}),
+		rejoins: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_rejoins_total",
+			Help: "Times this process found its incarnation marked failed (it was paused or cut off) and registered a new one."}),
 	}
 	m.ckptSent = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_checkpoint_pages_sent_total",
 		Help: "KV pages streamed to checkpoint holders."})
@@ -67,7 +70,7 @@ func newMetrics() *metrics {
 		Help: "Tokens of resumed requests prefilled again (not covered by checkpoint pages)."})
 	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptBytes, m.restoredPages, m.recomputed)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
-		m.running, m.waiting, m.preemptions, m.completed, m.rejected,
+		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

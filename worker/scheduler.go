@@ -84,6 +84,7 @@ type scheduler struct {
 
 	submit chan *request
 	cancel chan *request // a call that ended: drop its request if still its own
+	reset  chan error    // end every request with this error (the worker rejoined)
 	stop   chan struct{}
 	done   chan struct{}
 
@@ -111,7 +112,7 @@ type timedWait struct {
 
 func newScheduler(w *Worker) *scheduler {
 	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan *request, 256),
-		stop: make(chan struct{}), done: make(chan struct{}), byID: map[string]*request{}}
+		reset: make(chan error), stop: make(chan struct{}), done: make(chan struct{}), byID: map[string]*request{}}
 }
 
 // errSuperseded ends a call whose request id came in again on a new call.
@@ -127,6 +128,8 @@ func (s *scheduler) run() {
 				s.admit(r)
 			case r := <-s.cancel:
 				s.dropIfCurrent(r)
+			case err := <-s.reset:
+				s.failAll(err)
 			case <-s.stop:
 				s.failAll(errShutdown)
 				return
@@ -155,6 +158,8 @@ func (s *scheduler) drainIntake() {
 			s.admit(r)
 		case r := <-s.cancel:
 			s.dropIfCurrent(r)
+		case err := <-s.reset:
+			s.failAll(err)
 		default:
 			return
 		}
@@ -203,9 +208,10 @@ func (s *scheduler) drop(id string, err error) {
 	s.eng.Release(r.seq)
 	s.waiting = remove(s.waiting, r)
 	s.running = remove(s.running, r)
-	if err != errShutdown {
-		// A request handed back at shutdown keeps its checkpoint: it
-		// resumes from it elsewhere.
+	if err != errShutdown && err != errRejoined {
+		// A request handed back (at shutdown, or by an incarnation that
+		// was marked failed) keeps its checkpoint: it resumes from it
+		// elsewhere.
 		s.releaseCheckpoint(r)
 	}
 	if err != nil {

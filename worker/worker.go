@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -31,7 +33,11 @@ import (
 
 // Errors a Generate call can end with.
 var (
-	errShutdown  = errors.New("worker: shutting down; resume the request elsewhere")
+	errShutdown = errors.New("worker: shutting down; resume the request elsewhere")
+	// errRejoined ends the calls of an incarnation the controller marked
+	// failed while this process ran on (paused, cut off): its requests were
+	// moved by a recovery plan.
+	errRejoined  = errors.New("worker: this incarnation was marked failed and its requests moved; resume where the controller placed them")
 	errDraining  = errors.New("worker: draining; not taking new requests")
 	errQueueFull = errors.New("worker: waiting queue full")
 	errTooLarge  = errors.New("worker: request does not fit in the KV cache")
@@ -41,7 +47,7 @@ var (
 type Worker struct {
 	cfg         Config
 	log         hclog.Logger
-	incarnation uint64
+	incarnation atomic.Uint64 // bumped when the controller marked this one failed
 	metrics     *metrics
 	sched       *scheduler
 
@@ -84,9 +90,11 @@ func New(cfg Config) (w *Worker, err error) {
 			w.Shutdown(context.Background())
 		}
 	}()
-	if w.incarnation, err = nextIncarnation(cfg.DataDir); err != nil {
+	inc, err := nextIncarnation(cfg.DataDir)
+	if err != nil {
 		return nil, err
 	}
+	w.incarnation.Store(inc)
 	info := cfg.Engine.Info()
 	w.metrics.kvTotal.Set(float64(info.TotalPages))
 	if w.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -111,7 +119,7 @@ func New(cfg Config) (w *Worker, err error) {
 	if cfg.SerfAddr != "" {
 		w.serf, err = gossip.Start(gossip.Config{NodeName: cfg.ID, BindAddr: cfg.SerfAddr, Logger: w.log.Named("serf"),
 			Tags: map[string]string{gossip.TagRole: gossip.RoleWorker, gossip.TagGRPCAddr: w.cfg.GRPCAddr,
-				gossip.TagIncarnation: strconv.FormatUint(w.incarnation, 10)}})
+				gossip.TagIncarnation: strconv.FormatUint(inc, 10)}})
 		if err != nil {
 			return nil, err
 		}
@@ -125,7 +133,7 @@ func New(cfg Config) (w *Worker, err error) {
 		}
 		w.goFunc(w.registerAndReport)
 	}
-	w.log.Info("worker running", "grpc", w.cfg.GRPCAddr, "incarnation", w.incarnation, "engine", info.Backend,
+	w.log.Info("worker running", "grpc", w.cfg.GRPCAddr, "incarnation", inc, "engine", info.Backend,
 		"model", info.Model, "kv_pages", info.TotalPages)
 	return w, nil
 }
@@ -139,7 +147,7 @@ func (w *Worker) goFunc(f func()) {
 func (w *Worker) GRPCAddr() string { return w.cfg.GRPCAddr }
 
 // Incarnation is this run's incarnation.
-func (w *Worker) Incarnation() uint64 { return w.incarnation }
+func (w *Worker) Incarnation() uint64 { return w.incarnation.Load() }
 
 // nextIncarnation bumps the counter in dataDir, or uses the clock.
 func nextIncarnation(dataDir string) (uint64, error) {
@@ -211,29 +219,13 @@ func (w *Worker) capacity() *pb.Capacity {
 }
 
 // registerAndReport registers (retrying until a controller answers), then
-// reports load every LoadInterval and at once when it changes a lot.
+// reports load every LoadInterval and at once when it changes a lot. A
+// report refused as FailedPrecondition means the controller marked this
+// incarnation failed while the process ran on (a pause, a partition): the
+// worker then hands back what it was serving and registers anew.
 func (w *Worker) registerAndReport() {
-	info := w.cfg.Engine.Info()
-	serfAddr := ""
-	if w.serf != nil {
-		serfAddr = gossip.Addr(w.serf)
-	}
-	reg := &pb.RegisterWorkerRequest{Worker: &pb.Worker{Id: w.cfg.ID, Incarnation: w.incarnation, GrpcAddr: w.cfg.GRPCAddr,
-		SerfAddr: serfAddr, ModelId: info.Model, Capacity: w.capacity()}}
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := w.ctl.RegisterWorker(ctx, reg)
-		cancel()
-		if err == nil {
-			w.log.Info("registered with the controller", "incarnation", w.incarnation)
-			break
-		}
-		w.log.Warn("registration failed; retrying", "error", err)
-		select {
-		case <-w.stop:
-			return
-		case <-time.After(wait):
-		}
+	if !w.register() {
+		return
 	}
 	t := time.NewTicker(w.cfg.LoadInterval)
 	defer t.Stop()
@@ -245,11 +237,80 @@ func (w *Worker) registerAndReport() {
 		case <-w.loadKick:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if _, err := w.ctl.ReportLoad(ctx, &pb.ReportLoadRequest{Load: w.Load()}); err != nil {
+		_, err := w.ctl.ReportLoad(ctx, &pb.ReportLoadRequest{Load: w.Load()})
+		cancel()
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.FailedPrecondition && !w.isDraining():
+			w.log.Warn("the controller refused this incarnation's load; rejoining as a new incarnation", "error", status.Convert(err).Message())
+			if err := w.rejoin(); err != nil {
+				w.log.Error("could not rejoin", "error", err)
+				continue
+			}
+			if !w.register() {
+				return
+			}
+		default:
 			w.log.Debug("load report failed", "error", err)
 		}
-		cancel()
 	}
+}
+
+// register registers the current incarnation, retrying until a controller
+// answers; false when the worker stops first.
+func (w *Worker) register() bool {
+	info := w.cfg.Engine.Info()
+	serfAddr := ""
+	if w.serf != nil {
+		serfAddr = gossip.Addr(w.serf)
+	}
+	inc := w.incarnation.Load()
+	reg := &pb.RegisterWorkerRequest{Worker: &pb.Worker{Id: w.cfg.ID, Incarnation: inc, GrpcAddr: w.cfg.GRPCAddr,
+		SerfAddr: serfAddr, ModelId: info.Model, Capacity: w.capacity()}}
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := w.ctl.RegisterWorker(ctx, reg)
+		cancel()
+		if err == nil {
+			w.log.Info("registered with the controller", "incarnation", inc)
+			return true
+		}
+		w.log.Warn("registration failed; retrying", "error", err)
+		select {
+		case <-w.stop:
+			return false
+		case <-time.After(wait):
+		}
+	}
+}
+
+// rejoin makes this process a new incarnation: every call in flight ends
+// Unavailable (the controller has moved those requests; their gateways
+// resume them there, from their checkpoints), the checkpoints it held for
+// others are dropped (the controller released those reservations), and
+// Serf gossips the new incarnation, so a later failure is detected as this
+// one's.
+func (w *Worker) rejoin() error {
+	inc, err := nextIncarnation(w.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	old := w.incarnation.Swap(inc)
+	select {
+	case w.sched.reset <- errRejoined:
+	case <-w.sched.done:
+	}
+	w.store.reset()
+	if w.serf != nil {
+		tags := maps.Clone(w.serf.LocalMember().Tags)
+		tags[gossip.TagIncarnation] = strconv.FormatUint(inc, 10)
+		if err := w.serf.SetTags(tags); err != nil {
+			w.log.Warn("could not gossip the new incarnation", "error", err)
+		}
+	}
+	w.metrics.rejoins.Inc()
+	w.log.Info("rejoining", "old_incarnation", old, "incarnation", inc)
+	return nil
 }
 
 // Load is the worker's current load record.
@@ -260,7 +321,7 @@ func (w *Worker) Load() *pb.LoadRecord {
 	used := info.TotalPages - free
 	w.metrics.kvUsed.Set(float64(used))
 	ckUsed, ckBudget := w.store.usage()
-	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation, QueueWaitMs: qw,
+	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(), QueueWaitMs: qw,
 		FreeCheckpointBytes: ckBudget - ckUsed, ReservedCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
 		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head)}
 }
@@ -333,7 +394,7 @@ func (w *Worker) setPhase(phase pb.WorkerPhase, reason string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if _, err := w.ctl.SetWorkerPhase(ctx, &pb.SetWorkerPhaseRequest{WorkerId: w.cfg.ID, Incarnation: w.incarnation,
+	if _, err := w.ctl.SetWorkerPhase(ctx, &pb.SetWorkerPhaseRequest{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(),
 		Phase: phase, Reason: reason}); err != nil {
 		w.log.Warn("could not set phase", "phase", phase, "error", err)
 	}
@@ -398,7 +459,7 @@ func (s *inferenceServer) Generate(req *pb.GenerateRequest, stream grpc.ServerSt
 
 func toStatus(err error) error {
 	switch {
-	case errors.Is(err, errShutdown), errors.Is(err, errDraining):
+	case errors.Is(err, errShutdown), errors.Is(err, errDraining), errors.Is(err, errRejoined):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, errQueueFull):
 		return status.Error(codes.ResourceExhausted, err.Error())
