@@ -145,8 +145,8 @@ func (s *server) GetPlacement(ctx context.Context, req *pb.GetPlacementRequest) 
 
 func (s *server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
 	serve := func() (*pb.ListWorkersResponse, error) {
-		ws, ls, idx := s.n.fsm.Workers()
-		return &pb.ListWorkersResponse{Workers: ws, Loads: ls, AppliedIndex: idx}, nil
+		ws, ls, rs, idx := s.n.fsm.Workers()
+		return &pb.ListWorkersResponse{Workers: ws, Loads: ls, Reservations: rs, AppliedIndex: idx}, nil
 	}
 	return read(ctx, s.n, "ListWorkers", req.Consistency, serve,
 		func(ctx context.Context, cc *grpc.ClientConn) (*pb.ListWorkersResponse, error) {

@@ -469,8 +469,8 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("applied %d vs %d", restored.f.Applied(), h.f.Applied())
 	}
 	// Table by table.
-	w1, l1, _ := h.f.Workers()
-	w2, l2, _ := restored.f.Workers()
+	w1, l1, res1, _ := h.f.Workers()
+	w2, l2, res2, _ := restored.f.Workers()
 	if len(w1) != len(w2) || len(l1) != len(l2) {
 		t.Fatalf("workers %d/%d loads %d/%d", len(w1), len(w2), len(l1), len(l2))
 	}
@@ -482,6 +482,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	for i := range l1 {
 		if !proto.Equal(l1[i], l2[i]) {
 			t.Fatalf("load %d: %v vs %v", i, l1[i], l2[i])
+		}
+	}
+	for i := range res1 {
+		if !proto.Equal(res1[i], res2[i]) {
+			t.Fatalf("reservations %d: %v vs %v", i, res1[i], res2[i])
 		}
 	}
 	_, np := h.f.Counts()

@@ -12,19 +12,23 @@ func (f *FSM) Placement(id string) (*pb.Placement, uint64) {
 	return f.st.placements[id], f.applied.get()
 }
 
-// Workers returns the workers and their load records, sorted by id.
-func (f *FSM) Workers() ([]*pb.Worker, []*pb.LoadRecord, uint64) {
+// Workers returns the workers, their load records and the checkpoint
+// reservations on each, sorted by id, and the applied index they reflect.
+func (f *FSM) Workers() ([]*pb.Worker, []*pb.LoadRecord, []*pb.HolderReservation, uint64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	ws := make([]*pb.Worker, 0, len(f.st.ids))
+	rs := make([]*pb.HolderReservation, 0, len(f.st.ids))
 	var ls []*pb.LoadRecord
-	for _, id := range f.st.ids {
+	for i, id := range f.st.ids {
 		ws = append(ws, f.st.workers[id])
 		if l, ok := f.st.loads[id]; ok {
 			ls = append(ls, l)
 		}
+		v := &f.st.views[i]
+		rs = append(rs, &pb.HolderReservation{WorkerId: id, ReservedBytes: v.Reserved, BudgetBytes: v.CheckpointBudget, Held: v.Held})
 	}
-	return ws, ls, f.applied.get()
+	return ws, ls, rs, f.applied.get()
 }
 
 // Worker returns one worker's row, or nil.

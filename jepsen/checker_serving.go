@@ -56,24 +56,36 @@ func firstDiff(a, b string) int {
 	return min(len(a), len(b))
 }
 
-// BudgetSample is a holder's reserved checkpoint bytes against its budget,
-// as one replica's load table said.
+// BudgetSample is a holder's checkpoint bytes against its budget at one
+// moment: Reserved is what the placement table reserves on it (h(r)'s
+// bookkeeping, replicated), Stored what its checkpoint store reported
+// holding.
 type BudgetSample struct {
 	At       int64
 	Worker   string
 	Reserved uint64
+	Stored   uint64
 	Budget   uint64
 }
 
-// CheckBudgets: no holder ever over its checkpoint budget.
+// CheckBudgets: no holder ever over its checkpoint budget, neither in the
+// placement table's reservations nor in the bytes its store held.
 func CheckBudgets(samples []BudgetSample) Verdict {
 	v := Verdict{Checker: "budget", OK: true}
+	peak := uint64(0)
 	for _, s := range samples {
-		if s.Budget > 0 && s.Reserved > s.Budget {
-			v.fail("%s reserved %d bytes of checkpoints at %s, budget %d", s.Worker, s.Reserved, fmtNanos(s.At), s.Budget)
+		if s.Budget == 0 {
+			continue
+		}
+		peak = max(peak, 100*max(s.Reserved, s.Stored)/s.Budget)
+		if s.Reserved > s.Budget {
+			v.fail("%s: %d bytes of checkpoints reserved on it at %s, budget %d", s.Worker, s.Reserved, fmtNanos(s.At), s.Budget)
+		}
+		if s.Stored > s.Budget {
+			v.fail("%s: its store held %d bytes of checkpoints at %s, budget %d", s.Worker, s.Stored, fmtNanos(s.At), s.Budget)
 		}
 	}
-	v.Note = fmt.Sprintf("%d samples", len(samples))
+	v.Note = fmt.Sprintf("%d samples, peak %d%% of a budget", len(samples), peak)
 	return v
 }
 

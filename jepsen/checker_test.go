@@ -161,11 +161,14 @@ func TestServingCatchesACorruptedOutput(t *testing.T) {
 }
 
 func TestInvariantCheckers(t *testing.T) {
-	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 10, Budget: 10}}); !v.OK {
+	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 10, Stored: 10, Budget: 10}}); !v.OK {
 		t.Fatal("a full budget is not over it")
 	}
 	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 11, Budget: 10}}); v.OK {
-		t.Fatal("over budget not caught")
+		t.Fatal("reservations over budget not caught")
+	}
+	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 1, Stored: 11, Budget: 10}}); v.OK {
+		t.Fatal("a store over budget not caught")
 	}
 	fails := []Failure{{Worker: "w1", Inc: 1, Index: 100}}
 	ops := []Op{

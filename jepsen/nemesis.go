@@ -50,7 +50,9 @@ var Nemeses = map[string]nemesis{
 		}},
 	"kill-holder": {doc: "kill -9 the checkpoint holder of a request in flight (or a random worker when none has one)",
 		start: func(ctx context.Context, e *env) (string, error) {
-			victim := e.holderInFlight(ctx)
+			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			victim := e.holderInFlight(hctx)
+			cancel()
 			for _, w := range e.cl.Workers {
 				if w.ID == victim {
 					e.cl.KillWorker(w)
@@ -186,22 +188,30 @@ func (e *env) cutBoth(a, b int) error {
 	return e.net.Cut(b, a)
 }
 
-// holderInFlight finds the checkpoint holder of a request the gateway is
-// serving now: the placement of the newest dispatched ids.
+// holderInFlight finds the checkpoint holder of requests the gateway is
+// serving now: the worker whose checkpoint store holds the most bytes (its
+// own load report; the placement clients' requests never stream, so only
+// real streams put pages there). A store can be empty for a moment between
+// streams, so it looks for up to two seconds.
 func (e *env) holderInFlight(ctx context.Context) string {
-	r, err := e.client.ListWorkers(ctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
-	if err != nil {
-		return ""
-	}
-	// The holder with the most reserved checkpoint bytes holds requests
-	// in flight now.
-	best, most := "", uint64(0)
-	for _, l := range r.Loads {
-		if l.ReservedCheckpointBytes > most {
-			best, most = l.WorkerId, l.ReservedCheckpointBytes
+	for ctx.Err() == nil {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		r, err := e.client.ListWorkers(qctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
+		cancel()
+		if err == nil {
+			best, most := "", uint64(0)
+			for _, l := range r.Loads {
+				if l.ReservedCheckpointBytes > most {
+					best, most = l.WorkerId, l.ReservedCheckpointBytes
+				}
+			}
+			if best != "" {
+				return best
+			}
 		}
+		sleepCtx(ctx, 100*time.Millisecond)
 	}
-	return best
+	return ""
 }
 
 // nemesis injects a fault from the configured set about every Interval,

@@ -133,9 +133,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	for i := 1; i <= cfg.Workers; i++ {
 		// Transformer workers paced like Qwen3-14B/H100 at half speed, so
-		// streams are still running when faults land.
+		// streams are still running when faults land. Reservations are
+		// sized by the profile's KV bytes (5 MiB for a placement client's
+		// request), so the budget holds every client's open placements
+		// with room for the streams; the pages really stored are the tiny
+		// model's.
 		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), "-model-dir", cfg.ModelDir, "-kv-pages", "1024",
-			"-profile", "qwen3-14b-h100", "-time-scale", "2", "-emulate-load=false", "-checkpoint-budget", "64MiB"); err != nil {
+			"-profile", "qwen3-14b-h100", "-time-scale", "2", "-emulate-load=false", "-checkpoint-budget", "2GiB"); err != nil {
 			return nil, err
 		}
 	}
@@ -232,10 +236,22 @@ func needsNet(nemeses []string) bool {
 	return false
 }
 
+// Placement clients leave a few of their requests open for a long time,
+// so the durability check covers placements that live through many faults;
+// the rest they complete at once. The open set is bounded: every open
+// placement reserves a checkpoint footprint on a holder, and unbounded they
+// would fill every budget and leave the streamed requests without holders.
+const (
+	keepOpenPercent = 2  // of a client's requests
+	maxOpen         = 40 // per client; the oldest is completed past this
+)
+
 // placementClient dispatches unique request ids, reads them back
-// (linearizably and stale), completes most, and reads ids of other clients.
+// (linearizably and stale), completes most at once and the rest later, and
+// reads ids of other clients.
 func (e *env) placementClient(ctx context.Context, c int) {
 	rng := rand.New(rand.NewSource(e.cfg.Seed*1000 + int64(c)))
+	var open []string
 	for n := 0; ctx.Err() == nil; n++ {
 		id := fmt.Sprintf("j%d-%d", c, n)
 		e.mu.Lock()
@@ -253,10 +269,15 @@ func (e *env) placementClient(ctx context.Context, c int) {
 		if other := e.recentID(rng); other != "" {
 			e.op(ctx, c, GetLin, other)
 		}
-		if rng.Intn(10) < 7 {
-			e.op(ctx, c, Complete, id)
-			e.op(ctx, c, GetLin, id)
+		if rng.Intn(100) < keepOpenPercent {
+			open = append(open, id)
+			if len(open) <= maxOpen {
+				continue
+			}
+			id, open = open[0], open[1:]
 		}
+		e.op(ctx, c, Complete, id)
+		e.op(ctx, c, GetLin, id)
 	}
 }
 
@@ -419,7 +440,7 @@ func (e *env) watchFailures(ctx context.Context) []Failure {
 	return out
 }
 
-// sampleBudgets reads the load table twice a second.
+// sampleBudgets reads the reservations and the load table twice a second.
 func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
 	var out []BudgetSample
 	t := time.NewTicker(500 * time.Millisecond)
@@ -436,12 +457,13 @@ func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
 		if err != nil {
 			continue
 		}
-		budget := map[string]uint64{}
-		for _, w := range r.Workers {
-			budget[w.Id] = w.GetCapacity().GetCheckpointBudgetBytes()
-		}
+		stored := map[string]uint64{}
 		for _, l := range r.Loads {
-			out = append(out, BudgetSample{At: e.hist.Now(), Worker: l.WorkerId, Reserved: l.ReservedCheckpointBytes, Budget: budget[l.WorkerId]})
+			stored[l.WorkerId] = l.ReservedCheckpointBytes
+		}
+		at := e.hist.Now()
+		for _, h := range r.Reservations {
+			out = append(out, BudgetSample{At: at, Worker: h.WorkerId, Reserved: h.ReservedBytes, Stored: stored[h.WorkerId], Budget: h.BudgetBytes})
 		}
 	}
 }

@@ -652,10 +652,14 @@ func (x *ListWorkersRequest) GetConsistency() Consistency {
 }
 
 type ListWorkersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Workers       []*Worker              `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
-	Loads         []*LoadRecord          `protobuf:"bytes,2,rep,name=loads,proto3" json:"loads,omitempty"`
-	AppliedIndex  uint64                 `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Workers      []*Worker              `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	Loads        []*LoadRecord          `protobuf:"bytes,2,rep,name=loads,proto3" json:"loads,omitempty"`
+	AppliedIndex uint64                 `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// The checkpoint footprint the placement table reserves on each worker
+	// (h(r)'s bookkeeping), as of applied_index; loads carry what the
+	// workers' stores really hold.
+	Reservations  []*HolderReservation `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -711,6 +715,82 @@ func (x *ListWorkersResponse) GetAppliedIndex() uint64 {
 	return 0
 }
 
+func (x *ListWorkersResponse) GetReservations() []*HolderReservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+type HolderReservation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	ReservedBytes uint64                 `protobuf:"varint,2,opt,name=reserved_bytes,json=reservedBytes,proto3" json:"reserved_bytes,omitempty"`
+	BudgetBytes   uint64                 `protobuf:"varint,3,opt,name=budget_bytes,json=budgetBytes,proto3" json:"budget_bytes,omitempty"`
+	// Placements whose checkpoints it holds.
+	Held          uint32 `protobuf:"varint,4,opt,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HolderReservation) Reset() {
+	*x = HolderReservation{}
+	mi := &file_controller_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HolderReservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HolderReservation) ProtoMessage() {}
+
+func (x *HolderReservation) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HolderReservation.ProtoReflect.Descriptor instead.
+func (*HolderReservation) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *HolderReservation) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *HolderReservation) GetReservedBytes() uint64 {
+	if x != nil {
+		return x.ReservedBytes
+	}
+	return 0
+}
+
+func (x *HolderReservation) GetBudgetBytes() uint64 {
+	if x != nil {
+		return x.BudgetBytes
+	}
+	return 0
+}
+
+func (x *HolderReservation) GetHeld() uint32 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
 type WatchEventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Events with a log index greater than this are sent.
@@ -721,7 +801,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_controller_proto_msgTypes[12]
+	mi := &file_controller_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +813,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[12]
+	mi := &file_controller_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +826,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{12}
+	return file_controller_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchEventsRequest) GetFromIndex() uint64 {
@@ -764,7 +844,7 @@ type RaftPeersRequest struct {
 
 func (x *RaftPeersRequest) Reset() {
 	*x = RaftPeersRequest{}
-	mi := &file_controller_proto_msgTypes[13]
+	mi := &file_controller_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +856,7 @@ func (x *RaftPeersRequest) String() string {
 func (*RaftPeersRequest) ProtoMessage() {}
 
 func (x *RaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[13]
+	mi := &file_controller_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +869,7 @@ func (x *RaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*RaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{13}
+	return file_controller_proto_rawDescGZIP(), []int{14}
 }
 
 type RaftPeer struct {
@@ -805,7 +885,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_controller_proto_msgTypes[14]
+	mi := &file_controller_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +897,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[14]
+	mi := &file_controller_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +910,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{14}
+	return file_controller_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -878,7 +958,7 @@ type RaftPeersResponse struct {
 
 func (x *RaftPeersResponse) Reset() {
 	*x = RaftPeersResponse{}
-	mi := &file_controller_proto_msgTypes[15]
+	mi := &file_controller_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +970,7 @@ func (x *RaftPeersResponse) String() string {
 func (*RaftPeersResponse) ProtoMessage() {}
 
 func (x *RaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[15]
+	mi := &file_controller_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +983,7 @@ func (x *RaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*RaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{15}
+	return file_controller_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RaftPeersResponse) GetPeers() []*RaftPeer {
@@ -930,7 +1010,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_controller_proto_msgTypes[16]
+	mi := &file_controller_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1022,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[16]
+	mi := &file_controller_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1035,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{16}
+	return file_controller_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -981,7 +1061,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_controller_proto_msgTypes[17]
+	mi := &file_controller_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1073,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[17]
+	mi := &file_controller_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1086,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{17}
+	return file_controller_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AddVoterResponse) GetIndex() uint64 {
@@ -1025,7 +1105,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_controller_proto_msgTypes[18]
+	mi := &file_controller_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1117,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[18]
+	mi := &file_controller_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1130,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{18}
+	return file_controller_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -1069,7 +1149,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_controller_proto_msgTypes[19]
+	mi := &file_controller_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1161,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[19]
+	mi := &file_controller_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1174,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{19}
+	return file_controller_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RemovePeerResponse) GetIndex() uint64 {
@@ -1114,7 +1194,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_controller_proto_msgTypes[20]
+	mi := &file_controller_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1206,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[20]
+	mi := &file_controller_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1219,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{20}
+	return file_controller_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -1158,7 +1238,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_controller_proto_msgTypes[21]
+	mi := &file_controller_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1250,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[21]
+	mi := &file_controller_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1263,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{21}
+	return file_controller_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TransferLeadershipResponse) GetNewLeader() string {
@@ -1204,7 +1284,7 @@ type SetStrategyRequest struct {
 
 func (x *SetStrategyRequest) Reset() {
 	*x = SetStrategyRequest{}
-	mi := &file_controller_proto_msgTypes[22]
+	mi := &file_controller_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1296,7 @@ func (x *SetStrategyRequest) String() string {
 func (*SetStrategyRequest) ProtoMessage() {}
 
 func (x *SetStrategyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[22]
+	mi := &file_controller_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1309,7 @@ func (x *SetStrategyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetStrategyRequest.ProtoReflect.Descriptor instead.
 func (*SetStrategyRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{22}
+	return file_controller_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetStrategyRequest) GetStrategy() Strategy {
@@ -1256,7 +1336,7 @@ type SetStrategyResponse struct {
 
 func (x *SetStrategyResponse) Reset() {
 	*x = SetStrategyResponse{}
-	mi := &file_controller_proto_msgTypes[23]
+	mi := &file_controller_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1348,7 @@ func (x *SetStrategyResponse) String() string {
 func (*SetStrategyResponse) ProtoMessage() {}
 
 func (x *SetStrategyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[23]
+	mi := &file_controller_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1361,7 @@ func (x *SetStrategyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetStrategyResponse.ProtoReflect.Descriptor instead.
 func (*SetStrategyResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{23}
+	return file_controller_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetStrategyResponse) GetPrevious() Strategy {
@@ -1309,7 +1389,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_controller_proto_msgTypes[24]
+	mi := &file_controller_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1401,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[24]
+	mi := &file_controller_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1414,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{24}
+	return file_controller_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ClusterStatusRequest) GetWithStateHash() bool {
@@ -1367,7 +1447,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_controller_proto_msgTypes[25]
+	mi := &file_controller_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1459,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[25]
+	mi := &file_controller_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1472,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{25}
+	return file_controller_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClusterStatusResponse) GetLeaderId() string {
@@ -1498,7 +1578,7 @@ type SetWorkerPhaseRequest struct {
 
 func (x *SetWorkerPhaseRequest) Reset() {
 	*x = SetWorkerPhaseRequest{}
-	mi := &file_controller_proto_msgTypes[26]
+	mi := &file_controller_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1590,7 @@ func (x *SetWorkerPhaseRequest) String() string {
 func (*SetWorkerPhaseRequest) ProtoMessage() {}
 
 func (x *SetWorkerPhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[26]
+	mi := &file_controller_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1603,7 @@ func (x *SetWorkerPhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWorkerPhaseRequest.ProtoReflect.Descriptor instead.
 func (*SetWorkerPhaseRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{26}
+	return file_controller_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetWorkerPhaseRequest) GetWorkerId() string {
@@ -1564,7 +1644,7 @@ type SetWorkerPhaseResponse struct {
 
 func (x *SetWorkerPhaseResponse) Reset() {
 	*x = SetWorkerPhaseResponse{}
-	mi := &file_controller_proto_msgTypes[27]
+	mi := &file_controller_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1656,7 @@ func (x *SetWorkerPhaseResponse) String() string {
 func (*SetWorkerPhaseResponse) ProtoMessage() {}
 
 func (x *SetWorkerPhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[27]
+	mi := &file_controller_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1669,7 @@ func (x *SetWorkerPhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWorkerPhaseResponse.ProtoReflect.Descriptor instead.
 func (*SetWorkerPhaseResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{27}
+	return file_controller_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetWorkerPhaseResponse) GetWorker() *Worker {
@@ -1618,7 +1698,7 @@ type ReportUnreachableRequest struct {
 
 func (x *ReportUnreachableRequest) Reset() {
 	*x = ReportUnreachableRequest{}
-	mi := &file_controller_proto_msgTypes[28]
+	mi := &file_controller_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1710,7 @@ func (x *ReportUnreachableRequest) String() string {
 func (*ReportUnreachableRequest) ProtoMessage() {}
 
 func (x *ReportUnreachableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[28]
+	mi := &file_controller_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1723,7 @@ func (x *ReportUnreachableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUnreachableRequest.ProtoReflect.Descriptor instead.
 func (*ReportUnreachableRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{28}
+	return file_controller_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReportUnreachableRequest) GetWorkerId() string {
@@ -1678,7 +1758,7 @@ type ReportUnreachableResponse struct {
 
 func (x *ReportUnreachableResponse) Reset() {
 	*x = ReportUnreachableResponse{}
-	mi := &file_controller_proto_msgTypes[29]
+	mi := &file_controller_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1770,7 @@ func (x *ReportUnreachableResponse) String() string {
 func (*ReportUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[29]
+	mi := &file_controller_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1783,7 @@ func (x *ReportUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{29}
+	return file_controller_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReportUnreachableResponse) GetMarkedFailed() bool {
@@ -1761,11 +1841,17 @@ const file_controller_proto_rawDesc = "" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"M\n" +
 	"\x12ListWorkersRequest\x127\n" +
-	"\vconsistency\x18\x01 \x01(\x0e2\x15.lumen.v1.ConsistencyR\vconsistency\"\x92\x01\n" +
+	"\vconsistency\x18\x01 \x01(\x0e2\x15.lumen.v1.ConsistencyR\vconsistency\"\xd3\x01\n" +
 	"\x13ListWorkersResponse\x12*\n" +
 	"\aworkers\x18\x01 \x03(\v2\x10.lumen.v1.WorkerR\aworkers\x12*\n" +
 	"\x05loads\x18\x02 \x03(\v2\x14.lumen.v1.LoadRecordR\x05loads\x12#\n" +
-	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\"3\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12?\n" +
+	"\freservations\x18\x04 \x03(\v2\x1b.lumen.v1.HolderReservationR\freservations\"\x8e\x01\n" +
+	"\x11HolderReservation\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12%\n" +
+	"\x0ereserved_bytes\x18\x02 \x01(\x04R\rreservedBytes\x12!\n" +
+	"\fbudget_bytes\x18\x03 \x01(\x04R\vbudgetBytes\x12\x12\n" +
+	"\x04held\x18\x04 \x01(\rR\x04held\"3\n" +
 	"\x12WatchEventsRequest\x12\x1d\n" +
 	"\n" +
 	"from_index\x18\x01 \x01(\x04R\tfromIndex\"\x12\n" +
@@ -1873,7 +1959,7 @@ func file_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_controller_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: lumen.v1.Consistency
 	(*DispatchRequest)(nil),            // 1: lumen.v1.DispatchRequest
@@ -1888,82 +1974,84 @@ var file_controller_proto_goTypes = []any{
 	(*GetPlacementResponse)(nil),       // 10: lumen.v1.GetPlacementResponse
 	(*ListWorkersRequest)(nil),         // 11: lumen.v1.ListWorkersRequest
 	(*ListWorkersResponse)(nil),        // 12: lumen.v1.ListWorkersResponse
-	(*WatchEventsRequest)(nil),         // 13: lumen.v1.WatchEventsRequest
-	(*RaftPeersRequest)(nil),           // 14: lumen.v1.RaftPeersRequest
-	(*RaftPeer)(nil),                   // 15: lumen.v1.RaftPeer
-	(*RaftPeersResponse)(nil),          // 16: lumen.v1.RaftPeersResponse
-	(*AddVoterRequest)(nil),            // 17: lumen.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),           // 18: lumen.v1.AddVoterResponse
-	(*RemovePeerRequest)(nil),          // 19: lumen.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 20: lumen.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 21: lumen.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 22: lumen.v1.TransferLeadershipResponse
-	(*SetStrategyRequest)(nil),         // 23: lumen.v1.SetStrategyRequest
-	(*SetStrategyResponse)(nil),        // 24: lumen.v1.SetStrategyResponse
-	(*ClusterStatusRequest)(nil),       // 25: lumen.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 26: lumen.v1.ClusterStatusResponse
-	(*SetWorkerPhaseRequest)(nil),      // 27: lumen.v1.SetWorkerPhaseRequest
-	(*SetWorkerPhaseResponse)(nil),     // 28: lumen.v1.SetWorkerPhaseResponse
-	(*ReportUnreachableRequest)(nil),   // 29: lumen.v1.ReportUnreachableRequest
-	(*ReportUnreachableResponse)(nil),  // 30: lumen.v1.ReportUnreachableResponse
-	(*Placement)(nil),                  // 31: lumen.v1.Placement
-	(*LoadRecord)(nil),                 // 32: lumen.v1.LoadRecord
-	(*Worker)(nil),                     // 33: lumen.v1.Worker
-	(Strategy)(0),                      // 34: lumen.v1.Strategy
-	(WorkerPhase)(0),                   // 35: lumen.v1.WorkerPhase
-	(*Event)(nil),                      // 36: lumen.v1.Event
+	(*HolderReservation)(nil),          // 13: lumen.v1.HolderReservation
+	(*WatchEventsRequest)(nil),         // 14: lumen.v1.WatchEventsRequest
+	(*RaftPeersRequest)(nil),           // 15: lumen.v1.RaftPeersRequest
+	(*RaftPeer)(nil),                   // 16: lumen.v1.RaftPeer
+	(*RaftPeersResponse)(nil),          // 17: lumen.v1.RaftPeersResponse
+	(*AddVoterRequest)(nil),            // 18: lumen.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),           // 19: lumen.v1.AddVoterResponse
+	(*RemovePeerRequest)(nil),          // 20: lumen.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 21: lumen.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 22: lumen.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 23: lumen.v1.TransferLeadershipResponse
+	(*SetStrategyRequest)(nil),         // 24: lumen.v1.SetStrategyRequest
+	(*SetStrategyResponse)(nil),        // 25: lumen.v1.SetStrategyResponse
+	(*ClusterStatusRequest)(nil),       // 26: lumen.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 27: lumen.v1.ClusterStatusResponse
+	(*SetWorkerPhaseRequest)(nil),      // 28: lumen.v1.SetWorkerPhaseRequest
+	(*SetWorkerPhaseResponse)(nil),     // 29: lumen.v1.SetWorkerPhaseResponse
+	(*ReportUnreachableRequest)(nil),   // 30: lumen.v1.ReportUnreachableRequest
+	(*ReportUnreachableResponse)(nil),  // 31: lumen.v1.ReportUnreachableResponse
+	(*Placement)(nil),                  // 32: lumen.v1.Placement
+	(*LoadRecord)(nil),                 // 33: lumen.v1.LoadRecord
+	(*Worker)(nil),                     // 34: lumen.v1.Worker
+	(Strategy)(0),                      // 35: lumen.v1.Strategy
+	(WorkerPhase)(0),                   // 36: lumen.v1.WorkerPhase
+	(*Event)(nil),                      // 37: lumen.v1.Event
 }
 var file_controller_proto_depIdxs = []int32{
-	31, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
-	32, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
-	33, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
-	33, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
+	32, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
+	33, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
+	34, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
+	34, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
 	0,  // 4: lumen.v1.GetPlacementRequest.consistency:type_name -> lumen.v1.Consistency
-	31, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
+	32, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
 	0,  // 6: lumen.v1.ListWorkersRequest.consistency:type_name -> lumen.v1.Consistency
-	33, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
-	32, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
-	15, // 9: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
-	34, // 10: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
-	34, // 11: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
-	34, // 12: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
-	35, // 13: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
-	33, // 14: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
-	1,  // 15: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
-	3,  // 16: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
-	5,  // 17: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
-	7,  // 18: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
-	9,  // 19: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
-	11, // 20: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
-	13, // 21: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
-	27, // 22: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
-	29, // 23: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
-	14, // 24: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
-	17, // 25: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
-	19, // 26: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
-	21, // 27: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
-	23, // 28: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
-	25, // 29: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
-	2,  // 30: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
-	4,  // 31: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
-	6,  // 32: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
-	8,  // 33: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
-	10, // 34: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
-	12, // 35: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
-	36, // 36: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
-	28, // 37: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
-	30, // 38: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
-	16, // 39: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
-	18, // 40: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
-	20, // 41: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
-	22, // 42: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
-	24, // 43: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
-	26, // 44: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
-	30, // [30:45] is the sub-list for method output_type
-	15, // [15:30] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	34, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
+	33, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
+	13, // 9: lumen.v1.ListWorkersResponse.reservations:type_name -> lumen.v1.HolderReservation
+	16, // 10: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
+	35, // 11: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
+	35, // 12: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
+	35, // 13: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
+	36, // 14: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
+	34, // 15: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
+	1,  // 16: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
+	3,  // 17: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
+	5,  // 18: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
+	7,  // 19: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
+	9,  // 20: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
+	11, // 21: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
+	14, // 22: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
+	28, // 23: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
+	30, // 24: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
+	15, // 25: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
+	18, // 26: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
+	20, // 27: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
+	22, // 28: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
+	24, // 29: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
+	26, // 30: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
+	2,  // 31: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
+	4,  // 32: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
+	6,  // 33: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
+	8,  // 34: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
+	10, // 35: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
+	12, // 36: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
+	37, // 37: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
+	29, // 38: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
+	31, // 39: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
+	17, // 40: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
+	19, // 41: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
+	21, // 42: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
+	23, // 43: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
+	25, // 44: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
+	27, // 45: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
+	31, // [31:46] is the sub-list for method output_type
+	16, // [16:31] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -1978,7 +2066,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
