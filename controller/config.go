@@ -15,6 +15,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -55,6 +56,12 @@ type Config struct {
 	BootstrapExpect int
 	// Join lists Serf addresses of existing members to join at start.
 	Join []string
+	// RaftPeerAddrs overrides, by replica id, the address this replica
+	// dials for that peer's Raft transport instead of the one in the Raft
+	// configuration: for a peer reached through a NAT or a proxy (the
+	// jepsen suite's per-link proxies). Peers not named are dialed as
+	// configured.
+	RaftPeerAddrs map[string]string
 
 	// RaftMultiplier scales the Raft timeouts (default 1: 300 ms heartbeat
 	// and election timeouts). Range (0, 10].
@@ -123,6 +130,11 @@ func (c *Config) Validate() error {
 	}
 	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
 		errs = append(errs, fmt.Errorf("GossipKey is %d bytes; it must be 16, 24 or 32", n))
+	}
+	for id, addr := range c.RaftPeerAddrs {
+		if _, _, err := net.SplitHostPort(addr); id == "" || err != nil {
+			errs = append(errs, fmt.Errorf("RaftPeerAddrs: %q=%q must be a replica id and a host:port", id, addr))
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("controller: invalid config: %w", errors.Join(errs...))

@@ -191,9 +191,11 @@ func (n *Node) setupRaft(serverTLS, clientTLS *tls.Config) error {
 		return err
 	}
 	n.layer = layer
-	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: n.log.Named("transport"),
-	})
+	tc := &raft.NetworkTransportConfig{Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: n.log.Named("transport")}
+	if len(n.cfg.RaftPeerAddrs) > 0 {
+		tc.ServerAddressProvider = peerAddrs(n.cfg.RaftPeerAddrs)
+	}
+	n.trans = raft.NewNetworkTransportWithConfig(tc)
 	n.cfg.RaftAddr = string(n.trans.LocalAddr())
 	conf := n.raftConfig()
 	if err := raft.ValidateConfig(conf); err != nil {

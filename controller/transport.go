@@ -110,6 +110,18 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	return s.track(c)
 }
 
+// peerAddrs is Config.RaftPeerAddrs as raft's ServerAddressProvider: the
+// transport asks it for each RPC's target, and an error makes it use the
+// address in the configuration.
+type peerAddrs map[string]string
+
+func (p peerAddrs) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if a, ok := p[string(id)]; ok {
+		return raft.ServerAddress(a), nil
+	}
+	return "", fmt.Errorf("controller: no address override for %s", id)
+}
+
 // DialOptions returns the gRPC dial options for a client of lumen's servers.
 func DialOptions(clientTLS *tls.Config) []grpc.DialOption {
 	creds := insecure.NewCredentials()

@@ -39,6 +39,10 @@ type Config struct {
 	Duration    time.Duration // of the workload under faults
 	Nemeses     []string      // names from Nemeses; combined, one fault at a time
 	Interval    time.Duration // mean time between faults
+	// Partitions picks how partitions are made: "netns" (network
+	// namespaces; needs root), "proxy" (per-link TCP proxies on loopback),
+	// or "" for namespaces where they can be made, else proxies.
+	Partitions string
 	// Clients of each workload.
 	PlacementClients, ServingClients int
 	Log                              io.Writer
@@ -70,7 +74,7 @@ func (r *Report) OK() bool {
 type env struct {
 	cfg    Config
 	cl     *devcluster.Cluster
-	net    *Net
+	net    partitioner
 	client *ctlclient.Client
 	rng    *rand.Rand
 	logf   func(format string, args ...any)
@@ -105,20 +109,58 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	opts := devcluster.Options{Bin: cfg.Bin, Dir: cfg.Dir, Controllers: cfg.Controllers, Args: []string{"-log-level", "info"}}
+	var cl *devcluster.Cluster // the proxies' targets; set before anything dials them
 	if needsNet(cfg.Nemeses) {
-		// The subnet and names follow the process, so two harnesses on
-		// one machine (make test beside make jepsen) do not share them.
-		octet := 100 + os.Getpid()%150
-		nt, err := NewNet(fmt.Sprintf("lj%d", octet), octet, cfg.Controllers)
-		if err != nil {
-			return nil, fmt.Errorf("partitions: %w", err)
+		mode := cfg.Partitions
+		if mode == "" {
+			mode = "netns"
+			if err := NetAvailable(); err != nil {
+				mode = "proxy"
+				e.logf("network namespaces unavailable (%v): partitions through per-link TCP proxies", err)
+			}
 		}
-		defer nt.Teardown()
-		e.net = nt
-		opts.Hosts, opts.Wrap, opts.WorkerHost = nt.Hosts, nt.Wrap, nt.Bridge
+		switch mode {
+		case "netns":
+			// The subnet and names follow the process, so two harnesses
+			// on one machine (make test beside make jepsen) do not share
+			// them.
+			octet := 100 + os.Getpid()%150
+			nt, err := NewNet(fmt.Sprintf("lj%d", octet), octet, cfg.Controllers)
+			if err != nil {
+				return nil, fmt.Errorf("partitions: %w", err)
+			}
+			defer nt.Teardown()
+			e.net = nt
+			opts.Hosts, opts.Wrap, opts.WorkerHost = nt.Hosts, nt.Wrap, nt.Bridge
+		case "proxy":
+			px, err := NewProxies(cfg.Controllers, func(j int) string { r, _ := cl.Addrs(j); return r },
+				func(j int) string { _, g := cl.Addrs(j); return g })
+			if err != nil {
+				return nil, fmt.Errorf("partitions: %w", err)
+			}
+			defer px.Close()
+			e.net = px
+			opts.ClientAddr = px.ClientAddr
+			opts.ControllerArgs = func(i int) []string {
+				var peers []string
+				for j := range cfg.Controllers {
+					if j != i {
+						peers = append(peers, devcluster.ControllerID(j)+"="+px.RaftAddr(i, j))
+					}
+				}
+				return []string{"-raft-peer-addrs", strings.Join(peers, ",")}
+			}
+		default:
+			return nil, fmt.Errorf("partitions %q: use netns or proxy", mode)
+		}
+		e.logf("partitions: %s", mode)
+	}
+	cl, err := devcluster.Prepare(opts)
+	if err != nil {
+		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	cl, err := devcluster.Start(cctx, opts)
+	err = cl.Launch(cctx)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -682,6 +724,3 @@ func abbreviate(s string) string {
 	}
 	return s[:8]
 }
-
-// NeedsNet says whether any of the nemeses partitions the network.
-func NeedsNet(nemeses []string) bool { return needsNet(nemeses) }

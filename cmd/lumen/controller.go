@@ -31,6 +31,7 @@ func runController(args []string) error {
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "", "host:port for /metrics, /healthz, /readyz (empty: off)")
 	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "bootstrap a new cluster once this many controllers see each other")
 	join := fs.String("join", "", "comma-separated Serf addresses of members to join (retried until one answers)")
+	peerAddrs := fs.String("raft-peer-addrs", "", "comma-separated id=host:port: dial these peers' Raft transports there instead of their configured addresses (a NAT, a proxy)")
 	fs.Float64Var(&cfg.RaftMultiplier, "raft-multiplier", cfg.RaftMultiplier, "scale Raft timeouts (1 = 300 ms heartbeat/election timeout)")
 	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries between snapshots")
 	fs.IntVar(&cfg.BatchInflight, "batch-inflight", cfg.BatchInflight, "log entries proposed but not applied before commands wait to join the next entry")
@@ -46,6 +47,16 @@ func runController(args []string) error {
 	}
 	if *join != "" {
 		cfg.Join = strings.Split(*join, ",")
+	}
+	if *peerAddrs != "" {
+		cfg.RaftPeerAddrs = map[string]string{}
+		for _, kv := range strings.Split(*peerAddrs, ",") {
+			id, addr, ok := strings.Cut(kv, "=")
+			if !ok {
+				return fmt.Errorf("-raft-peer-addrs: %q is not id=host:port", kv)
+			}
+			cfg.RaftPeerAddrs[id] = addr
+		}
 	}
 	if *gossipKey != "" {
 		k, err := base64.StdEncoding.DecodeString(*gossipKey)

@@ -23,24 +23,27 @@ func init() {
 var jepsenMatrix = []struct {
 	nemeses     []string
 	controllers int
+	partitions  string // "" follows -partitions
 }{
-	{[]string{"kill-controller"}, 3},
-	{[]string{"kill-leader"}, 3},
-	{[]string{"kill-all-controllers"}, 3},
-	{[]string{"kill-worker"}, 3},
-	{[]string{"kill-holder"}, 3},
-	{[]string{"pause-leader"}, 3},
-	{[]string{"pause-worker"}, 3},
-	{[]string{"partition-leader"}, 3},
-	{[]string{"partition-halves"}, 5},
-	{[]string{"partition-bridge"}, 5},
-	{[]string{"partition-one-way"}, 3},
-	{[]string{"membership"}, 3},
-	{[]string{"kill-leader", "kill-worker"}, 3},
-	{[]string{"partition-halves", "kill-holder"}, 3},
-	{[]string{"pause-leader", "pause-worker", "kill-holder"}, 3},
-	{[]string{"membership", "kill-controller", "partition-one-way"}, 5},
-	{[]string{"partition-leader", "kill-worker", "pause-worker", "kill-leader"}, 3},
+	{[]string{"kill-controller"}, 3, ""},
+	{[]string{"kill-leader"}, 3, ""},
+	{[]string{"kill-all-controllers"}, 3, ""},
+	{[]string{"kill-worker"}, 3, ""},
+	{[]string{"kill-holder"}, 3, ""},
+	{[]string{"pause-leader"}, 3, ""},
+	{[]string{"pause-worker"}, 3, ""},
+	{[]string{"partition-leader"}, 3, ""},
+	{[]string{"partition-halves"}, 5, ""},
+	{[]string{"partition-bridge"}, 5, ""},
+	{[]string{"partition-one-way"}, 3, ""},
+	{[]string{"membership"}, 3, ""},
+	{[]string{"kill-leader", "kill-worker"}, 3, ""},
+	{[]string{"partition-halves", "kill-holder"}, 3, ""},
+	{[]string{"pause-leader", "pause-worker", "kill-holder"}, 3, ""},
+	{[]string{"membership", "kill-controller", "partition-one-way"}, 5, ""},
+	{[]string{"partition-leader", "kill-worker", "pause-worker", "kill-leader"}, 3, ""},
+	// The fallback for machines without namespaces, also where they exist.
+	{[]string{"partition-leader", "partition-halves", "partition-one-way"}, 3, "proxy"},
 }
 
 func runJepsen(args []string) error {
@@ -54,6 +57,7 @@ func runJepsen(args []string) error {
 	workers := fs.Int("workers", 3, "workers")
 	results := fs.String("results", "jepsen-results", "directory for histories, logs and the summary")
 	list := fs.Bool("list", false, "list the nemeses and exit")
+	partitions := fs.String("partitions", "auto", "how partitions are made: netns (network namespaces, needs root), proxy (per-link TCP proxies), or auto (netns where possible)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -72,27 +76,32 @@ func runJepsen(args []string) error {
 	type runSpec struct {
 		nemeses     []string
 		controllers int
+		partitions  string
 	}
 	var runs []runSpec
 	if *matrix {
 		for _, m := range jepsenMatrix {
-			runs = append(runs, runSpec{m.nemeses, m.controllers})
+			runs = append(runs, runSpec{m.nemeses, m.controllers, m.partitions})
 		}
 	} else {
-		runs = []runSpec{{strings.Split(*nemeses, ","), *controllers}}
+		runs = []runSpec{{strings.Split(*nemeses, ","), *controllers, ""}}
 	}
-	if err := jepsen.NetAvailable(); err != nil {
-		fmt.Printf("network namespaces unavailable (%v): runs with partitions are left out\n", err)
-		kept := runs[:0]
-		for _, r := range runs {
-			if !jepsen.NeedsNet(r.nemeses) {
-				kept = append(kept, r)
-			}
+	mode := ""
+	switch *partitions {
+	case "auto":
+		if err := jepsen.NetAvailable(); err != nil {
+			fmt.Printf("network namespaces unavailable (%v): partitions go through per-link TCP proxies\n", err)
+			mode = "proxy"
 		}
-		runs = kept
-	}
-	if len(runs) == 0 {
-		return fmt.Errorf("nothing to run")
+	case "netns":
+		if err := jepsen.NetAvailable(); err != nil {
+			return fmt.Errorf("-partitions netns: %w", err)
+		}
+		mode = "netns"
+	case "proxy":
+		mode = "proxy"
+	default:
+		return fmt.Errorf("-partitions %q: use auto, netns or proxy", *partitions)
 	}
 	root := filepath.Join(*results, time.Now().Format("20060102-150405"))
 	bin, err := os.Executable()
@@ -109,9 +118,14 @@ func runJepsen(args []string) error {
 		if r.controllers != 3 {
 			name += fmt.Sprintf("/%dc", r.controllers)
 		}
+		partitionMode := mode
+		if r.partitions != "" {
+			partitionMode = r.partitions
+			name += "/" + r.partitions
+		}
 		cfg := jepsen.Config{Name: name, Bin: bin, Dir: filepath.Join(root, fmt.Sprintf("%02d-%s", k+1, strings.ReplaceAll(name, "/", "-"))),
 			ModelDir: filepath.Join(root, "model"), Seed: *seed + int64(k), Controllers: r.controllers, Workers: *workers,
-			Duration: *duration, Nemeses: r.nemeses, Interval: *interval, PlacementClients: 6, ServingClients: 2, Log: os.Stdout}
+			Duration: *duration, Nemeses: r.nemeses, Interval: *interval, Partitions: partitionMode, PlacementClients: 6, ServingClients: 2, Log: os.Stdout}
 		rep, err := jepsen.Run(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("%s: %w (logs in %s)", name, err, cfg.Dir)

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -77,11 +78,23 @@ type Options struct {
 	Hosts      []string
 	Wrap       func(i int) []string
 	WorkerHost string
+	// ControllerArgs, when set, gives controller i flags of its own.
+	ControllerArgs func(i int) []string
+	// ClientAddr, when set, is the address workers, the gateway and
+	// GRPCAddrs give for controller i instead of its gRPC address (a
+	// proxy in front of it).
+	ClientAddr func(i int) string
 }
+
+// ControllerID is the id of controller i (0-based): ctl1, ctl2, ...
+func ControllerID(i int) string { return fmt.Sprintf("ctl%d", i+1) }
 
 // Cluster is a local controller quorum.
 type Cluster struct {
-	opts        Options
+	opts Options
+	// addrMu guards the controllers' addresses while Launch may pick new
+	// ones (a port taken at start); read them with Addrs meanwhile.
+	addrMu      sync.Mutex
 	Controllers []*Controller
 	Workers     []*Worker
 	Gateway     *Gateway
@@ -124,6 +137,20 @@ func (c *Cluster) workerAddr() (string, error) {
 
 // Start launches the quorum and waits until it has a leader.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	c, err := Prepare(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Launch(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Prepare picks every controller's id, directories and addresses without
+// starting anything, for a caller that must know them first (a proxy in
+// front of them); Launch starts them.
+func Prepare(opts Options) (*Cluster, error) {
 	if opts.Bin == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -136,7 +163,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	c := &Cluster{opts: opts}
 	for i := 0; i < opts.Controllers; i++ {
-		ctl := &Controller{ID: fmt.Sprintf("ctl%d", i+1), index: i}
+		ctl := &Controller{ID: ControllerID(i), index: i}
 		ctl.DataDir = filepath.Join(opts.Dir, ctl.ID)
 		ctl.LogPath = filepath.Join(opts.Dir, ctl.ID+".log")
 		if i < len(opts.Hosts) {
@@ -147,10 +174,15 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		c.Controllers = append(c.Controllers, ctl)
 	}
+	return c, nil
+}
+
+// Launch starts the prepared quorum and waits until it has a leader.
+func (c *Cluster) Launch(ctx context.Context) error {
 	for i := range c.Controllers {
 		if err := c.Restart(i); err != nil {
 			c.Stop()
-			return nil, err
+			return err
 		}
 	}
 	// A port handed out by FreePort can be taken (by another process's
@@ -162,7 +194,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		_, err := c.WaitLeader(wctx)
 		cancel()
 		if err == nil {
-			return c, nil
+			return nil
 		}
 		for i, ctl := range c.Controllers {
 			if ctl.Running() {
@@ -170,20 +202,23 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			}
 			if retries++; retries > 3*len(c.Controllers) {
 				c.Stop()
-				return nil, fmt.Errorf("devcluster: %s keeps exiting at start (log: %s)", ctl.ID, ctl.LogPath)
+				return fmt.Errorf("devcluster: %s keeps exiting at start (log: %s)", ctl.ID, ctl.LogPath)
 			}
-			if err := ctl.pickAddrs(); err != nil {
+			c.addrMu.Lock()
+			err := ctl.pickAddrs()
+			c.addrMu.Unlock()
+			if err != nil {
 				c.Stop()
-				return nil, err
+				return err
 			}
 			if err := c.Restart(i); err != nil {
 				c.Stop()
-				return nil, err
+				return err
 			}
 		}
 		if ctx.Err() != nil {
 			c.Stop()
-			return nil, fmt.Errorf("devcluster: no leader: %w (logs in %s)", ctx.Err(), opts.Dir)
+			return fmt.Errorf("devcluster: no leader: %w (logs in %s)", ctx.Err(), c.opts.Dir)
 		}
 	}
 }
@@ -203,11 +238,23 @@ func (ctl *Controller) pickAddrs() error {
 	return nil
 }
 
-// GRPCAddrs lists every controller's API address.
+// Addrs returns controller i's Raft and gRPC addresses; safe while Launch
+// runs.
+func (c *Cluster) Addrs(i int) (raft, grpc string) {
+	c.addrMu.Lock()
+	defer c.addrMu.Unlock()
+	return c.Controllers[i].RaftAddr, c.Controllers[i].GRPCAddr
+}
+
+// GRPCAddrs lists every controller's API address, as clients reach it
+// (Options.ClientAddr).
 func (c *Cluster) GRPCAddrs() []string {
 	out := make([]string, len(c.Controllers))
 	for i, ctl := range c.Controllers {
 		out[i] = ctl.GRPCAddr
+		if c.opts.ClientAddr != nil {
+			out[i] = c.opts.ClientAddr(i)
+		}
 	}
 	return out
 }
@@ -228,6 +275,9 @@ func (c *Cluster) Restart(i int) error {
 		"-raft-addr", ctl.RaftAddr, "-grpc-addr", ctl.GRPCAddr, "-serf-addr", ctl.SerfAddr, "-http-addr", ctl.HTTPAddr,
 		"-bootstrap-expect", strconv.Itoa(len(c.Controllers)), "-join", strings.Join(join, ",")}
 	args = append(args, c.opts.Args...)
+	if c.opts.ControllerArgs != nil {
+		args = append(args, c.opts.ControllerArgs(i)...)
+	}
 	var wrap []string
 	if c.opts.Wrap != nil {
 		wrap = c.opts.Wrap(i) // it execs lumen in place: the pid stays the controller's
