@@ -33,8 +33,9 @@ test:
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /e2e -e /jepsen)
 	$(GO) test -count=1 -timeout 20m ./e2e/ ./jepsen/
 
-## jepsen: the full fault-injection matrix (about 45 minutes; needs root and
-## iproute2 for the partitions). Histories and the summary land in jepsen-results/.
+## jepsen: the full fault-injection matrix (about 50 minutes; partitions use
+## network namespaces as root with iproute2, per-link TCP proxies otherwise).
+## Histories and the summary land in jepsen-results/.
 jepsen: build
 	./$(BIN) jepsen -matrix -duration 2m -results jepsen-results
 
