@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 	"github.com/hashicorp/serf/serf"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -692,5 +693,55 @@ func TestRemovedVoterCanBeAddedBack(t *testing.T) {
 	}
 	if _, err := c.client(next).Dispatch(ctxT(t, 10*time.Second), &pb.DispatchRequest{RequestId: "after", PromptTokens: 8, MaxTokens: 8}); err != nil {
 		t.Fatalf("no commit with the re-added voter and the leader: %v", err)
+	}
+}
+
+// A replica replaced by one with an empty data directory, started with the
+// same flags (-bootstrap-expect included), joins the running cluster as a
+// voter instead of bootstrapping a configuration of its own: its log agrees
+// with the leader's from index 1 (Raft's log matching), and it serves the
+// cluster's state.
+func TestReplacementReplicaDoesNotBootstrap(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	c.addWorker("w1", 1, 1<<30)
+	leader := c.waitLeader()
+	if _, err := c.client(leader).Dispatch(ctxT(t, 5*time.Second), &pb.DispatchRequest{RequestId: "before", PromptTokens: 8, MaxTokens: 8}); err != nil {
+		t.Fatal(err)
+	}
+	// The machine of a follower is decommissioned (it leaves the quorum and
+	// Serf) and replaced: same id and flags, new addresses, no state.
+	victim := c.index(c.follower())
+	if err := c.nodes[victim].Leave(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[victim] = nil
+	cfg := c.cfgs[victim]
+	cfg.DataDir = t.TempDir()
+	cfg.RaftAddr, cfg.GRPCAddr, cfg.SerfAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Join = []string{leader.SerfAddr()}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[victim] = n
+	waitFor(t, 15*time.Second, "the replacement to be a voter holding the cluster's state", func() bool {
+		p, _ := n.FSM().Placement("before")
+		return p != nil && n.FSM().Applied() >= leader.FSM().Applied()
+	})
+	n.mu.Lock()
+	bootstrapped := n.bootstrapped
+	n.mu.Unlock()
+	if bootstrapped {
+		t.Fatal("the replacement bootstrapped a cluster of its own beside the running one")
+	}
+	var mine, theirs raft.Log
+	if err := n.store.GetLog(1, &mine); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.store.GetLog(1, &theirs); err != nil {
+		t.Fatal(err)
+	}
+	if mine.Term != theirs.Term || !bytes.Equal(mine.Data, theirs.Data) {
+		t.Fatalf("the replacement's log entry 1 (term %d) is not the leader's (term %d): it bootstrapped a configuration of its own", mine.Term, theirs.Term)
 	}
 }

@@ -412,14 +412,20 @@ func (n *Node) retryJoin() {
 
 // maybeBootstrap bootstraps a new cluster once BootstrapExpect controllers
 // with the same expectation see each other. Every one of them bootstraps the
-// same configuration, which raft allows.
+// same configuration, which raft allows. A replica started with the same
+// flags later (a replacement with an empty data directory) must not
+// bootstrap a configuration of its own beside the running cluster's: when
+// any other controller answers that it belongs to a cluster with state, this
+// one waits for the leader to add it as a voter.
 func (n *Node) maybeBootstrap() {
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.bootstrapped || n.cfg.BootstrapExpect == 0 {
+	done := n.bootstrapped || n.cfg.BootstrapExpect == 0
+	n.mu.Unlock()
+	if done {
 		return
 	}
 	var servers []raft.Server
+	var peers []string // the others' gRPC addresses
 	for _, m := range n.serf.Members() {
 		if m.Status != serf.StatusAlive || m.Tags[gossip.TagRole] != gossip.RoleController {
 			continue
@@ -429,8 +435,20 @@ func (n *Node) maybeBootstrap() {
 			continue
 		}
 		servers = append(servers, raft.Server{ID: raft.ServerID(m.Name), Address: raft.ServerAddress(m.Tags[gossip.TagRaftAddr])})
+		if m.Name != n.cfg.NodeID && m.Tags[gossip.TagGRPCAddr] != "" {
+			peers = append(peers, m.Tags[gossip.TagGRPCAddr])
+		}
 	}
 	if len(servers) < n.cfg.BootstrapExpect {
+		return
+	}
+	if peer := n.existingCluster(peers); peer != "" {
+		n.log.Info("not bootstrapping: a controller already belongs to a cluster; waiting to be added as a voter", "peer", peer)
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.bootstrapped {
 		return
 	}
 	// A member that already joined an existing cluster leaves us nothing to
@@ -441,4 +459,30 @@ func (n *Node) maybeBootstrap() {
 	}
 	n.log.Info("bootstrapped cluster", "servers", len(servers))
 	n.bootstrapped = true
+}
+
+// existingCluster asks the other controllers, at once and for at most a
+// second, whether one already has a cluster with state (a leader or a commit
+// index above zero), and returns the first that says so. A peer that does
+// not answer says nothing: at a first start nobody has state yet.
+func (n *Node) existingCluster(peers []string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	found := make(chan string, len(peers))
+	var wg sync.WaitGroup
+	for _, addr := range peers {
+		cc, err := n.peers.get(addr)
+		if err != nil {
+			continue
+		}
+		wg.Go(func() {
+			st, err := pb.NewOperatorClient(cc).ClusterStatus(ctx, &pb.ClusterStatusRequest{})
+			if err == nil && (st.LeaderId != "" || st.CommitIndex > 0) {
+				found <- st.NodeId
+			}
+		})
+	}
+	wg.Wait()
+	close(found)
+	return <-found
 }
