@@ -3,9 +3,13 @@ package jepsen
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -136,7 +140,7 @@ var Nemeses = map[string]nemesis{
 			}
 			return fmt.Sprintf("drop %s -> %s", e.cl.Controllers[a].ID, e.cl.Controllers[b].ID), e.net.Cut(a, b)
 		}},
-	"membership": {doc: "remove a voter under load; it is added back at heal",
+	"membership": {doc: "remove a voter under load; at heal it is added back, half the time replaced by an empty replica (kill -9, data directory wiped, same id and flags)",
 		start: func(ctx context.Context, e *env) (string, error) {
 			i := e.rng.Intn(len(e.cl.Controllers))
 			id := e.cl.Controllers[i].ID
@@ -273,24 +277,55 @@ func (e *env) heal(ctx context.Context) {
 	e.mu.Unlock()
 	for i := range removed {
 		ctl := e.cl.Controllers[i]
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			err := e.client.Operator(actx, func(ctx context.Context, op pb.OperatorClient) error {
-				_, err := op.AddVoter(ctx, &pb.AddVoterRequest{Id: ctl.ID, RaftAddr: ctl.RaftAddr})
+		if e.rng.Intn(2) == 0 {
+			// The machine is replaced: a new replica with the same id and
+			// flags and no state, which must join, not bootstrap, and
+			// catch up from the leader. The leader may have added the
+			// removed replica back meanwhile (it is alive in Serf), and a
+			// voter must never lose its log: it is killed and removed
+			// again before its data goes.
+			e.cl.Kill(i)
+			err := e.retryOperator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+				_, err := op.RemovePeer(ctx, &pb.RemovePeerRequest{Id: ctl.ID})
+				if status.Code(err) == codes.NotFound {
+					return nil // not a voter: nothing to remove
+				}
 				return err
 			})
-			cancel()
 			if err == nil {
-				e.logf("heal: %s added back as a voter", ctl.ID)
-				break
+				err = os.RemoveAll(ctl.DataDir)
 			}
-			if time.Now().After(deadline) {
-				e.logf("heal: add voter %s: %v", ctl.ID, err)
-				break
+			if err != nil {
+				e.logf("heal: %s not replaced (%v): it restarts with its data", ctl.ID, err)
 			}
-			sleepCtx(ctx, 200*time.Millisecond)
+			if rerr := e.cl.Restart(i); rerr != nil {
+				e.logf("heal: restart %s: %v", ctl.ID, rerr)
+			} else if err == nil {
+				e.logf("heal: %s replaced by an empty replica", ctl.ID)
+			}
 		}
+		if err := e.retryOperator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+			_, err := op.AddVoter(ctx, &pb.AddVoterRequest{Id: ctl.ID, RaftAddr: ctl.RaftAddr})
+			return err
+		}); err != nil {
+			e.logf("heal: add voter %s: %v", ctl.ID, err)
+		} else {
+			e.logf("heal: %s added back as a voter", ctl.ID)
+		}
+	}
+}
+
+// retryOperator calls the operator API until it succeeds or 20 s pass.
+func (e *env) retryOperator(ctx context.Context, call func(context.Context, pb.OperatorClient) error) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := e.client.Operator(actx, call)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		sleepCtx(ctx, 200*time.Millisecond)
 	}
 }
 
