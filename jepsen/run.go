@@ -574,7 +574,7 @@ func (e *env) converge(ctx context.Context) []ReplicaState {
 	e.cl.StopWorkers()
 	deadline := time.Now().Add(45 * time.Second)
 	var last []ReplicaState
-	for time.Now().Before(deadline) {
+	for time.Now().Before(deadline) && ctx.Err() == nil {
 		last = last[:0]
 		for i, ctl := range e.cl.Controllers {
 			cl, err := ctlclient.New([]string{ctl.GRPCAddr}, nil)
