@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/gossip"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -555,6 +556,16 @@ func TestSerfFailureMarksWorkerAndPlansRecovery(t *testing.T) {
 		if err != nil || p.Placement.WorkerId == "w1" || p.Placement.WorkerId != a.TargetWorker {
 			t.Fatalf("placement after recovery %v %v", p, err)
 		}
+	}
+	// w1's process, if it still ran, would learn from its next load report
+	// that this incarnation is out of service (and rejoin).
+	_, err = c.client(f).ReportLoad(ctxT(t, 5*time.Second), &pb.ReportLoadRequest{Load: &pb.LoadRecord{WorkerId: "w1", Incarnation: 1, KvPagesTotal: 100}})
+	if status.Code(err) != codes.FailedPrecondition || ctlclient.Reason(err) != ctlclient.ReasonIncarnationFailed {
+		t.Fatalf("load of the failed incarnation: %v (reason %q), want FailedPrecondition with %s", err, ctlclient.Reason(err), ctlclient.ReasonIncarnationFailed)
+	}
+	_, err = c.client(f).ReportLoad(ctxT(t, 5*time.Second), &pb.ReportLoadRequest{Load: &pb.LoadRecord{WorkerId: "w2", Incarnation: 0, KvPagesTotal: 100}})
+	if status.Code(err) != codes.FailedPrecondition || ctlclient.Reason(err) != "" {
+		t.Fatalf("load of a stale incarnation: %v (reason %q), want FailedPrecondition without a reason", err, ctlclient.Reason(err))
 	}
 }
 

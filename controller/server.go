@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hashicorp/serf/serf"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/gossip"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -481,6 +483,15 @@ func toStatus(err error) error {
 	switch {
 	case errors.Is(err, fsm.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, fsm.ErrIncarnationFailed):
+		// The worker acts on this one: the reason says it is not the
+		// stale-incarnation refusal a second process under the same id gets.
+		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(&errdetails.ErrorInfo{
+			Reason: ctlclient.ReasonIncarnationFailed, Domain: ctlclient.ErrorDomain})
+		if derr != nil {
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return st.Err()
 	case errors.Is(err, fsm.ErrUnknownWorker):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, fsm.ErrStaleIncarnation), errors.Is(err, fsm.ErrCompleted), errors.Is(err, fsm.ErrNoWorker):

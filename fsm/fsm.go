@@ -24,6 +24,9 @@ var (
 	ErrUnknownWorker = errors.New("fsm: unknown worker")
 	// ErrStaleIncarnation: the command names an older incarnation of a worker.
 	ErrStaleIncarnation = errors.New("fsm: stale worker incarnation")
+	// ErrIncarnationFailed: the worker's current incarnation was marked
+	// failed (or left); the process, still running, must register anew.
+	ErrIncarnationFailed = errors.New("fsm: worker incarnation is out of service")
 	// ErrInvalid: the command is malformed (the controller validates first;
 	// this guards the log).
 	ErrInvalid = errors.New("fsm: invalid command")

@@ -302,7 +302,7 @@ func TestFailedIncarnationRejoins(t *testing.T) {
 	h.one(worker("a", 1<<30))
 	h.one(dispatch("r", 10, 10))
 	h.one(markFailed("a", 1))
-	if r := h.one(load("a", 1, 0, 0)); !errors.Is(r.Err, ErrStaleIncarnation) || !strings.Contains(r.Err.Error(), "FAILED") {
+	if r := h.one(load("a", 1, 0, 0)); !errors.Is(r.Err, ErrIncarnationFailed) || !strings.Contains(r.Err.Error(), "FAILED") {
 		t.Fatalf("load of a failed incarnation: %v, want refused as FAILED", r.Err)
 	}
 	if p, _ := h.f.Placement("r"); p.State != pb.PlacementState_PLACEMENT_STATE_RECOVERING || p.WorkerIncarnation != 1 {

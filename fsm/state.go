@@ -225,7 +225,7 @@ func (s *state) reportLoad(l *pb.LoadRecord) Result {
 		// failed is still running this incarnation: refusing its reports
 		// tells it to register a new one (its requests have moved).
 		return Result{Err: fmt.Errorf("%w: load of %s incarnation %d, which is %s; register a new incarnation",
-			ErrStaleIncarnation, l.WorkerId, l.Incarnation, w.Phase)}
+			ErrIncarnationFailed, l.WorkerId, l.Incarnation, w.Phase)}
 	}
 	nl := proto.Clone(l).(*pb.LoadRecord)
 	nl.ReportUnixNano = s.lastStamp

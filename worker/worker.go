@@ -220,9 +220,11 @@ func (w *Worker) capacity() *pb.Capacity {
 
 // registerAndReport registers (retrying until a controller answers), then
 // reports load every LoadInterval and at once when it changes a lot. A
-// report refused as FailedPrecondition means the controller marked this
-// incarnation failed while the process ran on (a pause, a partition): the
-// worker then hands back what it was serving and registers anew.
+// report refused with ReasonIncarnationFailed means the controller marked
+// this incarnation failed while the process ran on (a pause, a partition):
+// the worker then hands back what it was serving and registers anew. (A
+// report refused because another process registered a newer incarnation
+// under this id is only logged: two workers must not fight over one id.)
 func (w *Worker) registerAndReport() {
 	if !w.register() {
 		return
@@ -241,7 +243,7 @@ func (w *Worker) registerAndReport() {
 		cancel()
 		switch {
 		case err == nil:
-		case status.Code(err) == codes.FailedPrecondition && !w.isDraining():
+		case ctlclient.Reason(err) == ctlclient.ReasonIncarnationFailed && !w.isDraining():
 			w.log.Warn("the controller refused this incarnation's load; rejoining as a new incarnation", "error", status.Convert(err).Message())
 			if err := w.rejoin(); err != nil {
 				w.log.Error("could not rejoin", "error", err)

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -21,6 +22,25 @@ import (
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
+
+// ErrorDomain and the reasons below are the ErrorInfo details the
+// controller puts on refusals a client acts on.
+const (
+	ErrorDomain = "lumen.controller"
+	// ReasonIncarnationFailed: the worker incarnation named was marked
+	// failed or left; a worker still running must register a new one.
+	ReasonIncarnationFailed = "INCARNATION_FAILED"
+)
+
+// Reason returns the ErrorInfo reason the controller gave err, or "".
+func Reason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == ErrorDomain {
+			return info.Reason
+		}
+	}
+	return ""
+}
 
 // ErrNoAddress: the client was given no controller address.
 var ErrNoAddress = errors.New("ctlclient: no controller address given")
