@@ -2,7 +2,6 @@ package jepsen
 
 import (
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -295,6 +294,3 @@ func CheckDurable(ops []Op, final map[string]Op) Verdict {
 	v.Note = fmt.Sprintf("%d acknowledged dispatches read back", checked)
 	return v
 }
-
-// historyFile is where a run's history goes.
-func historyFile(dir, name string) string { return filepath.Join(dir, name) }
