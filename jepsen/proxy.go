@@ -14,7 +14,6 @@ import (
 type partitioner interface {
 	Cut(from, to int) error
 	Heal() error
-	Cuts() int
 }
 
 // Proxies is the partition fallback for machines where network namespaces
