@@ -221,7 +221,7 @@ func (c *cluster) addWorker(id string, inc uint64, budget uint64) *fakeWorker {
 	_, err = c.client(c.anyNode()).RegisterWorker(ctx, &pb.RegisterWorkerRequest{Worker: &pb.Worker{
 		Id: id, Incarnation: inc, GrpcAddr: "127.0.0.1:1",
 		Capacity: &pb.Capacity{KvPagesTotal: 1000, CheckpointBudgetBytes: budget, KvBytesPerToken: 1024,
-			MaxContextTokens: 8192, H2DBytesPerSec: 25e9, PageTokens: 16}}})
+			MaxContextTokens: 8192, H2DBytesPerSec: 25e9}}})
 	if err != nil {
 		c.t.Fatal(err)
 	}

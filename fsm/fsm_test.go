@@ -52,7 +52,7 @@ func worker(id string, budget uint64) *pb.Command {
 	return &pb.Command{Body: &pb.Command_RegisterWorker{RegisterWorker: &pb.RegisterWorkerCmd{Worker: &pb.Worker{
 		Id: id, Incarnation: 1, GrpcAddr: id + ":1",
 		Capacity: &pb.Capacity{KvPagesTotal: 1000, CheckpointBudgetBytes: budget, KvBytesPerToken: 100,
-			MaxContextTokens: 4096, H2DBytesPerSec: 1e9, PageTokens: 16}}}}}
+			MaxContextTokens: 4096, H2DBytesPerSec: 1e9}}}}}
 }
 
 func dispatch(id string, prompt, max uint32) *pb.Command {

@@ -205,8 +205,8 @@ func (e *env) holderInFlight(ctx context.Context) string {
 		if err == nil {
 			best, most := "", uint64(0)
 			for _, l := range r.Loads {
-				if l.ReservedCheckpointBytes > most {
-					best, most = l.WorkerId, l.ReservedCheckpointBytes
+				if l.StoredCheckpointBytes > most {
+					best, most = l.WorkerId, l.StoredCheckpointBytes
 				}
 			}
 			if best != "" {

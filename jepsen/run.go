@@ -501,7 +501,7 @@ func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
 		}
 		stored := map[string]uint64{}
 		for _, l := range r.Loads {
-			stored[l.WorkerId] = l.ReservedCheckpointBytes
+			stored[l.WorkerId] = l.StoredCheckpointBytes
 		}
 		at := e.hist.Now()
 		for _, h := range r.Reservations {

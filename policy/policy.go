@@ -9,10 +9,11 @@
 // slices sorted by worker id; ties always break toward the smaller id.
 package policy
 
-import "math"
+import (
+	"math"
 
-// PageTokens is the number of tokens in one KV page.
-const PageTokens = 16
+	"github.com/lumen-project/lumen/internal/kvpage"
+)
 
 // Strategy is the cluster's failure-recovery strategy.
 type Strategy int
@@ -114,7 +115,7 @@ func (w *Worker) RestoreDelayMs() float64 {
 
 // Pages returns how many KV pages n tokens fill.
 func Pages(tokens uint64) uint64 {
-	return (tokens + PageTokens - 1) / PageTokens
+	return (tokens + kvpage.Tokens - 1) / kvpage.Tokens
 }
 
 // Footprint is the checkpoint reservation of a request: its maximum context

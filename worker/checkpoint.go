@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/lumen-project/lumen/internal/kvpage"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/engine"
 )
@@ -20,14 +21,14 @@ import (
 // covers tokens[0 : 16(i+1)], chained page by page.
 func pageHashes(tokens []int32, prev []uint64) []uint64 {
 	out := prev
-	for i := len(prev); (i+1)*pageTokens <= len(tokens); i++ {
+	for i := len(prev); (i+1)*kvpage.Tokens <= len(tokens); i++ {
 		h := fnv.New64a()
 		var b [8]byte
 		if i > 0 {
 			binary.LittleEndian.PutUint64(b[:], out[i-1])
 			h.Write(b[:])
 		}
-		for _, t := range tokens[i*pageTokens : (i+1)*pageTokens] {
+		for _, t := range tokens[i*kvpage.Tokens : (i+1)*kvpage.Tokens] {
 			binary.LittleEndian.PutUint32(b[:4], uint32(t))
 			h.Write(b[:4])
 		}
@@ -35,8 +36,6 @@ func pageHashes(tokens []int32, prev []uint64) []uint64 {
 	}
 	return out
 }
-
-const pageTokens = 16
 
 // ckptStore is a holder's checkpoint store: KV pages of other workers'
 // requests in host memory, under a hard budget. Pages are keyed by prefix

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/kvpage"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/engine"
 )
@@ -74,7 +75,7 @@ type request struct {
 func (r *request) outputs() int { return len(r.history) - r.prompt }
 
 // pagesFor is the KV pages n tokens need.
-func pagesFor(n int) int { return (n + engine.PageTokens - 1) / engine.PageTokens }
+func pagesFor(n int) int { return kvpage.Pages(n) }
 
 // scheduler batches requests continuously over the engine.
 type scheduler struct {
@@ -472,7 +473,7 @@ func (s *scheduler) restore(r *request, pages [][]byte, hashes []uint64) {
 	}
 	if len(pages) > 0 {
 		if err := s.eng.ImportPages(r.seq, pages); err == nil {
-			r.fed = len(pages) * pageTokens
+			r.fed = len(pages) * engine.PageTokens
 			r.hashes = hashes
 			s.w.metrics.restoredPages.Add(float64(len(pages)))
 			s.w.store.release(r.id) // consumed: the request runs here now

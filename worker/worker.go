@@ -211,7 +211,7 @@ func (w *Worker) capacity() *pb.Capacity {
 	info := w.cfg.Engine.Info()
 	c := &pb.Capacity{KvPagesTotal: uint64(info.TotalPages), CheckpointBudgetBytes: w.cfg.CheckpointBudget,
 		KvBytesPerToken: uint64(info.KVBytesPerToken), MaxContextTokens: uint32(info.MaxContext),
-		H2DBytesPerSec: 25e9, PageTokens: engine.PageTokens}
+		H2DBytesPerSec: 25e9}
 	if p := w.cfg.Profile; p != nil {
 		c.KvBytesPerToken, c.H2DBytesPerSec = uint64(p.KVBytesPerToken()), p.H2DBytesPerSec
 	}
@@ -324,7 +324,7 @@ func (w *Worker) Load() *pb.LoadRecord {
 	w.metrics.kvUsed.Set(float64(used))
 	ckUsed, ckBudget := w.store.usage()
 	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(), QueueWaitMs: qw,
-		FreeCheckpointBytes: ckBudget - ckUsed, ReservedCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
+		FreeCheckpointBytes: ckBudget - ckUsed, StoredCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
 		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head)}
 }
 

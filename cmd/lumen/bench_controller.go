@@ -164,7 +164,7 @@ func runBenchController(args []string) error {
 		_, err := client.RegisterWorker(ctx, &pb.RegisterWorkerRequest{Worker: &pb.Worker{
 			Id: fmt.Sprintf("w%02d", w), Incarnation: 1, GrpcAddr: fmt.Sprintf("127.0.0.1:%d", 9000+w),
 			Capacity: &pb.Capacity{KvPagesTotal: 8192, CheckpointBudgetBytes: 80 << 30, KvBytesPerToken: 160 << 10,
-				MaxContextTokens: 32768, H2DBytesPerSec: 25e9, PageTokens: 16}}})
+				MaxContextTokens: 32768, H2DBytesPerSec: 25e9}}})
 		if err != nil {
 			return fmt.Errorf("register worker: %w", err)
 		}

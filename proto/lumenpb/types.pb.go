@@ -262,7 +262,6 @@ type Capacity struct {
 	MaxContextTokens      uint32 `protobuf:"varint,4,opt,name=max_context_tokens,json=maxContextTokens,proto3" json:"max_context_tokens,omitempty"`
 	// Host-to-GPU copy bandwidth in bytes per second (for p_w(r)).
 	H2DBytesPerSec float64 `protobuf:"fixed64,5,opt,name=h2d_bytes_per_sec,json=h2dBytesPerSec,proto3" json:"h2d_bytes_per_sec,omitempty"`
-	PageTokens     uint32  `protobuf:"varint,6,opt,name=page_tokens,json=pageTokens,proto3" json:"page_tokens,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -328,13 +327,6 @@ func (x *Capacity) GetMaxContextTokens() uint32 {
 func (x *Capacity) GetH2DBytesPerSec() float64 {
 	if x != nil {
 		return x.H2DBytesPerSec
-	}
-	return 0
-}
-
-func (x *Capacity) GetPageTokens() uint32 {
-	if x != nil {
-		return x.PageTokens
 	}
 	return 0
 }
@@ -470,13 +462,17 @@ type LoadRecord struct {
 	WorkerId    string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	Incarnation uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// q_w: mean wait from arrival to prefill start over a sliding window, ms.
-	QueueWaitMs             float64 `protobuf:"fixed64,3,opt,name=queue_wait_ms,json=queueWaitMs,proto3" json:"queue_wait_ms,omitempty"`
-	FreeCheckpointBytes     uint64  `protobuf:"varint,4,opt,name=free_checkpoint_bytes,json=freeCheckpointBytes,proto3" json:"free_checkpoint_bytes,omitempty"`
-	ReservedCheckpointBytes uint64  `protobuf:"varint,5,opt,name=reserved_checkpoint_bytes,json=reservedCheckpointBytes,proto3" json:"reserved_checkpoint_bytes,omitempty"`
-	Running                 uint32  `protobuf:"varint,6,opt,name=running,proto3" json:"running,omitempty"`
-	Waiting                 uint32  `protobuf:"varint,7,opt,name=waiting,proto3" json:"waiting,omitempty"`
-	KvPagesUsed             uint64  `protobuf:"varint,8,opt,name=kv_pages_used,json=kvPagesUsed,proto3" json:"kv_pages_used,omitempty"`
-	KvPagesTotal            uint64  `protobuf:"varint,9,opt,name=kv_pages_total,json=kvPagesTotal,proto3" json:"kv_pages_total,omitempty"`
+	QueueWaitMs float64 `protobuf:"fixed64,3,opt,name=queue_wait_ms,json=queueWaitMs,proto3" json:"queue_wait_ms,omitempty"`
+	// Checkpoint budget less stored_checkpoint_bytes.
+	FreeCheckpointBytes uint64 `protobuf:"varint,4,opt,name=free_checkpoint_bytes,json=freeCheckpointBytes,proto3" json:"free_checkpoint_bytes,omitempty"`
+	// Bytes of other workers' checkpoint pages the worker's store holds now
+	// (what it stores, not what the controller reserved on it: a checker
+	// compares the two).
+	StoredCheckpointBytes uint64 `protobuf:"varint,5,opt,name=stored_checkpoint_bytes,json=storedCheckpointBytes,proto3" json:"stored_checkpoint_bytes,omitempty"`
+	Running               uint32 `protobuf:"varint,6,opt,name=running,proto3" json:"running,omitempty"`
+	Waiting               uint32 `protobuf:"varint,7,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	KvPagesUsed           uint64 `protobuf:"varint,8,opt,name=kv_pages_used,json=kvPagesUsed,proto3" json:"kv_pages_used,omitempty"`
+	KvPagesTotal          uint64 `protobuf:"varint,9,opt,name=kv_pages_total,json=kvPagesTotal,proto3" json:"kv_pages_total,omitempty"`
 	// KV pages the head of the waiting queue needs to start.
 	QueueHeadPages uint64 `protobuf:"varint,10,opt,name=queue_head_pages,json=queueHeadPages,proto3" json:"queue_head_pages,omitempty"`
 	ReportUnixNano int64  `protobuf:"varint,11,opt,name=report_unix_nano,json=reportUnixNano,proto3" json:"report_unix_nano,omitempty"`
@@ -542,9 +538,9 @@ func (x *LoadRecord) GetFreeCheckpointBytes() uint64 {
 	return 0
 }
 
-func (x *LoadRecord) GetReservedCheckpointBytes() uint64 {
+func (x *LoadRecord) GetStoredCheckpointBytes() uint64 {
 	if x != nil {
-		return x.ReservedCheckpointBytes
+		return x.StoredCheckpointBytes
 	}
 	return 0
 }
@@ -1221,15 +1217,13 @@ var File_types_proto protoreflect.FileDescriptor
 
 const file_types_proto_rawDesc = "" +
 	"\n" +
-	"\vtypes.proto\x12\blumen.v1\"\x8f\x02\n" +
+	"\vtypes.proto\x12\blumen.v1\"\x81\x02\n" +
 	"\bCapacity\x12$\n" +
 	"\x0ekv_pages_total\x18\x01 \x01(\x04R\fkvPagesTotal\x126\n" +
 	"\x17checkpoint_budget_bytes\x18\x02 \x01(\x04R\x15checkpointBudgetBytes\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x03 \x01(\x04R\x0fkvBytesPerToken\x12,\n" +
 	"\x12max_context_tokens\x18\x04 \x01(\rR\x10maxContextTokens\x12)\n" +
-	"\x11h2d_bytes_per_sec\x18\x05 \x01(\x01R\x0eh2dBytesPerSec\x12\x1f\n" +
-	"\vpage_tokens\x18\x06 \x01(\rR\n" +
-	"pageTokens\"\x95\x03\n" +
+	"\x11h2d_bytes_per_sec\x18\x05 \x01(\x01R\x0eh2dBytesPerSecJ\x04\b\x06\x10\aR\vpage_tokens\"\x95\x03\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x1b\n" +
@@ -1242,14 +1236,14 @@ const file_types_proto_rawDesc = "" +
 	"\rpaired_worker\x18\t \x01(\tR\fpairedWorker\x120\n" +
 	"\x14registered_unix_nano\x18\n" +
 	" \x01(\x03R\x12registeredUnixNano\x125\n" +
-	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\"\xb1\x03\n" +
+	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\"\xad\x03\n" +
 	"\n" +
 	"LoadRecord\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\"\n" +
 	"\rqueue_wait_ms\x18\x03 \x01(\x01R\vqueueWaitMs\x122\n" +
-	"\x15free_checkpoint_bytes\x18\x04 \x01(\x04R\x13freeCheckpointBytes\x12:\n" +
-	"\x19reserved_checkpoint_bytes\x18\x05 \x01(\x04R\x17reservedCheckpointBytes\x12\x18\n" +
+	"\x15free_checkpoint_bytes\x18\x04 \x01(\x04R\x13freeCheckpointBytes\x126\n" +
+	"\x17stored_checkpoint_bytes\x18\x05 \x01(\x04R\x15storedCheckpointBytes\x12\x18\n" +
 	"\arunning\x18\x06 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\a \x01(\rR\awaiting\x12\"\n" +
 	"\rkv_pages_used\x18\b \x01(\x04R\vkvPagesUsed\x12$\n" +

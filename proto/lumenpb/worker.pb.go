@@ -80,7 +80,9 @@ type CheckpointMessage struct {
 	// from a token history alone.
 	PrefixHash uint64 `protobuf:"fixed64,3,opt,name=prefix_hash,json=prefixHash,proto3" json:"prefix_hash,omitempty"`
 	Data       []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
-	// The request's reserved checkpoint footprint on the holder.
+	// The request's reserved checkpoint footprint on the holder (the
+	// placement's reserved_bytes). The holder never stores more than this for
+	// one request, and refuses pages of a request that has no reservation (0).
 	ReservedBytes uint64 `protobuf:"varint,5,opt,name=reserved_bytes,json=reservedBytes,proto3" json:"reserved_bytes,omitempty"`
 	// The request ended or moved: drop its pages.
 	Release       bool `protobuf:"varint,6,opt,name=release,proto3" json:"release,omitempty"`
@@ -286,8 +288,11 @@ type GenerateRequest struct {
 	Sampling  *SamplingParams `protobuf:"bytes,5,opt,name=sampling,proto3" json:"sampling,omitempty"`
 	// Generation ends after any of these tokens (it is sent, with STOP).
 	StopTokens []int32 `protobuf:"varint,6,rep,packed,name=stop_tokens,json=stopTokens,proto3" json:"stop_tokens,omitempty"`
-	// The request's checkpoint holder and placement epoch (for recovery).
-	Holder        string `protobuf:"bytes,7,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The request's checkpoint holder (empty: no checkpoints).
+	Holder string `protobuf:"bytes,7,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The placement's epoch. A worker running the request under a newer
+	// epoch refuses the call (FAILED_PRECONDITION): it is a stale call from
+	// before a move. An equal or newer epoch takes the request over.
 	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

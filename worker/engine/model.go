@@ -21,10 +21,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/lumen-project/lumen/internal/kvpage"
 )
 
-// PageTokens is the number of tokens in one KV page.
-const PageTokens = 16
+// PageTokens is the number of tokens in one KV page: kvpage.Tokens, named
+// here for the engine's many uses.
+const PageTokens = kvpage.Tokens
 
 // ModelConfig describes a decoder-only transformer.
 type ModelConfig struct {
