@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"sync"
 	"time"
 
@@ -262,30 +261,4 @@ func (w *Worker) workerConn(id string) (*grpc.ClientConn, error) {
 	}
 	w.peerConns[addr] = cc
 	return cc, nil
-}
-
-// Checkpoint stores the pages a serving worker streams to this holder.
-func (s *inferenceServer) Checkpoint(stream grpc.ClientStreamingServer[pb.CheckpointMessage, pb.CheckpointAck]) error {
-	var ack pb.CheckpointAck
-	for {
-		m, err := stream.Recv()
-		if err == io.EOF {
-			return stream.SendAndClose(&ack)
-		}
-		if err != nil {
-			return err
-		}
-		if m.Release {
-			s.w.store.release(m.RequestId)
-			continue
-		}
-		if s.w.store.put(m.RequestId, m.ReservedBytes, m.PrefixHash, m.Data) {
-			ack.Stored++
-		} else {
-			ack.Dropped++
-			s.w.metrics.ckptRefused.Inc()
-		}
-		used, _ := s.w.store.usage()
-		s.w.metrics.ckptBytes.Set(float64(used))
-	}
 }

@@ -116,9 +116,6 @@ func newScheduler(w *Worker) *scheduler {
 		reset: make(chan error), stop: make(chan struct{}), done: make(chan struct{}), byID: map[string]*request{}}
 }
 
-// errSuperseded ends a call whose request id came in again on a new call.
-var errSuperseded = errors.New("worker: a newer call for this request id took it over")
-
 func (s *scheduler) run() {
 	defer close(s.done)
 	ctx := context.Background()

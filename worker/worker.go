@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -19,7 +18,6 @@ import (
 	"github.com/hashicorp/serf/serf"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -28,19 +26,6 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/gossip"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
-	"github.com/lumen-project/lumen/worker/engine"
-)
-
-// Errors a Generate call can end with.
-var (
-	errShutdown = errors.New("worker: shutting down; resume the request elsewhere")
-	// errRejoined ends the calls of an incarnation the controller marked
-	// failed while this process ran on (paused, cut off): its requests were
-	// moved by a recovery plan.
-	errRejoined  = errors.New("worker: this incarnation was marked failed and its requests moved; resume where the controller placed them")
-	errDraining  = errors.New("worker: draining; not taking new requests")
-	errQueueFull = errors.New("worker: waiting queue full")
-	errTooLarge  = errors.New("worker: request does not fit in the KV cache")
 )
 
 // Worker is a running worker daemon.
@@ -400,153 +385,4 @@ func (w *Worker) setPhase(phase pb.WorkerPhase, reason string) {
 		Phase: phase, Reason: reason}); err != nil {
 		w.log.Warn("could not set phase", "phase", phase, "error", err)
 	}
-}
-
-// inferenceServer implements the Inference service.
-type inferenceServer struct {
-	pb.UnimplementedInferenceServer
-	w *Worker
-}
-
-// Generate validates the request, queues it, and streams its tokens.
-func (s *inferenceServer) Generate(req *pb.GenerateRequest, stream grpc.ServerStreamingServer[pb.GenerateResponse]) error {
-	w := s.w
-	r, err := w.newRequest(req)
-	if err != nil {
-		w.metrics.rejected.WithLabelValues(status.Code(err).String()).Inc()
-		return err
-	}
-	if w.isDraining() {
-		return status.Error(codes.Unavailable, errDraining.Error())
-	}
-	select {
-	case w.sched.submit <- r:
-	case <-stream.Context().Done():
-		return status.FromContextError(stream.Context().Err()).Err()
-	case <-w.stop:
-		return status.Error(codes.Unavailable, errShutdown.Error())
-	}
-	select {
-	case w.loadKick <- struct{}{}:
-	default:
-	}
-	for {
-		select {
-		case <-r.box.notify:
-		case <-stream.Context().Done():
-			// The client went away: free everything the request holds.
-			select {
-			case w.sched.cancel <- r:
-			case <-w.sched.done:
-			}
-			return status.FromContextError(stream.Context().Err()).Err()
-		}
-		for _, ev := range r.box.take() {
-			if ev.err != nil {
-				return toStatus(ev.err)
-			}
-			if err := stream.Send(ev.resp); err != nil {
-				select {
-				case w.sched.cancel <- r:
-				case <-w.sched.done:
-				}
-				return err
-			}
-			if ev.resp.Done {
-				return nil
-			}
-		}
-	}
-}
-
-func toStatus(err error) error {
-	switch {
-	case errors.Is(err, errShutdown), errors.Is(err, errDraining), errors.Is(err, errRejoined):
-		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, errQueueFull):
-		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, errSuperseded):
-		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, errTooLarge), errors.Is(err, engine.ErrBadInput):
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
-}
-
-// Limits on a Generate call.
-const (
-	maxRequestIDBytes = 128
-	maxStopTokens     = 16
-)
-
-// newRequest checks a Generate call and builds its scheduler request.
-func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
-	info := w.cfg.Engine.Info()
-	bad := func(format string, args ...any) error {
-		return status.Errorf(codes.InvalidArgument, format, args...)
-	}
-	if req.RequestId == "" || len(req.RequestId) > maxRequestIDBytes {
-		return nil, bad("request_id must be 1..%d bytes, got %d", maxRequestIDBytes, len(req.RequestId))
-	}
-	if len(req.Prompt) == 0 {
-		return nil, bad("prompt is empty: it needs at least one token")
-	}
-	if len(req.Prompt) >= info.MaxContext {
-		return nil, bad("prompt has %d tokens; the context holds %d, output included", len(req.Prompt), info.MaxContext)
-	}
-	if req.MaxTokens == 0 {
-		return nil, bad("max_tokens must be >= 1")
-	}
-	if total := len(req.Prompt) + int(req.MaxTokens); total > info.MaxContext {
-		return nil, bad("max_tokens %d: prompt (%d tokens) + max_tokens = %d exceeds the context of %d", req.MaxTokens, len(req.Prompt), total, info.MaxContext)
-	}
-	if len(req.Generated) >= int(req.MaxTokens) {
-		return nil, bad("generated has %d tokens, max_tokens is %d: nothing left to generate", len(req.Generated), req.MaxTokens)
-	}
-	check := func(field string, ids []int32) error {
-		for i, id := range ids {
-			if id < 0 || int(id) >= info.Vocab {
-				return bad("%s[%d] = %d is not a token id: the vocabulary is [0, %d)", field, i, id, info.Vocab)
-			}
-		}
-		return nil
-	}
-	if err := check("prompt", req.Prompt); err != nil {
-		return nil, err
-	}
-	if err := check("generated", req.Generated); err != nil {
-		return nil, err
-	}
-	if len(req.StopTokens) > maxStopTokens {
-		return nil, bad("stop_tokens has %d ids; at most %d", len(req.StopTokens), maxStopTokens)
-	}
-	if err := check("stop_tokens", req.StopTokens); err != nil {
-		return nil, err
-	}
-	p := engine.Sampling{Temperature: req.GetSampling().GetTemperature(), TopP: req.GetSampling().GetTopP(), Seed: req.GetSampling().GetSeed()}
-	if err := p.Validate(); err != nil {
-		return nil, bad("sampling: %v", strings.TrimPrefix(err.Error(), engine.ErrBadInput.Error()+": "))
-	}
-	stop := map[int32]bool{}
-	for _, id := range req.StopTokens {
-		stop[id] = true
-	}
-	history := make([]int32, 0, len(req.Prompt)+int(req.MaxTokens))
-	history = append(append(history, req.Prompt...), req.Generated...)
-	now := time.Now()
-	if req.Holder != "" {
-		if err := validatePeerID(req.Holder); err != nil {
-			return nil, err
-		}
-	}
-	return &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
-		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
-		holder: req.Holder}, nil
-}
-
-func validatePeerID(id string) error {
-	if len(id) > 64 || strings.ContainsAny(id, " /\t\n") {
-		return status.Errorf(codes.InvalidArgument, "holder %q is not a worker id", id)
-	}
-	return nil
 }
