@@ -31,6 +31,10 @@ var (
 	// errSuperseded ends a call whose request id came in again on a new
 	// call.
 	errSuperseded = errors.New("worker: a newer call for this request id took it over")
+	// errStaleEpoch refuses a call whose placement epoch is older than the
+	// one the request runs under here: it comes from before a move (a
+	// gateway that read a lagging replica) and must not take over.
+	errStaleEpoch = errors.New("worker: stale call: the request runs here under a newer placement epoch")
 )
 
 // inferenceServer implements the Inference service.
@@ -98,6 +102,8 @@ func toStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, errSuperseded):
 		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, errStaleEpoch):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, errTooLarge), errors.Is(err, engine.ErrBadInput):
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -172,7 +178,7 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	}
 	return &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
 		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
-		holder: req.Holder}, nil
+		holder: req.Holder, epoch: req.Epoch}, nil
 }
 
 func validatePeerID(id string) error {

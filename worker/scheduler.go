@@ -51,6 +51,7 @@ func (m *mailbox) take() []event {
 // goroutine touches it after submission.
 type request struct {
 	id        string
+	epoch     uint64 // the placement epoch the call was made for
 	seq       engine.SeqID
 	history   []int32 // prompt, then every output token
 	prompt    int     // prompt length
@@ -166,9 +167,18 @@ func (s *scheduler) drainIntake() {
 
 func (s *scheduler) admit(r *request) {
 	if old, dup := s.byID[r.id]; dup {
+		// A call made for an older placement epoch comes from before a
+		// move (a gateway that read a lagging replica): it is refused and
+		// the request runs on.
+		if r.epoch < old.epoch {
+			r.box.put(event{err: fmt.Errorf("%w: request %q runs under epoch %d, this call carries epoch %d",
+				errStaleEpoch, r.id, old.epoch, r.epoch)})
+			return
+		}
 		// The gateway calls again for a request only when it has given
 		// up on its previous call (the stream broke on its side, or the
-		// controller moved the request and back): the latest call wins.
+		// controller moved the request and back): the latest call of an
+		// equal or newer epoch wins.
 		// Refusing it made a race into a client-visible error: the old
 		// call's cancellation can reach the scheduler after the new call.
 		s.drop(old.id, errSuperseded)
