@@ -23,10 +23,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/engine"
 )
@@ -76,9 +76,9 @@ type Gateway struct {
 	admit   chan struct{}
 	done    chan string // ids to Complete
 
-	mu         sync.Mutex // guards workers, conns, maxContext, readyAt, ready
-	workers    map[string]string
-	conns      map[string]*grpc.ClientConn
+	workers *workerdir.Directory
+
+	mu         sync.Mutex // guards maxContext, readyAt, ready
 	maxContext int
 	readyAt    time.Time
 	ready      error
@@ -111,7 +111,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, journal: newJournal(), metrics: newMetrics(),
 		admit: make(chan struct{}, cfg.MaxConcurrent), done: make(chan string, 4096),
-		workers: map[string]string{}, conns: map[string]*grpc.ClientConn{}, maxContext: cfg.MaxContext, stop: make(chan struct{}),
+		workers: workerdir.New(ctl), maxContext: cfg.MaxContext, stop: make(chan struct{}),
 		streams: map[string]context.CancelFunc{}}
 	g.lis, err = net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -148,11 +148,7 @@ func (g *Gateway) Close() {
 		cancel()
 		close(g.stop)
 		g.wg.Wait()
-		g.mu.Lock()
-		for _, cc := range g.conns {
-			cc.Close()
-		}
-		g.mu.Unlock()
+		g.workers.Close()
 		g.ctl.Close()
 	})
 }
@@ -248,18 +244,17 @@ func (g *Gateway) readiness(ctx context.Context) error {
 	return err
 }
 
-// refreshWorkers reads the workers table (a stale read: addresses only) and
-// returns the addresses of workers in full service.
+// refreshWorkers reads the workers table (a stale read: addresses only)
+// into the worker directory and returns the addresses of workers in full
+// service.
 func (g *Gateway) refreshWorkers(ctx context.Context) ([]string, error) {
-	resp, err := g.ctl.ListWorkers(ctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
+	ws, err := g.workers.Refresh(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list workers: %w", err)
+		return nil, err
 	}
 	var live []string
 	maxCtx := 0
-	g.mu.Lock()
-	for _, w := range resp.Workers {
-		g.workers[w.Id] = w.GrpcAddr
+	for _, w := range ws {
 		if w.Phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
 			live = append(live, w.GrpcAddr)
 			if c := int(w.GetCapacity().GetMaxContextTokens()); c > 0 && (maxCtx == 0 || c < maxCtx) {
@@ -268,39 +263,16 @@ func (g *Gateway) refreshWorkers(ctx context.Context) ([]string, error) {
 		}
 	}
 	if maxCtx > 0 {
+		g.mu.Lock()
 		g.maxContext = maxCtx
+		g.mu.Unlock()
 	}
-	g.mu.Unlock()
 	return live, nil
 }
 
 // workerConn returns a connection to a worker by id.
 func (g *Gateway) workerConn(ctx context.Context, id string) (*grpc.ClientConn, error) {
-	g.mu.Lock()
-	addr, ok := g.workers[id]
-	g.mu.Unlock()
-	if !ok {
-		if _, err := g.refreshWorkers(ctx); err != nil {
-			return nil, err
-		}
-		g.mu.Lock()
-		addr, ok = g.workers[id]
-		g.mu.Unlock()
-		if !ok {
-			return nil, fmt.Errorf("gateway: worker %q is not in the workers table", id)
-		}
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if cc, ok := g.conns[addr]; ok {
-		return cc, nil
-	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	g.conns[addr] = cc
-	return cc, nil
+	return g.workers.Conn(ctx, id)
 }
 
 func newID(prefix string) string {

@@ -3,13 +3,11 @@ package worker
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"hash/fnv"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/lumen-project/lumen/internal/kvpage"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -185,7 +183,9 @@ func (s *ckptSender) run() {
 	}()
 	send := func(m *pb.CheckpointMessage) {
 		if stream == nil {
-			cc, err := s.w.workerConn(s.holder)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			cc, err := s.w.peers.Conn(ctx, s.holder)
+			cancel()
 			if err == nil {
 				stream, err = pb.NewInferenceClient(cc).Checkpoint(context.Background())
 			}
@@ -223,42 +223,4 @@ func (s *ckptSender) run() {
 			send(&pb.CheckpointMessage{RequestId: req, Release: true})
 		}
 	}
-}
-
-// workerConn returns a connection to another worker, by id.
-func (w *Worker) workerConn(id string) (*grpc.ClientConn, error) {
-	w.mu.Lock()
-	addr, ok := w.peerAddrs[id]
-	w.mu.Unlock()
-	if !ok {
-		if w.ctl == nil {
-			return nil, fmt.Errorf("worker: no controller to find %s", id)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		resp, err := w.ctl.ListWorkers(ctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		w.mu.Lock()
-		for _, p := range resp.Workers {
-			w.peerAddrs[p.Id] = p.GrpcAddr
-		}
-		addr, ok = w.peerAddrs[id]
-		w.mu.Unlock()
-		if !ok {
-			return nil, fmt.Errorf("worker: %s is not in the workers table", id)
-		}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if cc, ok := w.peerConns[addr]; ok {
-		return cc, nil
-	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	w.peerConns[addr] = cc
-	return cc, nil
 }

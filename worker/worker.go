@@ -25,6 +25,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/gossip"
+	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -44,12 +45,11 @@ type Worker struct {
 	ctl     *ctlclient.Client
 
 	store *ckptStore
+	peers *workerdir.Directory // checkpoint holders, by id
 
-	mu        sync.Mutex // guards draining, senders, peerAddrs, peerConns
-	draining  bool
-	senders   map[string]*ckptSender
-	peerAddrs map[string]string
-	peerConns map[string]*grpc.ClientConn
+	mu       sync.Mutex // guards draining, senders
+	draining bool
+	senders  map[string]*ckptSender
 
 	loadKick chan struct{}
 	stop     chan struct{}
@@ -68,7 +68,7 @@ func New(cfg Config) (w *Worker, err error) {
 	}
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(),
 		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
-		senders: map[string]*ckptSender{}, peerAddrs: map[string]string{}, peerConns: map[string]*grpc.ClientConn{}}
+		senders: map[string]*ckptSender{}}
 	w.metrics.watchPacing(cfg.Engine)
 	defer func() {
 		if err != nil {
@@ -80,6 +80,14 @@ func New(cfg Config) (w *Worker, err error) {
 		return nil, err
 	}
 	w.incarnation.Store(inc)
+	var table workerdir.Lister // none standalone: no holder can be found
+	if len(cfg.Controllers) > 0 {
+		if w.ctl, err = ctlclient.New(cfg.Controllers, nil); err != nil {
+			return nil, err
+		}
+		table = w.ctl
+	}
+	w.peers = workerdir.New(table)
 	info := cfg.Engine.Info()
 	w.metrics.kvTotal.Set(float64(info.TotalPages))
 	if w.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -112,10 +120,7 @@ func New(cfg Config) (w *Worker, err error) {
 			w.goFunc(w.joinSerf)
 		}
 	}
-	if len(cfg.Controllers) > 0 {
-		if w.ctl, err = ctlclient.New(cfg.Controllers, nil); err != nil {
-			return nil, err
-		}
+	if w.ctl != nil {
 		w.goFunc(w.registerAndReport)
 	}
 	w.log.Info("worker running", "grpc", w.cfg.GRPCAddr, "incarnation", inc, "engine", info.Backend,
@@ -359,14 +364,12 @@ func (w *Worker) Shutdown(ctx context.Context) {
 			_ = w.httpSrv.Close()
 		}
 		w.wg.Wait()
+		if w.peers != nil {
+			w.peers.Close()
+		}
 		if w.ctl != nil {
 			w.ctl.Close()
 		}
-		w.mu.Lock()
-		for _, cc := range w.peerConns {
-			cc.Close()
-		}
-		w.mu.Unlock()
 	})
 }
 
