@@ -3,7 +3,11 @@ package worker
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"hash/fnv"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,16 +38,29 @@ func pageHashes(tokens []int32, prev []uint64) []uint64 {
 	return out
 }
 
+// Errors the checkpoint store refuses a page with.
+var (
+	// errStoreFull: the page would take the store over its budget.
+	errStoreFull = errors.New("worker: checkpoint store: budget full")
+	// errOverReservation: the page would take its request over the
+	// checkpoint footprint the controller reserved for it here.
+	errOverReservation = errors.New("worker: checkpoint store: the request's reservation is full")
+	// errNoReservation: the page came without a reservation (0): nothing
+	// was reserved for the request, so nothing of it is stored.
+	errNoReservation = errors.New("worker: checkpoint store: the request has no reservation")
+)
+
 // ckptStore is a holder's checkpoint store: KV pages of other workers'
-// requests in host memory, under a hard budget. Pages are keyed by prefix
-// hash, so identical prefixes share a page.
+// requests in host memory, under a hard budget, and each request under the
+// footprint reserved for it. Pages are keyed by prefix hash, so identical
+// prefixes share a page (charged to the request that stored it first).
 type ckptStore struct {
-	mu       sync.Mutex // guards all fields
-	budget   uint64
-	used     uint64
-	pages    map[uint64]*ckptPage
-	byReq    map[string][]uint64
-	reqBytes map[string]uint64 // bytes charged to each request
+	mu     sync.Mutex // guards all fields
+	budget uint64
+	used   uint64
+	gen    uint64 // bumped on every change to a request's pages
+	pages  map[uint64]*ckptPage
+	reqs   map[string]*heldRequest
 }
 
 type ckptPage struct {
@@ -51,42 +68,77 @@ type ckptPage struct {
 	refs int
 }
 
-func newCkptStore(budget uint64) *ckptStore {
-	return &ckptStore{budget: budget, pages: map[uint64]*ckptPage{}, byReq: map[string][]uint64{}, reqBytes: map[string]uint64{}}
+// heldRequest is what the store holds of one request.
+type heldRequest struct {
+	hashes   []uint64
+	charged  uint64 // bytes of the pages this request stored first
+	reserved uint64 // the reservation its latest page carried
+	gen      uint64 // the store's gen at the last change
+	warned   bool   // a refusal of its pages was logged
 }
 
-// put stores a page for a request. It refuses (false) a page that would take
-// the store over its budget, or the request over its reservation (when one
-// is known).
-func (s *ckptStore) put(req string, reserved, hash uint64, data []byte) bool {
+func newCkptStore(budget uint64) *ckptStore {
+	return &ckptStore{budget: budget, pages: map[uint64]*ckptPage{}, reqs: map[string]*heldRequest{}}
+}
+
+// put stores a page for a request, or refuses it: past the store's budget,
+// past the request's reservation, or without one. A refusal returns
+// firstRefusal set the first time one of the request's pages is refused, so
+// the caller logs it once.
+func (s *ckptStore) put(req string, reserved, hash uint64, data []byte) (firstRefusal bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	r := s.reqs[req]
+	if r == nil {
+		r = &heldRequest{}
+		s.reqs[req] = r
+	}
+	s.gen++
+	r.gen = s.gen
+	refuse := func(err error) (bool, error) {
+		first := !r.warned
+		r.warned = true
+		return first, err
+	}
+	if reserved == 0 {
+		return refuse(errNoReservation)
+	}
+	r.reserved = reserved
 	if p, ok := s.pages[hash]; ok {
-		for _, h := range s.byReq[req] {
-			if h == hash {
-				return true
-			}
+		if !slices.Contains(r.hashes, hash) {
+			p.refs++
+			r.hashes = append(r.hashes, hash)
 		}
-		p.refs++
-		s.byReq[req] = append(s.byReq[req], hash)
-		return true
+		return false, nil
 	}
 	size := uint64(len(data))
-	if s.used+size > s.budget || (reserved > 0 && s.reqBytes[req]+size > reserved) {
-		return false
+	if r.charged+size > reserved {
+		return refuse(fmt.Errorf("%w: %d bytes stored of %d reserved, the page has %d", errOverReservation, r.charged, reserved, size))
+	}
+	if s.used+size > s.budget {
+		return refuse(fmt.Errorf("%w: %d bytes stored of %d, the page has %d", errStoreFull, s.used, s.budget, size))
 	}
 	s.pages[hash] = &ckptPage{data: data, refs: 1}
-	s.byReq[req] = append(s.byReq[req], hash)
-	s.reqBytes[req] += size
+	r.hashes = append(r.hashes, hash)
+	r.charged += size
 	s.used += size
-	return true
+	return false, nil
 }
 
 // release drops a request's pages (those no other request shares).
 func (s *ckptStore) release(req string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, h := range s.byReq[req] {
+	s.releaseLocked(req)
+}
+
+// releaseLocked is release; s.mu must be held.
+func (s *ckptStore) releaseLocked(req string) {
+	r := s.reqs[req]
+	if r == nil {
+		return
+	}
+	for _, h := range r.hashes {
 		if p := s.pages[h]; p != nil {
 			if p.refs--; p.refs == 0 {
 				s.used -= uint64(len(p.data))
@@ -94,8 +146,55 @@ func (s *ckptStore) release(req string) {
 			}
 		}
 	}
-	delete(s.byReq, req)
-	delete(s.reqBytes, req)
+	delete(s.reqs, req)
+	s.gen++
+}
+
+// releaseUnchanged drops a request's pages unless they changed after
+// generation gen (from requests): a page that arrived after the caller
+// decided the request is no longer held here waits for the next decision.
+// It reports whether it dropped them.
+func (s *ckptStore) releaseUnchanged(req string, gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.reqs[req]
+	if r == nil || r.gen != gen {
+		return false
+	}
+	s.releaseLocked(req)
+	return true
+}
+
+// heldGen is a request the store holds pages of (or refused pages of), and
+// the generation of its last change.
+type heldGen struct {
+	req string
+	gen uint64
+}
+
+// requests lists the requests the store knows, by id.
+func (s *ckptStore) requests() []heldGen {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]heldGen, 0, len(s.reqs))
+	for id, r := range s.reqs {
+		out = append(out, heldGen{id, r.gen})
+	}
+	slices.SortFunc(out, func(a, b heldGen) int { return strings.Compare(a.req, b.req) })
+	return out
+}
+
+// stored returns the bytes the store holds of a request (those it was
+// charged) and the reservation its pages carried; ok is false when it holds
+// nothing of it.
+func (s *ckptStore) stored(req string) (charged, reserved uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.reqs[req]
+	if r == nil {
+		return 0, 0, false
+	}
+	return r.charged, r.reserved, true
 }
 
 // prefix returns the pages of the longest contiguous prefix it holds.
@@ -118,21 +217,24 @@ func (s *ckptStore) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.used = 0
-	s.pages, s.byReq, s.reqBytes = map[uint64]*ckptPage{}, map[string][]uint64{}, map[string]uint64{}
+	s.gen++
+	s.pages, s.reqs = map[uint64]*ckptPage{}, map[string]*heldRequest{}
 }
 
-func (s *ckptStore) usage() (used, budget uint64) {
+// usage returns the bytes stored, the budget, and the requests known.
+func (s *ckptStore) usage() (used, budget uint64, requests int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.used, s.budget
+	return s.used, s.budget, len(s.reqs)
 }
 
 // ckptJob is a page to send to a holder.
 type ckptJob struct {
-	req  string
-	seq  engine.SeqID
-	page int
-	hash uint64
+	req      string
+	reserved uint64 // the request's reserved footprint on the holder
+	seq      engine.SeqID
+	page     int
+	hash     uint64
 }
 
 // ckptQueue bounds the pages waiting to go to one holder: when it is full the
@@ -212,7 +314,8 @@ func (s *ckptSender) run() {
 			if err != nil {
 				continue // the sequence ended or was preempted meanwhile
 			}
-			send(&pb.CheckpointMessage{RequestId: j.req, PageIndex: uint32(j.page), PrefixHash: j.hash, Data: data})
+			send(&pb.CheckpointMessage{RequestId: j.req, PageIndex: uint32(j.page), PrefixHash: j.hash, Data: data,
+				ReservedBytes: j.reserved})
 		case <-s.wake:
 		}
 		s.mu.Lock()

@@ -1,17 +1,27 @@
 package worker
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
+
+// stored reports whether the store took the page.
+func stored(t *testing.T, s *ckptStore, req string, reserved, hash uint64, data []byte) bool {
+	t.Helper()
+	_, err := s.put(req, reserved, hash, data)
+	return err == nil
+}
 
 func TestCkptStoreBudgetAndPrefix(t *testing.T) {
 	s := newCkptStore(100)
 	page := make([]byte, 40)
-	if !s.put("a", 0, 1, page) || !s.put("a", 0, 2, page) {
+	if !stored(t, s, "a", 1000, 1, page) || !stored(t, s, "a", 1000, 2, page) {
 		t.Fatal("pages within budget refused")
 	}
-	if s.put("b", 0, 3, page) {
-		t.Fatal("a page past the budget was stored")
+	if _, err := s.put("b", 1000, 3, page); !errors.Is(err, errStoreFull) {
+		t.Fatalf("a page past the budget: %v", err)
 	}
-	if used, _ := s.usage(); used != 80 {
+	if used, _, _ := s.usage(); used != 80 {
 		t.Fatalf("used %d", used)
 	}
 	if got := s.prefix([]uint64{1, 2, 3}); len(got) != 2 {
@@ -21,7 +31,7 @@ func TestCkptStoreBudgetAndPrefix(t *testing.T) {
 		t.Fatal("a prefix must start at page 0")
 	}
 	// Shared prefix pages are kept until every request releases them.
-	if !s.put("b", 0, 1, page) {
+	if !stored(t, s, "b", 1000, 1, page) {
 		t.Fatal("sharing a stored page refused")
 	}
 	s.release("a")
@@ -29,12 +39,58 @@ func TestCkptStoreBudgetAndPrefix(t *testing.T) {
 		t.Fatal("a page still used by b was dropped")
 	}
 	s.release("b")
-	if used, _ := s.usage(); used != 0 {
-		t.Fatalf("used %d after every release", used)
+	if used, _, n := s.usage(); used != 0 || n != 0 {
+		t.Fatalf("used %d by %d requests after every release", used, n)
 	}
-	// A request's reservation bounds its pages.
-	if !s.put("c", 50, 7, page) || s.put("c", 50, 8, page) {
-		t.Fatal("reservation not enforced")
+}
+
+// TestCkptStoreEnforcesReservation: the reservation a page carries caps its
+// request, and a page without one is refused: the field is not sent to be
+// ignored (the sender left it 0 and the cap never applied).
+func TestCkptStoreEnforcesReservation(t *testing.T) {
+	s := newCkptStore(1 << 20)
+	page := make([]byte, 40)
+	if !stored(t, s, "c", 80, 7, page) || !stored(t, s, "c", 80, 8, page) {
+		t.Fatal("pages within the reservation refused")
+	}
+	first, err := s.put("c", 80, 9, page)
+	if !errors.Is(err, errOverReservation) || !first {
+		t.Fatalf("a page past the reservation: first=%v %v", first, err)
+	}
+	if first, err := s.put("c", 80, 10, page); err == nil || first {
+		t.Fatalf("a second refusal: first=%v %v (want refused, not first)", first, err)
+	}
+	if charged, reserved, _ := s.stored("c"); charged != 80 || reserved != 80 {
+		t.Fatalf("c has %d bytes charged of %d reserved", charged, reserved)
+	}
+	if _, err := s.put("d", 0, 11, page); !errors.Is(err, errNoReservation) {
+		t.Fatalf("a page without a reservation: %v", err)
+	}
+	// A page another request stored costs nothing more.
+	if !stored(t, s, "e", 40, 7, page) || !stored(t, s, "e", 40, 12, page) {
+		t.Fatal("a shared page was charged to the request that shares it")
+	}
+}
+
+// TestCkptStoreReleaseUnchanged: the reconciler's release skips a request
+// whose pages changed after it looked.
+func TestCkptStoreReleaseUnchanged(t *testing.T) {
+	s := newCkptStore(1 << 20)
+	page := make([]byte, 40)
+	stored(t, s, "a", 1000, 1, page)
+	held := s.requests()
+	if len(held) != 1 || held[0].req != "a" {
+		t.Fatalf("requests %v", held)
+	}
+	stored(t, s, "a", 1000, 2, page)
+	if s.releaseUnchanged("a", held[0].gen) {
+		t.Fatal("released pages that arrived after the look")
+	}
+	if !s.releaseUnchanged("a", s.requests()[0].gen) {
+		t.Fatal("unchanged pages not released")
+	}
+	if used, _, n := s.usage(); used != 0 || n != 0 {
+		t.Fatalf("used %d by %d requests", used, n)
 	}
 }
 

@@ -58,6 +58,12 @@ type Config struct {
 	QueueWindow time.Duration
 	// DrainTimeout bounds graceful shutdown (default 30 s).
 	DrainTimeout time.Duration
+	// ReconcileInterval is how often a holder checks the requests it stores
+	// checkpoint pages of against the placement table and frees those it
+	// no longer holds (default 2 s): the longest a finished or moved
+	// request's pages outlive its reservation, when its serving worker
+	// could not release them.
+	ReconcileInterval time.Duration
 
 	Logger hclog.Logger
 }
@@ -65,7 +71,8 @@ type Config struct {
 // DefaultConfig returns a Config with the optional fields at their defaults.
 func DefaultConfig() Config {
 	return Config{TokenBudget: 512, MaxRunning: 256, MaxWaiting: 4096, LoadInterval: 250 * time.Millisecond,
-		QueueWindow: 10 * time.Second, DrainTimeout: 30 * time.Second, CheckpointBudget: 1 << 30}
+		QueueWindow: 10 * time.Second, DrainTimeout: 30 * time.Second, ReconcileInterval: 2 * time.Second,
+		CheckpointBudget: 1 << 30}
 }
 
 // Validate says what is wrong with the configuration.
@@ -83,8 +90,9 @@ func (c *Config) Validate() error {
 	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
 		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
 	}
-	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("LoadInterval (%s), QueueWindow (%s) and DrainTimeout (%s) must be positive", c.LoadInterval, c.QueueWindow, c.DrainTimeout))
+	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 || c.ReconcileInterval <= 0 {
+		errs = append(errs, fmt.Errorf("LoadInterval (%s), QueueWindow (%s), DrainTimeout (%s) and ReconcileInterval (%s) must be positive",
+			c.LoadInterval, c.QueueWindow, c.DrainTimeout, c.ReconcileInterval))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("worker: invalid config: %w", errors.Join(errs...))

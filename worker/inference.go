@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/engine"
 )
@@ -176,9 +177,18 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 			return nil, err
 		}
 	}
-	return &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
+	r := &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
 		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
-		holder: req.Holder, epoch: req.Epoch}, nil
+		holder: req.Holder, epoch: req.Epoch}
+	if r.holder != "" {
+		// The footprint the controller reserved on the holder when it placed
+		// the request here: the same function of the same numbers (the
+		// dispatch's prompt and max tokens, this worker's registered
+		// capacity), so the holder can cap the request at it.
+		c := w.capacity()
+		r.reserved = policy.Footprint(uint32(len(req.Prompt)), req.MaxTokens, c.MaxContextTokens, c.KvBytesPerToken)
+	}
+	return r, nil
 }
 
 func validatePeerID(id string) error {
@@ -203,13 +213,19 @@ func (s *inferenceServer) Checkpoint(stream grpc.ClientStreamingServer[pb.Checkp
 			s.w.store.release(m.RequestId)
 			continue
 		}
-		if s.w.store.put(m.RequestId, m.ReservedBytes, m.PrefixHash, m.Data) {
+		first, err := s.w.store.put(m.RequestId, m.ReservedBytes, m.PrefixHash, m.Data)
+		if err == nil {
 			ack.Stored++
-		} else {
-			ack.Dropped++
-			s.w.metrics.ckptRefused.Inc()
+			continue
 		}
-		used, _ := s.w.store.usage()
-		s.w.metrics.ckptBytes.Set(float64(used))
+		// A refused page is a checkpoint that will not be there at
+		// recovery: counted, and logged once per request.
+		ack.Dropped++
+		s.w.metrics.ckptRefused.Inc()
+		if first {
+			used, budget, held := s.w.store.usage()
+			s.w.log.Warn("refused a checkpoint page; later refusals for this request are only counted",
+				"request", m.RequestId, "page", m.PageIndex, "reason", err, "stored_bytes", used, "budget_bytes", budget, "requests_held", held)
+		}
 	}
 }

@@ -25,7 +25,8 @@ type metrics struct {
 	ckptSent      prometheus.Counter
 	ckptDropped   prometheus.Counter
 	ckptRefused   prometheus.Counter
-	ckptBytes     prometheus.Gauge
+	ckptFreed     prometheus.Counter
+	ckptPasses    prometheus.Counter
 	restoredPages prometheus.Counter
 	recomputed    prometheus.Counter
 }
@@ -62,13 +63,15 @@ func newMetrics() *metrics {
 		Help: "KV pages that could not be sent to their holder (holder unreachable)."})
 	m.ckptRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_checkpoint_pages_refused_total",
 		Help: "Pages this holder refused: its budget or the request's reservation was full."})
-	m.ckptBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_checkpoint_bytes",
-		Help: "Bytes of other workers' checkpoints held here."})
+	m.ckptFreed = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_checkpoint_requests_reclaimed_total",
+		Help: "Requests whose checkpoint pages this holder freed because the placement table no longer names it (completed, moved, or never placed)."})
+	m.ckptPasses = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_checkpoint_reconcile_passes_total",
+		Help: "Passes of this holder over its checkpoint store against the placement table."})
 	m.restoredPages = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_restored_pages_total",
 		Help: "KV pages imported from the checkpoint store when a request resumed here."})
 	m.recomputed = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_resume_recomputed_tokens_total",
 		Help: "Tokens of resumed requests prefilled again (not covered by checkpoint pages)."})
-	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptBytes, m.restoredPages, m.recomputed)
+	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptFreed, m.ckptPasses, m.restoredPages, m.recomputed)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
 		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -93,4 +96,17 @@ func (m *metrics) watchPacing(e engine.Engine) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lumen_worker_paced_seconds_total",
 			Help: "Engine time those calls really took; above lumen_worker_emulated_seconds_total when the machine cannot keep up."},
 			func() float64 { return p.Stats().Actual.Seconds() }))
+}
+
+// watchStore exports what a holder's checkpoint store holds, read at each
+// scrape (the same figure the load report carries as
+// stored_checkpoint_bytes).
+func (m *metrics) watchStore(st *ckptStore) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_worker_checkpoint_bytes",
+			Help: "Bytes of other workers' checkpoint pages stored here (compare with the bytes the controller reserved here)."},
+			func() float64 { used, _, _ := st.usage(); return float64(used) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_worker_checkpoint_requests",
+			Help: "Requests this holder stores checkpoint pages of."},
+			func() float64 { _, _, n := st.usage(); return float64(n) }))
 }

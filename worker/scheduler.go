@@ -68,6 +68,7 @@ type request struct {
 	// Checkpointing: the holder, the prefix hash of each full page in the
 	// cache, and how many pages have been queued for the holder.
 	holder       string
+	reserved     uint64 // the request's reserved footprint on the holder
 	hashes       []uint64
 	ckptSent     int
 	restoreTried bool
@@ -506,7 +507,7 @@ func (s *scheduler) checkpoint(reqs []*request) {
 	queue:
 		for ; r.ckptSent < len(r.hashes); r.ckptSent++ {
 			select {
-			case snd.jobs <- ckptJob{req: r.id, seq: r.seq, page: r.ckptSent, hash: r.hashes[r.ckptSent]}:
+			case snd.jobs <- ckptJob{req: r.id, reserved: r.reserved, seq: r.seq, page: r.ckptSent, hash: r.hashes[r.ckptSent]}:
 			default:
 				break queue // the holder is slow: this checkpoint falls behind
 			}

@@ -53,8 +53,12 @@ type Worker struct {
 
 	loadKick chan struct{}
 	stop     chan struct{}
-	wg       sync.WaitGroup
-	once     sync.Once
+	// stopCtx is cancelled with stop, for calls a goroutine makes until the
+	// worker stops.
+	stopCtx    context.Context
+	cancelStop context.CancelFunc
+	wg         sync.WaitGroup
+	once       sync.Once
 }
 
 // New starts a worker: the scheduler, the gRPC server, Serf, registration
@@ -69,7 +73,9 @@ func New(cfg Config) (w *Worker, err error) {
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(),
 		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
 		senders: map[string]*ckptSender{}}
+	w.stopCtx, w.cancelStop = context.WithCancel(context.Background())
 	w.metrics.watchPacing(cfg.Engine)
+	w.metrics.watchStore(w.store)
 	defer func() {
 		if err != nil {
 			w.Shutdown(context.Background())
@@ -122,6 +128,7 @@ func New(cfg Config) (w *Worker, err error) {
 	}
 	if w.ctl != nil {
 		w.goFunc(w.registerAndReport)
+		w.goFunc(w.reconcileHolds)
 	}
 	w.log.Info("worker running", "grpc", w.cfg.GRPCAddr, "incarnation", inc, "engine", info.Backend,
 		"model", info.Model, "kv_pages", info.TotalPages)
@@ -312,7 +319,7 @@ func (w *Worker) Load() *pb.LoadRecord {
 	free := w.cfg.Engine.FreePages()
 	used := info.TotalPages - free
 	w.metrics.kvUsed.Set(float64(used))
-	ckUsed, ckBudget := w.store.usage()
+	ckUsed, ckBudget, _ := w.store.usage()
 	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(), QueueWaitMs: qw,
 		FreeCheckpointBytes: ckBudget - ckUsed, StoredCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
 		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head)}
@@ -351,6 +358,7 @@ func (w *Worker) Shutdown(ctx context.Context) {
 		}
 		w.setPhase(pb.WorkerPhase_WORKER_PHASE_LEFT, "graceful shutdown")
 		close(w.stop)
+		w.cancelStop()
 		if w.serf != nil {
 			_ = w.serf.Leave()
 			_ = w.serf.Shutdown()
