@@ -40,7 +40,7 @@ type Directory struct {
 	list Lister
 	opts []grpc.DialOption
 
-	mu     sync.Mutex // guards addrs, conns, closed
+	mu     sync.Mutex                  // guards addrs, conns, closed
 	addrs  map[string]string           // worker id → gRPC address
 	conns  map[string]*grpc.ClientConn // address → connection
 	closed bool
