@@ -45,7 +45,13 @@ func (w *Worker) reconcileHolds() {
 // arrive while a request is being looked up are not freed with it: the next
 // pass decides on them.
 func (w *Worker) reconcilePass(ctx context.Context) (freed int) {
-	defer w.metrics.ckptPasses.Inc()
+	defer func() {
+		w.metrics.ckptPasses.Inc()
+		if freed > 0 {
+			used, _, _ := w.store.usage()
+			w.log.Info("freed the checkpoint pages of requests no longer held here", "requests", freed, "stored_bytes", used)
+		}
+	}()
 	for _, h := range w.store.requests() {
 		if ctx.Err() != nil {
 			return freed
