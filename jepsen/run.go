@@ -454,9 +454,18 @@ func (e *env) servingClient(runCtx, ctx context.Context, c int, gw *devcluster.G
 		e.inflight[gw.Name]--
 		e.mu.Unlock()
 		out = append(out, s)
+		if !s.Accepted {
+			// Its gateway is down, not ready or full: a client that
+			// retried at once would spin (100,000 refusals while a
+			// killed gateway restarts).
+			sleepCtx(runCtx, refusedPause)
+		}
 	}
 	return out
 }
+
+// refusedPause is how long a serving client waits after a refusal.
+const refusedPause = 50 * time.Millisecond
 
 // storedSlack is how many bytes a holder may store beyond what the
 // placement table reserves on it (CheckBudgets): every serving client's
@@ -631,9 +640,11 @@ func (e *env) quiesce(ctx context.Context, final map[string]Op) Quiescence {
 	}
 }
 
-// observeQuiescence reads the placement table's size and every holder's
-// reservations and stored bytes, from a replica at least as recent as a
-// linearizable read.
+// observeQuiescence reads every holder's reservations and stored bytes
+// (linearizably) and the size of the placement table on the replica that
+// has applied the most (load reports keep the log moving, so a follower is
+// always an entry or two behind; nothing creates placements any more, so
+// the most recent replica is the one to ask).
 func (e *env) observeQuiescence(ctx context.Context) Quiescence {
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -641,14 +652,19 @@ func (e *env) observeQuiescence(ctx context.Context) Quiescence {
 	if err != nil {
 		return Quiescence{Err: err.Error()}
 	}
-	st, err := e.client.ClusterStatus(qctx)
-	if err != nil {
-		return Quiescence{Err: err.Error()}
+	var latest *pb.ClusterStatusResponse
+	for i, ctl := range e.cl.Controllers {
+		if !ctl.Running() {
+			continue
+		}
+		if st, err := e.cl.Status(qctx, i); err == nil && (latest == nil || st.AppliedIndex > latest.AppliedIndex) {
+			latest = st
+		}
 	}
-	if st.AppliedIndex < r.AppliedIndex {
-		return Quiescence{Err: fmt.Sprintf("%s answered at index %d, behind %d", st.NodeId, st.AppliedIndex, r.AppliedIndex)}
+	if latest == nil {
+		return Quiescence{Err: "no controller answered ClusterStatus"}
 	}
-	return Quiescence{Placements: st.Placements, Holders: holderSamples(e.hist.Now(), r)}
+	return Quiescence{Placements: latest.Placements, Holders: holderSamples(e.hist.Now(), r)}
 }
 
 // finalReads reads every dispatched id linearizably once the faults are
