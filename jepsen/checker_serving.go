@@ -51,7 +51,8 @@ func abortedBy(s Stream, kills []GatewayKill) (GatewayKill, bool) {
 //
 // The promise is for failures of workers and controllers. A gateway's
 // crash is visible to its clients: a stream cut while its own gateway was
-// killed is counted as aborted, not as a violation; streams on the other
+// killed is counted as aborted, not as a violation (the bytes it got must
+// be a prefix of the reference); streams on the other
 // gateways are held to the promise, and while a gateway was down at least
 // one of them must have completed (the others keep serving).
 func CheckServing(streams []Stream, kills []GatewayKill, reference func(prompt string, max int) string) Verdict {
@@ -76,7 +77,11 @@ func CheckServing(streams []Stream, kills []GatewayKill, reference func(prompt s
 			errs++
 		default:
 			if _, ok := abortedBy(s, kills); ok {
+				// What arrived before the crash must still be right.
 				aborted++
+				if want := reference(s.Prompt, s.Max); !strings.HasPrefix(want, s.Text) {
+					v.fail("stream %d/%d (%s), cut by its gateway's crash, differs from the reference at byte %d:\n  got  %q\n  want %q", s.Client, s.N, s.Gateway, firstDiff(s.Text, want), s.Text, want)
+				}
 				continue
 			}
 			v.fail("stream %d/%d (%s) ended with neither [DONE] nor an error event after %d bytes: %s", s.Client, s.N, s.Gateway, len(s.Text), s.Err)

@@ -221,6 +221,8 @@ func TestCheckerServingGatewayKill(t *testing.T) {
 			{Client: 0, N: 3, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Err: "stream cut", Call: 300, Return: 310}},
 		"a corrupted output on the surviving gateway": {survivor,
 			{Client: 1, N: 2, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xyx", Call: 95, Return: 130}},
+		"a changed token before the crash": {survivor,
+			{Client: 0, N: 4, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Text: "xy", Err: "stream cut", Call: 50, Return: 105}},
 		"nothing served while the gateway was down": {
 			{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 20}},
 	} {

@@ -235,31 +235,32 @@ func (e *env) holderInFlight(ctx context.Context) string {
 	return ""
 }
 
-// gatewayInFlight picks the running gateway with the most streams open
-// through it, looking until ctx ends for one with any (a client is between
-// two streams for a moment), else a random running one. Only one gateway
-// is ever down: every fault is healed before the next.
+// gatewayInFlight picks a running gateway with streams open through it (at
+// random among them, seeded), looking until ctx ends for one (a client is
+// between two streams for a moment), else a random running one; it returns
+// the gateway and its open streams. Only one gateway is ever down: every
+// fault is healed before the next.
 func (e *env) gatewayInFlight(ctx context.Context) (*devcluster.Gateway, int) {
 	for {
+		var busy, up []*devcluster.Gateway
 		e.mu.Lock()
-		var best *devcluster.Gateway
-		most := 0
 		for _, g := range e.gws {
-			if g.Running() && e.inflight[g.Name] > most {
-				best, most = g, e.inflight[g.Name]
+			if g.Running() {
+				up = append(up, g)
+				if e.inflight[g.Name] > 0 {
+					busy = append(busy, g)
+				}
 			}
 		}
 		e.mu.Unlock()
-		if best != nil {
-			return best, most
+		if len(busy) > 0 {
+			g := busy[e.rng.Intn(len(busy))]
+			e.mu.Lock()
+			open := e.inflight[g.Name]
+			e.mu.Unlock()
+			return g, open
 		}
 		if ctx.Err() != nil {
-			var up []*devcluster.Gateway
-			for _, g := range e.gws {
-				if g.Running() {
-					up = append(up, g)
-				}
-			}
 			return up[e.rng.Intn(len(up))], 0
 		}
 		sleepCtx(ctx, 20*time.Millisecond)
