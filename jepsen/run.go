@@ -296,6 +296,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if b, err := json.MarshalIndent(streams, "", " "); err == nil {
 		_ = os.WriteFile(filepath.Join(cfg.Dir, "streams.json"), b, 0o644)
 	}
+	if len(kills) > 0 {
+		if b, err := json.MarshalIndent(kills, "", " "); err == nil {
+			_ = os.WriteFile(filepath.Join(cfg.Dir, "gateway-kills.json"), b, 0o644)
+		}
+	}
 	for _, v := range rep.Verdicts {
 		e.logf("checker %-22s %-8s %s", v.Checker, v.String(), v.Note)
 		for _, x := range v.Violations {
