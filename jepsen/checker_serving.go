@@ -3,12 +3,14 @@ package jepsen
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Stream is what a client of the gateway saw of one streamed request.
 type Stream struct {
 	Client   int    `json:"client"`
 	N        int    `json:"n"`
+	Gateway  string `json:"gateway"` // the gateway it went through
 	Prompt   string `json:"prompt"`
 	Max      int    `json:"max_tokens"`
 	Accepted bool   `json:"accepted"` // HTTP 200 and a stream began
@@ -20,14 +22,42 @@ type Stream struct {
 	Return   int64  `json:"return"`
 }
 
+// GatewayKill is a gateway killed: SIGKILL sent at At, the process gone
+// at Dead, started again at Restarted (Unknown if it never was), on the
+// history's clock.
+type GatewayKill struct {
+	Gateway   string `json:"gateway"`
+	At        int64  `json:"at"`
+	Dead      int64  `json:"dead"`
+	Restarted int64  `json:"restarted"`
+}
+
+// abortedBy returns the kill of s's gateway that happened while s was open,
+// if any.
+func abortedBy(s Stream, kills []GatewayKill) (GatewayKill, bool) {
+	for _, k := range kills {
+		if k.Gateway == s.Gateway && s.Call <= k.Dead && k.At <= s.Return {
+			return k, true
+		}
+	}
+	return GatewayKill{}, false
+}
+
 // CheckServing checks the serving promises: every stream the gateway
 // accepted ends with [DONE] or an explicit error event, never cut off
 // silently; every completed output equals the failure-free reference, so no
 // token was lost, repeated or changed (a stream served by two workers at
 // once would repeat or garble tokens, and shows up here).
-func CheckServing(streams []Stream, reference func(prompt string, max int) string) Verdict {
+//
+// The promise is for failures of workers and controllers. A gateway's
+// crash is visible to its clients: a stream cut while its own gateway was
+// killed is counted as aborted, not as a violation (the bytes it got must
+// be a prefix of the reference); streams on the other
+// gateways are held to the promise, and while a gateway was down at least
+// one of them must have completed (the others keep serving).
+func CheckServing(streams []Stream, kills []GatewayKill, reference func(prompt string, max int) string) Verdict {
 	v := Verdict{Checker: "serving", OK: true}
-	done, errs, refused := 0, 0, 0
+	done, errs, refused, aborted, servedDuringKills := 0, 0, 0, 0, 0
 	for _, s := range streams {
 		switch {
 		case !s.Accepted:
@@ -35,15 +65,35 @@ func CheckServing(streams []Stream, reference func(prompt string, max int) strin
 		case s.Done:
 			done++
 			if want := reference(s.Prompt, s.Max); s.Text != want {
-				v.fail("stream %d/%d differs from the reference at byte %d:\n  got  %q\n  want %q", s.Client, s.N, firstDiff(s.Text, want), s.Text, want)
+				v.fail("stream %d/%d (%s) differs from the reference at byte %d:\n  got  %q\n  want %q", s.Client, s.N, s.Gateway, firstDiff(s.Text, want), s.Text, want)
+			}
+			for _, k := range kills {
+				if k.Gateway != s.Gateway && s.Return >= k.At && s.Return <= k.Restarted {
+					servedDuringKills++
+					break
+				}
 			}
 		case s.ErrEvent != "":
 			errs++
 		default:
-			v.fail("stream %d/%d ended with neither [DONE] nor an error event after %d bytes: %s", s.Client, s.N, len(s.Text), s.Err)
+			if _, ok := abortedBy(s, kills); ok {
+				// What arrived before the crash must still be right.
+				aborted++
+				if want := reference(s.Prompt, s.Max); !strings.HasPrefix(want, s.Text) {
+					v.fail("stream %d/%d (%s), cut by its gateway's crash, differs from the reference at byte %d:\n  got  %q\n  want %q", s.Client, s.N, s.Gateway, firstDiff(s.Text, want), s.Text, want)
+				}
+				continue
+			}
+			v.fail("stream %d/%d (%s) ended with neither [DONE] nor an error event after %d bytes: %s", s.Client, s.N, s.Gateway, len(s.Text), s.Err)
 		}
 	}
+	if len(kills) > 0 && servedDuringKills == 0 {
+		v.fail("%d gateway kills: no stream through another gateway completed while one was down", len(kills))
+	}
 	v.Note = fmt.Sprintf("%d streams: %d complete and checked, %d ended with an explicit error, %d refused", len(streams), done, errs, refused)
+	if len(kills) > 0 {
+		v.Note += fmt.Sprintf("; %d gateway kills: %d streams aborted by their gateway's crash, %d completed on the others meanwhile", len(kills), aborted, servedDuringKills)
+	}
 	return v
 }
 
@@ -58,22 +108,35 @@ func firstDiff(a, b string) int {
 
 // BudgetSample is a holder's checkpoint bytes against its budget at one
 // moment: Reserved is what the placement table reserves on it (h(r)'s
-// bookkeeping, replicated), Stored what its checkpoint store reported
-// holding.
+// bookkeeping, replicated) for the Held placements whose checkpoints it
+// holds, Stored what its checkpoint store reported holding (its load
+// report).
 type BudgetSample struct {
 	At       int64
 	Worker   string
 	Reserved uint64
+	Held     uint32
 	Stored   uint64
 	Budget   uint64
 }
 
 // CheckBudgets: no holder ever over its checkpoint budget, neither in the
-// placement table's reservations nor in the bytes its store held.
-func CheckBudgets(samples []BudgetSample) Verdict {
+// placement table's reservations nor in the bytes its store held; and no
+// holder stores pages the placement table reserves nothing for. The two
+// are in different units (a reservation is sized by the timing profile's KV
+// bytes, a stored page is the real model's), so the second is stored ≤
+// reserved + slack: slack covers the pages of the streams in flight, whose
+// release reaches the holder after their Complete freed the reservation.
+// Pages beyond it are pages the holder keeps for requests it no longer
+// holds (moved, recomputed, re-dispatched): a leak that would fill its store.
+func CheckBudgets(samples []BudgetSample, slack uint64) Verdict {
 	v := Verdict{Checker: "budget", OK: true}
-	peak := uint64(0)
+	peak, overReserved := uint64(0), 0
 	for _, s := range samples {
+		if s.Stored > s.Reserved+slack {
+			overReserved++
+			v.fail("%s: its store held %d bytes of checkpoints at %s, %d reserved on it for %d placements (slack %d): pages of requests it no longer holds", s.Worker, s.Stored, fmtNanos(s.At), s.Reserved, s.Held, slack)
+		}
 		if s.Budget == 0 {
 			continue
 		}
@@ -85,7 +148,60 @@ func CheckBudgets(samples []BudgetSample) Verdict {
 			v.fail("%s: its store held %d bytes of checkpoints at %s, budget %d", s.Worker, s.Stored, fmtNanos(s.At), s.Budget)
 		}
 	}
-	v.Note = fmt.Sprintf("%d samples, peak %d%% of a budget", len(samples), peak)
+	v.Note = fmt.Sprintf("%d samples, peak %d%% of a budget; stored ≤ reserved + %d bytes", len(samples), peak, slack)
+	return v
+}
+
+// Quiescence is the cluster once the clients have stopped, their open
+// placements are completed and a dead gateway's session has expired:
+// the placements left in the table and every worker's reservations and
+// stored bytes, as last observed.
+type Quiescence struct {
+	Placements uint32 // ClusterStatus.placements
+	Holders    []BudgetSample
+	Waited     time.Duration // how long it was waited for
+	Err        string        // the last observation failed
+}
+
+// Quiet reports whether nothing is left: no placement, and every holder
+// reserves and stores nothing.
+func (q Quiescence) Quiet() bool {
+	if q.Err != "" || q.Placements != 0 || len(q.Holders) == 0 {
+		return false
+	}
+	for _, h := range q.Holders {
+		if h.Reserved != 0 || h.Held != 0 || h.Stored != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckNoLeak: after quiescence no placement survives (a dead gateway's
+// placements end with its session; a gateway's Complete is never dropped),
+// and every holder's stored bytes match its reservations: both zero.
+func CheckNoLeak(q Quiescence) Verdict {
+	v := Verdict{Checker: "no-leak", OK: true}
+	v.Note = fmt.Sprintf("after %s: %d placements, %d holders", q.Waited.Round(100*time.Millisecond), q.Placements, len(q.Holders))
+	switch {
+	case q.Err != "":
+		v.fail("the cluster did not answer: %s", q.Err)
+		return v
+	case len(q.Holders) == 0:
+		v.fail("no worker in the workers table")
+		return v
+	}
+	if q.Placements != 0 {
+		v.fail("%d placements survive the clients (a gateway's placements outlive it, or a Complete was dropped)", q.Placements)
+	}
+	for _, h := range q.Holders {
+		if h.Reserved != 0 || h.Held != 0 {
+			v.fail("%s: %d bytes still reserved on it for %d placements", h.Worker, h.Reserved, h.Held)
+		}
+		if h.Stored != 0 {
+			v.fail("%s: its store still holds %d bytes of checkpoints (%d reserved)", h.Worker, h.Stored, h.Reserved)
+		}
+	}
 	return v
 }
 

@@ -145,7 +145,7 @@ func TestServingCatchesACorruptedOutput(t *testing.T) {
 		{Prompt: "p", Max: 3, Accepted: true, ErrEvent: "no worker"},
 		{Prompt: "p", Max: 3, Err: "HTTP 429"},
 	}
-	if v := CheckServing(good, ref); !v.OK {
+	if v := CheckServing(good, nil, ref); !v.OK {
 		t.Fatalf("good streams rejected: %v", v.Violations)
 	}
 	for name, s := range map[string]Stream{
@@ -154,20 +154,20 @@ func TestServingCatchesACorruptedOutput(t *testing.T) {
 		"a changed token":  {Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xyx"},
 		"a silent cut":     {Prompt: "p", Max: 3, Accepted: true, Text: "x", Err: "stream cut"},
 	} {
-		if v := CheckServing([]Stream{s}, ref); v.OK {
+		if v := CheckServing([]Stream{s}, nil, ref); v.OK {
 			t.Errorf("%s: not caught", name)
 		}
 	}
 }
 
 func TestInvariantCheckers(t *testing.T) {
-	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 10, Stored: 10, Budget: 10}}); !v.OK {
+	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 10, Stored: 10, Budget: 10}}, 0); !v.OK {
 		t.Fatal("a full budget is not over it")
 	}
-	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 11, Budget: 10}}); v.OK {
+	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 11, Budget: 10}}, 0); v.OK {
 		t.Fatal("reservations over budget not caught")
 	}
-	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 1, Stored: 11, Budget: 10}}); v.OK {
+	if v := CheckBudgets([]BudgetSample{{Worker: "w1", Reserved: 1, Stored: 11, Budget: 10}}, 100); v.OK {
 		t.Fatal("a store over budget not caught")
 	}
 	fails := []Failure{{Worker: "w1", Inc: 1, Index: 100}}
@@ -187,5 +187,129 @@ func TestInvariantCheckers(t *testing.T) {
 	}
 	if v := CheckConverged([]ReplicaState{{"c1", 9, 1}, {"c2", 9, 2}}); v.OK {
 		t.Fatal("diverged replicas not caught")
+	}
+}
+
+// A gateway's crash is visible to its clients: streams cut while their own
+// gateway was killed are aborted, not violations; a cut anywhere else is
+// one, and so is a kill during which no other gateway completed a stream.
+func TestCheckerServingGatewayKill(t *testing.T) {
+	ref := func(prompt string, max int) string { return strings.Repeat("x", max) }
+	kills := []GatewayKill{{Gateway: "gateway", At: 100, Dead: 110, Restarted: 200}}
+	survivor := Stream{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 90, Return: 150}
+	good := []Stream{
+		// Cut by the kill: open before the process died, ended after the
+		// SIGKILL was sent.
+		{Client: 0, N: 0, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Text: "x", Err: "stream cut: unexpected EOF", Call: 50, Return: 105},
+		// Began while the SIGKILL was on its way.
+		{Client: 0, N: 1, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Err: "stream cut: unexpected EOF", Call: 108, Return: 112},
+		// Refused while it was down.
+		{Client: 0, N: 2, Gateway: "gateway", Prompt: "p", Max: 3, Err: "connection refused", Call: 120, Return: 121},
+		survivor,
+	}
+	v := CheckServing(good, kills, ref)
+	if !v.OK {
+		t.Fatalf("streams aborted by their gateway's crash counted as violations: %v", v.Violations)
+	}
+	if !strings.Contains(v.Note, "2 streams aborted") {
+		t.Fatalf("aborted streams not counted: %s", v.Note)
+	}
+	for name, streams := range map[string][]Stream{
+		"a cut on the surviving gateway": {survivor,
+			{Client: 1, N: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Err: "stream cut", Call: 95, Return: 130}},
+		"a cut on the killed gateway, outside the kill": {survivor,
+			{Client: 0, N: 3, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Err: "stream cut", Call: 300, Return: 310}},
+		"a corrupted output on the surviving gateway": {survivor,
+			{Client: 1, N: 2, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xyx", Call: 95, Return: 130}},
+		"a changed token before the crash": {survivor,
+			{Client: 0, N: 4, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Text: "xy", Err: "stream cut", Call: 50, Return: 105}},
+		"nothing served while the gateway was down": {
+			{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 20}},
+	} {
+		if v := CheckServing(streams, kills, ref); v.OK {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}
+
+// During the run a holder stores at most what the placement table reserves
+// on it plus the in-flight slack; pages beyond are pages of requests it no
+// longer holds.
+func TestCheckerStoredVsReserved(t *testing.T) {
+	ok := []BudgetSample{
+		{Worker: "w1", Reserved: 5 << 20, Held: 1, Stored: 4096, Budget: 1 << 30},
+		{Worker: "w2", Reserved: 0, Stored: 1000, Budget: 1 << 30}, // a release on its way
+	}
+	if v := CheckBudgets(ok, 1000); !v.OK {
+		t.Fatalf("valid samples rejected: %v", v.Violations)
+	}
+	leak := []BudgetSample{{Worker: "w2", Reserved: 0, Stored: 1001, Budget: 1 << 30}}
+	if v := CheckBudgets(leak, 1000); v.OK || !strings.Contains(v.Violations[0], "w2") {
+		t.Fatalf("a holder storing pages nobody reserves not caught: %+v", v)
+	}
+}
+
+// After quiescence nothing is left: no placement, no reservation, no
+// stored page.
+func TestCheckerNoLeak(t *testing.T) {
+	quiet := Quiescence{Holders: []BudgetSample{{Worker: "w1", Budget: 10}, {Worker: "w2", Budget: 10}}}
+	if v := CheckNoLeak(quiet); !v.OK || !quiet.Quiet() {
+		t.Fatalf("a quiet cluster rejected: %v", v.Violations)
+	}
+	for name, q := range map[string]Quiescence{
+		"a placement survives":   {Placements: 1, Holders: quiet.Holders},
+		"a reservation survives": {Holders: []BudgetSample{{Worker: "w1", Reserved: 5, Held: 1}}},
+		"a holder keeps pages":   {Holders: []BudgetSample{{Worker: "w1", Stored: 4096}}},
+		"the cluster is gone":    {Err: "no controller answered"},
+		"no workers":             {},
+	} {
+		if v := CheckNoLeak(q); v.OK || q.Quiet() {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}
+
+// The panic scan finds a runtime panic, a fatal error and a recovered
+// panic's logged stack, and names the process; clean logs pass.
+func TestCheckerPanicScan(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("ctl1.log", "2026-12-01T10:00:00.000Z [INFO]  controller: leader elected: id=ctl1\n"+
+		"2026-12-01T10:00:01.000Z [WARN]  controller: a worker said: don't panic: fine\n")
+	write("worker-1.log", "2026-12-01T10:00:00.000Z [INFO]  worker: registered\n")
+	if err := os.MkdirAll(filepath.Join(dir, "ctl1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if v := CheckPanics(dir); !v.OK {
+		t.Fatalf("clean logs rejected: %v", v.Violations)
+	}
+
+	write("ctl2.log", "2026-12-01T10:00:00.000Z [INFO]  controller: follower\n"+
+		"panic: runtime error: invalid memory address or nil pointer dereference\n"+
+		"[signal SIGSEGV: segmentation violation code=0x1 addr=0x10 pc=0x1234]\n\n"+
+		"goroutine 42 [running]:\n"+
+		"github.com/lumen-project/lumen/controller.(*server).Dispatch(...)\n")
+	write("worker-2.log", "fatal error: concurrent map writes\n\ngoroutine 7 [running]:\n")
+	write("gateway-2.log", "2026-12-01T10:00:00.000Z [ERROR] controller: handler panicked: method=/lumen.Controller/Complete\n"+
+		"  stack=\n"+
+		"  | goroutine 99 [running]:\n"+
+		"  | runtime/debug.Stack()\n")
+	v := CheckPanics(dir)
+	if v.OK || len(v.Violations) != 3 {
+		t.Fatalf("want 3 panicked processes, got %+v", v)
+	}
+	all := strings.Join(v.Violations, "\n")
+	for _, want := range []string{"ctl2 panicked", "line 2", "invalid memory address", "worker-2 panicked", "concurrent map writes", "gateway-2 panicked", "goroutine 99"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the verdict does not say %q:\n%s", want, all)
+		}
+	}
+	if strings.Contains(all, "ctl1") || strings.Contains(all, "worker-1") {
+		t.Errorf("a clean log named:\n%s", all)
 	}
 }

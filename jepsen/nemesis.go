@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -66,6 +67,22 @@ var Nemeses = map[string]nemesis{
 			w := e.cl.Workers[e.rng.Intn(len(e.cl.Workers))]
 			e.cl.KillWorker(w)
 			return "kill -9 " + w.ID + " (no holder found)", nil
+		}},
+	"gateway-kill": {doc: "kill -9 a gateway with streams in flight (the other keeps serving; the streams through it break, visibly to their clients); it restarts on its address at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			if len(e.gws) < 2 {
+				return "", errOneGateway
+			}
+			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			g, open := e.gatewayInFlight(hctx)
+			cancel()
+			k := GatewayKill{Gateway: g.Name, At: e.hist.Now(), Restarted: Unknown}
+			e.cl.KillGateway(g)
+			k.Dead = e.hist.Now()
+			e.mu.Lock()
+			e.kills = append(e.kills, k)
+			e.mu.Unlock()
+			return fmt.Sprintf("kill -9 %s (%d streams in flight)", g.Name, open), nil
 		}},
 	"pause-leader": {doc: "SIGSTOP the leader; SIGCONT at heal",
 		start: func(ctx context.Context, e *env) (string, error) {
@@ -218,6 +235,38 @@ func (e *env) holderInFlight(ctx context.Context) string {
 	return ""
 }
 
+// gatewayInFlight picks a running gateway with streams open through it (at
+// random among them, seeded), looking until ctx ends for one (a client is
+// between two streams for a moment), else a random running one; it returns
+// the gateway and its open streams. Only one gateway is ever down: every
+// fault is healed before the next.
+func (e *env) gatewayInFlight(ctx context.Context) (*devcluster.Gateway, int) {
+	for {
+		var busy, up []*devcluster.Gateway
+		e.mu.Lock()
+		for _, g := range e.gws {
+			if g.Running() {
+				up = append(up, g)
+				if e.inflight[g.Name] > 0 {
+					busy = append(busy, g)
+				}
+			}
+		}
+		e.mu.Unlock()
+		if len(busy) > 0 {
+			g := busy[e.rng.Intn(len(busy))]
+			e.mu.Lock()
+			open := e.inflight[g.Name]
+			e.mu.Unlock()
+			return g, open
+		}
+		if ctx.Err() != nil {
+			return up[e.rng.Intn(len(up))], 0
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+}
+
 // nemesis injects a fault from the configured set about every Interval,
 // holds it for 1–3 s, heals it, and stops when ctx ends.
 func (e *env) nemesis(ctx context.Context) {
@@ -270,6 +319,23 @@ func (e *env) heal(ctx context.Context) {
 				e.logf("restart %s: %v", w.ID, err)
 			}
 		}
+	}
+	for _, g := range e.gws {
+		if g.Running() {
+			continue
+		}
+		if err := e.cl.RestartGateway(g); err != nil {
+			e.logf("restart %s: %v", g.Name, err)
+			continue
+		}
+		at := e.hist.Now()
+		e.mu.Lock()
+		for i := range e.kills {
+			if k := &e.kills[i]; k.Gateway == g.Name && k.Restarted == Unknown {
+				k.Restarted = at
+			}
+		}
+		e.mu.Unlock()
 	}
 	e.mu.Lock()
 	removed := e.removed

@@ -45,8 +45,22 @@ type Config struct {
 	Partitions string
 	// Clients of each workload.
 	PlacementClients, ServingClients int
-	Log                              io.Writer
+	// Gateways in front of the cluster (default 2); serving client c
+	// streams through gateway c mod Gateways.
+	Gateways int
+	// SessionTTL is how long a dead gateway's session lives on (the
+	// gateway's session TTL): the end-of-run leak check waits this long
+	// for it to expire, after a gateway-kill. Default DefaultSessionTTL.
+	SessionTTL time.Duration
+	Log        io.Writer
 }
+
+// DefaultSessionTTL is Config.SessionTTL's default.
+const DefaultSessionTTL = 10 * time.Second
+
+// quiesceSettle is how long, beyond a session's expiry, the leak check
+// waits for the last Completes, releases and load reports to land.
+const quiesceSettle = 15 * time.Second
 
 // Report is what a run found.
 type Report struct {
@@ -80,11 +94,15 @@ type env struct {
 	logf   func(format string, args ...any)
 	hist   *History
 
-	mu      sync.Mutex
-	removed map[int]bool // controllers removed from the Raft configuration
-	faults  map[string]int
-	recent  [64]string // ids dispatched lately, for cross-client reads
-	nRecent int
+	gws []*devcluster.Gateway // fixed once the cluster is up
+
+	mu       sync.Mutex   // guards the fields below
+	removed  map[int]bool // controllers removed from the Raft configuration
+	faults   map[string]int
+	recent   [64]string // ids dispatched lately, for cross-client reads
+	nRecent  int
+	inflight map[string]int // streams open through each gateway
+	kills    []GatewayKill  // gateways killed, oldest first
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -94,14 +112,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
+	if cfg.Gateways <= 0 {
+		cfg.Gateways = 2
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}}
+	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{}}
 	e.logf = func(format string, args ...any) {
 		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
-	e.logf("%s: seed %d, %d controllers, %d workers, nemeses %s, %s", cfg.Name, cfg.Seed, cfg.Controllers, cfg.Workers, strings.Join(cfg.Nemeses, "+"), cfg.Duration)
+	e.logf("%s: seed %d, %d controllers, %d workers, %d gateways, nemeses %s, %s", cfg.Name, cfg.Seed, cfg.Controllers, cfg.Workers, cfg.Gateways, strings.Join(cfg.Nemeses, "+"), cfg.Duration)
 	for _, n := range cfg.Nemeses {
 		if _, ok := Nemeses[n]; !ok {
 			return nil, fmt.Errorf("unknown nemesis %q: use %s", n, strings.Join(NemesisNames(), ", "))
@@ -185,18 +209,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 	}
-	gw, err := cl.StartGateway("")
-	if err != nil {
-		return nil, err
-	}
-	if err := gw.WaitReady(ctx); err != nil {
-		return nil, err
+	var gwAddrs []string
+	for range cfg.Gateways {
+		gw, err := cl.StartGateway("")
+		if err != nil {
+			return nil, err
+		}
+		if err := gw.WaitReady(ctx); err != nil {
+			return nil, err
+		}
+		e.gws = append(e.gws, gw)
+		gwAddrs = append(gwAddrs, gw.Name+" "+gw.Addr)
 	}
 	if e.client, err = ctlclient.New(cl.GRPCAddrs(), nil); err != nil {
 		return nil, err
 	}
 	defer e.client.Close()
-	e.logf("cluster up: %s; gateway %s", strings.Join(cl.GRPCAddrs(), " "), gw.Addr)
+	e.logf("cluster up: %s; %s", strings.Join(cl.GRPCAddrs(), " "), strings.Join(gwAddrs, ", "))
 
 	// Observers: the event log (failures) and the load table (budgets).
 	obsCtx, stopObs := context.WithCancel(ctx)
@@ -218,7 +247,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var serving sync.WaitGroup
 	for c := 0; c < cfg.ServingClients; c++ {
 		serving.Go(func() {
-			out := e.servingClient(runCtx, ctx, c, gw.Addr)
+			out := e.servingClient(runCtx, ctx, c, e.gws[c%len(e.gws)])
 			smu.Lock()
 			streams = append(streams, out...)
 			smu.Unlock()
@@ -236,7 +265,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	final := e.finalReads(ctx, ops)
 	stopObs()
 	obs.Wait()
+	quiet := e.quiesce(ctx, final)
 	states := e.converge(ctx)
+	// Every process stops before its log is scanned, so a panic at
+	// shutdown is seen too.
+	cl.Stop()
+	kills := e.gatewayKills()
 
 	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Elapsed: time.Since(start)}
 	for _, op := range ops {
@@ -249,16 +283,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckLinearizable(ops, filepath.Join(cfg.Dir, "linearizability.html"), 2*time.Minute),
 		CheckStaleReads(ops),
 		CheckDurable(ops, final),
-		CheckServing(streams, ref.text),
-		CheckBudgets(budgets),
+		CheckServing(streams, kills, ref.text),
+		CheckBudgets(budgets, e.storedSlack(ref)),
+		CheckNoLeak(quiet),
 		CheckNoDispatchToFailed(ops, failures),
 		CheckConverged(states),
+		CheckPanics(cfg.Dir),
 	}
 	if err := WriteJSONL(filepath.Join(cfg.Dir, "history.jsonl"), ops); err != nil {
 		return rep, err
 	}
 	if b, err := json.MarshalIndent(streams, "", " "); err == nil {
 		_ = os.WriteFile(filepath.Join(cfg.Dir, "streams.json"), b, 0o644)
+	}
+	if len(kills) > 0 {
+		if b, err := json.MarshalIndent(kills, "", " "); err == nil {
+			_ = os.WriteFile(filepath.Join(cfg.Dir, "gateway-kills.json"), b, 0o644)
+		}
 	}
 	for _, v := range rep.Verdicts {
 		e.logf("checker %-22s %-8s %s", v.Checker, v.String(), v.Note)
@@ -389,20 +430,62 @@ func fill(op *Op, p *pb.Placement) {
 	op.Worker, op.Inc, op.Epoch, op.Created = p.WorkerId, p.WorkerIncarnation, p.Epoch, p.CreatedIndex
 }
 
-// servingClient streams completions through the gateway until runCtx ends;
-// a stream in flight then is let finish (under ctx).
-func (e *env) servingClient(runCtx, ctx context.Context, c int, addr string) []Stream {
+// streamMaxTokens is the length of every streamed completion.
+const streamMaxTokens = 24
+
+// streamPrompt is the prompt of client c's n-th stream.
+func streamPrompt(c, n int) string {
+	return fmt.Sprintf("jepsen client %d request %d: keep serving.", c, n)
+}
+
+// servingClient streams completions through its gateway until runCtx ends;
+// a stream in flight then is let finish (under ctx). The streams open
+// through each gateway are counted, so gateway-kill can pick one with
+// streams in flight.
+func (e *env) servingClient(runCtx, ctx context.Context, c int, gw *devcluster.Gateway) []Stream {
 	var out []Stream
 	httpc := &http.Client{}
 	for n := 0; runCtx.Err() == nil; n++ {
-		s := Stream{Client: c, N: n, Prompt: fmt.Sprintf("jepsen client %d request %d: keep serving.", c, n), Max: 24, Call: e.hist.Now()}
+		s := Stream{Client: c, N: n, Gateway: gw.Name, Prompt: streamPrompt(c, n), Max: streamMaxTokens}
+		e.mu.Lock()
+		e.inflight[gw.Name]++
+		e.mu.Unlock()
+		s.Call = e.hist.Now()
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		streamCompletion(sctx, httpc, addr, &s)
+		streamCompletion(sctx, httpc, gw.Addr, &s)
 		cancel()
 		s.Return = e.hist.Now()
+		e.mu.Lock()
+		e.inflight[gw.Name]--
+		e.mu.Unlock()
 		out = append(out, s)
+		if !s.Accepted {
+			// Its gateway is down, not ready or full: a client that
+			// retried at once would spin (100,000 refusals while a
+			// killed gateway restarts).
+			sleepCtx(runCtx, refusedPause)
+		}
 	}
 	return out
+}
+
+// refusedPause is how long a serving client waits after a refusal.
+const refusedPause = 50 * time.Millisecond
+
+// storedSlack is how many bytes a holder may store beyond what the
+// placement table reserves on it (CheckBudgets): every serving client's
+// stream, twice (the one whose Complete just freed its reservation, its
+// pages not yet released, and the next), in whole pages of the real model.
+func (e *env) storedSlack(ref *reference) uint64 {
+	info, err := ref.info()
+	if err != nil {
+		e.logf("stored-vs-reserved slack: %v", err)
+		return 0
+	}
+	// A bound on the prompt's length: the largest numbers it can carry.
+	tokens := len(streamPrompt(e.cfg.ServingClients, 1<<30)) + streamMaxTokens
+	pages := tokens/info.PageTokens + 1
+	return uint64(2 * e.cfg.ServingClients * pages * info.PageBytes())
 }
 
 func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream) {
@@ -499,15 +582,93 @@ func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
 		if err != nil {
 			continue
 		}
-		stored := map[string]uint64{}
-		for _, l := range r.Loads {
-			stored[l.WorkerId] = l.StoredCheckpointBytes
-		}
-		at := e.hist.Now()
-		for _, h := range r.Reservations {
-			out = append(out, BudgetSample{At: at, Worker: h.WorkerId, Reserved: h.ReservedBytes, Stored: stored[h.WorkerId], Budget: h.BudgetBytes})
+		out = append(out, holderSamples(e.hist.Now(), r)...)
+	}
+}
+
+// holderSamples pairs each holder's reservations with the bytes its store
+// reported holding (the load report's stored_checkpoint_bytes).
+func holderSamples(at int64, r *pb.ListWorkersResponse) []BudgetSample {
+	stored := map[string]uint64{}
+	for _, l := range r.Loads {
+		stored[l.WorkerId] = l.StoredCheckpointBytes
+	}
+	var out []BudgetSample
+	for _, h := range r.Reservations {
+		out = append(out, BudgetSample{At: at, Worker: h.WorkerId, Reserved: h.ReservedBytes, Held: h.Held, Stored: stored[h.WorkerId], Budget: h.BudgetBytes})
+	}
+	return out
+}
+
+// quiesce completes the placements the placement clients left open (their
+// final reads found them), then waits until no placement is left and no
+// holder reserves or stores a byte: the streams have ended, so their
+// gateways' Completes and their serving workers' releases must bring every
+// table to zero, and a killed gateway's session must expire with its
+// placements. It waits quiesceSettle, plus the session TTL after a
+// gateway-kill, and returns the last observation.
+func (e *env) quiesce(ctx context.Context, final map[string]Op) Quiescence {
+	start := time.Now()
+	wait := quiesceSettle
+	if len(e.gatewayKills()) > 0 {
+		wait += e.cfg.SessionTTL
+	}
+	deadline := start.Add(wait)
+	var open []string
+	for id, f := range final {
+		if f.Found {
+			open = append(open, id)
 		}
 	}
+	sort.Strings(open)
+	for len(open) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		batch := open[:min(len(open), 100)]
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := e.client.Complete(cctx, &pb.CompleteRequest{RequestIds: batch})
+		cancel()
+		if err != nil {
+			sleepCtx(ctx, 100*time.Millisecond)
+			continue
+		}
+		open = open[len(batch):]
+	}
+	var q Quiescence
+	for {
+		q = e.observeQuiescence(ctx)
+		q.Waited = time.Since(start)
+		if q.Quiet() || !time.Now().Before(deadline) || ctx.Err() != nil {
+			e.logf("quiescence after %s: %d placements, quiet %v", q.Waited.Round(100*time.Millisecond), q.Placements, q.Quiet())
+			return q
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
+	}
+}
+
+// observeQuiescence reads every holder's reservations and stored bytes
+// (linearizably) and the size of the placement table on the replica that
+// has applied the most (load reports keep the log moving, so a follower is
+// always an entry or two behind; nothing creates placements any more, so
+// the most recent replica is the one to ask).
+func (e *env) observeQuiescence(ctx context.Context) Quiescence {
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	r, err := e.client.ListWorkers(qctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		return Quiescence{Err: err.Error()}
+	}
+	var latest *pb.ClusterStatusResponse
+	for i, ctl := range e.cl.Controllers {
+		if !ctl.Running() {
+			continue
+		}
+		if st, err := e.cl.Status(qctx, i); err == nil && (latest == nil || st.AppliedIndex > latest.AppliedIndex) {
+			latest = st
+		}
+	}
+	if latest == nil {
+		return Quiescence{Err: "no controller answered ClusterStatus"}
+	}
+	return Quiescence{Placements: latest.Placements, Holders: holderSamples(e.hist.Now(), r)}
 }
 
 // finalReads reads every dispatched id linearizably once the faults are
@@ -567,8 +728,7 @@ func (e *env) finalRead(ctx context.Context, id string) (Op, bool) {
 	return Op{}, false
 }
 
-// converge stops the workers and the gateway (their load reports move the
-// log) and waits until every replica has applied the same index, then
+// converge stops the workers (their load reports move the log) and waits until every replica has applied the same index, then
 // returns each replica's state hash.
 func (e *env) converge(ctx context.Context) []ReplicaState {
 	e.cl.StopWorkers()
@@ -628,11 +788,8 @@ func (r *reference) text(prompt string, max int) string {
 	if t, ok := r.cache[key]; ok {
 		return t
 	}
-	if r.eng == nil {
-		var err error
-		if r.eng, err = engine.NewTransformer(engine.TransformerConfig{Path: r.path, Pages: 64}); err != nil {
-			return "reference engine: " + err.Error()
-		}
+	if err := r.loadLocked(); err != nil {
+		return "reference engine: " + err.Error()
 	}
 	var tk engine.Tokenizer
 	t := engine.GreedyText(r.eng, tk.Encode(prompt), max)
@@ -640,8 +797,33 @@ func (r *reference) text(prompt string, max int) string {
 	return t
 }
 
-// errNoLeader: no controller says it leads.
-var errNoLeader = errors.New("no leader")
+// loadLocked loads the engine on first use; r.mu must be held.
+func (r *reference) loadLocked() error {
+	if r.eng != nil {
+		return nil
+	}
+	var err error
+	r.eng, err = engine.NewTransformer(engine.TransformerConfig{Path: r.path, Pages: 64})
+	return err
+}
+
+// info describes the model the workers run (its KV page size).
+func (r *reference) info() (engine.Info, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.loadLocked(); err != nil {
+		return engine.Info{}, err
+	}
+	return r.eng.Info(), nil
+}
+
+// Nemeses that cannot inject their fault say why.
+var (
+	// errNoLeader: no controller says it leads.
+	errNoLeader = errors.New("no leader")
+	// errOneGateway: gateway-kill needs a second gateway to keep serving.
+	errOneGateway = errors.New("one gateway: gateway-kill needs another to keep serving")
+)
 
 // leader returns the index of the controller that says it leads (the
 // highest term wins), among the running ones.
@@ -674,6 +856,13 @@ func (e *env) signalAll(sig syscall.Signal) {
 			_ = e.cl.SignalWorker(w, sig)
 		}
 	}
+}
+
+// gatewayKills returns the gateways killed so far.
+func (e *env) gatewayKills() []GatewayKill {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]GatewayKill(nil), e.kills...)
 }
 
 // Summary is the table `make jepsen` prints.

@@ -18,34 +18,6 @@ func init() {
 	register("jepsen", "fault injection over real processes: nemeses, histories, linearizability and serving checkers", runJepsen)
 }
 
-// jepsenMatrix is `make jepsen`: every nemesis alone, then the
-// combinations that matter.
-var jepsenMatrix = []struct {
-	nemeses     []string
-	controllers int
-	partitions  string // "" follows -partitions
-}{
-	{[]string{"kill-controller"}, 3, ""},
-	{[]string{"kill-leader"}, 3, ""},
-	{[]string{"kill-all-controllers"}, 3, ""},
-	{[]string{"kill-worker"}, 3, ""},
-	{[]string{"kill-holder"}, 3, ""},
-	{[]string{"pause-leader"}, 3, ""},
-	{[]string{"pause-worker"}, 3, ""},
-	{[]string{"partition-leader"}, 3, ""},
-	{[]string{"partition-halves"}, 5, ""},
-	{[]string{"partition-bridge"}, 5, ""},
-	{[]string{"partition-one-way"}, 3, ""},
-	{[]string{"membership"}, 3, ""},
-	{[]string{"kill-leader", "kill-worker"}, 3, ""},
-	{[]string{"partition-halves", "kill-holder"}, 3, ""},
-	{[]string{"pause-leader", "pause-worker", "kill-holder"}, 3, ""},
-	{[]string{"membership", "kill-controller", "partition-one-way"}, 5, ""},
-	{[]string{"partition-leader", "kill-worker", "pause-worker", "kill-leader"}, 3, ""},
-	// The fallback for machines without namespaces, also where they exist.
-	{[]string{"partition-leader", "partition-halves", "partition-one-way"}, 3, "proxy"},
-}
-
 func runJepsen(args []string) error {
 	fs := flag.NewFlagSet("jepsen", flag.ContinueOnError)
 	matrix := fs.Bool("matrix", false, "run the full matrix (every nemesis alone and the combinations that matter)")
@@ -57,6 +29,7 @@ func runJepsen(args []string) error {
 	workers := fs.Int("workers", 3, "workers")
 	results := fs.String("results", "jepsen-results", "directory for histories, logs and the summary")
 	list := fs.Bool("list", false, "list the nemeses and exit")
+	sessionTTL := fs.Duration("session-ttl", jepsen.DefaultSessionTTL, "the gateways' session TTL: after a gateway-kill, the end-of-run leak check waits this long for the dead gateway's session to expire")
 	partitions := fs.String("partitions", "auto", "how partitions are made: netns (network namespaces, needs root), proxy (per-link TCP proxies), or auto (netns where possible)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -80,8 +53,8 @@ func runJepsen(args []string) error {
 	}
 	var runs []runSpec
 	if *matrix {
-		for _, m := range jepsenMatrix {
-			runs = append(runs, runSpec{m.nemeses, m.controllers, m.partitions})
+		for _, m := range jepsen.Matrix {
+			runs = append(runs, runSpec{m.Nemeses, m.Controllers, m.Partitions})
 		}
 	} else {
 		runs = []runSpec{{strings.Split(*nemeses, ","), *controllers, ""}}
@@ -125,7 +98,7 @@ func runJepsen(args []string) error {
 		}
 		cfg := jepsen.Config{Name: name, Bin: bin, Dir: filepath.Join(root, fmt.Sprintf("%02d-%s", k+1, strings.ReplaceAll(name, "/", "-"))),
 			ModelDir: filepath.Join(root, "model"), Seed: *seed + int64(k), Controllers: r.controllers, Workers: *workers,
-			Duration: *duration, Nemeses: r.nemeses, Interval: *interval, Partitions: partitionMode, PlacementClients: 6, ServingClients: 2, Log: os.Stdout}
+			Duration: *duration, Nemeses: r.nemeses, Interval: *interval, Partitions: partitionMode, PlacementClients: 6, ServingClients: 2, SessionTTL: *sessionTTL, Log: os.Stdout}
 		rep, err := jepsen.Run(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("%s: %w (logs in %s)", name, err, cfg.Dir)

@@ -97,7 +97,10 @@ type Cluster struct {
 	addrMu      sync.Mutex
 	Controllers []*Controller
 	Workers     []*Worker
-	Gateway     *Gateway
+	// Gateway is the gateway started last; Gateways every one started,
+	// in order (the first logs to gateway.log, the n-th to gateway-n.log).
+	Gateway  *Gateway
+	Gateways []*Gateway
 }
 
 // FreePort returns a loopback port free for both TCP and UDP now.
@@ -339,7 +342,9 @@ func (c *Cluster) Kill(i int) {
 // Stop terminates every worker, then every controller (SIGTERM, then
 // SIGKILL after a grace period).
 func (c *Cluster) Stop() {
-	c.Gateway.stop()
+	for _, g := range c.Gateways {
+		g.stop()
+	}
 	c.StopWorkers()
 	for _, ctl := range c.Controllers {
 		if ctl.Running() {
@@ -514,27 +519,49 @@ func (c *Cluster) StopWorkers() {
 	}
 }
 
-// Gateway is the gateway process.
+// Gateway is a gateway process.
 type Gateway struct {
+	Name    string // gateway, gateway-2, ...
 	Addr    string
 	LogPath string
+	args    []string
 	cmd     *exec.Cmd
 	done    chan struct{}
 }
 
+// Running reports whether the process is alive.
+func (g *Gateway) Running() bool {
+	if g.cmd == nil {
+		return false
+	}
+	select {
+	case <-g.done:
+		return false
+	default:
+		return true
+	}
+}
+
 // StartGateway starts a gateway process on addr (empty: a free port, and
-// fresh ones if the gateway exits at start because it was taken).
+// fresh ones if the gateway exits at start because it was taken). The
+// first gateway is "gateway", the n-th "gateway-n".
 func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
+	name := "gateway"
+	if n := len(c.Gateways); n > 0 {
+		name = fmt.Sprintf("gateway-%d", n+1)
+	}
+	g := &Gateway{Name: name, Addr: addr, LogPath: filepath.Join(c.opts.Dir, name+".log"), args: args}
+	c.Gateway = g
+	c.Gateways = append(c.Gateways, g)
 	auto := addr == ""
 	for attempt := 0; ; attempt++ {
 		if auto {
 			var err error
-			if addr, err = c.workerAddr(); err != nil {
+			if g.Addr, err = c.workerAddr(); err != nil {
 				return nil, err
 			}
 		}
-		g, err := c.startGateway(addr, args...)
-		if err != nil {
+		if err := c.spawnGateway(g); err != nil {
 			return nil, err
 		}
 		if g.waitListening(30*time.Second) || !auto || attempt == 2 {
@@ -543,16 +570,28 @@ func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
 	}
 }
 
-func (c *Cluster) startGateway(addr string, args ...string) (*Gateway, error) {
-	g := &Gateway{Addr: addr, LogPath: filepath.Join(c.opts.Dir, "gateway.log")}
+func (c *Cluster) spawnGateway(g *Gateway) error {
 	var err error
-	g.cmd, g.done, err = c.spawn("gateway", g.LogPath, nil, append([]string{"gateway", "-http", addr,
-		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, args...))
-	if err != nil {
-		return nil, err
+	g.cmd, g.done, err = c.spawn(g.Name, g.LogPath, nil, append([]string{"gateway", "-http", g.Addr,
+		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, g.args...))
+	return err
+}
+
+// KillGateway sends SIGKILL to a gateway and waits for it to die.
+func (c *Cluster) KillGateway(g *Gateway) {
+	if g.Running() {
+		_ = g.cmd.Process.Signal(syscall.SIGKILL)
+		<-g.done
 	}
-	c.Gateway = g
-	return g, nil
+}
+
+// RestartGateway starts a stopped gateway again on its address, with its
+// flags, appending to its log; it does not wait for it to listen.
+func (c *Cluster) RestartGateway(g *Gateway) error {
+	if g.Running() {
+		return fmt.Errorf("devcluster: %s is running", g.Name)
+	}
+	return c.spawnGateway(g)
 }
 
 // waitListening waits until the gateway answers /healthz, or exits.
@@ -595,13 +634,8 @@ func (g *Gateway) WaitReady(ctx context.Context) error {
 }
 
 func (g *Gateway) stop() {
-	if g == nil || g.cmd == nil {
+	if g == nil || !g.Running() {
 		return
-	}
-	select {
-	case <-g.done:
-		return
-	default:
 	}
 	_ = g.cmd.Process.Signal(syscall.SIGTERM)
 	select {

@@ -1,0 +1,37 @@
+package jepsen
+
+// MatrixRun is one run of the matrix: nemeses over a quorum of Controllers,
+// with partitions made as Partitions says ("" follows the caller's choice).
+type MatrixRun struct {
+	Nemeses     []string
+	Controllers int
+	Partitions  string
+}
+
+// Matrix is `make jepsen` (`lumen jepsen -matrix`): every nemesis alone,
+// then the combinations that matter.
+var Matrix = []MatrixRun{
+	{[]string{"kill-controller"}, 3, ""},
+	{[]string{"kill-leader"}, 3, ""},
+	{[]string{"kill-all-controllers"}, 3, ""},
+	{[]string{"kill-worker"}, 3, ""},
+	{[]string{"kill-holder"}, 3, ""},
+	{[]string{"gateway-kill"}, 3, ""},
+	{[]string{"pause-leader"}, 3, ""},
+	{[]string{"pause-worker"}, 3, ""},
+	{[]string{"partition-leader"}, 3, ""},
+	{[]string{"partition-halves"}, 5, ""},
+	{[]string{"partition-bridge"}, 5, ""},
+	{[]string{"partition-one-way"}, 3, ""},
+	{[]string{"membership"}, 3, ""},
+	{[]string{"kill-leader", "kill-worker"}, 3, ""},
+	{[]string{"partition-halves", "kill-holder"}, 3, ""},
+	{[]string{"pause-leader", "pause-worker", "kill-holder"}, 3, ""},
+	// A gateway's session must outlive faults of the quorum and the
+	// holders; its placements must not outlive the gateway.
+	{[]string{"gateway-kill", "kill-leader", "kill-holder"}, 3, ""},
+	{[]string{"membership", "kill-controller", "partition-one-way"}, 5, ""},
+	{[]string{"partition-leader", "kill-worker", "pause-worker", "kill-leader"}, 3, ""},
+	// The fallback for machines without namespaces, also where they exist.
+	{[]string{"partition-leader", "partition-halves", "partition-one-way"}, 3, "proxy"},
+}
