@@ -1,10 +1,10 @@
-package main
+package bench
 
 import (
 	"context"
-	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"sync"
@@ -13,21 +13,30 @@ import (
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
-func init() {
-	register("bench pacing", "64 paced synthetic engines decoding at once: does each step take the profile's time?", runBenchPacing)
+// PacingConfig is `lumen bench pacing`.
+type PacingConfig struct {
+	// Workers is the number of engines decoding concurrently.
+	Workers int
+	// Batch is the number of sequences per decode step.
+	Batch int
+	// Profile is the timing profile and TimeScale its time scale.
+	Profile   string
+	TimeScale float64
+	// Duration is how long each engine decodes.
+	Duration time.Duration
+	// JSONPath, when set, receives the figures as JSON.
+	JSONPath string
 }
 
-func runBenchPacing(args []string) error {
-	fs := flag.NewFlagSet("bench pacing", flag.ContinueOnError)
-	workers := fs.Int("workers", 64, "engines decoding concurrently")
-	batch := fs.Int("batch", 32, "sequences per decode step")
-	profileName := fs.String("profile", "qwen3-14b-h100", "timing profile")
-	scale := fs.Float64("time-scale", 1, "time scale")
-	d := fs.Duration("duration", 20*time.Second, "how long each engine decodes")
-	jsonPath := fs.String("json", "", "write the figures as JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+// DefaultPacingConfig is `lumen bench pacing` without flags.
+func DefaultPacingConfig() PacingConfig {
+	return PacingConfig{Workers: 64, Batch: 32, Profile: "qwen3-14b-h100", TimeScale: 1, Duration: 20 * time.Second}
+}
+
+// Pacing runs paced synthetic engines decoding at once and measures how
+// close each decode step comes to the profile's time.
+func Pacing(cfg PacingConfig) error {
+	workers, batch, profileName, scale, d, jsonPath := &cfg.Workers, &cfg.Batch, &cfg.Profile, &cfg.TimeScale, &cfg.Duration, &cfg.JSONPath
 	profile, ok, err := engine.LookupProfile(*profileName)
 	if err != nil || !ok {
 		return fmt.Errorf("-profile: need a profile: %v", err)
@@ -70,6 +79,23 @@ func runBenchPacing(args []string) error {
 		})
 	}
 	wg.Wait()
+	res, err := pacingSummary(ratios, want)
+	if err != nil {
+		return err
+	}
+	printPacingSummary(os.Stdout, res)
+	if *jsonPath != "" {
+		return writeJSON(*jsonPath, res)
+	}
+	return nil
+}
+
+// pacingSummary sorts ratios (each step's actual over the profile's time)
+// and returns the figures under their JSON keys.
+func pacingSummary(ratios []float64, want time.Duration) (map[string]float64, error) {
+	if len(ratios) == 0 {
+		return nil, errors.New("bench: no decode step finished: lengthen -duration")
+	}
 	sort.Float64s(ratios)
 	var sum float64
 	for _, r := range ratios {
@@ -87,11 +113,11 @@ func runBenchPacing(args []string) error {
 		}
 	}
 	res["within_5pct"] = float64(within) / float64(len(ratios))
-	fmt.Printf("%d decode steps: actual/profile time mean %.4f, p50 %.4f, p90 %.4f, p99 %.4f, max %.4f; %.1f%% of steps within 5%%\n",
-		len(ratios), res["ratio_mean"], res["ratio_p50"], res["ratio_p90"], res["ratio_p99"], res["ratio_max"], 100*res["within_5pct"])
-	if *jsonPath != "" {
-		b, _ := json.MarshalIndent(res, "", "  ")
-		return os.WriteFile(*jsonPath, append(b, '\n'), 0o644)
-	}
-	return nil
+	return res, nil
+}
+
+// printPacingSummary prints the line `lumen bench pacing` ends with.
+func printPacingSummary(w io.Writer, res map[string]float64) {
+	fmt.Fprintf(w, "%d decode steps: actual/profile time mean %.4f, p50 %.4f, p90 %.4f, p99 %.4f, max %.4f; %.1f%% of steps within 5%%\n",
+		int(res["steps"]), res["ratio_mean"], res["ratio_p50"], res["ratio_p90"], res["ratio_p99"], res["ratio_max"], 100*res["within_5pct"])
 }
