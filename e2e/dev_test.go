@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -202,5 +203,51 @@ func TestDevInterruptDuringStart(t *testing.T) {
 	t.Logf("exited %s after SIGINT:\n%s", time.Since(t0).Round(time.Millisecond), d.out.String())
 	if l := leftovers(t, dir); len(l) > 0 {
 		t.Fatalf("processes left after Ctrl-C:\n%s", strings.Join(l, "\n"))
+	}
+}
+
+// TestDevKeepStateRefusesTakenPort: -keep-state brings the controllers
+// back on their recorded ports; when one is taken it says so and exits,
+// rather than move the controller (its Raft peers would not find it).
+func TestDevKeepStateRefusesTakenPort(t *testing.T) {
+	dir := t.TempDir()
+	port, err := devcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-dir", dir, "-engine", "synthetic", "-workers", "1", "-http", fmt.Sprintf("127.0.0.1:%d", port)}
+	d := startDev(t, args...)
+	d.waitLine(t, "Ctrl-C stops everything", 90*time.Second)
+	d.interrupt(t, 60*time.Second)
+	b, err := os.ReadFile(filepath.Join(dir, devcluster.DevStateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Controllers []devcluster.ControllerAddrs `json:"controllers"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || len(st.Controllers) != 3 {
+		t.Fatalf("%s: %v %s", devcluster.DevStateFile, err, b)
+	}
+	l, err := net.Listen("tcp", st.Controllers[1].GRPC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	d = startDev(t, append(args, "-keep-state")...)
+	select {
+	case err = <-d.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("lumen dev -keep-state still runs with a recorded port taken")
+	}
+	for l := range d.lines {
+		d.out.WriteString(l + "\n")
+	}
+	if err == nil || !strings.Contains(d.out.String(), "could not start on its recorded addresses") ||
+		!strings.Contains(d.out.String(), st.Controllers[1].GRPC) {
+		t.Fatalf("exit %v, output:\n%s", err, d.out.String())
+	}
+	if l := leftovers(t, dir); len(l) > 0 {
+		t.Fatalf("processes left:\n%s", strings.Join(l, "\n"))
 	}
 }

@@ -232,7 +232,7 @@ func (c *Cluster) Launch(ctx context.Context) error {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := c.WaitLeader(wctx)
 		cancel()
-		if err == nil {
+		if err == nil && !c.fixedExited() {
 			return nil
 		}
 		for i, ctl := range c.Controllers {
@@ -265,6 +265,17 @@ func (c *Cluster) Launch(ctx context.Context) error {
 			return fmt.Errorf("devcluster: no leader: %w (logs in %s)", ctx.Err(), c.opts.Dir)
 		}
 	}
+}
+
+// fixedExited reports whether a controller on fixed addresses has exited:
+// the others may elect a leader without it, but it is not coming back.
+func (c *Cluster) fixedExited() bool {
+	for _, ctl := range c.Controllers {
+		if ctl.fixed && !ctl.Running() {
+			return true
+		}
+	}
+	return false
 }
 
 func (ctl *Controller) pickAddrs() error {
