@@ -129,23 +129,22 @@ func (b *controllerBench) leaderComplete(ctx context.Context, ids []string) erro
 // Controller measures a 3-replica quorum: Dispatch/s at 1, 64 and 256
 // callers, linearizable reads/s, and failover after kill -9 of the leader.
 func Controller(cfg ControllerConfig) error {
-	quick, profile, jsonPath, extra, dir := &cfg.Quick, &cfg.CPUProfileLeader, &cfg.JSONPath, cfg.ControllerArgs, &cfg.Dir
 	phase, stable, failovers := 10*time.Second, 60*time.Second, 10
-	if *quick {
+	if cfg.Quick {
 		phase, stable, failovers = 3*time.Second, 8*time.Second, 3
 	}
-	if *dir == "" {
+	if cfg.Dir == "" {
 		d, err := os.MkdirTemp("", "lumen-bench-controller-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		*dir = d
+		cfg.Dir = d
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fmt.Printf("starting 3 controller processes under %s\n", *dir)
-	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: *dir, Controllers: 3, Args: append([]string{"-log-level", "warn"}, extra...)})
+	fmt.Printf("starting 3 controller processes under %s\n", cfg.Dir)
+	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: cfg.Dir, Controllers: 3, Args: append([]string{"-log-level", "warn"}, cfg.ControllerArgs...)})
 	if err != nil {
 		return err
 	}
@@ -188,9 +187,11 @@ func Controller(cfg ControllerConfig) error {
 		before, _ := cl.Status(ctx, leader)
 		fmt.Printf("dispatch: %d callers for %s ...\n", callers, d)
 		var profiles sync.WaitGroup
-		if callers == 256 && *profile != "" {
-			profiles.Go(func() { saveProfile(cl.Controllers[leader].HTTPAddr, d-time.Second, *profile) })
-			profiles.Go(func() { saveProfile(cl.Controllers[(leader+1)%3].HTTPAddr, d-time.Second, *profile+".follower") })
+		if callers == 256 && cfg.CPUProfileLeader != "" {
+			profiles.Go(func() { saveProfile(cl.Controllers[leader].HTTPAddr, d-time.Second, cfg.CPUProfileLeader) })
+			profiles.Go(func() {
+				saveProfile(cl.Controllers[(leader+1)%3].HTTPAddr, d-time.Second, cfg.CPUProfileLeader+".follower")
+			})
 		}
 		r := b.dispatchLoad(callers, d, b.leaderDispatch, b.leaderComplete)
 		profiles.Wait()
@@ -267,11 +268,11 @@ func Controller(cfg ControllerConfig) error {
 		fmt.Sprintf("median %.3f s  max %.3f s  min %.3f s", fo[len(fo)/2], fo[len(fo)-1], fo[0]), "median <= 1 s, max <= 2 s"})
 
 	printControllerTable(os.Stdout, rows)
-	if *jsonPath != "" {
-		if err := writeJSON(*jsonPath, out); err != nil {
+	if cfg.JSONPath != "" {
+		if err := writeJSON(cfg.JSONPath, out); err != nil {
 			return err
 		}
-		fmt.Printf("\nwrote %s\n", *jsonPath)
+		fmt.Printf("\nwrote %s\n", cfg.JSONPath)
 	}
 	return nil
 }

@@ -79,9 +79,8 @@ func load(streams int, d time.Duration, one func(ctx context.Context, c, i int) 
 // Gateway measures TTFT and throughput through the gateway against
 // straight to the worker, at 1, 100 and 500 concurrent streams.
 func Gateway(cfg GatewayConfig) error {
-	quick, jsonPath, profile, promptLen, maxTokens := &cfg.Quick, &cfg.JSONPath, &cfg.Profile, &cfg.PromptLen, &cfg.MaxTokens
 	d := 15 * time.Second
-	if *quick {
+	if cfg.Quick {
 		d = 5 * time.Second
 	}
 	dir, err := os.MkdirTemp("", "lumen-bench-gateway-")
@@ -96,7 +95,7 @@ func Gateway(cfg GatewayConfig) error {
 		return err
 	}
 	defer cl.Stop()
-	w, err := cl.AddWorker("bench-worker", "-engine", "synthetic", "-profile", *profile, "-time-scale", "1",
+	w, err := cl.AddWorker("bench-worker", "-engine", "synthetic", "-profile", cfg.Profile, "-time-scale", "1",
 		"-max-running", "1024", "-token-budget", "8192", "-emulate-load=false")
 	if err != nil {
 		return err
@@ -114,14 +113,14 @@ func Gateway(cfg GatewayConfig) error {
 	}
 	defer cc.Close()
 	worker := pb.NewInferenceClient(cc)
-	prompt := gatewayPrompt(*promptLen)
-	body := completions.Body(prompt, *maxTokens, true)
+	prompt := gatewayPrompt(cfg.PromptLen)
+	body := completions.Body(prompt, cfg.MaxTokens, true)
 	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}
 	var seq atomic.Int64
 
 	direct := func(ctx context.Context, c, i int) (time.Duration, int, error) {
 		t0 := time.Now()
-		st, err := worker.Generate(ctx, &pb.GenerateRequest{RequestId: fmt.Sprintf("d%d", seq.Add(1)), Prompt: prompt, MaxTokens: uint32(*maxTokens)})
+		st, err := worker.Generate(ctx, &pb.GenerateRequest{RequestId: fmt.Sprintf("d%d", seq.Add(1)), Prompt: prompt, MaxTokens: uint32(cfg.MaxTokens)})
 		if err != nil {
 			return 0, 0, err
 		}
@@ -174,8 +173,8 @@ func Gateway(cfg GatewayConfig) error {
 		rows = append(rows, gatewayFigures(out, n, a, b))
 	}
 	printGatewayTable(os.Stdout, rows)
-	if *jsonPath != "" {
-		return writeJSON(*jsonPath, out)
+	if cfg.JSONPath != "" {
+		return writeJSON(cfg.JSONPath, out)
 	}
 	return nil
 }

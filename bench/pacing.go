@@ -36,24 +36,23 @@ func DefaultPacingConfig() PacingConfig {
 // Pacing runs paced synthetic engines decoding at once and measures how
 // close each decode step comes to the profile's time.
 func Pacing(cfg PacingConfig) error {
-	workers, batch, profileName, scale, d, jsonPath := &cfg.Workers, &cfg.Batch, &cfg.Profile, &cfg.TimeScale, &cfg.Duration, &cfg.JSONPath
-	profile, ok, err := engine.LookupProfile(*profileName)
+	profile, ok, err := engine.LookupProfile(cfg.Profile)
 	if err != nil || !ok {
 		return fmt.Errorf("-profile: need a profile: %v", err)
 	}
-	want := time.Duration(float64(profile.StepTime(*batch, 0)) * *scale)
+	want := time.Duration(float64(profile.StepTime(cfg.Batch, 0)) * cfg.TimeScale)
 	fmt.Printf("%d synthetic engines, %s at time-scale %g, batch %d: the profile's decode step is %s\n",
-		*workers, profile.Name, *scale, *batch, want)
+		cfg.Workers, profile.Name, cfg.TimeScale, cfg.Batch, want)
 	var mu sync.Mutex
 	var ratios []float64
 	var wg sync.WaitGroup
 	start := time.Now()
-	for w := 0; w < *workers; w++ {
+	for w := 0; w < cfg.Workers; w++ {
 		wg.Go(func() {
 			syn, _ := engine.NewSynthetic(engine.SyntheticConfig{Pages: profile.KVPages(), MaxContext: profile.MaxContext})
-			e := engine.NewPaced(syn, profile, *scale)
+			e := engine.NewPaced(syn, profile, cfg.TimeScale)
 			ctx := context.Background()
-			chunks := make([]engine.Chunk, *batch)
+			chunks := make([]engine.Chunk, cfg.Batch)
 			for i := range chunks {
 				chunks[i] = engine.Chunk{Seq: engine.SeqID(i), Tokens: []int32{int32(w), int32(i)}, Sample: 1}
 			}
@@ -63,7 +62,7 @@ func Pacing(cfg PacingConfig) error {
 				panic(err)
 			}
 			var local []float64
-			for time.Since(start) < *d {
+			for time.Since(start) < cfg.Duration {
 				for i := range chunks {
 					chunks[i].Tokens = out[i]
 				}
@@ -84,8 +83,8 @@ func Pacing(cfg PacingConfig) error {
 		return err
 	}
 	printPacingSummary(os.Stdout, res)
-	if *jsonPath != "" {
-		return writeJSON(*jsonPath, res)
+	if cfg.JSONPath != "" {
+		return writeJSON(cfg.JSONPath, res)
 	}
 	return nil
 }

@@ -126,19 +126,18 @@ type recoveryFigures struct {
 // Recovery runs the recovery strategies side by side on real processes:
 // one worker (or 4 of 8) killed under an Azure-like load.
 func Recovery(cfg RecoveryConfig) error {
-	quick, jsonPath, seed, busy, only, scale, keep := &cfg.Quick, &cfg.JSONPath, &cfg.Seed, &cfg.Load, &cfg.Setups, &cfg.TimeScale, &cfg.Dir
-	if *busy <= 0 || *busy > 1.5 {
-		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", *busy)
+	if cfg.Load <= 0 || cfg.Load > 1.5 {
+		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", cfg.Load)
 	}
-	if *scale <= 0 {
-		return fmt.Errorf("-time-scale %g: must be > 0", *scale)
+	if cfg.TimeScale <= 0 {
+		return fmt.Errorf("-time-scale %g: must be > 0", cfg.TimeScale)
 	}
 	timing := benchTiming{warmup: 10 * time.Second, failAt: 30 * time.Second, duration: 120 * time.Second, calibration: time.Minute, loadScale: 1}
-	if *quick {
+	if cfg.Quick {
 		timing = benchTiming{warmup: 4 * time.Second, failAt: 12 * time.Second, duration: 36 * time.Second, calibration: 24 * time.Second, loadScale: 0.25}
 	}
 	var setups []recoverySetup
-	for _, name := range strings.Split(*only, ",") {
+	for _, name := range strings.Split(cfg.Setups, ",") {
 		found := false
 		for _, s := range recoverySetups {
 			if s.name == strings.TrimSpace(name) {
@@ -149,7 +148,7 @@ func Recovery(cfg RecoveryConfig) error {
 			return fmt.Errorf("-setups: unknown setup %q: use w4, w8, w8_f4", name)
 		}
 	}
-	dir := *keep
+	dir := cfg.Dir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "lumen-bench-recovery-")
 		if err != nil {
@@ -160,13 +159,13 @@ func Recovery(cfg RecoveryConfig) error {
 	}
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
-		figs, err := benchSetup(s, timing, *seed, *busy, *scale, filepath.Join(dir, s.name))
+		figs, err := benchSetup(s, timing, cfg.Seed, cfg.Load, cfg.TimeScale, filepath.Join(dir, s.name))
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		out[s.name] = figs
-		if *jsonPath != "" { // after every setup: a long run keeps what it measured
-			if err := writeJSON(*jsonPath, out); err != nil {
+		if cfg.JSONPath != "" { // after every setup: a long run keeps what it measured
+			if err := writeJSON(cfg.JSONPath, out); err != nil {
 				return err
 			}
 		}

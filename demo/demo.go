@@ -70,31 +70,30 @@ func Run(cfg Config) error {
 	if out == nil {
 		out = os.Stdout
 	}
-	dir, nWorkers, nStreams, maxTokens := &cfg.Dir, &cfg.Workers, &cfg.Streams, &cfg.MaxTokens
-	keep := *dir != ""
+	keep := cfg.Dir != ""
 	if !keep {
 		d, err := os.MkdirTemp("", "lumen-demo-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		*dir = d
+		cfg.Dir = d
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	modelDir := filepath.Join(*dir, "model")
+	modelDir := filepath.Join(cfg.Dir, "model")
 	if _, _, err := engine.InitModel(modelDir, engine.DefaultSeed); err != nil {
 		return err
 	}
 
 	step(out, "1. a local cluster, every part its own process")
-	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: *dir, Controllers: 3, Args: []string{"-log-level", "warn"}})
+	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: cfg.Dir, Controllers: 3, Args: []string{"-log-level", "warn"}})
 	if err != nil {
 		return err
 	}
 	defer cl.Stop()
-	for i := 1; i <= *nWorkers; i++ {
+	for i := 1; i <= cfg.Workers; i++ {
 		// A real transformer on the CPU, paced like Qwen3-14B on an H100 at
 		// half speed, so streams are still running when things die.
 		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), "-model-dir", modelDir, "-kv-pages", "2048",
@@ -136,19 +135,19 @@ func Run(cfg Config) error {
 		return err
 	}
 	var tk engine.Tokenizer
-	streams := make([]*stream, *nStreams)
-	wants := make([]string, *nStreams)
+	streams := make([]*stream, cfg.Streams)
+	wants := make([]string, cfg.Streams)
 	for i := range streams {
 		streams[i] = &stream{prompt: fmt.Sprintf("Request %d: keep serving through failures.", i)}
-		wants[i] = engine.GreedyText(ref, tk.Encode(streams[i].prompt), *maxTokens)
+		wants[i] = engine.GreedyText(ref, tk.Encode(streams[i].prompt), cfg.MaxTokens)
 	}
-	fmt.Fprintf(out, "   %d prompts, %d greedy tokens each\n", len(streams), *maxTokens)
+	fmt.Fprintf(out, "   %d prompts, %d greedy tokens each\n", len(streams), cfg.MaxTokens)
 
 	step(out, fmt.Sprintf("3. %d clients stream completions through the gateway", len(streams)))
 	var wg sync.WaitGroup
 	firstToken := make(chan struct{}, len(streams))
 	for _, s := range streams {
-		wg.Go(func() { s.run(ctx, gw.Addr, *maxTokens, firstToken) })
+		wg.Go(func() { s.run(ctx, gw.Addr, cfg.MaxTokens, firstToken) })
 	}
 	for range streams {
 		<-firstToken
@@ -248,7 +247,7 @@ func Run(cfg Config) error {
 		reuse, len(plan.Assignments), restored, restored*engine.PageTokens, recomputed, sent)
 	fmt.Fprintf(out, "\ndone in %.1f s", time.Since(start).Seconds())
 	if keep {
-		fmt.Fprintf(out, "; logs in %s", *dir)
+		fmt.Fprintf(out, "; logs in %s", cfg.Dir)
 	}
 	fmt.Fprintln(out)
 	if ok != len(streams) {
