@@ -251,3 +251,17 @@ func TestPrintRecoveryTable(t *testing.T) {
 		}
 	}
 }
+
+func TestControllerFigures(t *testing.T) {
+	out := map[string]float64{}
+	dispatchFigures(out, 64, loadResult{ops: 300, elapsed: 3 * time.Second, lat: ms(4, 1, 2)})
+	row := failoverFigures(out, []float64{0.9, 0.4, 1.5})
+	want := map[string]float64{"dispatch_per_s_64": 100, "dispatch_p50_ms_64": 2, "dispatch_p99_ms_64": 2,
+		"failover_median_s": 0.9, "failover_max_s": 1.5, "failover_min_s": 0.4}
+	if !reflect.DeepEqual(out, want) {
+		t.Fatalf("figures %v\nwant %v", out, want)
+	}
+	if row != (controllerRow{"failover, 3 kills of the leader", "median 0.900 s  max 1.500 s  min 0.400 s", "median <= 1 s, max <= 2 s"}) {
+		t.Fatalf("row %+v", row)
+	}
+}

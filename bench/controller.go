@@ -52,6 +52,26 @@ func (r loadResult) perSec() float64 { return float64(r.ops) / r.elapsed.Seconds
 
 func (r loadResult) pct(p float64) float64 { return percentileMs(r.lat, p) }
 
+// dispatchFigures puts the Dispatch figures of a run with callers under
+// their JSON keys.
+func dispatchFigures(out map[string]float64, callers int, r loadResult) {
+	out[fmt.Sprintf("dispatch_per_s_%d", callers)] = r.perSec()
+	out[fmt.Sprintf("dispatch_p50_ms_%d", callers)] = r.pct(0.50)
+	out[fmt.Sprintf("dispatch_p99_ms_%d", callers)] = r.pct(0.99)
+}
+
+// failoverFigures sorts fo (seconds from each kill of the leader to the
+// next write), puts its median, max and min under their JSON keys, and
+// returns its line of the table.
+func failoverFigures(out map[string]float64, fo []float64) controllerRow {
+	sort.Float64s(fo)
+	out["failover_median_s"] = fo[len(fo)/2]
+	out["failover_max_s"] = fo[len(fo)-1]
+	out["failover_min_s"] = fo[0]
+	return controllerRow{fmt.Sprintf("failover, %d kills of the leader", len(fo)),
+		fmt.Sprintf("median %.3f s  max %.3f s  min %.3f s", fo[len(fo)/2], fo[len(fo)-1], fo[0]), "median <= 1 s, max <= 2 s"}
+}
+
 // controllerRow is one line of the controller table.
 type controllerRow struct{ name, value, goal string }
 
@@ -195,9 +215,7 @@ func Controller(cfg ControllerConfig) error {
 		}
 		r := b.dispatchLoad(callers, d, b.leaderDispatch, b.leaderComplete)
 		profiles.Wait()
-		out[fmt.Sprintf("dispatch_per_s_%d", callers)] = r.perSec()
-		out[fmt.Sprintf("dispatch_p50_ms_%d", callers)] = r.pct(0.50)
-		out[fmt.Sprintf("dispatch_p99_ms_%d", callers)] = r.pct(0.99)
+		dispatchFigures(out, callers, r)
 		goal := ""
 		if callers == 256 {
 			goal = ">= 20000/s, p99 <= 30 ms"
@@ -260,12 +278,7 @@ func Controller(cfg ControllerConfig) error {
 	if err != nil {
 		return err
 	}
-	sort.Float64s(fo)
-	out["failover_median_s"] = fo[len(fo)/2]
-	out["failover_max_s"] = fo[len(fo)-1]
-	out["failover_min_s"] = fo[0]
-	rows = append(rows, controllerRow{fmt.Sprintf("failover, %d kills of the leader", len(fo)),
-		fmt.Sprintf("median %.3f s  max %.3f s  min %.3f s", fo[len(fo)/2], fo[len(fo)-1], fo[0]), "median <= 1 s, max <= 2 s"})
+	rows = append(rows, failoverFigures(out, fo))
 
 	printControllerTable(os.Stdout, rows)
 	if cfg.JSONPath != "" {
