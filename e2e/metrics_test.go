@@ -1,32 +1,21 @@
 package e2e
 
 import (
-	"bufio"
-	"net/http"
-	"strconv"
-	"strings"
+	"context"
 	"testing"
-	"time"
+
+	"github.com/lumen-project/lumen/internal/devcluster"
 )
 
-// metricsClient gives up on a worker that does not answer (a paused one).
-var metricsClient = &http.Client{Timeout: 2 * time.Second}
-
-// metricValue reads one unlabelled metric from a Prometheus endpoint.
+// metricValue reads one unlabelled metric from a Prometheus endpoint. A
+// scrape that fails, a value that does not parse or a metric that is not
+// there fails the test (devcluster.ScrapeMetric): a 0 read from nothing
+// would let an assertion pass without checking anything.
 func metricValue(t *testing.T, url, name string) float64 {
 	t.Helper()
-	resp, err := metricsClient.Get(url)
+	v, err := devcluster.ScrapeMetric(context.Background(), url, name)
 	if err != nil {
-		return 0
+		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+" ") {
-			v, _ := strconv.ParseFloat(strings.TrimPrefix(line, name+" "), 64)
-			return v
-		}
-	}
-	return 0
+	return v
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +24,11 @@ type recoveryEnv struct {
 	cl      *devcluster.Cluster
 	ctl     *ctlclient.Client
 	workers []*devcluster.Worker
+	paused  map[*devcluster.Worker]bool // stopped with SIGSTOP: alive, but its metrics do not answer
 }
+
+// answering reports whether w runs and can be scraped.
+func (env *recoveryEnv) answering(w *devcluster.Worker) bool { return w.Running() && !env.paused[w] }
 
 // scenario kills something while 32 streams run; every stream must still
 // complete with exactly the reference output.
@@ -34,28 +37,49 @@ type scenario struct {
 	strategy string
 	budget   string // -checkpoint-budget of every worker
 	kill     func(t *testing.T, env *recoveryEnv) []*devcluster.Worker
+	// reuse is what the survivors' restored-pages counters must show:
+	// reusePages (> 0) where the strategy checkpoints and a holder of the
+	// interrupted requests survives, noPages (== 0) where it does not
+	// checkpoint, anyPages where the scenario decides neither.
+	reuse pageReuse
 }
 
+type pageReuse int
+
+const (
+	anyPages pageReuse = iota
+	reusePages
+	noPages
+)
+
+// busiest returns the live worker, not in skip, with the most requests in
+// flight.
 func busiest(t *testing.T, ws []*devcluster.Worker, skip ...*devcluster.Worker) *devcluster.Worker {
 	t.Helper()
-	sort.SliceStable(ws, func(i, j int) bool { return countInFlight(t, ws[i]) > countInFlight(t, ws[j]) })
+	var best *devcluster.Worker
+	most := -1
 	for _, w := range ws {
-		skipped := false
+		skipped := !w.Running()
 		for _, s := range skip {
 			skipped = skipped || s == w
 		}
-		if !skipped && w.Running() {
-			return w
+		if skipped {
+			continue
+		}
+		if n := countInFlight(t, w); n > most {
+			best, most = w, n
 		}
 	}
-	t.Fatal("no live worker")
-	return nil
+	if best == nil {
+		t.Fatal("no live worker")
+	}
+	return best
 }
 
 func (env *recoveryEnv) holdingMost(t *testing.T, not *devcluster.Worker) *devcluster.Worker {
 	best, most := (*devcluster.Worker)(nil), -1.0
 	for _, w := range env.workers {
-		if w == not || !w.Running() {
+		if w == not || !env.answering(w) {
 			continue
 		}
 		if b := metricValue(t, "http://"+w.HTTPAddr+"/metrics", "lumen_worker_checkpoint_bytes"); b > most {
@@ -90,13 +114,13 @@ func TestRecoveryScenarios(t *testing.T) {
 		t.Fatal(err)
 	}
 	scenarios := []scenario{
-		{name: "lumen", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+		{name: "lumen", strategy: "lumen", reuse: reusePages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			return []*devcluster.Worker{busiest(t, env.workers)}
 		}},
-		{name: "fixed-checkpoint", strategy: "fixed-checkpoint", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+		{name: "fixed-checkpoint", strategy: "fixed-checkpoint", reuse: reusePages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			return []*devcluster.Worker{busiest(t, env.workers)}
 		}},
-		{name: "stop-and-restart", strategy: "stop-and-restart", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+		{name: "stop-and-restart", strategy: "stop-and-restart", reuse: noPages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			return []*devcluster.Worker{busiest(t, env.workers)}
 		}},
 		{name: "holder dies with the serving worker", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
@@ -107,7 +131,7 @@ func TestRecoveryScenarios(t *testing.T) {
 			a := busiest(t, env.workers)
 			return []*devcluster.Worker{a, busiest(t, env.workers, a)}
 		}},
-		{name: "controller leader with a worker", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+		{name: "controller leader with a worker", strategy: "lumen", reuse: reusePages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			leader, err := env.cl.WaitLeader(ctx)
@@ -118,15 +142,17 @@ func TestRecoveryScenarios(t *testing.T) {
 			t.Cleanup(func() { _ = env.cl.Restart(leader) })
 			return []*devcluster.Worker{busiest(t, env.workers)}
 		}},
-		{name: "checkpoint budget exhausted", strategy: "lumen", budget: "4KiB", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+		// No page fits a 4 KiB budget: nothing is held, nothing reused.
+		{name: "checkpoint budget exhausted", strategy: "lumen", budget: "4KiB", reuse: noPages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			return []*devcluster.Worker{busiest(t, env.workers)}
 		}},
-		{name: "worker hangs (SIGSTOP)", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+		{name: "worker hangs (SIGSTOP)", strategy: "lumen", reuse: reusePages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			a := busiest(t, env.workers)
 			t.Logf("SIGSTOP %s", a.ID)
 			if err := env.cl.PauseWorker(a); err != nil {
 				t.Fatal(err)
 			}
+			env.paused[a] = true
 			// Serf declares it failed; the streams it froze resume elsewhere.
 			// It is killed at the end, when the test stops the cluster.
 			t.Cleanup(func() { _ = env.cl.ResumeWorker(a) })
@@ -148,7 +174,7 @@ func TestRecoveryScenarios(t *testing.T) {
 
 func runScenario(t *testing.T, modelDir string, sc scenario) {
 	cl := startQuorum(t)
-	env := &recoveryEnv{cl: cl}
+	env := &recoveryEnv{cl: cl, paused: map[*devcluster.Worker]bool{}}
 	budget := sc.budget
 	if budget == "" {
 		budget = "64MiB"
@@ -238,7 +264,7 @@ func runScenario(t *testing.T, modelDir string, sc scenario) {
 	}
 	var restored, recomputed, maxHeld float64
 	for _, w := range env.workers {
-		if w.Running() {
+		if env.answering(w) {
 			m := "http://" + w.HTTPAddr + "/metrics"
 			restored += metricValue(t, m, "lumen_worker_restored_pages_total")
 			recomputed += metricValue(t, m, "lumen_worker_resume_recomputed_tokens_total")
@@ -246,8 +272,15 @@ func runScenario(t *testing.T, modelDir string, sc scenario) {
 		}
 	}
 	t.Logf("%s: pages reused %v, tokens recomputed %v, most checkpoint bytes held %v", sc.name, restored, recomputed, maxHeld)
-	if sc.strategy == "stop-and-restart" && restored > 0 {
-		t.Errorf("stop-and-restart reused %v checkpointed pages", restored)
+	switch sc.reuse {
+	case noPages:
+		if restored > 0 {
+			t.Errorf("%s reused %v checkpointed pages; it keeps no checkpoints", sc.strategy, restored)
+		}
+	case reusePages:
+		if restored == 0 {
+			t.Errorf("%s: no interrupted request resumed from a checkpointed page (%v tokens recomputed)", sc.strategy, recomputed)
+		}
 	}
 	if sc.budget == "4KiB" && maxHeld > 4096 {
 		t.Errorf("a holder keeps %v bytes, over its 4 KiB budget", maxHeld)

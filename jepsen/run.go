@@ -1,8 +1,6 @@
 package jepsen
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -489,55 +488,17 @@ func (e *env) storedSlack(ref *reference) uint64 {
 }
 
 func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream) {
-	body, _ := json.Marshal(map[string]any{"model": "lumen-tiny", "prompt": s.Prompt, "max_tokens": s.Max, "temperature": 0, "stream": true})
-	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/completions", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := httpc.Do(req)
-	if err != nil {
-		s.Err = err.Error()
-		return
+	res, err := completions.Stream(ctx, httpc, addr, completions.Body(s.Prompt, s.Max, false), nil)
+	s.Accepted = res.Accepted
+	var ee *completions.EventError
+	switch {
+	case err == nil:
+		s.Done, s.Text = true, res.Text
+	case errors.As(err, &ee):
+		s.ErrEvent = ee.Message
+	default:
+		s.Text, s.Err = res.Text, err.Error()
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		s.Err = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
-		return
-	}
-	s.Accepted = true
-	var text strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte("data: ")) {
-			continue
-		}
-		data := line[6:]
-		if bytes.Equal(data, []byte("[DONE]")) {
-			s.Done, s.Text = true, text.String()
-			return
-		}
-		var ch struct {
-			Choices []struct {
-				Text string `json:"text"`
-			} `json:"choices"`
-			Error *struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(data, &ch); err != nil {
-			s.Err = fmt.Sprintf("bad chunk %q", data)
-			return
-		}
-		if ch.Error != nil {
-			s.ErrEvent = ch.Error.Message
-			return
-		}
-		if len(ch.Choices) > 0 {
-			text.WriteString(ch.Choices[0].Text)
-		}
-	}
-	s.Text = text.String()
-	s.Err = fmt.Sprintf("stream cut: %v", sc.Err())
 }
 
 // watchFailures follows the event log from the start, from whichever

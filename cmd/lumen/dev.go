@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/lumen-project/lumen/internal/devcluster"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -26,52 +23,19 @@ func runDev(args []string) error {
 	profile := fs.String("profile", "none", "timing profile of the workers")
 	scale := fs.String("time-scale", "1", "time scale of the profile")
 	httpAddr := fs.String("http", "127.0.0.1:8080", "the gateway's address")
+	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *workers < 1 {
-		return fmt.Errorf("-workers must be at least 1")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	// Ctrl-C ends every wait, the start's included.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	modelDir := engine.DefaultModelDir()
 	if *backend == "transformer" {
 		if _, err := engine.EnsureModel(modelDir); err != nil {
 			return err
 		}
 	}
-	fmt.Printf("starting 3 controllers, %d %s workers and a gateway under %s\n", *workers, *backend, *dir)
-	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: *dir, Controllers: 3, Args: []string{"-log-level", "warn"}})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		fmt.Println("stopping: gateway, workers (draining), controllers")
-		cl.Stop()
-	}()
-	for i := 1; i <= *workers; i++ {
-		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), "-engine", *backend, "-model-dir", modelDir,
-			"-profile", *profile, "-time-scale", *scale); err != nil {
-			return err
-		}
-	}
-	gw, err := cl.StartGateway(*httpAddr)
-	if err != nil {
-		return err
-	}
-	if err := gw.WaitReady(ctx); err != nil {
-		return err
-	}
-	fmt.Printf("\n  gateway      http://%s/v1   (OpenAI API; model %q)\n", gw.Addr, "lumen-tiny")
-	fmt.Printf("  controllers  %s\n", strings.Join(cl.GRPCAddrs(), ","))
-	for _, w := range cl.Workers {
-		fmt.Printf("  %-12s %s   metrics http://%s/metrics\n", w.ID, w.GRPCAddr, w.HTTPAddr)
-	}
-	fmt.Printf("  logs         %s/*.log\n\n", *dir)
-	fmt.Printf("try:\n  curl -s http://%s/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"lumen-tiny\",\"prompt\":\"Hello\",\"max_tokens\":16,\"temperature\":0}'\n", gw.Addr)
-	fmt.Printf("  LUMEN_ADDR=%s lumen workers\n\nCtrl-C stops everything.\n", strings.Join(cl.GRPCAddrs(), ","))
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	<-sig
-	return nil
+	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
+		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, KeepState: *keep, Out: os.Stdout})
 }

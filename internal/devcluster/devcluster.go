@@ -35,6 +35,7 @@ type Controller struct {
 
 	index int
 	host  string // its own address, with Options.Hosts
+	fixed bool   // its addresses came from Options.Addrs: never re-picked
 	cmd   *exec.Cmd
 	done  chan struct{}
 }
@@ -84,7 +85,28 @@ type Options struct {
 	// GRPCAddrs give for controller i instead of its gRPC address (a
 	// proxy in front of it).
 	ClientAddr func(i int) string
+	// Addrs, when set, gives controller i the addresses Addrs[i] instead
+	// of free ports picked now: a quorum restarted from its data
+	// directories must come back where its Raft configuration says it
+	// is. A controller that cannot bind them is not moved elsewhere;
+	// Launch fails with ErrAddrTaken.
+	Addrs []ControllerAddrs
 }
+
+// ControllerAddrs are the four addresses of one controller.
+type ControllerAddrs struct {
+	Raft string `json:"raft"`
+	GRPC string `json:"grpc"`
+	Serf string `json:"serf"`
+	HTTP string `json:"http"`
+}
+
+// Errors of the package.
+var (
+	// ErrAddrTaken: a controller given fixed addresses (Options.Addrs)
+	// exited at start, most likely because one of them is in use.
+	ErrAddrTaken = errors.New("devcluster: a controller could not start on its recorded addresses")
+)
 
 // ControllerID is the id of controller i (0-based): ctl1, ctl2, ...
 func ControllerID(i int) string { return fmt.Sprintf("ctl%d", i+1) }
@@ -172,7 +194,11 @@ func Prepare(opts Options) (*Cluster, error) {
 		if i < len(opts.Hosts) {
 			ctl.host = opts.Hosts[i]
 		}
-		if err := ctl.pickAddrs(); err != nil {
+		if i < len(opts.Addrs) {
+			a := opts.Addrs[i]
+			ctl.RaftAddr, ctl.GRPCAddr, ctl.SerfAddr, ctl.HTTPAddr = a.Raft, a.GRPC, a.Serf, a.HTTP
+			ctl.fixed = true
+		} else if err := ctl.pickAddrs(); err != nil {
 			return nil, err
 		}
 		c.Controllers = append(c.Controllers, ctl)
@@ -180,7 +206,20 @@ func Prepare(opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// Launch starts the prepared quorum and waits until it has a leader.
+// ControllerAddrs returns every controller's addresses, to record them for a later
+// restart from the same data directories (Options.Addrs).
+func (c *Cluster) ControllerAddrs() []ControllerAddrs {
+	c.addrMu.Lock()
+	defer c.addrMu.Unlock()
+	out := make([]ControllerAddrs, len(c.Controllers))
+	for i, ctl := range c.Controllers {
+		out[i] = ControllerAddrs{Raft: ctl.RaftAddr, GRPC: ctl.GRPCAddr, Serf: ctl.SerfAddr, HTTP: ctl.HTTPAddr}
+	}
+	return out
+}
+
+// Launch starts the prepared quorum and waits until it has a leader; when
+// ctx ends first it stops what it started and returns ctx's error.
 func (c *Cluster) Launch(ctx context.Context) error {
 	for i := range c.Controllers {
 		if err := c.Restart(i); err != nil {
@@ -196,12 +235,17 @@ func (c *Cluster) Launch(ctx context.Context) error {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := c.WaitLeader(wctx)
 		cancel()
-		if err == nil {
+		if err == nil && !c.fixedExited() {
 			return nil
 		}
 		for i, ctl := range c.Controllers {
 			if ctl.Running() {
 				continue
+			}
+			if ctl.fixed {
+				c.Stop()
+				return fmt.Errorf("%w: %s exited (raft %s, grpc %s, serf %s, http %s; log: %s)",
+					ErrAddrTaken, ctl.ID, ctl.RaftAddr, ctl.GRPCAddr, ctl.SerfAddr, ctl.HTTPAddr, ctl.LogPath)
 			}
 			if retries++; retries > 3*len(c.Controllers) {
 				c.Stop()
@@ -224,6 +268,17 @@ func (c *Cluster) Launch(ctx context.Context) error {
 			return fmt.Errorf("devcluster: no leader: %w (logs in %s)", ctx.Err(), c.opts.Dir)
 		}
 	}
+}
+
+// fixedExited reports whether a controller on fixed addresses has exited:
+// the others may elect a leader without it, but it is not coming back.
+func (c *Cluster) fixedExited() bool {
+	for _, ctl := range c.Controllers {
+		if ctl.fixed && !ctl.Running() {
+			return true
+		}
+	}
+	return false
 }
 
 func (ctl *Controller) pickAddrs() error {
@@ -439,6 +494,12 @@ func (w *Worker) Running() bool {
 // flags (engine, profile, ...). It waits until the worker serves HTTP, and
 // gives it fresh ports when it exits at start (a port taken meanwhile).
 func (c *Cluster) AddWorker(id string, args ...string) (*Worker, error) {
+	return c.AddWorkerContext(context.Background(), id, args...)
+}
+
+// AddWorkerContext is AddWorker that gives up, and stops the worker, when
+// ctx ends.
+func (c *Cluster) AddWorkerContext(ctx context.Context, id string, args ...string) (*Worker, error) {
 	w := &Worker{ID: id, DataDir: filepath.Join(c.opts.Dir, id), LogPath: filepath.Join(c.opts.Dir, id+".log"), Args: args}
 	c.Workers = append(c.Workers, w)
 	for attempt := 0; ; attempt++ {
@@ -451,8 +512,12 @@ func (c *Cluster) AddWorker(id string, args ...string) (*Worker, error) {
 		if err := c.StartWorker(w); err != nil {
 			return nil, err
 		}
-		if w.waitServing(60 * time.Second) {
+		if w.waitServing(ctx, 60*time.Second) {
 			return w, nil
+		}
+		if ctx.Err() != nil {
+			c.KillWorker(w)
+			return nil, fmt.Errorf("devcluster: worker %s: %w", id, ctx.Err())
 		}
 		if w.Running() || attempt == 2 {
 			return nil, fmt.Errorf("devcluster: worker %s did not start (log: %s)", id, w.LogPath)
@@ -460,18 +525,32 @@ func (c *Cluster) AddWorker(id string, args ...string) (*Worker, error) {
 	}
 }
 
-// waitServing waits until the worker answers /healthz, or exits.
-func (w *Worker) waitServing(timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
+// waitServing waits until the worker answers /healthz, or exits, or ctx
+// ends.
+func (w *Worker) waitServing(ctx context.Context, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return pollHealthz(ctx, w.HTTPAddr, w.done)
+}
+
+// pollHealthz polls http://addr/healthz until it answers, exited closes or
+// ctx ends.
+func pollHealthz(ctx context.Context, addr string, exited <-chan struct{}) bool {
 	client := &http.Client{Timeout: time.Second}
-	for time.Now().Before(deadline) && w.Running() {
-		if resp, err := client.Get("http://" + w.HTTPAddr + "/healthz"); err == nil {
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/healthz", nil)
+		if resp, err := client.Do(req); err == nil {
 			resp.Body.Close()
 			return true
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-exited:
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return false
 }
 
 // StartWorker starts (or restarts, with a new incarnation) a worker.
@@ -546,6 +625,12 @@ func (g *Gateway) Running() bool {
 // fresh ones if the gateway exits at start because it was taken). The
 // first gateway is "gateway", the n-th "gateway-n".
 func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
+	return c.StartGatewayContext(context.Background(), addr, args...)
+}
+
+// StartGatewayContext is StartGateway that gives up, and stops the gateway,
+// when ctx ends.
+func (c *Cluster) StartGatewayContext(ctx context.Context, addr string, args ...string) (*Gateway, error) {
 	name := "gateway"
 	if n := len(c.Gateways); n > 0 {
 		name = fmt.Sprintf("gateway-%d", n+1)
@@ -564,7 +649,11 @@ func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
 		if err := c.spawnGateway(g); err != nil {
 			return nil, err
 		}
-		if g.waitListening(30*time.Second) || !auto || attempt == 2 {
+		if g.waitListening(ctx, 30*time.Second) || !auto || attempt == 2 {
+			if ctx.Err() != nil {
+				g.stop()
+				return nil, fmt.Errorf("devcluster: gateway: %w", ctx.Err())
+			}
 			return g, nil
 		}
 	}
@@ -594,29 +683,19 @@ func (c *Cluster) RestartGateway(g *Gateway) error {
 	return c.spawnGateway(g)
 }
 
-// waitListening waits until the gateway answers /healthz, or exits.
-func (g *Gateway) waitListening(timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	client := &http.Client{Timeout: time.Second}
-	for time.Now().Before(deadline) {
-		select {
-		case <-g.done:
-			return false
-		default:
-		}
-		if resp, err := client.Get("http://" + g.Addr + "/healthz"); err == nil {
-			resp.Body.Close()
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false
+// waitListening waits until the gateway answers /healthz, or exits, or ctx
+// ends.
+func (g *Gateway) waitListening(ctx context.Context, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return pollHealthz(ctx, g.Addr, g.done)
 }
 
 // WaitReady polls the gateway's /readyz until it answers 200.
 func (g *Gateway) WaitReady(ctx context.Context) error {
 	for {
-		resp, err := http.Get("http://" + g.Addr + "/readyz")
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+g.Addr+"/readyz", nil)
+		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {

@@ -1,13 +1,10 @@
-package main
+package bench
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	"github.com/lumen-project/lumen/internal/servingstats"
@@ -25,8 +23,28 @@ import (
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
-func init() {
-	register("bench recovery", "the recovery strategies side by side on real processes: one worker (or 4 of 8) killed under an Azure-like load", runBenchRecovery)
+// RecoveryConfig is `lumen bench recovery`.
+type RecoveryConfig struct {
+	// Quick is shorter runs and a faster emulated model reload, same keys.
+	Quick bool
+	// JSONPath, when set, receives the figures as JSON (after every setup).
+	JSONPath string
+	// Seed seeds the workload, the same for every strategy.
+	Seed uint64
+	// Load is the offered load as a fraction of the cluster's measured
+	// saturated throughput, in (0, 1.5].
+	Load float64
+	// Setups is a comma-separated list of setups: w4, w8, w8_f4.
+	Setups string
+	// TimeScale slows every emulated time, arrivals included (> 0).
+	TimeScale float64
+	// Dir keeps logs and data; empty means a temporary directory, removed.
+	Dir string
+}
+
+// DefaultRecoveryConfig is `lumen bench recovery` without flags.
+func DefaultRecoveryConfig() RecoveryConfig {
+	return RecoveryConfig{Seed: 1, Load: 0.7, Setups: "w4,w8,w8_f4", TimeScale: 1}
 }
 
 // recoverySetup is one cluster shape of the benchmark.
@@ -105,30 +123,21 @@ type recoveryFigures struct {
 	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
 }
 
-func runBenchRecovery(args []string) error {
-	fs := flag.NewFlagSet("bench recovery", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "shorter runs and a faster emulated model reload, same keys")
-	jsonPath := fs.String("json", "", "write the figures as JSON")
-	seed := fs.Uint64("seed", 1, "workload seed (the same for every strategy)")
-	busy := fs.Float64("load", 0.7, "offered load as a fraction of the cluster's measured saturated throughput")
-	only := fs.String("setups", "w4,w8,w8_f4", "comma-separated setups to run")
-	scale := fs.Float64("time-scale", 1, "slow every emulated time, arrivals included, by this factor")
-	keep := fs.String("dir", "", "keep logs and data here (default: a temporary directory, removed)")
-	if err := fs.Parse(args); err != nil {
-		return err
+// Recovery runs the recovery strategies side by side on real processes:
+// one worker (or 4 of 8) killed under an Azure-like load.
+func Recovery(cfg RecoveryConfig) error {
+	if cfg.Load <= 0 || cfg.Load > 1.5 {
+		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", cfg.Load)
 	}
-	if *busy <= 0 || *busy > 1.5 {
-		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", *busy)
-	}
-	if *scale <= 0 {
-		return fmt.Errorf("-time-scale %g: must be > 0", *scale)
+	if cfg.TimeScale <= 0 {
+		return fmt.Errorf("-time-scale %g: must be > 0", cfg.TimeScale)
 	}
 	timing := benchTiming{warmup: 10 * time.Second, failAt: 30 * time.Second, duration: 120 * time.Second, calibration: time.Minute, loadScale: 1}
-	if *quick {
+	if cfg.Quick {
 		timing = benchTiming{warmup: 4 * time.Second, failAt: 12 * time.Second, duration: 36 * time.Second, calibration: 24 * time.Second, loadScale: 0.25}
 	}
 	var setups []recoverySetup
-	for _, name := range strings.Split(*only, ",") {
+	for _, name := range strings.Split(cfg.Setups, ",") {
 		found := false
 		for _, s := range recoverySetups {
 			if s.name == strings.TrimSpace(name) {
@@ -139,7 +148,7 @@ func runBenchRecovery(args []string) error {
 			return fmt.Errorf("-setups: unknown setup %q: use w4, w8, w8_f4", name)
 		}
 	}
-	dir := *keep
+	dir := cfg.Dir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "lumen-bench-recovery-")
 		if err != nil {
@@ -150,14 +159,13 @@ func runBenchRecovery(args []string) error {
 	}
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
-		figs, err := benchSetup(s, timing, *seed, *busy, *scale, filepath.Join(dir, s.name))
+		figs, err := benchSetup(s, timing, cfg.Seed, cfg.Load, cfg.TimeScale, filepath.Join(dir, s.name))
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		out[s.name] = figs
-		if *jsonPath != "" { // after every setup: a long run keeps what it measured
-			b, _ := json.MarshalIndent(out, "", "  ")
-			if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
+		if cfg.JSONPath != "" { // after every setup: a long run keeps what it measured
+			if err := writeJSON(cfg.JSONPath, out); err != nil {
 				return err
 			}
 		}
@@ -209,11 +217,7 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 	if err != nil {
 		return nil, err
 	}
-	bodies := make([][]byte, len(reqs))
-	for i, r := range reqs {
-		bodies[i], _ = json.Marshal(map[string]any{"model": "lumen-tiny", "prompt": r.Prompt, "max_tokens": r.Output,
-			"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}})
-	}
+	bodies := requestBodies(reqs)
 
 	outcomes := map[string]*runOutcome{}
 	figs := map[string]*recoveryFigures{}
@@ -236,45 +240,8 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 	end := time.Duration(float64(tm.duration) * scale)
 	for _, run := range recoveryRuns {
 		o := outcomes[run.name]
-		f := &recoveryFigures{ArrivalRatePerSec: rate, SaturatedPerSec: saturated}
-		var ttft, tpot, pre, resume []time.Duration
-		for i, r := range o.recs {
-			if r.Err != nil {
-				f.FailedRequests++
-				continue
-			}
-			if o.texts[i] != refs[i] {
-				f.WrongOutputs++
-			}
-			if r.Arrival < time.Duration(float64(tm.warmup)*scale) {
-				continue
-			}
-			if d, ok := r.TTFT(); ok {
-				ttft = append(ttft, d)
-				if r.Arrival < nominalFail {
-					pre = append(pre, d)
-				}
-			}
-			if d, ok := r.TPOT(); ok {
-				tpot = append(tpot, d)
-			}
-		}
-		for _, r := range o.recs {
-			if o.interrupted[r.ID] && r.Err == nil {
-				if d, ok := r.Resume(o.failAt); ok {
-					resume = append(resume, d)
-				}
-			}
-		}
-		f.Requests = len(o.recs)
-		f.TTFTMeanMs, f.TTFTP99Ms = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99)
-		f.TPOTMeanMs, f.PreFailureTTFTMs = servingstats.Mean(tpot), servingstats.Mean(pre)
-		f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(resume), servingstats.Percentile(resume, 0.99)
-		f.Interrupted = len(o.interrupted)
-		f.PagesReused, f.TokensRecomputed = o.restored, o.recomputed
-		if o.emulated > 0 {
-			f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
-		}
+		f := runFigures(o, refs, time.Duration(float64(tm.warmup)*scale), nominalFail)
+		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
 		f.Recovered = true
 		if run.fail {
 			f.PlanMs = float64(o.planAt-o.failAt) / 1e6
@@ -286,8 +253,65 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 		}
 		figs[run.name] = f
 	}
-	printRecoveryTable(s, figs, rule)
+	printRecoveryTable(os.Stdout, s, figs, rule)
 	return figs, nil
+}
+
+// runFigures is what one run measured, but its recovery time: request
+// counts, outputs against the references, TTFT and TPOT of the requests
+// that arrived after warmup (TTFT before nominalFail apart), the resume
+// times of the interrupted requests, pages reused, tokens recomputed and
+// the pacing overrun.
+func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration) *recoveryFigures {
+	f := &recoveryFigures{}
+	var ttft, tpot, pre, resume []time.Duration
+	for i, r := range o.recs {
+		if r.Err != nil {
+			f.FailedRequests++
+			continue
+		}
+		if o.texts[i] != refs[i] {
+			f.WrongOutputs++
+		}
+		if r.Arrival < warmup {
+			continue
+		}
+		if d, ok := r.TTFT(); ok {
+			ttft = append(ttft, d)
+			if r.Arrival < nominalFail {
+				pre = append(pre, d)
+			}
+		}
+		if d, ok := r.TPOT(); ok {
+			tpot = append(tpot, d)
+		}
+	}
+	for _, r := range o.recs {
+		if o.interrupted[r.ID] && r.Err == nil {
+			if d, ok := r.Resume(o.failAt); ok {
+				resume = append(resume, d)
+			}
+		}
+	}
+	f.Requests = len(o.recs)
+	f.TTFTMeanMs, f.TTFTP99Ms = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99)
+	f.TPOTMeanMs, f.PreFailureTTFTMs = servingstats.Mean(tpot), servingstats.Mean(pre)
+	f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(resume), servingstats.Percentile(resume, 0.99)
+	f.Interrupted = len(o.interrupted)
+	f.PagesReused, f.TokensRecomputed = o.restored, o.recomputed
+	if o.emulated > 0 {
+		f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
+	}
+	return f
+}
+
+// requestBodies are the streaming requests of reqs, with usage.
+func requestBodies(reqs []workload.Request) [][]byte {
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		bodies[i] = completions.Body(r.Prompt, r.Output, true)
+	}
+	return bodies
 }
 
 // syntheticReferences decodes every request alone on a synthetic engine:
@@ -515,11 +539,22 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 		}
 	}
 	for _, w := range cl.Workers {
-		if w.Running() {
-			o.restored += workerMetric(w, "lumen_worker_restored_pages_total")
-			o.recomputed += workerMetric(w, "lumen_worker_resume_recomputed_tokens_total")
-			o.emulated += workerMetric(w, "lumen_worker_emulated_seconds_total")
-			o.paced += workerMetric(w, "lumen_worker_paced_seconds_total")
+		if !w.Running() {
+			continue
+		}
+		for _, m := range []struct {
+			sum  *float64
+			name string
+		}{{&o.restored, "lumen_worker_restored_pages_total"}, {&o.recomputed, "lumen_worker_resume_recomputed_tokens_total"},
+			{&o.emulated, "lumen_worker_emulated_seconds_total"}, {&o.paced, "lumen_worker_paced_seconds_total"}} {
+			v, err := w.Metric(ctx, m.name)
+			if err != nil {
+				// Counted as nothing, and said so: the figures of this
+				// run miss a worker.
+				fmt.Printf("   %v\n", err)
+				continue
+			}
+			*m.sum += v
 		}
 	}
 	if run.fail && !killed.Load() {
@@ -548,11 +583,7 @@ func calibrate(s recoverySetup, tm benchTiming, scale float64, seed uint64, offe
 	if err != nil {
 		return 0, err
 	}
-	bodies := make([][]byte, len(reqs))
-	for i, r := range reqs {
-		bodies[i], _ = json.Marshal(map[string]any{"model": "lumen-tiny", "prompt": r.Prompt, "max_tokens": r.Output,
-			"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}})
-	}
+	bodies := requestBodies(reqs)
 	fmt.Printf("-- %s / calibration: %.1f requests/s offered for %s\n", s.name, offered, d)
 	wall := time.Duration(float64(d) * scale)
 	o, err := benchRun(s, recoveryRun{name: "calibration", strategy: policy.Lumen}, tm, scale, reqs, bodies, dir, wall)
@@ -599,73 +630,42 @@ func waitWorkersServing(ctx context.Context, c *ctlclient.Client, n int) error {
 
 // streamOne sends one streaming completion and records when each chunk came.
 func streamOne(ctx context.Context, httpc *http.Client, addr string, body []byte, rec *servingstats.Record, since func() time.Duration) (text, id string, err error) {
-	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/completions", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := httpc.Do(req)
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := bufio.NewReader(resp.Body).ReadString('\n')
-		return "", "", fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(b))
-	}
-	sc := bufio.NewScanner(resp.Body)
-	var sb strings.Builder
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte("data: ")) {
-			continue
-		}
-		data := line[6:]
-		if bytes.Equal(data, []byte("[DONE]")) {
-			return sb.String(), id, nil
-		}
-		var ch struct {
-			ID      string `json:"id"`
-			Choices []struct {
-				Text string `json:"text"`
-			} `json:"choices"`
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-			Error *struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(data, &ch); err != nil {
-			return "", id, fmt.Errorf("bad chunk %q: %w", data, err)
-		}
-		switch {
-		case ch.Error != nil:
-			return "", id, fmt.Errorf("error event: %s", ch.Error.Message)
-		case ch.Usage != nil:
-			rec.Tokens = ch.Usage.CompletionTokens
-		case len(ch.Choices) > 0 && ch.Choices[0].Text != "":
+	res, err := completions.Stream(ctx, httpc, addr, body, func(c completions.Chunk) {
+		if c.Usage != nil {
+			rec.Tokens = c.Usage.CompletionTokens
+		} else if c.Text != "" {
 			rec.Chunks = append(rec.Chunks, since())
-			sb.WriteString(ch.Choices[0].Text)
 		}
-		if id == "" {
-			id = ch.ID
-		}
+	})
+	if err != nil {
+		return "", res.ID, err
 	}
-	return "", id, fmt.Errorf("stream ended without [DONE]: %v", sc.Err())
+	return res.Text, res.ID, nil
 }
 
-func printRecoveryTable(s recoverySetup, figs map[string]*recoveryFigures, rule servingstats.RecoveryRule) {
-	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
-	fmt.Printf("\n%s (%d workers, %s, %d failed)\n", s.name, s.workers, s.profile, s.failures)
-	fmt.Printf("%-24s", "")
-	for _, c := range cols {
-		fmt.Printf(" %18s", c)
+// gain is a's change over b, as a signed percentage, or "n/a" when b is 0.
+func gain(a, b float64) string {
+	if b == 0 {
+		return "n/a"
 	}
-	fmt.Println()
+	return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
+}
+
+// printRecoveryTable prints one setup's comparison of the strategies.
+func printRecoveryTable(w io.Writer, s recoverySetup, figs map[string]*recoveryFigures, rule servingstats.RecoveryRule) {
+	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+	fmt.Fprintf(w, "\n%s (%d workers, %s, %d failed)\n", s.name, s.workers, s.profile, s.failures)
+	fmt.Fprintf(w, "%-24s", "")
+	for _, c := range cols {
+		fmt.Fprintf(w, " %18s", c)
+	}
+	fmt.Fprintln(w)
 	row := func(name string, get func(f *recoveryFigures) string) {
-		fmt.Printf("%-24s", name)
+		fmt.Fprintf(w, "%-24s", name)
 		for _, c := range cols {
-			fmt.Printf(" %18s", get(figs[c]))
+			fmt.Fprintf(w, " %18s", get(figs[c]))
 		}
-		fmt.Println()
+		fmt.Fprintln(w)
 	}
 	f1 := func(v float64) string { return fmt.Sprintf("%.1f", v) }
 	row("TTFT mean (ms)", func(f *recoveryFigures) string { return f1(f.TTFTMeanMs) })
@@ -686,20 +686,14 @@ func printRecoveryTable(s recoverySetup, figs map[string]*recoveryFigures, rule 
 	row("outputs != reference", func(f *recoveryFigures) string { return fmt.Sprint(f.WrongOutputs) })
 	row("pacing overrun (%)", func(f *recoveryFigures) string { return f1(f.PacingOverrunPct) })
 	l, sr, fc := figs["lumen"], figs["stop-and-restart"], figs["fixed-checkpoint"]
-	gain := func(a, b float64) string {
-		if b == 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
-	}
-	fmt.Printf("lumen vs stop-and-restart: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
+	fmt.Fprintf(w, "lumen vs stop-and-restart: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
 		gain(l.TTFTMeanMs, sr.TTFTMeanMs), gain(l.TTFTP99Ms, sr.TTFTP99Ms), gain(l.TPOTMeanMs, sr.TPOTMeanMs), gain(l.RecoveryS, sr.RecoveryS))
-	fmt.Printf("lumen vs fixed-checkpoint: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
+	fmt.Fprintf(w, "lumen vs fixed-checkpoint: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
 		gain(l.TTFTMeanMs, fc.TTFTMeanMs), gain(l.TTFTP99Ms, fc.TTFTP99Ms), gain(l.TPOTMeanMs, fc.TPOTMeanMs), gain(l.RecoveryS, fc.RecoveryS))
 	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
-	fmt.Printf("checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
+	fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
 		gain(a.TTFTMeanMs, b.TTFTMeanMs), gain(a.TPOTMeanMs, b.TPOTMeanMs))
-	fmt.Printf("recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
+	fmt.Fprintf(w, "recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
 		"is within %.0f%% and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
 		rule.Window, rule.Step, 100*rule.Tolerance, 100*rule.Tolerance, rule.QueueSlack)
 }

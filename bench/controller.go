@@ -1,9 +1,7 @@
-package main
+package bench
 
 import (
 	"context"
-	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand"
@@ -21,8 +19,20 @@ import (
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
-func init() {
-	register("bench controller", "measure a 3-replica quorum: Dispatch/s, linearizable reads/s, failover", runBenchController)
+// ControllerConfig is `lumen bench controller`.
+type ControllerConfig struct {
+	// Quick is a short run (under a minute) with the same keys.
+	Quick bool
+	// CPUProfileLeader, when set, is where a CPU profile of the leader
+	// (and, with ".follower" appended, of a follower) is saved during the
+	// 256-caller run.
+	CPUProfileLeader string
+	// JSONPath, when set, receives the figures as JSON.
+	JSONPath string
+	// ControllerArgs are extra flags for every controller.
+	ControllerArgs []string
+	// Dir keeps data and logs; empty means a temporary directory, removed.
+	Dir string
 }
 
 type controllerBench struct {
@@ -40,16 +50,41 @@ type loadResult struct {
 
 func (r loadResult) perSec() float64 { return float64(r.ops) / r.elapsed.Seconds() }
 
-func (r loadResult) pct(p float64) float64 {
-	if len(r.lat) == 0 {
-		return 0
-	}
-	sort.Slice(r.lat, func(i, j int) bool { return r.lat[i] < r.lat[j] })
-	return float64(r.lat[int(float64(len(r.lat)-1)*p)].Microseconds()) / 1000
+func (r loadResult) pct(p float64) float64 { return percentileMs(r.lat, p) }
+
+// dispatchFigures puts the Dispatch figures of a run with callers under
+// their JSON keys.
+func dispatchFigures(out map[string]float64, callers int, r loadResult) {
+	out[fmt.Sprintf("dispatch_per_s_%d", callers)] = r.perSec()
+	out[fmt.Sprintf("dispatch_p50_ms_%d", callers)] = r.pct(0.50)
+	out[fmt.Sprintf("dispatch_p99_ms_%d", callers)] = r.pct(0.99)
 }
 
-// run starts callers that each loop op until d has passed.
-func run(callers int, d time.Duration, op func(ctx context.Context, caller, i int) error) loadResult {
+// failoverFigures sorts fo (seconds from each kill of the leader to the
+// next write), puts its median, max and min under their JSON keys, and
+// returns its line of the table.
+func failoverFigures(out map[string]float64, fo []float64) controllerRow {
+	sort.Float64s(fo)
+	out["failover_median_s"] = fo[len(fo)/2]
+	out["failover_max_s"] = fo[len(fo)-1]
+	out["failover_min_s"] = fo[0]
+	return controllerRow{fmt.Sprintf("failover, %d kills of the leader", len(fo)),
+		fmt.Sprintf("median %.3f s  max %.3f s  min %.3f s", fo[len(fo)/2], fo[len(fo)-1], fo[0]), "median <= 1 s, max <= 2 s"}
+}
+
+// controllerRow is one line of the controller table.
+type controllerRow struct{ name, value, goal string }
+
+// printControllerTable prints the table `lumen bench controller` ends with.
+func printControllerTable(w io.Writer, rows []controllerRow) {
+	fmt.Fprintf(w, "\n%-44s %-58s %s\n", "measure", "result", "goal")
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-44s %-58s %s\n", r.name, r.value, r.goal)
+	}
+}
+
+// runCallers starts callers that each loop op until d has passed.
+func runCallers(callers int, d time.Duration, op func(ctx context.Context, caller, i int) error) loadResult {
 	var mu sync.Mutex
 	var res loadResult
 	var wg sync.WaitGroup
@@ -87,7 +122,7 @@ func run(callers int, d time.Duration, op func(ctx context.Context, caller, i in
 func (b *controllerBench) dispatchLoad(callers int, d time.Duration, call func(ctx context.Context, req *pb.DispatchRequest) error,
 	complete func(ctx context.Context, ids []string) error) loadResult {
 	pending := make([][]string, callers)
-	return run(callers, d, func(ctx context.Context, c, i int) error {
+	return runCallers(callers, d, func(ctx context.Context, c, i int) error {
 		id := fmt.Sprintf("b%d", b.seq.Add(1))
 		if err := call(ctx, &pb.DispatchRequest{RequestId: id, PromptTokens: 1000, MaxTokens: 200}); err != nil {
 			return err
@@ -111,33 +146,25 @@ func (b *controllerBench) leaderComplete(ctx context.Context, ids []string) erro
 	return err
 }
 
-func runBenchController(args []string) error {
-	fs := flag.NewFlagSet("bench controller", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "short run (under a minute) with the same keys")
-	profile := fs.String("cpuprofile-leader", "", "save a CPU profile of the leader during the 256-caller run")
-	jsonPath := fs.String("json", "", "write the figures as JSON to this file")
-	var extra stringList
-	fs.Var(&extra, "controller-arg", "extra flag for every controller (repeatable), e.g. -controller-arg=-batch-inflight=2")
-	dir := fs.String("dir", "", "data and log directory (default: a temporary one, removed afterwards)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+// Controller measures a 3-replica quorum: Dispatch/s at 1, 64 and 256
+// callers, linearizable reads/s, and failover after kill -9 of the leader.
+func Controller(cfg ControllerConfig) error {
 	phase, stable, failovers := 10*time.Second, 60*time.Second, 10
-	if *quick {
+	if cfg.Quick {
 		phase, stable, failovers = 3*time.Second, 8*time.Second, 3
 	}
-	if *dir == "" {
+	if cfg.Dir == "" {
 		d, err := os.MkdirTemp("", "lumen-bench-controller-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		*dir = d
+		cfg.Dir = d
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fmt.Printf("starting 3 controller processes under %s\n", *dir)
-	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: *dir, Controllers: 3, Args: append([]string{"-log-level", "warn"}, extra...)})
+	fmt.Printf("starting 3 controller processes under %s\n", cfg.Dir)
+	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: cfg.Dir, Controllers: 3, Args: append([]string{"-log-level", "warn"}, cfg.ControllerArgs...)})
 	if err != nil {
 		return err
 	}
@@ -170,8 +197,7 @@ func runBenchController(args []string) error {
 		}
 	}
 	out := map[string]float64{}
-	type row struct{ name, value, goal string }
-	var rows []row
+	var rows []controllerRow
 
 	for _, callers := range []int{1, 64, 256} {
 		d := phase
@@ -180,14 +206,16 @@ func runBenchController(args []string) error {
 		}
 		before, _ := cl.Status(ctx, leader)
 		fmt.Printf("dispatch: %d callers for %s ...\n", callers, d)
-		if callers == 256 && *profile != "" {
-			go saveProfile(cl.Controllers[leader].HTTPAddr, d-time.Second, *profile)
-			go saveProfile(cl.Controllers[(leader+1)%3].HTTPAddr, d-time.Second, *profile+".follower")
+		var profiles sync.WaitGroup
+		if callers == 256 && cfg.CPUProfileLeader != "" {
+			profiles.Go(func() { saveProfile(cl.Controllers[leader].HTTPAddr, d-time.Second, cfg.CPUProfileLeader) })
+			profiles.Go(func() {
+				saveProfile(cl.Controllers[(leader+1)%3].HTTPAddr, d-time.Second, cfg.CPUProfileLeader+".follower")
+			})
 		}
 		r := b.dispatchLoad(callers, d, b.leaderDispatch, b.leaderComplete)
-		out[fmt.Sprintf("dispatch_per_s_%d", callers)] = r.perSec()
-		out[fmt.Sprintf("dispatch_p50_ms_%d", callers)] = r.pct(0.50)
-		out[fmt.Sprintf("dispatch_p99_ms_%d", callers)] = r.pct(0.99)
+		profiles.Wait()
+		dispatchFigures(out, callers, r)
 		goal := ""
 		if callers == 256 {
 			goal = ">= 20000/s, p99 <= 30 ms"
@@ -201,10 +229,10 @@ func runBenchController(args []string) error {
 		if r.errors > r.ops/100 {
 			return fmt.Errorf("dispatch with %d callers: %d errors for %d successes", callers, r.errors, r.ops)
 		}
-		rows = append(rows, row{fmt.Sprintf("Dispatch, %d callers", callers),
+		rows = append(rows, controllerRow{fmt.Sprintf("Dispatch, %d callers", callers),
 			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), goal})
 	}
-	rows = append(rows, row{fmt.Sprintf("elections in the %s run at 256 callers", stable), fmt.Sprintf("%.0f", out["elections_without_faults"]), "0"})
+	rows = append(rows, controllerRow{fmt.Sprintf("elections in the %s run at 256 callers", stable), fmt.Sprintf("%.0f", out["elections_without_faults"]), "0"})
 
 	// Linearizable reads of placements that exist.
 	ids := make([]string, 0, 5000)
@@ -231,7 +259,7 @@ func runBenchController(args []string) error {
 		}
 	}
 	fmt.Printf("linearizable GetPlacement: 256 callers for %s ...\n", phase)
-	rr := run(256, phase, func(ctx context.Context, c, i int) error {
+	rr := runCallers(256, phase, func(ctx context.Context, c, i int) error {
 		id := ids[(c*7919+i)%len(ids)]
 		_, err := pb.NewControllerClient(b.conns[(c+i)%len(b.conns)]).GetPlacement(ctx, &pb.GetPlacementRequest{RequestId: id})
 		return err
@@ -240,7 +268,7 @@ func runBenchController(args []string) error {
 	if rr.errors > rr.ops/100 {
 		return fmt.Errorf("linearizable reads: %d errors for %d successes", rr.errors, rr.ops)
 	}
-	rows = append(rows, row{"linearizable GetPlacement, 256 callers",
+	rows = append(rows, controllerRow{"linearizable GetPlacement, 256 callers",
 		fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", rr.perSec(), rr.pct(0.5), rr.pct(0.99), rr.errors), ">= 50000/s, p99 <= 5 ms"})
 
 	// Failover under load: kill -9 the leader, time the next write that
@@ -250,23 +278,14 @@ func runBenchController(args []string) error {
 	if err != nil {
 		return err
 	}
-	sort.Float64s(fo)
-	out["failover_median_s"] = fo[len(fo)/2]
-	out["failover_max_s"] = fo[len(fo)-1]
-	out["failover_min_s"] = fo[0]
-	rows = append(rows, row{fmt.Sprintf("failover, %d kills of the leader", len(fo)),
-		fmt.Sprintf("median %.3f s  max %.3f s  min %.3f s", fo[len(fo)/2], fo[len(fo)-1], fo[0]), "median <= 1 s, max <= 2 s"})
+	rows = append(rows, failoverFigures(out, fo))
 
-	fmt.Printf("\n%-44s %-58s %s\n", "measure", "result", "goal")
-	for _, r := range rows {
-		fmt.Printf("%-44s %-58s %s\n", r.name, r.value, r.goal)
-	}
-	if *jsonPath != "" {
-		data, _ := json.MarshalIndent(out, "", "  ")
-		if err := os.WriteFile(*jsonPath, append(data, '\n'), 0o644); err != nil {
+	printControllerTable(os.Stdout, rows)
+	if cfg.JSONPath != "" {
+		if err := writeJSON(cfg.JSONPath, out); err != nil {
 			return err
 		}
-		fmt.Printf("\nwrote %s\n", *jsonPath)
+		fmt.Printf("\nwrote %s\n", cfg.JSONPath)
 	}
 	return nil
 }
@@ -356,8 +375,3 @@ func saveProfile(httpAddr string, d time.Duration, path string) {
 	defer f.Close()
 	_, _ = io.Copy(f, resp.Body)
 }
-
-type stringList []string
-
-func (s *stringList) String() string     { return fmt.Sprint(*s) }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }

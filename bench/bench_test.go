@@ -1,0 +1,267 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/servingstats"
+	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+func ms(v ...int) []time.Duration {
+	out := make([]time.Duration, len(v))
+	for i, x := range v {
+		out[i] = time.Duration(x) * time.Millisecond
+	}
+	return out
+}
+
+func keys(m map[string]float64) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestPercentileMs(t *testing.T) {
+	if got := percentileMs(nil, 0.99); got != 0 {
+		t.Fatalf("no samples: %v", got)
+	}
+	d := ms(5, 1, 3, 2, 4)
+	for p, want := range map[float64]float64{0: 1, 0.5: 3, 0.99: 4, 1: 5} {
+		if got := percentileMs(d, p); got != want {
+			t.Errorf("p%v = %v, want %v", p, got, want)
+		}
+	}
+	if got := percentileMs(ms(1)[:1], 0.5); got != 1 {
+		t.Fatalf("one sample: %v", got)
+	}
+	if got := percentileMs([]time.Duration{1500 * time.Microsecond}, 0.5); got != 1.5 {
+		t.Fatalf("sub-millisecond precision lost: %v", got)
+	}
+}
+
+func TestGatewayFiguresKeysAndRow(t *testing.T) {
+	a := &streamResult{ttft: ms(10, 20, 30), tokens: 1000, wall: time.Second, errors: 1}
+	b := &streamResult{ttft: ms(11, 21, 35), tokens: 900, wall: time.Second, errors: 2}
+	out := map[string]float64{}
+	row := gatewayFigures(out, 100, a, b)
+	want := []string{"added_ttft_p99_ms_100", "direct_tokens_per_s_100", "direct_ttft_p50_ms_100", "direct_ttft_p99_ms_100",
+		"errors_100", "gateway_tokens_per_s_100", "gateway_ttft_p50_ms_100", "gateway_ttft_p99_ms_100", "throughput_loss_pct_100"}
+	if got := keys(out); !reflect.DeepEqual(got, want) {
+		t.Fatalf("keys %v\nwant %v", got, want)
+	}
+	// p99 of three samples is the second: 20 and 21 ms.
+	if out["added_ttft_p99_ms_100"] != 1 || out["errors_100"] != 3 || math.Abs(out["throughput_loss_pct_100"]-10) > 1e-9 {
+		t.Fatalf("figures %v", out)
+	}
+	if row.name != "100 streams" || row.direct != "TTFT p50 20.0 p99 20.0 ms, 1000 tok/s" ||
+		row.gw != "TTFT p50 21.0 p99 21.0 ms, 900 tok/s" || row.diff != "p99 TTFT +1.0 ms, throughput -10.0%" {
+		t.Fatalf("row %+v", row)
+	}
+	var w bytes.Buffer
+	printGatewayTable(&w, []gatewayRow{row})
+	wantTable := "\n" +
+		"load         straight to the worker                   through the gateway                      gateway's cost\n" +
+		"100 streams  TTFT p50 20.0 p99 20.0 ms, 1000 tok/s    TTFT p50 21.0 p99 21.0 ms, 900 tok/s     p99 TTFT +1.0 ms, throughput -10.0%\n" +
+		"(goal at 500 streams: <= 2 ms added p99 TTFT, <= 5% throughput loss)\n"
+	if w.String() != wantTable {
+		t.Fatalf("table\n%q\nwant\n%q", w.String(), wantTable)
+	}
+}
+
+func TestGatewayPrompt(t *testing.T) {
+	p := gatewayPrompt(28)
+	if len(p) != 28 || p[0] != 'a' || p[25] != 'z' || p[26] != 'a' || p[27] != 'b' {
+		t.Fatalf("prompt %v", p)
+	}
+}
+
+func TestPacingSummary(t *testing.T) {
+	if _, err := pacingSummary(nil, time.Millisecond); err == nil {
+		t.Fatal("no steps summarized without an error")
+	}
+	res, err := pacingSummary([]float64{1.2, 0.9, 1.04, 1.0}, 12500*time.Microsecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"steps": 4, "step_target_ms": 12.5, "ratio_mean": 1.035, "ratio_p50": 1.0, "ratio_p90": 1.04,
+		"ratio_p99": 1.04, "ratio_max": 1.2, "within_5pct": 0.5}
+	if !reflect.DeepEqual(keys(res), keys(want)) {
+		t.Fatalf("keys %v, want %v", keys(res), keys(want))
+	}
+	for k, v := range want {
+		if math.Abs(res[k]-v) > 1e-9 {
+			t.Errorf("%s = %v, want %v", k, res[k], v)
+		}
+	}
+	var w bytes.Buffer
+	printPacingSummary(&w, res)
+	if got := w.String(); got != "4 decode steps: actual/profile time mean 1.0350, p50 1.0000, p90 1.0400, p99 1.0400, max 1.2000; 50.0% of steps within 5%\n" {
+		t.Fatalf("line %q", got)
+	}
+}
+
+func TestPrintControllerTable(t *testing.T) {
+	var w bytes.Buffer
+	printControllerTable(&w, []controllerRow{{"Dispatch, 1 callers", "100/s", ""}, {"failover", "median 0.5 s", "median <= 1 s"}})
+	want := "\n" + pad("measure", 44) + " " + pad("result", 58) + " goal\n" +
+		pad("Dispatch, 1 callers", 44) + " " + pad("100/s", 58) + " \n" +
+		pad("failover", 44) + " " + pad("median 0.5 s", 58) + " median <= 1 s\n"
+	if w.String() != want {
+		t.Fatalf("table\n%q\nwant\n%q", w.String(), want)
+	}
+}
+
+func pad(s string, n int) string { return s + strings.Repeat(" ", n-len(s)) }
+
+// The JSON keys of bench recovery are read by scripts and the docs.
+func TestRecoveryFiguresJSONKeys(t *testing.T) {
+	b, err := json.Marshal(recoveryFigures{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for k := range m {
+		got = append(got, k)
+	}
+	sort.Strings(got)
+	want := []string{"arrival_rate_per_s", "failed_requests", "interrupted", "pacing_overrun_pct", "pages_reused", "plan_ms",
+		"pre_failure_ttft_mean_ms", "recovered", "recovery_s", "requests", "resume_mean_ms", "resume_p99_ms",
+		"saturated_rate_per_s", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("keys %v\nwant %v", got, want)
+	}
+}
+
+func TestGain(t *testing.T) {
+	for _, c := range []struct {
+		a, b float64
+		want string
+	}{{110, 100, "+10.0%"}, {90, 100, "-10.0%"}, {5, 0, "n/a"}, {100, 100, "+0.0%"}} {
+		if got := gain(c.a, c.b); got != c.want {
+			t.Errorf("gain(%v, %v) = %q, want %q", c.a, c.b, got, c.want)
+		}
+	}
+}
+
+func TestCapacityModel(t *testing.T) {
+	p, ok, err := engine.LookupProfile("qwen3-14b-h100")
+	if err != nil || !ok {
+		t.Fatalf("profile: %v %v", ok, err)
+	}
+	perWorker, batch := capacity(p, 4, 1000, 200)
+	if batch != 4 || perWorker <= 0 {
+		t.Fatalf("a cap of 4 running: batch %d, %v req/s", batch, perWorker)
+	}
+	// The KV cache bounds the batch when the cap does not.
+	_, big := capacity(p, 1<<20, 1000, 200)
+	if big >= 1<<20 || big < 4 {
+		t.Fatalf("uncapped batch %d", big)
+	}
+	// Longer requests fit fewer at once and complete fewer per second.
+	slow, longBatch := capacity(p, 1<<20, 4000, 800)
+	if longBatch > big || slow >= perWorker*float64(big)/4 {
+		t.Fatalf("longer requests: batch %d (short: %d), %v req/s", longBatch, big, slow)
+	}
+}
+
+func TestRequestBodies(t *testing.T) {
+	reqs := []workload.Request{{Prompt: []int32{5, 6}, Output: 7}}
+	got := requestBodies(reqs)
+	// What the benchmark sent before the client was shared.
+	want, _ := json.Marshal(map[string]any{"model": "lumen-tiny", "prompt": reqs[0].Prompt, "max_tokens": reqs[0].Output,
+		"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+	if len(got) != 1 || string(got[0]) != string(want) {
+		t.Fatalf("body %s\nwant %s", got[0], want)
+	}
+}
+
+func TestRunFigures(t *testing.T) {
+	o := &runOutcome{
+		recs: []*servingstats.Record{
+			// Before warmup: counted, not timed.
+			{ID: "a", Arrival: 0, Chunks: ms(100, 110), Tokens: 2},
+			// After warmup, before the failure: TTFT 50 ms, TPOT 10 ms.
+			{ID: "b", Arrival: 2 * time.Second, Chunks: []time.Duration{2050 * time.Millisecond, 2060 * time.Millisecond, 2070 * time.Millisecond}, Tokens: 3},
+			// After the failure, interrupted, resumed.
+			{ID: "c", Arrival: 6 * time.Second, Chunks: []time.Duration{6100 * time.Millisecond, 6110 * time.Millisecond, 8110 * time.Millisecond}, Tokens: 3},
+			{ID: "d", Arrival: 7 * time.Second, Err: errors.New("HTTP 503")},
+		},
+		texts:       []string{"x", "y", "wrong", ""},
+		interrupted: map[string]bool{"c": true, "d": true},
+		failAt:      8 * time.Second,
+		restored:    12, recomputed: 34, emulated: 10, paced: 11,
+	}
+	f := runFigures(o, []string{"x", "y", "z", "w"}, time.Second, 5*time.Second)
+	if f.Requests != 4 || f.FailedRequests != 1 || f.WrongOutputs != 1 || f.Interrupted != 2 {
+		t.Fatalf("counts %+v", f)
+	}
+	if f.TTFTMeanMs != 75 || f.PreFailureTTFTMs != 50 {
+		t.Fatalf("TTFT mean %v, before the failure %v", f.TTFTMeanMs, f.PreFailureTTFTMs)
+	}
+	if f.PagesReused != 12 || f.TokensRecomputed != 34 || math.Abs(f.PacingOverrunPct-10) > 1e-9 {
+		t.Fatalf("pages %v, tokens %v, overrun %v", f.PagesReused, f.TokensRecomputed, f.PacingOverrunPct)
+	}
+	if f.ResumeMeanMs <= 0 {
+		t.Fatalf("the interrupted request's resume was not timed: %+v", f)
+	}
+}
+
+func TestPrintRecoveryTable(t *testing.T) {
+	figs := map[string]*recoveryFigures{}
+	for i, c := range []string{"stop-and-restart", "fixed-checkpoint", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"} {
+		figs[c] = &recoveryFigures{TTFTMeanMs: float64(100 + 10*i), TTFTP99Ms: 200, TPOTMeanMs: 20, RecoveryS: 2, Recovered: true,
+			PagesReused: float64(i), Requests: 50, FailedRequests: 0}
+	}
+	figs["stop-and-restart"].Recovered = false
+	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
+	var w bytes.Buffer
+	printRecoveryTable(&w, recoverySetups[0], figs, rule)
+	lines := strings.Split(w.String(), "\n")
+	for _, want := range []string{
+		"w4 (4 workers, qwen3-32b-h100, 1 failed)",
+		pad("", 24) + "   stop-and-restart   fixed-checkpoint              lumen   lumen-no-failure no-checkpoint-no-failure",
+		pad("TTFT mean (ms)", 24) + "              100.0              110.0              120.0              130.0              140.0",
+		pad("recovery (s)", 24) + "               >2.0               2.00               2.00               2.00               2.00",
+		pad("requests / failed", 24) + "             50 / 0             50 / 0             50 / 0             50 / 0             50 / 0",
+		"lumen vs stop-and-restart: TTFT mean +20.0%, p99 +0.0%, TPOT +0.0%, recovery +0.0%",
+		"checkpointing in steady state (lumen vs none, no failure): TTFT mean -7.1%, TPOT +0.0% (goal: within 2%)",
+	} {
+		found := false
+		for _, l := range lines {
+			found = found || l == want
+		}
+		if !found {
+			t.Errorf("no line %q in\n%s", want, w.String())
+		}
+	}
+}
+
+func TestControllerFigures(t *testing.T) {
+	out := map[string]float64{}
+	dispatchFigures(out, 64, loadResult{ops: 300, elapsed: 3 * time.Second, lat: ms(4, 1, 2)})
+	row := failoverFigures(out, []float64{0.9, 0.4, 1.5})
+	want := map[string]float64{"dispatch_per_s_64": 100, "dispatch_p50_ms_64": 2, "dispatch_p99_ms_64": 2,
+		"failover_median_s": 0.9, "failover_max_s": 1.5, "failover_min_s": 0.4}
+	if !reflect.DeepEqual(out, want) {
+		t.Fatalf("figures %v\nwant %v", out, want)
+	}
+	if row != (controllerRow{"failover, 3 kills of the leader", "median 0.900 s  max 1.500 s  min 0.400 s", "median <= 1 s, max <= 2 s"}) {
+		t.Fatalf("row %+v", row)
+	}
+}

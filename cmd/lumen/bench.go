@@ -1,0 +1,82 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/lumen-project/lumen/bench"
+)
+
+func init() {
+	register("bench controller", "measure a 3-replica quorum: Dispatch/s, linearizable reads/s, failover", runBenchController)
+	register("bench gateway", "TTFT and throughput through the gateway vs straight to the worker, at 1/100/500 streams", runBenchGateway)
+	register("bench pacing", "64 paced synthetic engines decoding at once: does each step take the profile's time?", runBenchPacing)
+	register("bench recovery", "the recovery strategies side by side on real processes: one worker (or 4 of 8) killed under an Azure-like load", runBenchRecovery)
+}
+
+func runBenchController(args []string) error {
+	var cfg bench.ControllerConfig
+	fs := flag.NewFlagSet("bench controller", flag.ContinueOnError)
+	fs.BoolVar(&cfg.Quick, "quick", false, "short run (under a minute) with the same keys")
+	fs.StringVar(&cfg.CPUProfileLeader, "cpuprofile-leader", "", "save a CPU profile of the leader during the 256-caller run")
+	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON to this file")
+	var extra stringList
+	fs.Var(&extra, "controller-arg", "extra flag for every controller (repeatable), e.g. -controller-arg=-batch-inflight=2")
+	fs.StringVar(&cfg.Dir, "dir", "", "data and log directory (default: a temporary one, removed afterwards)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.ControllerArgs = extra
+	return bench.Controller(cfg)
+}
+
+func runBenchGateway(args []string) error {
+	cfg := bench.DefaultGatewayConfig()
+	fs := flag.NewFlagSet("bench gateway", flag.ContinueOnError)
+	fs.BoolVar(&cfg.Quick, "quick", false, "shorter phases")
+	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON")
+	fs.StringVar(&cfg.Profile, "profile", cfg.Profile, "the worker's timing profile")
+	fs.IntVar(&cfg.PromptLen, "prompt", cfg.PromptLen, "prompt tokens")
+	fs.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "output tokens per request")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Gateway(cfg)
+}
+
+func runBenchPacing(args []string) error {
+	cfg := bench.DefaultPacingConfig()
+	fs := flag.NewFlagSet("bench pacing", flag.ContinueOnError)
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "engines decoding concurrently")
+	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "sequences per decode step")
+	fs.StringVar(&cfg.Profile, "profile", cfg.Profile, "timing profile")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "time scale")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long each engine decodes")
+	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Pacing(cfg)
+}
+
+func runBenchRecovery(args []string) error {
+	cfg := bench.DefaultRecoveryConfig()
+	fs := flag.NewFlagSet("bench recovery", flag.ContinueOnError)
+	fs.BoolVar(&cfg.Quick, "quick", false, "shorter runs and a faster emulated model reload, same keys")
+	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "workload seed (the same for every strategy)")
+	fs.Float64Var(&cfg.Load, "load", cfg.Load, "offered load as a fraction of the cluster's measured saturated throughput")
+	fs.StringVar(&cfg.Setups, "setups", cfg.Setups, "comma-separated setups to run")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "slow every emulated time, arrivals included, by this factor")
+	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Recovery(cfg)
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return fmt.Sprint(*s) }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }

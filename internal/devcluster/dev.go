@@ -1,0 +1,180 @@
+package devcluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// DevStateFile, in a dev cluster's directory, records the controllers'
+// addresses, so that `lumen dev -keep-state` can bring the quorum back where
+// its Raft configuration says it is.
+const DevStateFile = "dev-state.json"
+
+// ErrNoDevState: -keep-state was asked of a directory that holds a dev
+// cluster's data but no DevStateFile (an older lumen wrote it).
+var ErrNoDevState = errors.New("devcluster: no recorded addresses to keep the state with")
+
+// devEntry names what a dev cluster writes in its directory; a fresh start
+// removes these and nothing else.
+var devEntry = regexp.MustCompile(`^((ctl\d+|worker-\d+)(\.log)?|gateway\.log|` + regexp.QuoteMeta(DevStateFile) + `)$`)
+
+// DevConfig is a `lumen dev` cluster: 3 controllers, workers, a gateway.
+type DevConfig struct {
+	// Dir holds every process's data directory and log.
+	Dir string
+	// Workers is the number of workers (at least 1).
+	Workers int
+	// Engine, Profile and TimeScale are the workers' -engine, -profile
+	// and -time-scale.
+	Engine, Profile, TimeScale string
+	// ModelDir is the workers' -model-dir.
+	ModelDir string
+	// HTTPAddr is the gateway's address.
+	HTTPAddr string
+	// KeepState restarts the cluster from the data directories of the
+	// last run in Dir, on the addresses that run recorded; without it
+	// every run starts from empty directories, as `consul agent -dev`
+	// does (a Raft configuration names ports that are gone otherwise).
+	KeepState bool
+	// StartTimeout bounds the start (quorum, workers, gateway); 0 means 2
+	// minutes.
+	StartTimeout time.Duration
+	// Out receives what the user reads.
+	Out io.Writer
+}
+
+// dev state is what DevStateFile holds.
+type devState struct {
+	Controllers []ControllerAddrs `json:"controllers"`
+}
+
+// RunDev starts the cluster, prints how to reach it, and runs until ctx
+// ends (Ctrl-C), then stops everything. Every wait of the start ends with
+// ctx too: it then stops what had started and returns ctx's error.
+func RunDev(ctx context.Context, cfg DevConfig) error {
+	if cfg.Workers < 1 {
+		return fmt.Errorf("-workers must be at least 1")
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 2 * time.Minute
+	}
+	out := cfg.Out
+	opts := Options{Dir: cfg.Dir, Controllers: 3, Args: []string{"-log-level", "warn"}}
+	if cfg.KeepState {
+		addrs, err := loadDevState(cfg.Dir)
+		if err != nil {
+			return err
+		}
+		opts.Addrs = addrs
+	} else if err := cleanDevDir(cfg.Dir); err != nil {
+		return err
+	}
+	startCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	defer cancel()
+	state := "empty data directories"
+	if opts.Addrs != nil {
+		state = "the kept state"
+	}
+	fmt.Fprintf(out, "starting 3 controllers, %d %s workers and a gateway under %s (%s)\n", cfg.Workers, cfg.Engine, cfg.Dir, state)
+	cl, err := Start(startCtx, opts)
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	defer func() {
+		fmt.Fprintln(out, "stopping: gateway, workers (draining), controllers")
+		cl.Stop()
+	}()
+	if err := saveDevState(cfg.Dir, devState{Controllers: cl.ControllerAddrs()}); err != nil {
+		return err
+	}
+	for i := 1; i <= cfg.Workers; i++ {
+		if _, err := cl.AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), "-engine", cfg.Engine, "-model-dir", cfg.ModelDir,
+			"-profile", cfg.Profile, "-time-scale", cfg.TimeScale); err != nil {
+			return interrupted(ctx, err)
+		}
+	}
+	gw, err := cl.StartGatewayContext(startCtx, cfg.HTTPAddr)
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	if err := gw.WaitReady(startCtx); err != nil {
+		return interrupted(ctx, err)
+	}
+	fmt.Fprintf(out, "\n  gateway      http://%s/v1   (OpenAI API; model %q)\n", gw.Addr, "lumen-tiny")
+	fmt.Fprintf(out, "  controllers  %s\n", strings.Join(cl.GRPCAddrs(), ","))
+	for _, w := range cl.Workers {
+		fmt.Fprintf(out, "  %-12s %s   metrics http://%s/metrics\n", w.ID, w.GRPCAddr, w.HTTPAddr)
+	}
+	fmt.Fprintf(out, "  logs         %s/*.log\n\n", cfg.Dir)
+	fmt.Fprintf(out, "try:\n  curl -s http://%s/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"lumen-tiny\",\"prompt\":\"Hello\",\"max_tokens\":16,\"temperature\":0}'\n", gw.Addr)
+	fmt.Fprintf(out, "  LUMEN_ADDR=%s lumen workers\n\nCtrl-C stops everything.\n", strings.Join(cl.GRPCAddrs(), ","))
+	<-ctx.Done()
+	return nil
+}
+
+// interrupted says so when the start failed because the user stopped it.
+func interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted while starting; stopped what had started (%w)", ctx.Err())
+	}
+	return err
+}
+
+// cleanDevDir removes what an earlier dev cluster wrote in dir, and only
+// that: a -dir pointed at a folder of other things loses none of them.
+func cleanDevDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if devEntry.MatchString(e.Name()) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("devcluster: start fresh: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// loadDevState reads the addresses a kept cluster must come back on; a
+// directory with no cluster in it starts fresh.
+func loadDevState(dir string) ([]ControllerAddrs, error) {
+	b, err := os.ReadFile(filepath.Join(dir, DevStateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(dir, ControllerID(0))); err == nil {
+			return nil, fmt.Errorf("%w: %s holds a dev cluster's data but no %s (an older lumen wrote it); run without -keep-state to start fresh",
+				ErrNoDevState, dir, DevStateFile)
+		}
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st devState
+	if err := json.Unmarshal(b, &st); err != nil || len(st.Controllers) != 3 {
+		return nil, fmt.Errorf("%w: %s is not a record of 3 controllers (%v); run without -keep-state to start fresh",
+			ErrNoDevState, filepath.Join(dir, DevStateFile), err)
+	}
+	return st.Controllers, nil
+}
+
+func saveDevState(dir string, st devState) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, DevStateFile), append(b, '\n'), 0o644)
+}

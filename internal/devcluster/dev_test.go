@@ -1,0 +1,85 @@
+package devcluster
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"testing"
+)
+
+func touch(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A fresh start removes what a dev cluster wrote and nothing else.
+func TestCleanDevDirRemovesOnlyItsOwn(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range []string{"ctl1/raft/raft.db", "ctl1.log", "ctl3/x", "worker-2/ckpt/p", "worker-2.log",
+		"gateway.log", DevStateFile, "notes.txt", "ctlx/keep", "worker-a.log", "mine/ctl1.log"} {
+		touch(t, filepath.Join(dir, p))
+	}
+	if err := cleanDevDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(dir)
+	var left []string
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	sort.Strings(left)
+	if want := []string{"ctlx", "mine", "notes.txt", "worker-a.log"}; !reflect.DeepEqual(left, want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+	if err := cleanDevDir(filepath.Join(dir, "absent")); err != nil {
+		t.Fatalf("a directory not there yet: %v", err)
+	}
+}
+
+func TestDevStateRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	// Nothing there: a kept start is a fresh one.
+	if addrs, err := loadDevState(dir); err != nil || addrs != nil {
+		t.Fatalf("empty dir: %v %v", addrs, err)
+	}
+	st := devState{Controllers: []ControllerAddrs{
+		{Raft: "127.0.0.1:1", GRPC: "127.0.0.1:2", Serf: "127.0.0.1:3", HTTP: "127.0.0.1:4"},
+		{Raft: "127.0.0.1:5", GRPC: "127.0.0.1:6", Serf: "127.0.0.1:7", HTTP: "127.0.0.1:8"},
+		{Raft: "127.0.0.1:9", GRPC: "127.0.0.1:10", Serf: "127.0.0.1:11", HTTP: "127.0.0.1:12"},
+	}}
+	if err := saveDevState(dir, st); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadDevState(dir)
+	if err != nil || !reflect.DeepEqual(got, st.Controllers) {
+		t.Fatalf("got %v %v, want %v", got, err, st.Controllers)
+	}
+	// Prepare puts them where Launch starts the controllers.
+	c, err := Prepare(Options{Bin: "/bin/true", Dir: dir, Addrs: got})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.ControllerAddrs(), st.Controllers) {
+		t.Fatalf("prepared %v", c.ControllerAddrs())
+	}
+}
+
+// Kept state without its addresses is refused, with what to do.
+func TestKeepStateRefusesUnrecordedState(t *testing.T) {
+	dir := t.TempDir()
+	touch(t, filepath.Join(dir, "ctl1", "raft", "raft.db"))
+	if _, err := loadDevState(dir); !errors.Is(err, ErrNoDevState) {
+		t.Fatalf("got %v, want ErrNoDevState", err)
+	}
+	touch(t, filepath.Join(dir, DevStateFile)) // "x": not JSON
+	if _, err := loadDevState(dir); !errors.Is(err, ErrNoDevState) {
+		t.Fatalf("garbage state file: got %v, want ErrNoDevState", err)
+	}
+}

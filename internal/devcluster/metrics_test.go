@@ -1,0 +1,37 @@
+package devcluster
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// A scrape that fails, or reads nothing, is an error: never a 0 that an
+// assertion could take for a reading.
+func TestScrapeMetricFailsOnBadScrape(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "# HELP a_total x\na_total 3\nb_gauge not-a-number\nc{l=\"x\"} 1\nd 1.5e+06\n")
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ctx := context.Background()
+	for name, want := range map[string]float64{"a_total": 3, "d": 1.5e6} {
+		if v, err := ScrapeMetric(ctx, srv.URL+"/metrics", name); err != nil || v != want {
+			t.Fatalf("%s: %v %v, want %v", name, v, err, want)
+		}
+	}
+	for _, c := range []struct{ url, name string }{
+		{srv.URL + "/metrics", "b_gauge"},       // does not parse
+		{srv.URL + "/metrics", "c"},             // labelled only
+		{srv.URL + "/metrics", "missing_total"}, // not exposed
+		{srv.URL + "/nothing", "a_total"},       // HTTP 404
+		{"http://127.0.0.1:1/metrics", "a"},     // nobody listens
+	} {
+		if v, err := ScrapeMetric(ctx, c.url, c.name); err == nil {
+			t.Errorf("%s %s: read %v, want an error", c.url, c.name, v)
+		}
+	}
+}
