@@ -28,7 +28,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
-	"github.com/lumen-project/lumen/worker/engine"
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // Config configures a gateway.
@@ -72,7 +72,7 @@ type Gateway struct {
 	ctl     *ctlclient.Client
 	journal *journal
 	metrics *metrics
-	tok     engine.Tokenizer
+	tok     tokenizer.Tokenizer
 	admit   chan struct{}
 	done    chan string // ids to Complete
 

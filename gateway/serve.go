@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
-	"github.com/lumen-project/lumen/worker/engine"
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // Default max_tokens when a request names none.
@@ -98,22 +98,22 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	// Tokenize and check against the model's vocabulary and context.
 	var prompt []int32
-	stopTokens := []int32{engine.TokEOS}
+	stopTokens := []int32{tokenizer.TokEOS}
 	switch {
 	case chat:
-		msgs := make([]engine.Message, len(req.Messages))
+		msgs := make([]tokenizer.Message, len(req.Messages))
 		for i, m := range req.Messages {
-			msgs[i] = engine.Message{Role: m.Role, Content: string(m.Content)}
+			msgs[i] = tokenizer.Message{Role: m.Role, Content: string(m.Content)}
 		}
 		prompt = g.tok.ApplyChatTemplate(msgs)
-		stopTokens = append(stopTokens, engine.TokImEnd)
+		stopTokens = append(stopTokens, tokenizer.TokImEnd)
 	case req.Prompt.text != nil:
 		prompt = g.tok.Encode(*req.Prompt.text)
 	default:
 		prompt = req.Prompt.tokens
 		for i, id := range prompt {
-			if id >= engine.VocabSize {
-				writeError(w, badRequest("prompt", "prompt[%d] = %d is not a token id: the vocabulary is [0, %d)", i, id, engine.VocabSize))
+			if id >= tokenizer.VocabSize {
+				writeError(w, badRequest("prompt", "prompt[%d] = %d is not a token id: the vocabulary is [0, %d)", i, id, tokenizer.VocabSize))
 				return
 			}
 		}
