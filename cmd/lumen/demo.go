@@ -18,6 +18,7 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -107,7 +108,7 @@ func runDemo(args []string) error {
 	if err != nil {
 		return err
 	}
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 	streams := make([]*demoStream, *nStreams)
 	wants := make([]string, *nStreams)
 	for i := range streams {
