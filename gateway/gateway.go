@@ -184,6 +184,7 @@ func New(cfg Config) (*Gateway, error) {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout))
 		if err != nil {
+			g.cancel()
 			g.closeConns()
 			return nil, fmt.Errorf("gateway: controller %s: %w", addr, err)
 		}
@@ -191,6 +192,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.lis, err = net.Listen("tcp", cfg.Addr)
 	if err != nil {
+		g.cancel()
 		g.closeConns()
 		return nil, fmt.Errorf("gateway: listen on %s: %w", cfg.Addr, err)
 	}
