@@ -236,19 +236,23 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 	g.follow(id)
 	defer func() { g.unfollow(id) }()
 	var resumeBy time.Time // zero while the request makes progress
+	var broke error        // what broke the stream last
 	for {
 		finish, used, progressed, err := g.stream(ctx, e, pl, resumeBy, stopTokens, onToken)
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
 			return finish, err
 		}
 		pl = used
+		if !errors.Is(err, errResumeTimeout) {
+			broke = err
+		}
 		now := time.Now()
 		if progressed || resumeBy.IsZero() {
 			resumeBy = now.Add(g.cfg.ResumeTimeout)
 		}
 		if errors.Is(err, errResumeTimeout) || !now.Before(resumeBy) {
 			return "", fmt.Errorf("%w: request %s was not resumed within %s (%d tokens streamed); last error: %v",
-				errResumeTimeout, e.id, g.cfg.ResumeTimeout, len(e.out), err)
+				errResumeTimeout, e.id, g.cfg.ResumeTimeout, len(e.out), broke)
 		}
 		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "epoch", pl.Epoch, "tokens", len(e.out), "error", err)
 		var mv *movedError
