@@ -26,6 +26,7 @@ import (
 
 	"github.com/lumen-project/lumen/fsm"
 	"github.com/lumen-project/lumen/internal/gossip"
+	"github.com/lumen-project/lumen/internal/liveness"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -238,7 +239,7 @@ func (n *Node) setupSerf() error {
 
 func (n *Node) setupGRPC(serverTLS *tls.Config) error {
 	lis := n.grpcLis
-	var opts []grpc.ServerOption
+	opts := liveness.ServerOptions()
 	if serverTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
 	}

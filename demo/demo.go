@@ -20,6 +20,7 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -134,7 +135,7 @@ func Run(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 	streams := make([]*stream, cfg.Streams)
 	wants := make([]string, cfg.Streams)
 	for i := range streams {

@@ -12,6 +12,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -26,7 +27,7 @@ func referenceText(t *testing.T, e *engine.Transformer, prompt []int32, max int,
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 	var text []byte
 	n := 0
 	for {
@@ -84,10 +85,10 @@ func TestOpenAISDK(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := openai.NewClient(option.WithBaseURL("http://"+gw.Addr+"/v1"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 
 	for i, prompt := range []string{"The cluster", "kill -9 and carry on", "é"} {
-		want, reason, n := referenceText(t, ref, tk.Encode(prompt), 24, engine.TokEOS)
+		want, reason, n := referenceText(t, ref, tk.Encode(prompt), 24, tokenizer.TokEOS)
 		c, err := client.Completions.New(ctx, openai.CompletionNewParams{
 			Model: "lumen-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
 			MaxTokens: openai.Int(24), Temperature: openai.Float(0)})
@@ -119,8 +120,8 @@ func TestOpenAISDK(t *testing.T) {
 		}
 	}
 
-	msgs := []engine.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "where do requests go when a worker dies?"}}
-	want, reason, n := referenceText(t, ref, tk.ApplyChatTemplate(msgs), 32, engine.TokEOS, engine.TokImEnd)
+	msgs := []tokenizer.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "where do requests go when a worker dies?"}}
+	want, reason, n := referenceText(t, ref, tk.ApplyChatTemplate(msgs), 32, tokenizer.TokEOS, tokenizer.TokImEnd)
 	params := openai.ChatCompletionNewParams{Model: "lumen-tiny", MaxTokens: openai.Int(32), Temperature: openai.Float(0),
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("where do requests go when a worker dies?")}}
 	cc, err := client.Chat.Completions.New(ctx, params)

@@ -16,6 +16,7 @@ import (
 	"github.com/lumen-project/lumen/internal/devcluster"
 	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -212,13 +213,13 @@ func runScenario(t *testing.T, modelDir string, sc scenario) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 	const streams, maxTokens = 32, 64
 	wants := make([]string, streams)
 	prompts := make([]string, streams)
 	for i := range prompts {
 		prompts[i] = fmt.Sprintf("%s: stream %d carries on", sc.name, i)
-		wants[i], _, _ = referenceText(t, ref, tk.Encode(prompts[i]), maxTokens, engine.TokEOS)
+		wants[i], _, _ = referenceText(t, ref, tk.Encode(prompts[i]), maxTokens, tokenizer.TokEOS)
 	}
 	client := openai.NewClient(option.WithBaseURL("http://"+gw.Addr+"/v1"), option.WithMaxRetries(0))
 	got, errs := make([]string, streams), make([]error, streams)

@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -52,13 +53,13 @@ func TestStreamsSurviveWorkerKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := openai.NewClient(option.WithBaseURL("http://"+gw.Addr+"/v1"), option.WithMaxRetries(0))
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 	const streams, maxTokens = 12, 60
 	prompts := make([]string, streams)
 	wants := make([]string, streams)
 	for i := range prompts {
 		prompts[i] = fmt.Sprintf("stream %d keeps going", i)
-		wants[i], _, _ = referenceText(t, ref, tk.Encode(prompts[i]), maxTokens, engine.TokEOS)
+		wants[i], _, _ = referenceText(t, ref, tk.Encode(prompts[i]), maxTokens, tokenizer.TokEOS)
 	}
 	var wg sync.WaitGroup
 	got := make([]string, streams)

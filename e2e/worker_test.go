@@ -15,6 +15,7 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -80,7 +81,7 @@ func TestWorkerProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 	for i := 0; i < 6; i++ {
 		prompt := tk.Encode(fmt.Sprintf("request %d: where does it run?", i))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,9 +1,10 @@
-// Package gateway is lumen's OpenAI-compatible HTTP front end. It keeps the
-// journal of every in-flight request — its prompt and each output token, in
-// index order — places requests through the controller, streams them from
+// Package gateway is lumen's OpenAI-compatible HTTP front end. Each request's
+// handler keeps its journal entry — the prompt and each output token, in
+// index order — places the request through the controller, streams it from
 // the chosen worker, and resumes a broken stream wherever the controller
-// says the request continues, so a failure costs a client a delay, never an
-// error, a gap or a repeated token.
+// says the request continues, so a failure costs a client a delay, never a
+// gap or a repeated token; a request that cannot be resumed within
+// Config.ResumeTimeout ends with an explicit error.
 package gateway
 
 import (
@@ -18,17 +19,18 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/liveness"
 	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
-	"github.com/lumen-project/lumen/worker/engine"
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // Config configures a gateway.
@@ -49,20 +51,80 @@ type Config struct {
 	// MaxBodyBytes caps a request body (default 1 MiB).
 	MaxBodyBytes int64
 	// MaxConcurrent caps requests in flight; more get 429 (default 1024).
+	// It must be at least 1.
 	MaxConcurrent int
-	// ResumeTimeout bounds the search for where a broken stream continues
-	// (default 60 s).
+	// ResumeTimeout is one request's deadline for resuming (default 60 s).
+	// It starts when the request's worker stream breaks and covers every
+	// attempt that follows — finding where the request continues, calling
+	// the worker there, and each further break — until a new token
+	// arrives, which ends the resume. Past it the client gets an explicit
+	// error (code resume_timeout). Raise it when recoveries are expected
+	// to take longer than a minute (a large model's cold restart).
 	ResumeTimeout time.Duration
 	// DispatchTimeout bounds placing a request (default 10 s); past it the
 	// client gets 503.
 	DispatchTimeout time.Duration
-	Logger          hclog.Logger
+	// KeepaliveTime is how long a connection to a worker or to the
+	// controller the gateway watches may be idle before the gateway pings
+	// it (default 10 s, gRPC's minimum); KeepaliveTimeout how long the ping
+	// may go unanswered before the connection is closed and its streams
+	// break (default 5 s). Together they bound how long a stream to a
+	// paused (SIGSTOP) or partitioned peer goes unnoticed.
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
+	// WatchProbeInterval is how often the gateway asks the controller
+	// replica whose event stream it follows whether it still knows a
+	// leader (default 2 s). A replica that does not answer within the
+	// interval, or has lost its leader (it is cut off from the quorum, and
+	// its stream would go silent), is left for the next one.
+	WatchProbeInterval time.Duration
+	Logger             hclog.Logger
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{Addr: "127.0.0.1:8080", Model: "lumen-tiny", MaxContext: 2048, MaxBodyBytes: 1 << 20,
-		MaxConcurrent: 1024, ResumeTimeout: 60 * time.Second, DispatchTimeout: 10 * time.Second}
+		MaxConcurrent: 1024, ResumeTimeout: 60 * time.Second, DispatchTimeout: 10 * time.Second,
+		KeepaliveTime: liveness.DefaultTime, KeepaliveTimeout: liveness.DefaultTimeout, WatchProbeInterval: 2 * time.Second}
+}
+
+// Validate says what is wrong with the configuration, naming each field.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Addr == "" {
+		errs = append(errs, errors.New("an Addr to listen on is required"))
+	}
+	if len(c.Controllers) == 0 {
+		errs = append(errs, errors.New("at least one controller address is required"))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("-tls-cert and -tls-key must be given together"))
+	}
+	if c.Model == "" {
+		errs = append(errs, errors.New("a Model name is required"))
+	}
+	if c.MaxContext < 1 {
+		errs = append(errs, fmt.Errorf("MaxContext (%d) must be at least 1 token", c.MaxContext))
+	}
+	if c.MaxBodyBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxBodyBytes (%d) must be at least 1", c.MaxBodyBytes))
+	}
+	if c.MaxConcurrent < 1 {
+		errs = append(errs, fmt.Errorf("MaxConcurrent (%d) must be at least 1: with no slot every request is answered 429", c.MaxConcurrent))
+	}
+	if c.ResumeTimeout <= 0 || c.DispatchTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("ResumeTimeout (%s) and DispatchTimeout (%s) must be positive", c.ResumeTimeout, c.DispatchTimeout))
+	}
+	if c.KeepaliveTime < liveness.MinTime {
+		errs = append(errs, fmt.Errorf("KeepaliveTime (%s) cannot be below %s, gRPC's floor for client pings", c.KeepaliveTime, liveness.MinTime))
+	}
+	if c.KeepaliveTimeout <= 0 || c.WatchProbeInterval <= 0 {
+		errs = append(errs, fmt.Errorf("KeepaliveTimeout (%s) and WatchProbeInterval (%s) must be positive", c.KeepaliveTimeout, c.WatchProbeInterval))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("gateway: invalid config: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // Gateway serves the OpenAI API.
@@ -70,37 +132,42 @@ type Gateway struct {
 	cfg     Config
 	log     hclog.Logger
 	ctl     *ctlclient.Client
-	journal *journal
 	metrics *metrics
-	tok     engine.Tokenizer
+	tok     tokenizer.Tokenizer
 	admit   chan struct{}
 	done    chan string // ids to Complete
 
+	// watchConns are the connections the move watcher follows events on,
+	// one per controller, with keepalive; watched is the index of the last
+	// event it handled (tests wait on it).
+	watchConns []*grpc.ClientConn
+	watched    atomic.Uint64
+
 	workers *workerdir.Directory
 
-	mu         sync.Mutex // guards maxContext, readyAt, ready
+	mu         sync.Mutex // guards maxContext, readyAt, ready, reporting, flights, closing
 	maxContext int
 	readyAt    time.Time
 	ready      error
 	reporting  map[string]bool // workers being reported unreachable
-	// streams holds the cancel of each request's live worker stream, by
-	// dispatch id: a placement moved by the controller cuts it.
-	streams map[string]context.CancelFunc
+	// flights holds each in-flight request's worker stream, by dispatch
+	// id, as the move watcher sees it (see moves.go).
+	flights map[string]*flight
+	closing bool // set by Close: goFunc starts nothing more
 
-	srv  *http.Server
-	lis  net.Listener
-	stop chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	srv    *http.Server
+	lis    net.Listener
+	ctx    context.Context // the gateway's life: cancelled by Close
+	cancel context.CancelFunc
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
 }
 
-// New starts a gateway.
+// New validates cfg and starts a gateway.
 func New(cfg Config) (*Gateway, error) {
-	if len(cfg.Controllers) == 0 {
-		return nil, errors.New("gateway: at least one controller address is required")
-	}
-	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
-		return nil, errors.New("gateway: -tls-cert and -tls-key must be given together")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "gateway"})
@@ -109,20 +176,32 @@ func New(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, journal: newJournal(), metrics: newMetrics(),
+	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, metrics: newMetrics(),
 		admit: make(chan struct{}, cfg.MaxConcurrent), done: make(chan string, 4096),
-		workers: workerdir.New(ctl), maxContext: cfg.MaxContext, stop: make(chan struct{}),
-		streams: map[string]context.CancelFunc{}}
+		workers: workerdir.New(ctl, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
+		maxContext: cfg.MaxContext, stop: make(chan struct{}),
+		flights: map[string]*flight{}}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	for _, addr := range ctl.Addrs() {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout))
+		if err != nil {
+			g.cancel()
+			g.closeConns()
+			return nil, fmt.Errorf("gateway: controller %s: %w", addr, err)
+		}
+		g.watchConns = append(g.watchConns, cc)
+	}
 	g.lis, err = net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		ctl.Close()
+		g.cancel()
+		g.closeConns()
 		return nil, fmt.Errorf("gateway: listen on %s: %w", cfg.Addr, err)
 	}
 	g.srv = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	g.wg.Add(3)
-	go func() { defer g.wg.Done(); g.watchMoves() }()
-	go func() {
-		defer g.wg.Done()
+	g.goFunc(g.watchMoves)
+	g.goFunc(func() {
 		var err error
 		if cfg.TLSCert != "" {
 			err = g.srv.ServeTLS(g.lis, cfg.TLSCert, cfg.TLSKey)
@@ -132,25 +211,54 @@ func New(cfg Config) (*Gateway, error) {
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			g.log.Error("HTTP server stopped", "error", err)
 		}
-	}()
-	go func() { defer g.wg.Done(); g.completer() }()
+	})
+	g.goFunc(g.completer)
 	return g, nil
+}
+
+// goFunc runs f on the gateway's WaitGroup, unless Close has begun (then it
+// returns false and f never runs). f must return once g.stop is closed.
+func (g *Gateway) goFunc(f func()) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		f()
+	}()
+	return true
 }
 
 // Addr is the address the gateway listens on.
 func (g *Gateway) Addr() string { return g.lis.Addr().String() }
 
-// Close stops serving (in-flight streams end) and flushes Completes.
+// Close stops serving (in-flight streams end), flushes Completes and waits
+// for every goroutine the gateway started. It is idempotent.
 func (g *Gateway) Close() {
 	g.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = g.srv.Shutdown(ctx)
 		cancel()
+		g.mu.Lock()
+		g.closing = true
+		g.mu.Unlock()
 		close(g.stop)
+		g.cancel()
 		g.wg.Wait()
-		g.workers.Close()
-		g.ctl.Close()
+		g.closeConns()
 	})
+}
+
+// closeConns closes every connection the gateway opened.
+func (g *Gateway) closeConns() {
+	g.workers.Close()
+	for _, cc := range g.watchConns {
+		cc.Close()
+	}
+	g.ctl.Close()
 }
 
 // Handler is the HTTP API.
@@ -316,53 +424,6 @@ func (g *Gateway) completer() {
 					return
 				}
 			}
-		}
-	}
-}
-
-// watchMoves follows the controller's events and cuts the worker stream of
-// any in-flight request whose placement moved: a worker that hangs (and
-// breaks no stream) is caught by Serf, and its requests resume where the
-// recovery plan put them.
-func (g *Gateway) watchMoves() {
-	var from uint64
-	for {
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			select {
-			case <-g.stop:
-			case <-ctx.Done():
-			}
-			cancel()
-		}()
-		if from == 0 {
-			if st, err := g.ctl.ClusterStatus(ctx); err == nil {
-				from = st.AppliedIndex
-			}
-		}
-		stream, err := g.ctl.WatchEvents(ctx, from)
-		for err == nil {
-			var ev *pb.Event
-			if ev, err = stream.Recv(); err != nil {
-				break
-			}
-			from = ev.Index
-			if mv := ev.GetPlacementMoved(); mv != nil {
-				g.mu.Lock()
-				if c, ok := g.streams[mv.Placement.RequestId]; ok {
-					c()
-				}
-				g.mu.Unlock()
-			}
-		}
-		cancel()
-		if status.Code(err) == codes.OutOfRange {
-			from = 0 // too far behind: start from now
-		}
-		select {
-		case <-g.stop:
-			return
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

@@ -163,3 +163,40 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestConfigValidate(t *testing.T) {
+	cases := []struct {
+		name  string
+		tweak func(*Config)
+		want  string
+	}{
+		{"zero concurrency", func(c *Config) { c.MaxConcurrent = 0 }, "MaxConcurrent (0) must be at least 1"},
+		{"no controllers", func(c *Config) { c.Controllers = nil }, "at least one controller address is required"},
+		{"half TLS", func(c *Config) { c.TLSCert = "cert.pem" }, "-tls-cert and -tls-key must be given together"},
+		{"zero context", func(c *Config) { c.MaxContext = 0 }, "MaxContext (0) must be at least 1 token"},
+		{"zero body", func(c *Config) { c.MaxBodyBytes = 0 }, "MaxBodyBytes (0) must be at least 1"},
+		{"no resume timeout", func(c *Config) { c.ResumeTimeout = 0 }, "ResumeTimeout (0s) and DispatchTimeout (10s) must be positive"},
+		{"keepalive too often", func(c *Config) { c.KeepaliveTime = time.Second }, "KeepaliveTime (1s) cannot be below 10s"},
+		{"no probe interval", func(c *Config) { c.WatchProbeInterval = 0 }, "WatchProbeInterval (0s) must be positive"},
+		{"no model", func(c *Config) { c.Model = "" }, "a Model name is required"},
+	}
+	for _, c := range cases {
+		cfg := DefaultConfig()
+		cfg.Addr, cfg.Controllers, cfg.Logger = "127.0.0.1:0", []string{"127.0.0.1:1"}, hclog.NewNullLogger()
+		c.tweak(&cfg)
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "gateway: invalid config: ") {
+			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
+			continue
+		}
+		if g, err := New(cfg); err == nil {
+			g.Close()
+			t.Errorf("%s: New accepted the config", c.name)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Controllers = []string{"127.0.0.1:1"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the defaults with a controller: %v", err)
+	}
+}

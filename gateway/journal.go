@@ -3,14 +3,14 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"sync"
 )
 
 // errGap: a worker sent a token past the next expected index.
 var errGap = errors.New("gateway: token index gap")
 
-// entry is one in-flight request in the journal: its prompt and every output
-// token so far, in index order. It is what a resume sends.
+// entry is one in-flight request's journal: its prompt and every output
+// token so far, in index order. It is what a resume sends. The request's
+// handler owns it; nothing else reads it.
 type entry struct {
 	id       string
 	attempt  int // re-dispatches before the first token
@@ -44,24 +44,4 @@ func (e *entry) dispatchID() string {
 		return e.id
 	}
 	return fmt.Sprintf("%s~%d", e.id, e.attempt)
-}
-
-// journal is every in-flight request.
-type journal struct {
-	mu      sync.Mutex // guards entries
-	entries map[string]*entry
-}
-
-func newJournal() *journal { return &journal{entries: map[string]*entry{}} }
-
-func (j *journal) open(e *entry) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.entries[e.id] = e
-}
-
-func (j *journal) close(id string) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	delete(j.entries, id)
 }

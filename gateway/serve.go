@@ -8,13 +8,14 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
-	"github.com/lumen-project/lumen/worker/engine"
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // Default max_tokens when a request names none.
@@ -98,22 +99,22 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	// Tokenize and check against the model's vocabulary and context.
 	var prompt []int32
-	stopTokens := []int32{engine.TokEOS}
+	stopTokens := []int32{tokenizer.TokEOS}
 	switch {
 	case chat:
-		msgs := make([]engine.Message, len(req.Messages))
+		msgs := make([]tokenizer.Message, len(req.Messages))
 		for i, m := range req.Messages {
-			msgs[i] = engine.Message{Role: m.Role, Content: string(m.Content)}
+			msgs[i] = tokenizer.Message{Role: m.Role, Content: string(m.Content)}
 		}
 		prompt = g.tok.ApplyChatTemplate(msgs)
-		stopTokens = append(stopTokens, engine.TokImEnd)
+		stopTokens = append(stopTokens, tokenizer.TokImEnd)
 	case req.Prompt.text != nil:
 		prompt = g.tok.Encode(*req.Prompt.text)
 	default:
 		prompt = req.Prompt.tokens
 		for i, id := range prompt {
-			if id >= engine.VocabSize {
-				writeError(w, badRequest("prompt", "prompt[%d] = %d is not a token id: the vocabulary is [0, %d)", i, id, engine.VocabSize))
+			if id >= tokenizer.VocabSize {
+				writeError(w, badRequest("prompt", "prompt[%d] = %d is not a token id: the vocabulary is [0, %d)", i, id, tokenizer.VocabSize))
 				return
 			}
 		}
@@ -134,12 +135,13 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	select {
 	case g.admit <- struct{}{}:
-		defer func() { <-g.admit }()
 	default:
 		writeError(w, &apiError{Status: 429, Type: "rate_limit_error", Code: "too_many_requests",
 			Message: fmt.Sprintf("the gateway has %d requests in flight, its limit; retry later", g.cfg.MaxConcurrent)})
 		return
 	}
+	release := sync.OnceFunc(func() { <-g.admit })
+	defer release()
 	g.metrics.inflight.Inc()
 	defer g.metrics.inflight.Dec()
 
@@ -154,10 +156,12 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, aerr)
 		return
 	}
-	g.journal.open(e)
 	defer func() {
-		g.journal.close(e.id)
-		g.done <- e.dispatchID()
+		// The slot goes back before the flusher is waited on: a flusher
+		// that falls behind holds up the handlers that finished, never
+		// the admission of new requests.
+		release()
+		g.completeLater(e.dispatchID())
 	}()
 	out := newResponder(w, chat, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, e.id, g.cfg.Model)
 	text := &textStream{stop: p.stop}
@@ -201,103 +205,177 @@ func (g *Gateway) dispatch(ctx context.Context, e *entry) (*pb.Placement, *apiEr
 	return resp.Placement, nil
 }
 
-// errNotResumable wraps worker errors that a resume would not fix.
-var errNotResumable = errors.New("gateway: request refused by the worker")
+// Errors a request can end with.
+var (
+	// errNotResumable wraps worker errors that a resume would not fix.
+	errNotResumable = errors.New("gateway: request refused by the worker")
+	// errResumeTimeout: the request's stream broke and it could not be
+	// resumed within Config.ResumeTimeout.
+	errResumeTimeout = errors.New("gateway: resume timed out")
+)
+
+// completeLater hands a finished request to the completion flusher. The
+// caller must hold no admission slot. Once Close has begun the flusher has
+// drained its queue for the last time and the id is not sent.
+func (g *Gateway) completeLater(id string) {
+	select {
+	case g.done <- id:
+	case <-g.stop:
+	}
+}
 
 // generate streams the request from its worker until it finishes, calling
 // onToken for each new token in index order (true stops generation). When
 // the worker stream breaks it resumes where the controller says the request
-// continues, with the whole token history.
+// continues, with the whole token history: at the placement a move event
+// announced, or where GetPlacement says. A resume has one deadline,
+// ResumeTimeout from the break, for every attempt it takes; only a new
+// token ends it.
 func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
+	id := e.dispatchID()
+	g.follow(id)
+	defer func() { g.unfollow(id) }()
+	var resumeBy time.Time // zero while the request makes progress
+	var broke error        // what broke the stream last
 	for {
-		finish, err := g.stream(ctx, e, pl, stopTokens, onToken)
+		finish, used, progressed, err := g.stream(ctx, e, pl, resumeBy, stopTokens, onToken)
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
 			return finish, err
 		}
-		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "tokens", len(e.out), "error", err)
+		pl = used
+		if !errors.Is(err, errResumeTimeout) {
+			broke = err
+		}
+		now := time.Now()
+		if progressed || resumeBy.IsZero() {
+			resumeBy = now.Add(g.cfg.ResumeTimeout)
+		}
+		if errors.Is(err, errResumeTimeout) || !now.Before(resumeBy) {
+			return "", fmt.Errorf("%w: request %s was not resumed within %s (%d tokens streamed); last error: %v",
+				errResumeTimeout, e.id, g.cfg.ResumeTimeout, len(e.out), broke)
+		}
+		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "epoch", pl.Epoch, "tokens", len(e.out), "error", err)
+		var mv *movedError
+		if errors.As(err, &mv) {
+			g.metrics.resumes.WithLabelValues("moved").Inc()
+			pl = mv.to
+			continue
+		}
 		if status.Code(err) == codes.Unavailable {
 			g.reportUnreachable(pl.WorkerId, err)
 		}
-		if pl, err = g.resumeTarget(ctx, e, pl); err != nil {
+		next, err := g.resumeTarget(ctx, e, pl, resumeBy)
+		if err != nil {
 			return "", err
+		}
+		pl = next
+		if nid := e.dispatchID(); nid != id { // placed afresh under a new attempt id
+			g.unfollow(id)
+			id = nid
+			g.follow(id)
 		}
 	}
 }
 
-// stream runs one Generate call.
-func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
-	cc, err := g.workerConn(ctx, pl.WorkerId)
-	if err != nil {
-		return "", err
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// stream runs one Generate call, at pl or at a newer placement an event
+// announced (used says which). A non-zero resumeBy is the resume's
+// deadline: the call is cut there unless a new token arrived first
+// (progressed).
+func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resumeBy time.Time, stopTokens []int32,
+	onToken func(int32) bool) (finish string, used *pb.Placement, progressed bool, err error) {
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	id := e.dispatchID()
-	g.mu.Lock()
-	g.streams[id] = cancel
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		delete(g.streams, id)
-		g.mu.Unlock()
-	}()
+	pl = g.beginStream(id, pl, cancel)
+	defer g.endStream(id)
+	used = pl
+	if !resumeBy.IsZero() {
+		deadline := time.AfterFunc(time.Until(resumeBy), func() { cancel(errResumeTimeout) })
+		defer deadline.Stop()
+		deliver := onToken
+		onToken = func(tok int32) bool {
+			deadline.Stop() // progress: the resume is over
+			return deliver(tok)
+		}
+	}
+	// cut turns an error seen after sctx was cancelled into its cause: a
+	// move, or the resume deadline.
+	cut := func(err error) error {
+		if sctx.Err() != nil && ctx.Err() == nil {
+			return context.Cause(sctx)
+		}
+		return err
+	}
+	cc, err := g.workerConn(sctx, pl.WorkerId)
+	if err != nil {
+		return "", used, false, cut(err)
+	}
 	st, err := pb.NewInferenceClient(cc).Generate(sctx, &pb.GenerateRequest{
-		RequestId: e.dispatchID(), Prompt: e.prompt, Generated: e.out, MaxTokens: uint32(e.maxToken),
+		RequestId: id, Prompt: e.prompt, Generated: e.out, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
 		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId,
 	})
 	if err != nil {
-		return "", err
+		return "", used, false, cut(err)
 	}
 	for {
 		r, err := st.Recv()
 		if err == io.EOF {
-			return "", errors.New("gateway: worker stream ended without a last token")
+			return "", used, progressed, errors.New("gateway: worker stream ended without a last token")
 		}
 		if err != nil {
 			switch status.Code(err) {
 			case codes.InvalidArgument, codes.ResourceExhausted, codes.AlreadyExists:
-				return "", fmt.Errorf("%w: %s", errNotResumable, status.Convert(err).Message())
+				return "", used, progressed, fmt.Errorf("%w: %s", errNotResumable, status.Convert(err).Message())
 			}
-			if sctx.Err() != nil && ctx.Err() == nil {
-				return "", errors.New("gateway: the controller moved the request")
-			}
-			return "", err
+			return "", used, progressed, cut(err)
 		}
 		fresh, err := e.accept(r.Index, r.Token)
 		if err != nil {
-			return "", err // a gap or a conflict: resume from the journal
+			return "", used, progressed, err // a gap or a conflict: resume from the journal
 		}
-		if fresh && onToken(r.Token) {
-			return "stop", nil
+		if fresh {
+			progressed = true
+			if onToken(r.Token) {
+				return "stop", used, true, nil
+			}
 		}
 		if r.Done {
 			if r.FinishReason == pb.FinishReason_FINISH_REASON_LENGTH {
-				return "length", nil
+				return "length", used, progressed, nil
 			}
-			return "stop", nil
+			return "stop", used, progressed, nil
 		}
 	}
 }
 
 // resumeTarget finds where a request whose stream broke continues: the
-// placement's worker once the controller moves it (recovery), the same
-// worker again when it does not move (a transient break), or a new
-// placement for a request that broke before its first token.
-func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement) (*pb.Placement, error) {
+// placement's worker once the controller moves it (recovery: a newer
+// epoch), the same worker again when it does not move (a transient break),
+// or a new placement for a request that broke before its first token. It
+// gives up at resumeBy.
+func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement, resumeBy time.Time) (*pb.Placement, error) {
 	start := time.Now()
 	wait := 20 * time.Millisecond
-	for time.Since(start) < g.cfg.ResumeTimeout {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	var lastErr error
+	for time.Now().Before(resumeBy) {
+		attemptBy := time.Now().Add(5 * time.Second)
+		if resumeBy.Before(attemptBy) {
+			attemptBy = resumeBy
+		}
+		rctx, cancel := context.WithDeadline(ctx, attemptBy)
 		resp, err := g.ctl.GetPlacement(rctx, &pb.GetPlacementRequest{RequestId: e.dispatchID()})
 		cancel()
+		if err != nil {
+			lastErr = err
+		}
 		switch {
-		case err == nil && (resp.Placement.WorkerId != pl.WorkerId || resp.Placement.Epoch != pl.Epoch):
+		case err == nil && resp.Placement.Epoch > pl.Epoch:
 			g.metrics.resumes.WithLabelValues("moved").Inc()
 			return resp.Placement, nil
 		case len(e.out) == 0 && (status.Code(err) == codes.NotFound || time.Since(start) > time.Second):
 			// Nothing was streamed yet: place it afresh.
-			g.done <- e.dispatchID()
+			g.completeLater(e.dispatchID())
 			e.attempt++
 			npl, aerr := g.dispatch(ctx, e)
 			if aerr != nil {
@@ -306,8 +384,10 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement) 
 			g.metrics.resumes.WithLabelValues("redispatch").Inc()
 			return npl, nil
 		case err == nil && time.Since(start) > 3*time.Second:
+			// Not moved (an older epoch is a lagging replica's view):
+			// the same placement again.
 			g.metrics.resumes.WithLabelValues("retry").Inc()
-			return resp.Placement, nil
+			return pl, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -316,7 +396,8 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement) 
 		}
 		wait = min(2*wait, 250*time.Millisecond)
 	}
-	return nil, fmt.Errorf("gateway: request %s could not be resumed within %s", e.id, g.cfg.ResumeTimeout)
+	return nil, fmt.Errorf("%w: request %s was not resumed within %s (%d tokens streamed); last error: %v",
+		errResumeTimeout, e.id, g.cfg.ResumeTimeout, len(e.out), lastErr)
 }
 
 // responder writes a completion as one JSON object or as server-sent events.
@@ -415,8 +496,11 @@ func (o *responder) fail(err error) {
 	var ae *apiError
 	if !errors.As(err, &ae) {
 		ae = &apiError{Status: 503, Type: "server_error", Message: err.Error()}
-		if errors.Is(err, errNotResumable) {
+		switch {
+		case errors.Is(err, errNotResumable):
 			ae.Status, ae.Type = 400, "invalid_request_error"
+		case errors.Is(err, errResumeTimeout):
+			ae.Code = "resume_timeout"
 		}
 	}
 	if o.stream && o.started {
@@ -439,13 +523,18 @@ func (g *Gateway) reportUnreachable(worker string, cause error) {
 	}
 	g.reporting[worker] = true
 	g.mu.Unlock()
-	go func() {
+	started := g.goFunc(func() {
 		defer func() { g.mu.Lock(); delete(g.reporting, worker); g.mu.Unlock() }()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 		defer cancel()
 		if _, err := g.ctl.ReportUnreachable(ctx, &pb.ReportUnreachableRequest{WorkerId: worker, Reporter: "gateway",
 			Detail: status.Convert(cause).Message()}); err != nil {
 			g.log.Debug("report unreachable failed", "worker", worker, "error", err)
 		}
-	}()
+	})
+	if !started { // closing
+		g.mu.Lock()
+		delete(g.reporting, worker)
+		g.mu.Unlock()
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -752,7 +753,7 @@ func (r *reference) text(prompt string, max int) string {
 	if err := r.loadLocked(); err != nil {
 		return "reference engine: " + err.Error()
 	}
-	var tk engine.Tokenizer
+	var tk tokenizer.Tokenizer
 	t := engine.GreedyText(r.eng, tk.Encode(prompt), max)
 	r.cache[key] = t
 	return t

@@ -25,6 +25,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/gossip"
+	"github.com/lumen-project/lumen/internal/liveness"
 	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -102,7 +103,7 @@ func New(cfg Config) (w *Worker, err error) {
 	w.cfg.GRPCAddr = w.lis.Addr().String()
 	w.sched = newScheduler(w)
 	w.goFunc(w.sched.run)
-	w.grpc = grpc.NewServer()
+	w.grpc = grpc.NewServer(liveness.ServerOptions()...)
 	pb.RegisterInferenceServer(w.grpc, &inferenceServer{w: w})
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpc, w.health)

@@ -23,6 +23,7 @@ import (
 	"fmt"
 
 	"github.com/lumen-project/lumen/internal/kvpage"
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // PageTokens is the number of tokens in one KV page: kvpage.Tokens, named
@@ -49,7 +50,7 @@ type ModelConfig struct {
 // DefaultTarget is the model `lumen model init` writes as the target: small
 // enough that one CPU core decodes over 1,000 tokens/s at batch 32.
 func DefaultTarget() ModelConfig {
-	return ModelConfig{Name: "lumen-tiny", Vocab: VocabSize, Hidden: 128, Layers: 4, Heads: 4, KVHeads: 2,
+	return ModelConfig{Name: "lumen-tiny", Vocab: tokenizer.VocabSize, Hidden: 128, Layers: 4, Heads: 4, KVHeads: 2,
 		HeadDim: 32, FFN: 384, MaxContext: 2048, RopeTheta: 10000, NormEps: 1e-5, TiedEmbeddings: false}
 }
 
@@ -79,8 +80,8 @@ func (c ModelConfig) Validate() error {
 	if c.RopeTheta <= 0 || c.NormEps <= 0 {
 		errs = append(errs, fmt.Errorf("rope_theta (%v) and norm_eps (%v) must be > 0", c.RopeTheta, c.NormEps))
 	}
-	if c.Vocab < NumSpecial+256 {
-		errs = append(errs, fmt.Errorf("vocab (%d) must hold 256 bytes and %d special tokens", c.Vocab, NumSpecial))
+	if c.Vocab < tokenizer.NumSpecial+256 {
+		errs = append(errs, fmt.Errorf("vocab (%d) must hold 256 bytes and %d special tokens", c.Vocab, tokenizer.NumSpecial))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("engine: model config %q: %w", c.Name, errors.Join(errs...))

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // modelDir holds the default model, written once by TestMain.
@@ -69,7 +71,7 @@ func reference(t testing.TB, e Engine, r request) []int32 {
 func randomRequest(rng *rand.Rand, sampled bool) request {
 	p := make([]int32, 1+rng.Intn(90))
 	for i := range p {
-		p[i] = int32(rng.Intn(VocabSize))
+		p[i] = int32(rng.Intn(tokenizer.VocabSize))
 	}
 	r := request{prompt: p, max: 1 + rng.Intn(40)}
 	if sampled {
@@ -214,7 +216,7 @@ func TestVerifyMatchesDecode(t *testing.T) {
 		// Position 1 is the last committed token (want[0] follows the
 		// prompt); then K = 4 correct drafts and one wrong one.
 		drafts := append([]int32{want[0]}, want[1:5]...)
-		drafts = append(drafts, (want[5]+1)%VocabSize)
+		drafts = append(drafts, (want[5]+1)%tokenizer.VocabSize)
 		out, err := e.Forward(ctx, []Chunk{{Seq: seq, Tokens: drafts, Sample: len(drafts)}})
 		if err != nil {
 			t.Fatal(err)
@@ -243,7 +245,7 @@ func TestForwardRejectsBadInput(t *testing.T) {
 		name  string
 		chunk Chunk
 	}{
-		{"unknown token", Chunk{Seq: 1, Tokens: []int32{VocabSize}, Sample: 1}},
+		{"unknown token", Chunk{Seq: 1, Tokens: []int32{tokenizer.VocabSize}, Sample: 1}},
 		{"negative token", Chunk{Seq: 1, Tokens: []int32{-1}, Sample: 1}},
 		{"bad temperature", Chunk{Seq: 1, Tokens: []int32{1}, Sample: 1, Params: Sampling{Temperature: 3}}},
 		{"bad top_p", Chunk{Seq: 1, Tokens: []int32{1}, Sample: 1, Params: Sampling{Temperature: 1, TopP: 1.5}}},

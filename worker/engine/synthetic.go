@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // SyntheticPageBytes is the size of an exported synthetic page: the page's
@@ -58,7 +60,7 @@ func NewSynthetic(cfg SyntheticConfig) (*Synthetic, error) {
 
 // Info implements Engine.
 func (s *Synthetic) Info() Info {
-	return Info{Backend: "synthetic", Model: s.cfg.Model, Vocab: VocabSize, MaxContext: s.cfg.MaxContext,
+	return Info{Backend: "synthetic", Model: s.cfg.Model, Vocab: tokenizer.VocabSize, MaxContext: s.cfg.MaxContext,
 		PageTokens: PageTokens, KVBytesPerToken: s.cfg.KVBytesPerToken, WeightBytes: s.cfg.WeightBytes, TotalPages: s.cfg.Pages}
 }
 
@@ -140,7 +142,7 @@ func (s *Synthetic) Forward(_ context.Context, batch []Chunk) ([][]int32, error)
 	if !s.loaded {
 		return nil, ErrNotLoaded
 	}
-	if err := checkBatch(batch, VocabSize, s.cfg.MaxContext, s.free, func(id SeqID) (int, int) {
+	if err := checkBatch(batch, tokenizer.VocabSize, s.cfg.MaxContext, s.free, func(id SeqID) (int, int) {
 		if q := s.seqs[id]; q != nil {
 			return len(q.tokens), q.pages
 		}

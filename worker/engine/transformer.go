@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // TransformerConfig configures a Transformer.
@@ -395,10 +397,10 @@ func (t *Transformer) logits(r int) []float32 {
 // other special tokens and the unused ids are never sampled.
 func maskUnproducible(logits []float32) {
 	inf := float32(math.Inf(-1))
-	for _, id := range []int32{TokBOS, TokPad, TokImStart} {
+	for _, id := range []int32{tokenizer.TokBOS, tokenizer.TokPad, tokenizer.TokImStart} {
 		logits[id] = inf
 	}
-	for i := firstUnused; i < len(logits); i++ {
+	for i := tokenizer.FirstUnused; i < len(logits); i++ {
 		logits[i] = inf
 	}
 }

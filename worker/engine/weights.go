@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/lumen-project/lumen/tokenizer"
 )
 
 // Weights are a model's parameters. Matrices are stored [in][out], row-major,
@@ -254,7 +256,7 @@ func DraftAgreement(dir string, prompts, tokens int) (float64, error) {
 		return 0, err
 	}
 	ctx := context.Background()
-	var tk Tokenizer
+	var tk tokenizer.Tokenizer
 	agree, total := 0, 0
 	for i := 0; i < prompts; i++ {
 		prompt := tk.Encode(fmt.Sprintf("prompt %d: the cluster keeps serving", i))

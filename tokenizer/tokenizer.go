@@ -1,22 +1,27 @@
-package engine
+// Package tokenizer is lumen's vocabulary and byte-level tokenizer: ids
+// 0..255 are bytes, a few special tokens follow, and the chat template
+// frames turns with them. The worker's engine computes over these ids and
+// the gateway turns requests into them and tokens back into text, so both
+// import this package, which imports nothing else of lumen.
+package tokenizer
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 )
 
 // The vocabulary: ids 0..255 are bytes; special tokens follow.
 const (
-	TokBOS      int32 = 256
-	TokEOS      int32 = 257
-	TokPad      int32 = 258
-	TokImStart  int32 = 259
-	TokImEnd    int32 = 260
-	NumSpecial        = 5
-	VocabSize         = 320 // 256 bytes + specials, rounded up; unused ids are valid but never produced by text
-	firstUnused       = 256 + NumSpecial
+	TokBOS     int32 = 256
+	TokEOS     int32 = 257
+	TokPad     int32 = 258
+	TokImStart int32 = 259
+	TokImEnd   int32 = 260
+	NumSpecial       = 5
+	VocabSize        = 320 // 256 bytes + specials, rounded up; unused ids are valid but never produced by text
+	// FirstUnused is the first id that is neither a byte nor a special
+	// token: the model never produces it.
+	FirstUnused = 256 + NumSpecial
 )
 
 var specialNames = map[int32]string{TokBOS: "<|bos|>", TokEOS: "<|eos|>", TokPad: "<|pad|>",
@@ -87,32 +92,4 @@ func (t Tokenizer) ApplyChatTemplate(msgs []Message) []int32 {
 	}
 	out = append(out, TokImStart)
 	return append(out, t.Encode("assistant\n")...)
-}
-
-// GreedyText decodes a prompt greedily on e, alone (sequence 1), for up to
-// max tokens or <|eos|>, and renders it as the gateway does: the failure-free
-// reference a served stream must equal.
-func GreedyText(e Engine, prompt []int32, max int) string {
-	ctx := context.Background()
-	defer e.Release(1)
-	var tk Tokenizer
-	out, err := e.Forward(ctx, []Chunk{{Seq: 1, Tokens: prompt, Sample: 1}})
-	var text []byte
-	for n := 1; err == nil; n++ {
-		tok := out[0][0]
-		if tok == TokEOS {
-			break
-		}
-		text = append(text, tk.DecodeToken(tok)...)
-		if n == max {
-			break
-		}
-		out, err = e.Forward(ctx, []Chunk{{Seq: 1, Tokens: []int32{tok}, Sample: 1, OutIndex: n}})
-	}
-	// Invalid UTF-8 turns into U+FFFD on the way through JSON, as it does
-	// in the gateway's responses.
-	enc, _ := json.Marshal(string(text))
-	var s string
-	_ = json.Unmarshal(enc, &s)
-	return s
 }

@@ -1,0 +1,201 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// errNoLeader: the watched controller replica knows no leader; it is cut
+// off from the quorum and its event stream would go silent.
+var errNoLeader = errors.New("gateway: the watched controller knows no leader")
+
+// flight is one in-flight request's worker stream as the move watcher sees
+// it. Moves are fenced by the placement epoch, which the controller bumps
+// on every move: an event cuts the stream only when it announces a newer
+// epoch than the stream's, so a late event from a lagging replica (or one
+// delivered twice across a reconnect) never cuts a stream that already runs
+// where the event says.
+type flight struct {
+	// epoch is the placement epoch of the running stream, or of the last
+	// one when none runs.
+	epoch uint64
+	// cancel cuts the running stream; nil between streams.
+	cancel context.CancelCauseFunc
+	// newer is the newest placement an event announced (epoch > epoch),
+	// for the next stream to start from; nil when none did.
+	newer *pb.Placement
+}
+
+// movedError ends a worker stream that an event moved: the request
+// continues at to, without asking the controller again.
+type movedError struct{ to *pb.Placement }
+
+func (e *movedError) Error() string {
+	return fmt.Sprintf("gateway: the controller moved the request to %s (epoch %d)", e.to.WorkerId, e.to.Epoch)
+}
+
+// follow starts tracking request id (a dispatch id) for move events.
+func (g *Gateway) follow(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.flights[id] = &flight{}
+}
+
+// unfollow stops tracking request id.
+func (g *Gateway) unfollow(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.flights, id)
+}
+
+// beginStream registers the stream about to run for request id with cancel
+// and returns the placement it must use: pl, or a newer one an event
+// announced meanwhile.
+func (g *Gateway) beginStream(id string, pl *pb.Placement, cancel context.CancelCauseFunc) *pb.Placement {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f := g.flights[id]
+	if f == nil {
+		return pl
+	}
+	if f.newer != nil && f.newer.Epoch > pl.Epoch {
+		pl = f.newer
+	}
+	f.newer, f.epoch, f.cancel = nil, pl.Epoch, cancel
+	return pl
+}
+
+// endStream unregisters request id's stream.
+func (g *Gateway) endStream(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if f := g.flights[id]; f != nil {
+		f.cancel = nil
+	}
+}
+
+// placementMoved handles a PlacementMoved event: a request in flight whose
+// stream runs at an older epoch is cut, and continues at pl.
+func (g *Gateway) placementMoved(pl *pb.Placement) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f := g.flights[pl.RequestId]
+	if f == nil || pl.Epoch <= f.epoch || (f.newer != nil && pl.Epoch <= f.newer.Epoch) {
+		return // not ours, or stale: the stream already runs at this epoch or later
+	}
+	f.newer = pl
+	if f.cancel != nil {
+		f.cancel(&movedError{to: pl})
+	}
+}
+
+// watchMoves follows the controller's events and cuts the worker stream of
+// any in-flight request whose placement moved: a worker that hangs (and
+// breaks no stream) is caught by Serf, and its requests resume where the
+// recovery plan put them. It follows one replica at a time and moves on to
+// the next when the stream breaks, when the replica stops answering (the
+// connection's keepalive, or the probe timing out) or when it has lost its
+// leader.
+func (g *Gateway) watchMoves() {
+	var from uint64
+	for i := 0; ; i++ {
+		cc := g.watchConns[i%len(g.watchConns)]
+		err := g.watchOn(cc, &from)
+		if g.ctx.Err() != nil {
+			return
+		}
+		if status.Code(err) == codes.OutOfRange {
+			from = 0 // too far behind: start from now
+		}
+		g.log.Debug("event stream ended; moving to the next controller", "controller", cc.Target(), "error", err)
+		if (i+1)%len(g.watchConns) != 0 {
+			continue // try the next replica at once
+		}
+		select {
+		case <-g.stop:
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// watchOn follows the event stream of one replica from *from, advancing
+// it, until the stream breaks or the replica fails its probe.
+func (g *Gateway) watchOn(cc *grpc.ClientConn, from *uint64) error {
+	ctx, cancel := context.WithCancelCause(g.ctx)
+	defer cancel(nil)
+	op := pb.NewOperatorClient(cc)
+	if err := g.probe(ctx, op, from); err != nil {
+		return err
+	}
+	stream, err := pb.NewControllerClient(cc).WatchEvents(ctx, &pb.WatchEventsRequest{FromIndex: *from})
+	if err != nil {
+		return err
+	}
+	probed := make(chan struct{})
+	go func() { // owned here: it ends with ctx, and watchOn waits for it
+		defer close(probed)
+		t := time.NewTicker(g.cfg.WatchProbeInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := g.probe(ctx, op, nil); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		}
+	}()
+	defer func() { cancel(nil); <-probed }()
+	var last uint64
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			if cause := context.Cause(ctx); ctx.Err() != nil && cause != nil && g.ctx.Err() == nil {
+				err = cause
+			}
+			return err
+		}
+		if ev.Index > last && last > 0 {
+			// Every event of index last has arrived: a reconnect starts
+			// after it. Events of the index in progress are asked for
+			// again; the epoch fence makes a repeat harmless.
+			*from = last
+		}
+		last = ev.Index
+		if mv := ev.GetPlacementMoved(); mv != nil && mv.Placement != nil {
+			g.placementMoved(mv.Placement)
+		}
+		g.watched.Store(ev.Index)
+	}
+}
+
+// probe asks the replica for its status within WatchProbeInterval; a
+// replica that does not answer or knows no leader fails. When from points
+// at 0 it is set to the replica's applied index (the watch starts now).
+func (g *Gateway) probe(ctx context.Context, op pb.OperatorClient, from *uint64) error {
+	pctx, cancel := context.WithTimeout(ctx, g.cfg.WatchProbeInterval)
+	defer cancel()
+	st, err := op.ClusterStatus(pctx, &pb.ClusterStatusRequest{})
+	if err != nil {
+		return err
+	}
+	if st.LeaderId == "" {
+		return fmt.Errorf("%w (replica %s)", errNoLeader, st.NodeId)
+	}
+	if from != nil && *from == 0 {
+		*from = st.AppliedIndex
+	}
+	return nil
+}
