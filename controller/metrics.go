@@ -17,6 +17,7 @@ type metrics struct {
 	commitTime prometheus.Histogram
 	readRound  prometheus.Histogram
 	forwarded  *prometheus.CounterVec
+	panics     prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -38,8 +39,10 @@ func newMetrics() *metrics {
 			Help: "Linearizable reads served by one VerifyLeader round.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_forwarded_total",
 			Help: "Calls forwarded to the leader, by method."}, []string{"method"}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_handler_panics_total",
+			Help: "gRPC handler panics turned into Internal errors by the recovery interceptor (each one is a bug)."}),
 	}
-	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded,
+	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded, m.panics,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -238,7 +238,7 @@ func (n *Node) setupSerf() error {
 
 func (n *Node) setupGRPC(serverTLS *tls.Config) error {
 	lis := n.grpcLis
-	var opts []grpc.ServerOption
+	opts := recoveryOptions(n.log, n.metrics.panics.Inc)
 	if serverTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
 	}

@@ -32,7 +32,7 @@ func (s *server) AddVoter(ctx context.Context, req *pb.AddVoterRequest) (*pb.Add
 	if req.Id == "" || req.RaftAddr == "" {
 		return nil, status.Error(codes.InvalidArgument, "id and raft_addr are required")
 	}
-	return leaderOp(ctx, s.n, "AddVoter", func(ctx context.Context) (*pb.AddVoterResponse, error) {
+	return leaderOp(ctx, s.n, "AddVoter", func(ctx context.Context, _ *leaderState) (*pb.AddVoterResponse, error) {
 		f := s.n.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddr), 0, timeLeft(ctx))
 		if err := f.Error(); err != nil {
 			return nil, err
@@ -47,7 +47,7 @@ func (s *server) RemovePeer(ctx context.Context, req *pb.RemovePeerRequest) (*pb
 	if req.Id == "" {
 		return nil, status.Error(codes.InvalidArgument, "id is required")
 	}
-	return leaderOp(ctx, s.n, "RemovePeer", func(ctx context.Context) (*pb.RemovePeerResponse, error) {
+	return leaderOp(ctx, s.n, "RemovePeer", func(ctx context.Context, _ *leaderState) (*pb.RemovePeerResponse, error) {
 		f := s.n.raft.GetConfiguration()
 		if err := f.Error(); err != nil {
 			return nil, err
@@ -70,7 +70,7 @@ func (s *server) RemovePeer(ctx context.Context, req *pb.RemovePeerRequest) (*pb
 }
 
 func (s *server) TransferLeadership(ctx context.Context, req *pb.TransferLeadershipRequest) (*pb.TransferLeadershipResponse, error) {
-	return leaderOp(ctx, s.n, "TransferLeadership", func(ctx context.Context) (*pb.TransferLeadershipResponse, error) {
+	return leaderOp(ctx, s.n, "TransferLeadership", func(ctx context.Context, _ *leaderState) (*pb.TransferLeadershipResponse, error) {
 		var f raft.Future
 		if req.Id == "" {
 			f = s.n.raft.LeadershipTransfer()

@@ -28,9 +28,9 @@ const forwardedKey = "x-lumen-forwarded"
 // and turns the FSM's result into the response.
 func write[T any](ctx context.Context, n *Node, method string, cmd *pb.Command, resp func(proposalResult) T,
 	remote func(context.Context, *grpc.ClientConn) (T, error)) (T, error) {
-	return leaderOp(ctx, n, method, func(ctx context.Context) (T, error) {
+	return leaderOp(ctx, n, method, func(ctx context.Context, ls *leaderState) (T, error) {
 		var zero T
-		r, err := n.leaderStateOrNil().proposer.propose(ctx, cmd)
+		r, err := ls.proposer.propose(ctx, cmd)
 		if err != nil {
 			return zero, err
 		}
@@ -52,8 +52,8 @@ func read[T any](ctx context.Context, n *Node, method string, c pb.Consistency, 
 		var zero T
 		return zero, status.Errorf(codes.InvalidArgument, "consistency %d unknown: use linearizable or stale", c)
 	}
-	return leaderOp(ctx, n, method, func(ctx context.Context) (T, error) {
-		if err := n.leaderStateOrNil().reads.read(ctx); err != nil {
+	return leaderOp(ctx, n, method, func(ctx context.Context, ls *leaderState) (T, error) {
+		if err := ls.reads.read(ctx); err != nil {
 			var zero T
 			return zero, err
 		}
@@ -70,7 +70,12 @@ func (n *Node) leaderStateOrNil() *leaderState {
 // leaderOp runs local on this replica while it is the ready leader, or calls
 // remote on the leader. It retries across leader changes until the call's
 // budget runs out, then fails Unavailable: never a hang past the deadline.
-func leaderOp[T any](ctx context.Context, n *Node, method string, local func(context.Context) (T, error),
+//
+// local gets the leader state leaderOp checked, and must use that one: a
+// second lookup may find none, leadership having gone meanwhile. A stale
+// state is harmless: its proposer and read batcher answer errNotLeader once
+// its stop channel is closed, and leaderOp retries on the new leader.
+func leaderOp[T any](ctx context.Context, n *Node, method string, local func(context.Context, *leaderState) (T, error),
 	remote func(context.Context, *grpc.ClientConn) (T, error)) (T, error) {
 	var zero T
 	ctx, cancel := n.budget(ctx)
@@ -85,7 +90,7 @@ func leaderOp[T any](ctx context.Context, n *Node, method string, local func(con
 		if ls := n.leaderStateOrNil(); ls != nil {
 			select {
 			case <-ls.ready:
-				v, err := local(ctx)
+				v, err := local(ctx, ls)
 				if err == nil || !retryable(err) {
 					return v, toStatus(err)
 				}

@@ -184,14 +184,11 @@ func (s *server) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseReque
 	})
 }
 
-// probeTimeout bounds the leader's probe of a worker reported unreachable.
-const probeTimeout = 300 * time.Millisecond
-
 func (s *server) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachableRequest) (*pb.ReportUnreachableResponse, error) {
 	if err := validateWorkerID(req.WorkerId); err != nil {
 		return nil, err
 	}
-	return leaderOp(ctx, s.n, "ReportUnreachable", func(ctx context.Context) (*pb.ReportUnreachableResponse, error) {
+	return leaderOp(ctx, s.n, "ReportUnreachable", func(ctx context.Context, ls *leaderState) (*pb.ReportUnreachableResponse, error) {
 		w := s.n.fsm.Worker(req.WorkerId)
 		if w == nil {
 			return nil, status.Errorf(codes.NotFound, "no worker %q", req.WorkerId)
@@ -199,12 +196,12 @@ func (s *server) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachabl
 		if w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
 			return &pb.ReportUnreachableResponse{MarkedFailed: true}, nil
 		}
-		probeErr := probeWorker(ctx, w.GrpcAddr)
+		probeErr := probeWorker(ctx, w.GrpcAddr, s.n.cfg.ProbeTimeout)
 		if probeErr == nil {
 			return &pb.ReportUnreachableResponse{}, nil
 		}
 		s.n.log.Info("worker failed its probe", "worker", w.Id, "reporter", req.Reporter, "error", probeErr)
-		r, err := s.n.leaderStateOrNil().proposer.propose(ctx, &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{
+		r, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{
 			WorkerId: w.Id, Incarnation: w.Incarnation, Reason: "probe failed after report by " + req.Reporter + ": " + probeErr.Error()}}})
 		if err != nil {
 			return nil, err
@@ -219,9 +216,9 @@ func (s *server) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachabl
 }
 
 // probeWorker checks that a worker accepts a connection and answers its
-// gRPC health check within probeTimeout.
-func probeWorker(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+// gRPC health check within timeout.
+func probeWorker(ctx context.Context, addr string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
