@@ -54,6 +54,10 @@ type Result struct {
 // FSM implements raft.BatchingFSM.
 type FSM struct {
 	// mu guards st. Apply takes it for writing; queries for reading.
+	// applied and events are changed only under mu held for writing, so a
+	// reader holding mu sees the state, the applied index and the events of
+	// the same log index (they have locks of their own for readers that
+	// do not take mu: Applied, WaitApplied, Events).
 	mu sync.RWMutex
 	st *state
 
@@ -100,11 +104,15 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		out[i] = res
 	}
-	f.mu.Unlock()
+	// The applied index and the events are published before the lock is
+	// released: a reader that sees the new state sees its index (a state
+	// hash is never labelled with the index before it), and a watcher that
+	// sees an event finds the tables that produced it.
 	if len(logs) > 0 {
 		f.events.append(evs)
 		f.applied.set(logs[len(logs)-1].Index)
 	}
+	f.mu.Unlock()
 	return out
 }
 
@@ -132,8 +140,8 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.st = st
-	f.mu.Unlock()
 	f.events.reset(s.AppliedIndex)
 	f.applied.set(s.AppliedIndex)
 	return nil
