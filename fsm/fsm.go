@@ -30,6 +30,10 @@ var (
 	// ErrInvalid: the command is malformed (the controller validates first;
 	// this guards the log).
 	ErrInvalid = errors.New("fsm: invalid command")
+	// ErrSessionExpired: the session named expired (no renewal within its
+	// TTL), was destroyed or never existed; its placements are completed.
+	// The gateway creates a new session.
+	ErrSessionExpired = errors.New("fsm: session expired or unknown")
 )
 
 const (
@@ -48,7 +52,11 @@ type Result struct {
 	Complete *pb.CompleteResponse
 	Worker   *pb.Worker
 	Previous pb.Strategy
-	Err      error
+	// Session is the row a CreateSession or RenewSession left.
+	Session *pb.Session
+	// Destroyed answers DestroySession.
+	Destroyed *pb.DestroySessionResponse
+	Err       error
 }
 
 // FSM implements raft.BatchingFSM.
@@ -196,6 +204,10 @@ func sortSnapshot(s *pb.Snapshot) {
 	sort.Slice(s.Loads, func(i, j int) bool { return s.Loads[i].WorkerId < s.Loads[j].WorkerId })
 	sort.Slice(s.Placements, func(i, j int) bool { return s.Placements[i].RequestId < s.Placements[j].RequestId })
 	sort.Slice(s.Pending, func(i, j int) bool { return s.Pending[i].WorkerId < s.Pending[j].WorkerId })
+	sort.Slice(s.Sessions, func(i, j int) bool { return s.Sessions[i].Id < s.Sessions[j].Id })
+	sort.Slice(s.SessionPlacements, func(i, j int) bool {
+		return s.SessionPlacements[i].RequestId < s.SessionPlacements[j].RequestId
+	})
 }
 
 // appliedIndex is the applied log index with waiters.
