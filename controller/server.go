@@ -6,6 +6,8 @@ package controller
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -37,8 +39,13 @@ func (s *server) Dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.Dis
 	if req.MaxTokens == 0 || req.MaxTokens > MaxOutputTokens {
 		return nil, status.Errorf(codes.InvalidArgument, "max_tokens %d out of range: must be 1..%d", req.MaxTokens, MaxOutputTokens)
 	}
+	if req.SessionId != "" {
+		if err := validateSessionID(req.SessionId); err != nil {
+			return nil, err
+		}
+	}
 	cmd := &pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{
-		RequestId: req.RequestId, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens}}}
+		RequestId: req.RequestId, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, SessionId: req.SessionId}}}
 	return write(ctx, s.n, "Dispatch", cmd, func(r proposalResult) *pb.DispatchResponse { return r.res.Dispatch },
 		func(ctx context.Context, cc *grpc.ClientConn) (*pb.DispatchResponse, error) {
 			return pb.NewControllerClient(cc).Dispatch(ctx, req)
@@ -239,4 +246,50 @@ func probeWorker(ctx context.Context, addr string, timeout time.Duration) error 
 		return fmt.Errorf("health %s", resp.Status)
 	}
 	return nil
+}
+
+// CreateSession opens a session. The replica that proposes it draws the id
+// at random (Apply never draws one).
+func (s *server) CreateSession(ctx context.Context, req *pb.CreateSessionRequest) (*pb.CreateSessionResponse, error) {
+	if err := validatePrintable("owner", req.Owner, MaxOwnerBytes); err != nil {
+		return nil, err
+	}
+	ttl := time.Duration(req.TtlMs) * time.Millisecond
+	if ttl < MinSessionTTL || ttl > MaxSessionTTL {
+		return nil, status.Errorf(codes.InvalidArgument, "ttl_ms %d out of range: must be %d..%d", req.TtlMs, MinSessionTTL.Milliseconds(), MaxSessionTTL.Milliseconds())
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, status.Errorf(codes.Internal, "session id: %v", err)
+	}
+	cmd := &pb.Command{Body: &pb.Command_CreateSession{CreateSession: &pb.CreateSessionCmd{
+		Id: hex.EncodeToString(b[:]), Owner: req.Owner, TtlNanos: int64(ttl)}}}
+	return write(ctx, s.n, "CreateSession", cmd, func(r proposalResult) *pb.CreateSessionResponse {
+		return &pb.CreateSessionResponse{Session: r.res.Session, Index: r.index}
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.CreateSessionResponse, error) {
+		return pb.NewControllerClient(cc).CreateSession(ctx, req)
+	})
+}
+
+func (s *server) RenewSession(ctx context.Context, req *pb.RenewSessionRequest) (*pb.RenewSessionResponse, error) {
+	if err := validateSessionID(req.SessionId); err != nil {
+		return nil, err
+	}
+	cmd := &pb.Command{Body: &pb.Command_RenewSession{RenewSession: &pb.RenewSessionCmd{Id: req.SessionId}}}
+	return write(ctx, s.n, "RenewSession", cmd, func(r proposalResult) *pb.RenewSessionResponse {
+		return &pb.RenewSessionResponse{Session: r.res.Session, Index: r.index}
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.RenewSessionResponse, error) {
+		return pb.NewControllerClient(cc).RenewSession(ctx, req)
+	})
+}
+
+func (s *server) DestroySession(ctx context.Context, req *pb.DestroySessionRequest) (*pb.DestroySessionResponse, error) {
+	if err := validateSessionID(req.SessionId); err != nil {
+		return nil, err
+	}
+	cmd := &pb.Command{Body: &pb.Command_DestroySession{DestroySession: &pb.DestroySessionCmd{Id: req.SessionId}}}
+	return write(ctx, s.n, "DestroySession", cmd, func(r proposalResult) *pb.DestroySessionResponse { return r.res.Destroyed },
+		func(ctx context.Context, cc *grpc.ClientConn) (*pb.DestroySessionResponse, error) {
+			return pb.NewControllerClient(cc).DestroySession(ctx, req)
+		})
 }

@@ -6,6 +6,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -23,6 +24,10 @@ const (
 	MaxPromptTokens   = 1 << 20
 	MaxOutputTokens   = 1 << 20
 	MaxCompleteBatch  = 4096
+	MaxSessionIDBytes = 128
+	MaxOwnerBytes     = 128
+	MinSessionTTL     = time.Duration(fsm.MinSessionTTLNanos)
+	MaxSessionTTL     = time.Duration(fsm.MaxSessionTTLNanos)
 )
 
 func retryable(err error) bool {
@@ -47,6 +52,14 @@ func toStatus(err error) error {
 		// stale-incarnation refusal a second process under the same id gets.
 		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(&errdetails.ErrorInfo{
 			Reason: ctlclient.ReasonIncarnationFailed, Domain: ctlclient.ErrorDomain})
+		if derr != nil {
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return st.Err()
+	case errors.Is(err, fsm.ErrSessionExpired):
+		// The gateway acts on this one: it creates a new session.
+		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(&errdetails.ErrorInfo{
+			Reason: ctlclient.ReasonSessionExpired, Domain: ctlclient.ErrorDomain})
 		if derr != nil {
 			return status.Error(codes.FailedPrecondition, err.Error())
 		}
@@ -85,4 +98,22 @@ func validateWorkerID(id string) error {
 		}
 	}
 	return nil
+}
+
+// validatePrintable checks an id-like field: 1..max printable ASCII bytes
+// without spaces.
+func validatePrintable(field, v string, max int) error {
+	if v == "" || len(v) > max {
+		return status.Errorf(codes.InvalidArgument, "%s must be 1..%d bytes, got %d", field, max, len(v))
+	}
+	for _, c := range []byte(v) {
+		if c < 0x21 || c > 0x7e {
+			return status.Errorf(codes.InvalidArgument, "%s %q has a byte 0x%02x: only printable ASCII without spaces is allowed", field, v, c)
+		}
+	}
+	return nil
+}
+
+func validateSessionID(id string) error {
+	return validatePrintable("session_id", id, MaxSessionIDBytes)
 }

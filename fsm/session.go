@@ -51,6 +51,14 @@ func (s *state) renewSession(c *pb.RenewSessionCmd) Result {
 	ns := &pb.Session{Id: old.Id, Owner: old.Owner, TtlNanos: old.TtlNanos,
 		CreatedUnixNano: old.CreatedUnixNano, RenewedUnixNano: s.lastStamp, CreatedIndex: old.CreatedIndex}
 	s.sessions[c.Id] = ns
+	if sessionDeadline(old) == s.nextExpiry {
+		// It was (one of) the earliest: find the new earliest, so the
+		// leader does not wake for a deadline that moved.
+		s.nextExpiry = 0
+		for _, ss := range s.sessions {
+			s.noteDeadline(ss) // a minimum: map order does not matter
+		}
+	}
 	return Result{Session: ns}
 }
 
