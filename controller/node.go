@@ -100,6 +100,7 @@ func New(cfg Config) (n *Node, err error) {
 		shutdownCh:   make(chan struct{}),
 		metrics:      newMetrics(),
 	}
+	n.fsm.ObserveApply(n.metrics.observeApply)
 	defer func() {
 		if err != nil {
 			_ = n.Shutdown()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -71,6 +72,27 @@ type FSM struct {
 
 	applied appliedIndex
 	events  *EventLog
+
+	// observe, when set, is told how long each command took to apply.
+	observe func(command string, d time.Duration)
+}
+
+// ObserveApply has fn told, after each command is applied, the command's
+// type (its field name in Command's body: "dispatch", "mark_failed", …) and
+// how long applying it took, under the FSM lock: recovery planning runs
+// there. Set it before the FSM is given to Raft; fn must be quick and must
+// not call the FSM.
+func (f *FSM) ObserveApply(fn func(command string, d time.Duration)) { f.observe = fn }
+
+var commandBody = (&pb.Command{}).ProtoReflect().Descriptor().Oneofs().ByName("body")
+
+// CommandType names a command by its body's field name ("dispatch",
+// "create_session", …), or "empty".
+func CommandType(c *pb.Command) string {
+	if fd := c.ProtoReflect().WhichOneof(commandBody); fd != nil {
+		return string(fd.Name())
+	}
+	return "empty"
 }
 
 // New returns an empty FSM with the LUMEN strategy.
@@ -108,7 +130,15 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		res := make([]Result, len(entry.Commands))
 		for j, c := range entry.Commands {
+			if f.observe == nil {
+				res[j] = f.st.apply(c, l.Index, &evs)
+				continue
+			}
+			// The clock is read for the metric only; it never reaches
+			// the state.
+			start := time.Now()
 			res[j] = f.st.apply(c, l.Index, &evs)
+			f.observe(CommandType(c), time.Since(start))
 		}
 		out[i] = res
 	}

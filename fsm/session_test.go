@@ -189,3 +189,21 @@ func compareSessions(t *testing.T, a, b *FSM) {
 		}
 	}
 }
+
+// TestObserveApply: every applied command is timed under its type's name.
+func TestObserveApply(t *testing.T) {
+	h := newHarness(t)
+	var got []string
+	h.f.ObserveApply(func(command string, d time.Duration) {
+		if d < 0 {
+			t.Errorf("%s took %s", command, d)
+		}
+		got = append(got, command)
+	})
+	h.apply(worker("w1", 1<<20), worker("w2", 1<<20), createSession("s", time.Second))
+	h.apply(dispatchIn("s", "r", 1, 1), markFailed("w1", 1), noop())
+	want := []string{"register_worker", "register_worker", "create_session", "dispatch", "mark_failed", "noop"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("observed %v, want %v", got, want)
+	}
+}
