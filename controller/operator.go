@@ -129,7 +129,7 @@ func (s *server) ClusterStatus(ctx context.Context, req *pb.ClusterStatusRequest
 	return &pb.ClusterStatusResponse{StateHash: hash, StateIndex: at,
 		LeaderId: string(leader), LeaderGrpcAddr: s.n.grpcAddrOf(string(leader)),
 		Term: s.n.term(), CommitIndex: s.n.raft.CommitIndex(), AppliedIndex: s.n.fsm.Applied(),
-		Strategy: strategy, Lambda: lambda, Workers: uint32(workers), Placements: uint32(placements),
+		Strategy: strategy, Lambda: lambda, Workers: uint32(workers), Placements: uint32(placements), Sessions: uint32(s.n.fsm.Sessions()),
 		NodeId: s.n.cfg.NodeID, State: s.n.raft.State().String(),
 	}, nil
 }

@@ -94,6 +94,9 @@ func TestSessionExpiryFreesPlacements(t *testing.T) {
 		t.Fatalf("dispatching in an expired session: %v", err)
 	}
 
+	if st, err := pb.NewOperatorClient(c.conn(f)).ClusterStatus(ctxT(t, 5*time.Second), &pb.ClusterStatusRequest{}); err != nil || st.Sessions != 0 {
+		t.Fatalf("cluster status after expiry: %v %v", st, err)
+	}
 	// Destroy ends a session at once.
 	s2, err := c.client(f).CreateSession(ctxT(t, 5*time.Second), &pb.CreateSessionRequest{Owner: "gw-2", TtlMs: 60000})
 	if err != nil {

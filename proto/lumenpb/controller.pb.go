@@ -1451,8 +1451,10 @@ type ClusterStatusResponse struct {
 	State          string                 `protobuf:"bytes,11,opt,name=state,proto3" json:"state,omitempty"`
 	// With with_state_hash: FNV-1a 64 of the state at applied index
 	// state_index.
-	StateHash     uint64 `protobuf:"varint,12,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
-	StateIndex    uint64 `protobuf:"varint,13,opt,name=state_index,json=stateIndex,proto3" json:"state_index,omitempty"`
+	StateHash  uint64 `protobuf:"varint,12,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
+	StateIndex uint64 `protobuf:"varint,13,opt,name=state_index,json=stateIndex,proto3" json:"state_index,omitempty"`
+	// Live gateway sessions.
+	Sessions      uint32 `protobuf:"varint,14,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1574,6 +1576,13 @@ func (x *ClusterStatusResponse) GetStateHash() uint64 {
 func (x *ClusterStatusResponse) GetStateIndex() uint64 {
 	if x != nil {
 		return x.StateIndex
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetSessions() uint32 {
+	if x != nil {
+		return x.Sessions
 	}
 	return 0
 }
@@ -2209,7 +2218,7 @@ const file_controller_proto_rawDesc = "" +
 	"\bprevious\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bprevious\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\">\n" +
 	"\x14ClusterStatusRequest\x12&\n" +
-	"\x0fwith_state_hash\x18\x01 \x01(\bR\rwithStateHash\"\xab\x03\n" +
+	"\x0fwith_state_hash\x18\x01 \x01(\bR\rwithStateHash\"\xc7\x03\n" +
 	"\x15ClusterStatusResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12(\n" +
 	"\x10leader_grpc_addr\x18\x02 \x01(\tR\x0eleaderGrpcAddr\x12\x12\n" +
@@ -2228,7 +2237,8 @@ const file_controller_proto_rawDesc = "" +
 	"\n" +
 	"state_hash\x18\f \x01(\x04R\tstateHash\x12\x1f\n" +
 	"\vstate_index\x18\r \x01(\x04R\n" +
-	"stateIndex\"\x9b\x01\n" +
+	"stateIndex\x12\x1a\n" +
+	"\bsessions\x18\x0e \x01(\rR\bsessions\"\x9b\x01\n" +
 	"\x15SetWorkerPhaseRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
