@@ -84,7 +84,9 @@ func (n *Node) leaderLoop(ls *leaderState) {
 	}
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
-		_, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{}}})
+		// It also renews every session: no gateway could renew while
+		// there was no leader.
+		_, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{RenewSessions: true}}})
 		cancel()
 		if err == nil {
 			break

@@ -131,3 +131,28 @@ func TestSessionBadInput(t *testing.T) {
 		t.Errorf("dispatch with a bad session id: %v", err)
 	}
 }
+
+// TestSessionSurvivesLeaderlessOutage: while there is no leader no gateway
+// can renew; the next leader's first command renews every session, so an
+// outage longer than the TTL does not end them all at once.
+func TestSessionSurvivesLeaderlessOutage(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	sess, err := c.client(c.nodes[0]).CreateSession(ctxT(t, 5*time.Second), &pb.CreateSessionRequest{Owner: "gw", TtlMs: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.stop(0)
+	deadline := time.Unix(0, sess.Session.RenewedUnixNano+sess.Session.TtlNanos)
+	waitFor(t, 10*time.Second, "the session's deadline to pass while there is no leader", func() bool {
+		return time.Now().After(deadline.Add(200 * time.Millisecond))
+	})
+	c.restart(0)
+	leader := c.waitLeader()
+	ss, _ := leader.FSM().Session(sess.Session.Id)
+	if ss == nil {
+		t.Fatal("the new leader's first command expired the session: nobody could have renewed it")
+	}
+	if ss.RenewedUnixNano <= deadline.UnixNano() {
+		t.Fatalf("session not renewed by the new leader: %v", ss)
+	}
+}

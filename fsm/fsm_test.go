@@ -405,7 +405,9 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 				batch = append(batch, destroySession(session()))
 			case op >= 109:
 				stamp += rng.Int63n(int64(2 * time.Second))
-				batch = append(batch, noop())
+				c := noop()
+				c.GetNoop().RenewSessions = rng.Intn(4) == 0 // a new leader
+				batch = append(batch, c)
 			case op >= 8 && op < 30 && nextSession > 0:
 				batch = append(batch, dispatchIn(session(), fmt.Sprintf("r%05d", nextReq), uint32(1+rng.Intn(2000)), uint32(1+rng.Intn(500))))
 				nextReq++

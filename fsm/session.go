@@ -17,7 +17,9 @@ import (
 //
 // Stamps only move when commands are applied; the leader proposes a no-op
 // once a session's deadline has passed on its clock, so an idle cluster
-// expires sessions too.
+// expires sessions too. A new leader's first command renews every session
+// (NoopCmd.renew_sessions): while there was no leader no gateway could
+// renew, and its clock may differ from the last leader's.
 
 // Session TTL bounds, enforced by Apply as well as by the controller.
 const (
@@ -80,6 +82,17 @@ func (s *state) endSession(id string) uint32 {
 	delete(s.sessions, id)
 	delete(s.sessionReqs, id)
 	return uint32(len(reqs))
+}
+
+// renewAllSessions renews every session as of the last stamp.
+func (s *state) renewAllSessions() {
+	s.nextExpiry = 0
+	for id, old := range s.sessions { // each row on its own: map order does not matter
+		ns := &pb.Session{Id: old.Id, Owner: old.Owner, TtlNanos: old.TtlNanos,
+			CreatedUnixNano: old.CreatedUnixNano, RenewedUnixNano: s.lastStamp, CreatedIndex: old.CreatedIndex}
+		s.sessions[id] = ns
+		s.noteDeadline(ns)
+	}
 }
 
 // noteDeadline keeps nextExpiry at or below a session's deadline.

@@ -207,3 +207,28 @@ func TestObserveApply(t *testing.T) {
 		t.Fatalf("observed %v, want %v", got, want)
 	}
 }
+
+// TestNewLeaderRenewsSessions: a new leader's first command (a no-op with
+// renew_sessions) renews every session before expiry is checked, so an
+// outage without a leader that outlasts the TTL does not end every gateway's
+// session; the sessions then expire normally if nobody renews them.
+func TestNewLeaderRenewsSessions(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("w1", 1<<30))
+	h.one(worker("w2", 1<<30))
+	h.one(createSession("gw", time.Second))
+	h.one(dispatchIn("gw", "r", 10, 10))
+	h.advance(5 * time.Second) // no leader for five TTLs
+	ready := noop()
+	ready.GetNoop().RenewSessions = true
+	h.one(ready)
+	ss, reqs := h.f.Session("gw")
+	if ss == nil || len(reqs) != 1 || ss.RenewedUnixNano != h.stamp {
+		t.Fatalf("after a new leader: %v %v", ss, reqs)
+	}
+	h.advance(2 * time.Second)
+	h.one(noop())
+	if ss, _ := h.f.Session("gw"); ss != nil {
+		t.Fatal("an unrenewed session outlived its TTL after the renewal")
+	}
+}

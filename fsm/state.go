@@ -96,6 +96,10 @@ func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
 	}
 	// Sessions past their deadline by this command's stamp end before it
 	// applies: a renewal or dispatch that comes too late finds them gone.
+	// A new leader's first command renews them all first.
+	if c.GetNoop().GetRenewSessions() {
+		s.renewAllSessions()
+	}
 	s.expireSessions()
 	switch b := c.Body.(type) {
 	case *pb.Command_Dispatch:

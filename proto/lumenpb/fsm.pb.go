@@ -759,7 +759,12 @@ func (x *LeaveCmd) GetIncarnation() uint64 {
 }
 
 type NoopCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set on a new leader's first command: every session is renewed as of
+	// its stamp before expiry is checked (Consul resets session timers on an
+	// election too), so a quorum outage longer than a TTL, in which no
+	// gateway could renew, does not end every session at once.
+	RenewSessions bool `protobuf:"varint,1,opt,name=renew_sessions,json=renewSessions,proto3" json:"renew_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -792,6 +797,13 @@ func (x *NoopCmd) ProtoReflect() protoreflect.Message {
 // Deprecated: Use NoopCmd.ProtoReflect.Descriptor instead.
 func (*NoopCmd) Descriptor() ([]byte, []int) {
 	return file_fsm_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *NoopCmd) GetRenewSessions() bool {
+	if x != nil {
+		return x.RenewSessions
+	}
+	return false
 }
 
 // CreateSessionCmd opens a session. The controller picks the id (at random,
@@ -1349,8 +1361,9 @@ const file_fsm_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"I\n" +
 	"\bLeaveCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"\t\n" +
-	"\aNoopCmd\"U\n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"0\n" +
+	"\aNoopCmd\x12%\n" +
+	"\x0erenew_sessions\x18\x01 \x01(\bR\rrenewSessions\"U\n" +
 	"\x10CreateSessionCmd\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1b\n" +
