@@ -85,6 +85,11 @@ type Config struct {
 	// A call that cannot reach a quorum in time fails Unavailable.
 	RequestTimeout time.Duration
 
+	// ProbeTimeout bounds the leader's probe of a worker reported
+	// unreachable (dial plus gRPC health check; default 300 ms). Longer
+	// spares a slow worker; shorter answers the reporter sooner.
+	ProbeTimeout time.Duration
+
 	// GossipKey encrypts Serf traffic (16, 24 or 32 bytes); empty disables.
 	GossipKey []byte
 	// TLS, when enabled, secures gRPC (server and client) and the Raft
@@ -104,6 +109,7 @@ func DefaultConfig() Config {
 		BatchMax:          1024,
 		BatchInflight:     4,
 		RequestTimeout:    5 * time.Second,
+		ProbeTimeout:      300 * time.Millisecond,
 	}
 }
 
@@ -127,6 +133,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("RequestTimeout (%s) must be positive", c.RequestTimeout))
+	}
+	if c.ProbeTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("ProbeTimeout (%s) must be positive", c.ProbeTimeout))
 	}
 	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
 		errs = append(errs, fmt.Errorf("GossipKey is %d bytes; it must be 16, 24 or 32", n))

@@ -84,7 +84,9 @@ func (n *Node) leaderLoop(ls *leaderState) {
 	}
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
-		_, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{}}})
+		// It also renews every session: no gateway could renew while
+		// there was no leader.
+		_, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{RenewSessions: true}}})
 		cancel()
 		if err == nil {
 			break
@@ -100,14 +102,41 @@ func (n *Node) leaderLoop(ls *leaderState) {
 
 	ticker := time.NewTicker(reconcileInterval)
 	defer ticker.Stop()
+	sessions := time.NewTicker(sessionCheckInterval)
+	defer sessions.Stop()
+	n.reconcile(ls)
 	for {
-		n.reconcile(ls)
 		select {
 		case <-ls.stop:
 			return
 		case <-n.memberCh:
+			n.reconcile(ls)
 		case <-ticker.C:
+			n.reconcile(ls)
+		case <-sessions.C:
+			n.expireSessions(ls)
 		}
+	}
+}
+
+// sessionCheckInterval is how often the leader looks for a session past its
+// deadline: a session expires at most this long after its TTL runs out,
+// even when nothing else is written.
+const sessionCheckInterval = 250 * time.Millisecond
+
+// expireSessions commits a no-op once a session's deadline has passed on the
+// leader's clock. Apply decides expiry by the stamps of the commands it
+// applies; the no-op carries a stamp past the deadline, so an idle cluster
+// expires the sessions of dead gateways too.
+func (n *Node) expireSessions(ls *leaderState) {
+	due := n.fsm.NextSessionExpiry()
+	if due == 0 || time.Now().UnixNano() <= due {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
+	defer cancel()
+	if _, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{}}}); err != nil {
+		n.log.Warn("session expiry no-op not committed", "error", err)
 	}
 }
 

@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -17,6 +19,8 @@ type metrics struct {
 	commitTime prometheus.Histogram
 	readRound  prometheus.Histogram
 	forwarded  *prometheus.CounterVec
+	panics     prometheus.Counter
+	applyTime  *prometheus.HistogramVec
 }
 
 func newMetrics() *metrics {
@@ -38,8 +42,19 @@ func newMetrics() *metrics {
 			Help: "Linearizable reads served by one VerifyLeader round.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_forwarded_total",
 			Help: "Calls forwarded to the leader, by method."}, []string{"method"}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_handler_panics_total",
+			Help: "gRPC handler panics turned into Internal errors by the recovery interceptor (each one is a bug)."}),
+		applyTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "lumen_controller_fsm_apply_seconds",
+			Help: "Time to apply one command to the FSM, under its lock (readers wait meanwhile), by command type; " +
+				"mark_failed, set_phase and register_worker include recovery planning.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 11)}, []string{"command"}),
 	}
-	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded,
+	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded, m.panics, m.applyTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// observeApply records one command's apply time (fsm.ObserveApply).
+func (m *metrics) observeApply(command string, d time.Duration) {
+	m.applyTime.WithLabelValues(command).Observe(d.Seconds())
 }

@@ -101,6 +101,7 @@ func New(cfg Config) (n *Node, err error) {
 		shutdownCh:   make(chan struct{}),
 		metrics:      newMetrics(),
 	}
+	n.fsm.ObserveApply(n.metrics.observeApply)
 	defer func() {
 		if err != nil {
 			_ = n.Shutdown()
@@ -239,7 +240,7 @@ func (n *Node) setupSerf() error {
 
 func (n *Node) setupGRPC(serverTLS *tls.Config) error {
 	lis := n.grpcLis
-	opts := liveness.ServerOptions()
+	opts := append(liveness.ServerOptions(), recoveryOptions(n.log, n.metrics.panics.Inc)...)
 	if serverTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
 	}

@@ -7,7 +7,8 @@
 //   - Apply depends on the log entry alone. It never reads a clock (the leader
 //     stamps each command), a random source or the network, and never
 //     iterates a map: two replicas fed the same log hold byte-identical
-//     snapshots.
+//     snapshots. (It times each command for the apply-duration metric;
+//     that reading never reaches the state.)
 //   - Decisions that depend on the tables — the serving worker, the checkpoint
 //     holder, the recovery plan — are computed here by the policy package, so
 //     they are made once, at a log index, identically everywhere, and the

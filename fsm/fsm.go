@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -30,6 +31,10 @@ var (
 	// ErrInvalid: the command is malformed (the controller validates first;
 	// this guards the log).
 	ErrInvalid = errors.New("fsm: invalid command")
+	// ErrSessionExpired: the session named expired (no renewal within its
+	// TTL), was destroyed or never existed; its placements are completed.
+	// The gateway creates a new session.
+	ErrSessionExpired = errors.New("fsm: session expired or unknown")
 )
 
 const (
@@ -48,17 +53,46 @@ type Result struct {
 	Complete *pb.CompleteResponse
 	Worker   *pb.Worker
 	Previous pb.Strategy
-	Err      error
+	// Session is the row a CreateSession or RenewSession left.
+	Session *pb.Session
+	// Destroyed answers DestroySession.
+	Destroyed *pb.DestroySessionResponse
+	Err       error
 }
 
 // FSM implements raft.BatchingFSM.
 type FSM struct {
 	// mu guards st. Apply takes it for writing; queries for reading.
+	// applied and events are changed only under mu held for writing, so a
+	// reader holding mu sees the state, the applied index and the events of
+	// the same log index (they have locks of their own for readers that
+	// do not take mu: Applied, WaitApplied, Events).
 	mu sync.RWMutex
 	st *state
 
 	applied appliedIndex
 	events  *EventLog
+
+	// observe, when set, is told how long each command took to apply.
+	observe func(command string, d time.Duration)
+}
+
+// ObserveApply has fn told, after each command is applied, the command's
+// type (its field name in Command's body: "dispatch", "mark_failed", …) and
+// how long applying it took, under the FSM lock: recovery planning runs
+// there. Set it before the FSM is given to Raft; fn must be quick and must
+// not call the FSM.
+func (f *FSM) ObserveApply(fn func(command string, d time.Duration)) { f.observe = fn }
+
+var commandBody = (&pb.Command{}).ProtoReflect().Descriptor().Oneofs().ByName("body")
+
+// CommandType names a command by its body's field name ("dispatch",
+// "create_session", …), or "empty".
+func CommandType(c *pb.Command) string {
+	if fd := c.ProtoReflect().WhichOneof(commandBody); fd != nil {
+		return string(fd.Name())
+	}
+	return "empty"
 }
 
 // New returns an empty FSM with the LUMEN strategy.
@@ -96,15 +130,27 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		res := make([]Result, len(entry.Commands))
 		for j, c := range entry.Commands {
+			if f.observe == nil {
+				res[j] = f.st.apply(c, l.Index, &evs)
+				continue
+			}
+			// The clock is read for the metric only; it never reaches
+			// the state.
+			start := time.Now()
 			res[j] = f.st.apply(c, l.Index, &evs)
+			f.observe(CommandType(c), time.Since(start))
 		}
 		out[i] = res
 	}
-	f.mu.Unlock()
+	// The applied index and the events are published before the lock is
+	// released: a reader that sees the new state sees its index (a state
+	// hash is never labelled with the index before it), and a watcher that
+	// sees an event finds the tables that produced it.
 	if len(logs) > 0 {
 		f.events.append(evs)
 		f.applied.set(logs[len(logs)-1].Index)
 	}
+	f.mu.Unlock()
 	return out
 }
 
@@ -132,8 +178,8 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.st = st
-	f.mu.Unlock()
 	f.events.reset(s.AppliedIndex)
 	f.applied.set(s.AppliedIndex)
 	return nil
@@ -188,6 +234,10 @@ func sortSnapshot(s *pb.Snapshot) {
 	sort.Slice(s.Loads, func(i, j int) bool { return s.Loads[i].WorkerId < s.Loads[j].WorkerId })
 	sort.Slice(s.Placements, func(i, j int) bool { return s.Placements[i].RequestId < s.Placements[j].RequestId })
 	sort.Slice(s.Pending, func(i, j int) bool { return s.Pending[i].WorkerId < s.Pending[j].WorkerId })
+	sort.Slice(s.Sessions, func(i, j int) bool { return s.Sessions[i].Id < s.Sessions[j].Id })
+	sort.Slice(s.SessionPlacements, func(i, j int) bool {
+		return s.SessionPlacements[i].RequestId < s.SessionPlacements[j].RequestId
+	})
 }
 
 // appliedIndex is the applied log index with waiters.

@@ -29,11 +29,18 @@ func newHarness(t testing.TB) *harness {
 	return &harness{t: t, f: New(), stamp: 1_700_000_000_000_000_000}
 }
 
+// entry stamps commands 1 µs apart, like a leader would; a command that
+// carries a stamp already (randomLog's, which jump ahead to expire sessions)
+// keeps it and moves the harness's clock.
 func (h *harness) entry(cmds ...*pb.Command) *raft.Log {
 	h.index++
 	for _, c := range cmds {
-		h.stamp += 1000
-		c.StampedUnixNano = h.stamp
+		if c.StampedUnixNano == 0 {
+			h.stamp += 1000
+			c.StampedUnixNano = h.stamp
+		} else if c.StampedUnixNano > h.stamp {
+			h.stamp = c.StampedUnixNano
+		}
 	}
 	data, err := proto.Marshal(&pb.LogEntry{Commands: cmds})
 	if err != nil {
@@ -71,6 +78,26 @@ func load(id string, inc uint64, q float64, used uint64) *pb.Command {
 func markFailed(id string, inc uint64) *pb.Command {
 	return &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: id, Incarnation: inc}}}
 }
+
+func createSession(id string, ttl time.Duration) *pb.Command {
+	return &pb.Command{Body: &pb.Command_CreateSession{CreateSession: &pb.CreateSessionCmd{Id: id, Owner: "gw-" + id, TtlNanos: int64(ttl)}}}
+}
+
+func renewSession(id string) *pb.Command {
+	return &pb.Command{Body: &pb.Command_RenewSession{RenewSession: &pb.RenewSessionCmd{Id: id}}}
+}
+
+func destroySession(id string) *pb.Command {
+	return &pb.Command{Body: &pb.Command_DestroySession{DestroySession: &pb.DestroySessionCmd{Id: id}}}
+}
+
+func dispatchIn(session, id string, prompt, max uint32) *pb.Command {
+	c := dispatch(id, prompt, max)
+	c.GetDispatch().SessionId = session
+	return c
+}
+
+func noop() *pb.Command { return &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{}}} }
 
 func strategy(s pb.Strategy) *pb.Command {
 	return &pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: s}}}
@@ -356,16 +383,34 @@ func TestUndecodableEntryPanics(t *testing.T) {
 }
 
 // randomLog returns a seeded random sequence of log entries exercising every
-// command type.
+// command type. It stamps the commands itself, now and then jumping seconds
+// ahead so sessions expire.
 func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 	var log [][]*pb.Command
 	inc := map[string]uint64{}
 	var live []string
-	nextReq := 0
+	nextReq, nextSession := 0, 0
+	session := func() string { return fmt.Sprintf("s%03d", rng.Intn(nextSession)) }
+	stamp := int64(1_700_000_000_000_000_000)
 	for len(log) < n {
 		var batch []*pb.Command
 		for k := 0; k < 1+rng.Intn(8); k++ {
-			switch op := rng.Intn(100); {
+			switch op := rng.Intn(112); {
+			case op >= 100 && op < 104:
+				batch = append(batch, createSession(fmt.Sprintf("s%03d", nextSession), time.Duration(1+rng.Intn(3))*time.Second))
+				nextSession++
+			case op >= 104 && op < 108 && nextSession > 0:
+				batch = append(batch, renewSession(session()))
+			case op == 108 && nextSession > 0:
+				batch = append(batch, destroySession(session()))
+			case op >= 109:
+				stamp += rng.Int63n(int64(2 * time.Second))
+				c := noop()
+				c.GetNoop().RenewSessions = rng.Intn(4) == 0 // a new leader
+				batch = append(batch, c)
+			case op >= 8 && op < 30 && nextSession > 0:
+				batch = append(batch, dispatchIn(session(), fmt.Sprintf("r%05d", nextReq), uint32(1+rng.Intn(2000)), uint32(1+rng.Intn(500))))
+				nextReq++
 			case op < 8:
 				id := fmt.Sprintf("w%02d", rng.Intn(12))
 				inc[id]++
@@ -388,9 +433,15 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 			case op < 96 && len(live) > 0:
 				id := live[rng.Intn(len(live))]
 				batch = append(batch, markFailed(id, inc[id]))
-			default:
+			case op < 100:
 				batch = append(batch, strategy(pb.Strategy(1+rng.Intn(3))))
+			default:
+				batch = append(batch, noop())
 			}
+		}
+		for _, c := range batch {
+			stamp += 1000
+			c.StampedUnixNano = stamp
 		}
 		log = append(log, batch)
 	}
@@ -405,8 +456,19 @@ func TestDeterminism(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 	a, b := newHarness(t), newHarness(t)
 	var prevHash uint64
+	endedWithPlacements := 0 // sessions that expired or were destroyed holding placements
 	for i, batch := range randomLog(rng, 400) {
+		held := map[string]int{}
+		for sid, reqs := range a.f.st.sessionReqs {
+			held[sid] = len(reqs)
+		}
 		a.apply(batch...)
+		for sid, n := range held {
+			if _, ok := a.f.st.sessions[sid]; !ok && n > 0 {
+				endedWithPlacements++
+			}
+		}
+		checkSessions(t, a.f.st)
 		b.apply(proto.Clone(&pb.LogEntry{Commands: batch}).(*pb.LogEntry).Commands...)
 		sa, err := a.f.MarshalSnapshot()
 		if err != nil {
@@ -429,6 +491,42 @@ func TestDeterminism(t *testing.T) {
 	}
 	if w, p := a.f.Counts(); w == 0 || p == 0 {
 		t.Fatalf("random log left %d workers, %d placements: not exercising the tables", w, p)
+	}
+	if endedWithPlacements == 0 {
+		t.Fatalf("seed %d: no session ended holding placements: not exercising the sessions table", seed)
+	}
+	t.Logf("%d sessions ended holding placements", endedWithPlacements)
+}
+
+// checkSessions checks the sessions table's indexes against each other and
+// the placement table.
+func checkSessions(t *testing.T, s *state) {
+	t.Helper()
+	n := 0
+	for sid, reqs := range s.sessionReqs {
+		if _, ok := s.sessions[sid]; !ok {
+			t.Fatalf("placements %v in ended session %s", reqs, sid)
+		}
+		for rid := range reqs {
+			if s.sessionOf[rid] != sid {
+				t.Fatalf("request %s: in session %s's set, sessionOf says %q", rid, sid, s.sessionOf[rid])
+			}
+			if _, ok := s.placements[rid]; !ok {
+				t.Fatalf("session %s holds %s, which has no placement", sid, rid)
+			}
+			n++
+		}
+	}
+	if n != len(s.sessionOf) {
+		t.Fatalf("sessionOf has %d entries, the sets %d", len(s.sessionOf), n)
+	}
+	if len(s.sessions) > 0 && s.nextExpiry == 0 {
+		t.Fatalf("%d sessions and no nextExpiry", len(s.sessions))
+	}
+	for _, ss := range s.sessions {
+		if d := sessionDeadline(ss); d < s.nextExpiry {
+			t.Fatalf("session %s's deadline %d is before nextExpiry %d", ss.Id, d, s.nextExpiry)
+		}
 	}
 }
 
@@ -507,6 +605,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			t.Fatalf("recovery %d differs", i)
 		}
 	}
+	compareSessions(t, h.f, restored.f)
 	u1, u2 := h.f.HolderUsage(), restored.f.HolderUsage()
 	for id := range u1 {
 		if u1[id] != u2[id] {

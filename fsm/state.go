@@ -36,6 +36,15 @@ type state struct {
 	completed    []string // FIFO of completed ids, at most completedKept
 	completedSet map[string]struct{}
 
+	sessions map[string]*pb.Session
+	// sessionOf[r] is the session request r's placement belongs to;
+	// sessionReqs[s] the request ids of session s's placements.
+	sessionOf   map[string]string
+	sessionReqs map[string]map[string]struct{}
+	// nextExpiry is at or before the earliest session deadline (0: no
+	// session). Derived: recomputed on restore, never snapshotted.
+	nextExpiry int64
+
 	lastStamp int64
 }
 
@@ -49,6 +58,9 @@ func newState() *state {
 		serving:        map[string]map[string]struct{}{},
 		holding:        map[string]map[string]struct{}{},
 		completedSet:   map[string]struct{}{},
+		sessions:       map[string]*pb.Session{},
+		sessionOf:      map[string]string{},
+		sessionReqs:    map[string]map[string]struct{}{},
 		nextRecoveryID: 1,
 		holders:        policy.NewHolderIndex(nil, DefaultLambda),
 	}
@@ -82,6 +94,13 @@ func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
 	if c.StampedUnixNano > s.lastStamp {
 		s.lastStamp = c.StampedUnixNano
 	}
+	// Sessions past their deadline by this command's stamp end before it
+	// applies: a renewal or dispatch that comes too late finds them gone.
+	// A new leader's first command renews them all first.
+	if c.GetNoop().GetRenewSessions() {
+		s.renewAllSessions()
+	}
+	s.expireSessions()
 	switch b := c.Body.(type) {
 	case *pb.Command_Dispatch:
 		return s.dispatch(b.Dispatch, idx)
@@ -102,6 +121,12 @@ func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
 		return s.setStrategy(b.SetStrategy, idx, evs)
 	case *pb.Command_Noop:
 		return Result{}
+	case *pb.Command_CreateSession:
+		return s.createSession(b.CreateSession, idx)
+	case *pb.Command_RenewSession:
+		return s.renewSession(b.RenewSession)
+	case *pb.Command_DestroySession:
+		return s.destroySession(b.DestroySession, idx)
 	default:
 		// An unknown command type is from a newer version: this replica
 		// cannot follow the log.
@@ -374,6 +399,11 @@ func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
 	if _, done := s.completedSet[c.RequestId]; done {
 		return Result{Err: fmt.Errorf("%w: %q", ErrCompleted, c.RequestId)}
 	}
+	if c.SessionId != "" {
+		if _, ok := s.sessions[c.SessionId]; !ok {
+			return Result{Err: fmt.Errorf("%w: %q; create a new session and dispatch in it", ErrSessionExpired, c.SessionId)}
+		}
+	}
 	serving := policy.PickServing(s.views)
 	if serving < 0 {
 		return Result{Err: ErrNoWorker}
@@ -390,6 +420,10 @@ func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
 	v.PendingPages += policy.Pages(uint64(c.PromptTokens))
 	s.placements[p.RequestId] = p
 	addTo(s.serving, w.Id, p.RequestId)
+	if c.SessionId != "" {
+		s.sessionOf[p.RequestId] = c.SessionId
+		addTo(s.sessionReqs, c.SessionId, p.RequestId)
+	}
 	return Result{Dispatch: &pb.DispatchResponse{Placement: p, NoHolder: p.HolderId == "", NoHolderReason: string(why), Index: idx}}
 }
 
@@ -405,13 +439,24 @@ func (s *state) complete(c *pb.CompleteCmd, idx uint64) Result {
 			}
 			continue
 		}
-		s.dropHolder(p)
-		removeFrom(s.serving, p.WorkerId, id)
-		delete(s.placements, id)
-		s.rememberCompleted(id)
+		s.finish(p)
 		resp.Completed++
 	}
 	return Result{Complete: resp}
+}
+
+// finish completes a placement: its holder's reservation is freed, it leaves
+// its worker and its session, and its id is remembered as completed.
+func (s *state) finish(p *pb.Placement) {
+	id := p.RequestId
+	s.dropHolder(p)
+	removeFrom(s.serving, p.WorkerId, id)
+	delete(s.placements, id)
+	if sid, ok := s.sessionOf[id]; ok {
+		delete(s.sessionOf, id)
+		removeFrom(s.sessionReqs, sid, id)
+	}
+	s.rememberCompleted(id)
 }
 
 func (s *state) rememberCompleted(id string) {
@@ -552,6 +597,12 @@ func (s *state) capture(applied uint64) *pb.Snapshot {
 	for _, p := range s.placements {
 		out.Placements = append(out.Placements, p)
 	}
+	for _, ss := range s.sessions {
+		out.Sessions = append(out.Sessions, ss)
+	}
+	for rid, sid := range s.sessionOf {
+		out.SessionPlacements = append(out.SessionPlacements, &pb.SessionPlacement{RequestId: rid, SessionId: sid})
+	}
 	return out
 }
 
@@ -586,6 +637,20 @@ func restoreState(snap *pb.Snapshot) (*state, error) {
 			s.reserve(p.HolderId, p.ReservedBytes)
 			addTo(s.holding, p.HolderId, p.RequestId)
 		}
+	}
+	for _, ss := range snap.Sessions {
+		s.sessions[ss.Id] = ss
+		s.noteDeadline(ss)
+	}
+	for _, sp := range snap.SessionPlacements {
+		if _, ok := s.sessions[sp.SessionId]; !ok {
+			return nil, fmt.Errorf("fsm: snapshot has placement %q in unknown session %q", sp.RequestId, sp.SessionId)
+		}
+		if _, ok := s.placements[sp.RequestId]; !ok {
+			return nil, fmt.Errorf("fsm: snapshot has session %q holding unknown placement %q", sp.SessionId, sp.RequestId)
+		}
+		s.sessionOf[sp.RequestId] = sp.SessionId
+		addTo(s.sessionReqs, sp.SessionId, sp.RequestId)
 	}
 	s.recoveries = snap.Recoveries
 	for _, id := range snap.Completed {

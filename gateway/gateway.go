@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/liveness"
@@ -78,14 +81,25 @@ type Config struct {
 	// interval, or has lost its leader (it is cut off from the quorum, and
 	// its stream would go silent), is left for the next one.
 	WatchProbeInterval time.Duration
-	Logger             hclog.Logger
+	// Name names the gateway's controller session, for operators (default
+	// host@listen-address): printable ASCII without spaces.
+	Name string
+	// SessionTTL is how long the controller keeps the gateway's session
+	// without a renewal (default DefaultSessionTTL, 10 s; 1 s..1 h). When a
+	// gateway dies or is cut off from the quorum this long, its placements
+	// are completed and their checkpoint reservations freed. It renews every
+	// SessionTTL/3. Shorter frees a dead gateway's reservations sooner; longer
+	// rides out longer controller outages.
+	SessionTTL time.Duration
+	Logger     hclog.Logger
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{Addr: "127.0.0.1:8080", Model: "lumen-tiny", MaxContext: 2048, MaxBodyBytes: 1 << 20,
 		MaxConcurrent: 1024, ResumeTimeout: 60 * time.Second, DispatchTimeout: 10 * time.Second,
-		KeepaliveTime: liveness.DefaultTime, KeepaliveTimeout: liveness.DefaultTimeout, WatchProbeInterval: 2 * time.Second}
+		KeepaliveTime: liveness.DefaultTime, KeepaliveTimeout: liveness.DefaultTimeout, WatchProbeInterval: 2 * time.Second,
+		SessionTTL: DefaultSessionTTL}
 }
 
 // Validate says what is wrong with the configuration, naming each field.
@@ -121,6 +135,9 @@ func (c *Config) Validate() error {
 	if c.KeepaliveTimeout <= 0 || c.WatchProbeInterval <= 0 {
 		errs = append(errs, fmt.Errorf("KeepaliveTimeout (%s) and WatchProbeInterval (%s) must be positive", c.KeepaliveTimeout, c.WatchProbeInterval))
 	}
+	if c.SessionTTL < time.Second || c.SessionTTL > time.Hour {
+		errs = append(errs, fmt.Errorf("SessionTTL (%s) must be between 1s and 1h", c.SessionTTL))
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("gateway: invalid config: %w", errors.Join(errs...))
 	}
@@ -136,6 +153,7 @@ type Gateway struct {
 	tok     tokenizer.Tokenizer
 	admit   chan struct{}
 	done    chan string // ids to Complete
+	session *session
 
 	// watchConns are the connections the move watcher follows events on,
 	// one per controller, with keepalive; watched is the index of the last
@@ -166,6 +184,9 @@ type Gateway struct {
 
 // New validates cfg and starts a gateway.
 func New(cfg Config) (*Gateway, error) {
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -199,7 +220,14 @@ func New(cfg Config) (*Gateway, error) {
 		g.closeConns()
 		return nil, fmt.Errorf("gateway: listen on %s: %w", cfg.Addr, err)
 	}
+	if cfg.Name == "" {
+		host, _ := os.Hostname()
+		cfg.Name = strings.ReplaceAll(host, " ", "-") + "@" + g.lis.Addr().String()
+		g.cfg.Name = cfg.Name
+	}
+	g.session = newSession(ctl, g.log, cfg.Name, cfg.SessionTTL)
 	g.srv = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	g.goFunc(func() { g.session.run(g.stop) })
 	g.goFunc(g.watchMoves)
 	g.goFunc(func() {
 		var err error
@@ -248,6 +276,11 @@ func (g *Gateway) Close() {
 		close(g.stop)
 		g.cancel()
 		g.wg.Wait()
+		// After the last Complete flush: what is left of the session's
+		// placements is completed with it.
+		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+		g.session.destroy(ctx)
+		cancel()
 		g.closeConns()
 	})
 }
@@ -389,41 +422,87 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// completer sends Complete for finished requests in batches.
+// Completion flushing: how many ids one Complete carries, how many the
+// flusher keeps while the controller is unreachable (past it, it stops
+// taking new ones: the senders wait, nothing is dropped), and how long it
+// backs off after a failed flush.
+const (
+	completeBatch      = 256
+	completePendingMax = 1 << 16
+	completeRetryMin   = 20 * time.Millisecond
+	completeRetryMax   = 2 * time.Second
+)
+
+// completer sends Complete for finished requests in batches. A flush that
+// fails keeps its ids for the next one, with backoff, until the controller
+// takes them: a lost Complete would leave the placement and its holder's
+// reservation until the session expired. On stop it drains what was sent
+// and flushes for as long as Close allows; the session's destruction
+// completes anything still left.
 func (g *Gateway) completer() {
-	var batch []string
-	flush := func() {
-		if len(batch) == 0 {
-			return
+	var pending []string
+	retry := completeRetryMin
+	var notBefore time.Time // no flush before this after a failure
+	flush := func() bool {
+		for len(pending) > 0 {
+			n := min(len(pending), completeBatch)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: pending[:n]})
+			cancel()
+			if err != nil && status.Code(err) != codes.InvalidArgument {
+				g.log.Warn("complete failed; keeping the ids for the next flush", "requests", len(pending), "retry_in", retry, "error", err)
+				notBefore = time.Now().Add(retry)
+				retry = min(2*retry, completeRetryMax)
+				return false
+			}
+			if err != nil {
+				// Refused as malformed: no retry can succeed, and the
+				// session's end completes these placements.
+				g.log.Error("complete refused", "requests", n, "error", err)
+			}
+			pending = pending[n:]
+			retry = completeRetryMin
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if _, err := g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: batch}); err != nil {
-			g.log.Warn("complete failed", "requests", len(batch), "error", err)
-		}
-		cancel()
-		batch = batch[:0]
+		pending = nil
+		return true
 	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
+		// While too many ids wait, take no more: senders block, ids are
+		// never dropped.
+		done := g.done
+		if len(pending) >= completePendingMax {
+			done = nil
+		}
 		select {
-		case id := <-g.done:
-			batch = append(batch, id)
-			if len(batch) >= 256 {
+		case id := <-done:
+			pending = append(pending, id)
+			if len(pending) >= completeBatch && time.Now().After(notBefore) {
 				flush()
 			}
 		case <-t.C:
-			flush()
+			if time.Now().After(notBefore) {
+				flush()
+			}
 		case <-g.stop:
 			for {
 				select {
 				case id := <-g.done:
-					batch = append(batch, id)
+					pending = append(pending, id)
+					continue
 				default:
-					flush()
-					return
 				}
+				break
 			}
+			deadline := time.Now().Add(3 * time.Second)
+			for !flush() && time.Now().Before(deadline) {
+				time.Sleep(time.Until(notBefore))
+			}
+			if len(pending) > 0 {
+				g.log.Warn("closing with completions unsent; the session's end completes them", "requests", len(pending))
+			}
+			return
 		}
 	}
 }

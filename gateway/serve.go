@@ -195,7 +195,7 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 func (g *Gateway) dispatch(ctx context.Context, e *entry) (*pb.Placement, *apiError) {
 	dctx, cancel := context.WithTimeout(ctx, g.cfg.DispatchTimeout)
 	defer cancel()
-	resp, err := g.ctl.Dispatch(dctx, &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)),
+	resp, err := g.session.dispatch(dctx, &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)),
 		MaxTokens: uint32(e.maxToken)})
 	if err != nil {
 		st := status.Convert(err)

@@ -3,10 +3,16 @@ package policy
 import "math"
 
 // holderScore is h(r)'s objective for one worker: q_w + λ·p_w(r).
+//
+// The explicit float64 conversion rounds the product before the sum (the Go
+// spec's rule): without it a compiler may fuse the two into one FMA (arm64
+// does, amd64 from GOAMD64=v3), and replicas of different architectures would
+// score — and pick holders — differently for the same log entry. Every
+// multiply-add in policy scoring is written this way.
 func holderScore(w *Worker, lambda float64) float64 {
 	score := w.QueueWaitMs
 	if w.Held > 0 && lambda != 0 {
-		score += lambda * w.RestoreDelayMs()
+		score += float64(lambda * w.RestoreDelayMs())
 	}
 	return score
 }

@@ -30,6 +30,9 @@ const (
 	// ReasonIncarnationFailed: the worker incarnation named was marked
 	// failed or left; a worker still running must register a new one.
 	ReasonIncarnationFailed = "INCARNATION_FAILED"
+	// ReasonSessionExpired: the session named expired, was destroyed or
+	// never existed (its placements are completed); create a new one.
+	ReasonSessionExpired = "SESSION_EXPIRED"
 )
 
 // Reason returns the ErrorInfo reason the controller gave err, or "".
@@ -213,4 +216,19 @@ func (c *Client) WatchEvents(ctx context.Context, from uint64) (grpc.ServerStrea
 // ReportUnreachable tells the leader a worker's stream broke.
 func (c *Client) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachableRequest) (*pb.ReportUnreachableResponse, error) {
 	return call(c, ctx, req, pb.ControllerClient.ReportUnreachable)
+}
+
+// CreateSession opens a session for a gateway.
+func (c *Client) CreateSession(ctx context.Context, req *pb.CreateSessionRequest) (*pb.CreateSessionResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.CreateSession)
+}
+
+// RenewSession keeps a session alive for another TTL.
+func (c *Client) RenewSession(ctx context.Context, req *pb.RenewSessionRequest) (*pb.RenewSessionResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.RenewSession)
+}
+
+// DestroySession ends a session and completes its placements.
+func (c *Client) DestroySession(ctx context.Context, req *pb.DestroySessionRequest) (*pb.DestroySessionResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.DestroySession)
 }

@@ -73,10 +73,15 @@ func (Consistency) EnumDescriptor() ([]byte, []int) {
 }
 
 type DispatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	PromptTokens  uint32                 `protobuf:"varint,2,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
-	MaxTokens     uint32                 `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	PromptTokens uint32                 `protobuf:"varint,2,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	MaxTokens    uint32                 `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// The session the placement belongs to (gateways always send one). An
+	// expired or unknown session fails FailedPrecondition with ErrorInfo
+	// reason SESSION_EXPIRED. Empty: the placement belongs to no session and
+	// only Complete removes it (tools that complete their own requests).
+	SessionId     string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -130,6 +135,13 @@ func (x *DispatchRequest) GetMaxTokens() uint32 {
 		return x.MaxTokens
 	}
 	return 0
+}
+
+func (x *DispatchRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
 }
 
 type DispatchResponse struct {
@@ -1439,8 +1451,10 @@ type ClusterStatusResponse struct {
 	State          string                 `protobuf:"bytes,11,opt,name=state,proto3" json:"state,omitempty"`
 	// With with_state_hash: FNV-1a 64 of the state at applied index
 	// state_index.
-	StateHash     uint64 `protobuf:"varint,12,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
-	StateIndex    uint64 `protobuf:"varint,13,opt,name=state_index,json=stateIndex,proto3" json:"state_index,omitempty"`
+	StateHash  uint64 `protobuf:"varint,12,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
+	StateIndex uint64 `protobuf:"varint,13,opt,name=state_index,json=stateIndex,proto3" json:"state_index,omitempty"`
+	// Live gateway sessions.
+	Sessions      uint32 `protobuf:"varint,14,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1562,6 +1576,13 @@ func (x *ClusterStatusResponse) GetStateHash() uint64 {
 func (x *ClusterStatusResponse) GetStateIndex() uint64 {
 	if x != nil {
 		return x.StateIndex
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetSessions() uint32 {
+	if x != nil {
+		return x.Sessions
 	}
 	return 0
 }
@@ -1800,17 +1821,328 @@ func (x *ReportUnreachableResponse) GetProbeError() string {
 	return ""
 }
 
+type CreateSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gateway's name (1..128 printable ASCII bytes), for operators.
+	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// How long the session lives without a renewal, in milliseconds
+	// (1000..3600000).
+	TtlMs         uint32 `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionRequest) Reset() {
+	*x = CreateSessionRequest{}
+	mi := &file_controller_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionRequest) ProtoMessage() {}
+
+func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
+func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *CreateSessionRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *CreateSessionRequest) GetTtlMs() uint32 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type CreateSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionResponse) Reset() {
+	*x = CreateSessionResponse{}
+	mi := &file_controller_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionResponse) ProtoMessage() {}
+
+func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
+func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *CreateSessionResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *CreateSessionResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type RenewSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewSessionRequest) Reset() {
+	*x = RenewSessionRequest{}
+	mi := &file_controller_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewSessionRequest) ProtoMessage() {}
+
+func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
+func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RenewSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type RenewSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewSessionResponse) Reset() {
+	*x = RenewSessionResponse{}
+	mi := &file_controller_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewSessionResponse) ProtoMessage() {}
+
+func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
+func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RenewSessionResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *RenewSessionResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type DestroySessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DestroySessionRequest) Reset() {
+	*x = DestroySessionRequest{}
+	mi := &file_controller_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DestroySessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DestroySessionRequest) ProtoMessage() {}
+
+func (x *DestroySessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DestroySessionRequest.ProtoReflect.Descriptor instead.
+func (*DestroySessionRequest) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DestroySessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type DestroySessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the session had already expired or never existed.
+	Destroyed bool `protobuf:"varint,1,opt,name=destroyed,proto3" json:"destroyed,omitempty"`
+	// Placements the destruction completed.
+	Completed     uint32 `protobuf:"varint,2,opt,name=completed,proto3" json:"completed,omitempty"`
+	Index         uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DestroySessionResponse) Reset() {
+	*x = DestroySessionResponse{}
+	mi := &file_controller_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DestroySessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DestroySessionResponse) ProtoMessage() {}
+
+func (x *DestroySessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DestroySessionResponse.ProtoReflect.Descriptor instead.
+func (*DestroySessionResponse) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *DestroySessionResponse) GetDestroyed() bool {
+	if x != nil {
+		return x.Destroyed
+	}
+	return false
+}
+
+func (x *DestroySessionResponse) GetCompleted() uint32 {
+	if x != nil {
+		return x.Completed
+	}
+	return 0
+}
+
+func (x *DestroySessionResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\blumen.v1\x1a\vtypes.proto\"t\n" +
+	"\x10controller.proto\x12\blumen.v1\x1a\vtypes.proto\x1a\tfsm.proto\"\x93\x01\n" +
 	"\x0fDispatchRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\rR\fpromptTokens\x12\x1d\n" +
 	"\n" +
-	"max_tokens\x18\x03 \x01(\rR\tmaxTokens\"\xa2\x01\n" +
+	"max_tokens\x18\x03 \x01(\rR\tmaxTokens\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\"\xa2\x01\n" +
 	"\x10DispatchResponse\x121\n" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12\x1b\n" +
 	"\tno_holder\x18\x02 \x01(\bR\bnoHolder\x12(\n" +
@@ -1886,7 +2218,7 @@ const file_controller_proto_rawDesc = "" +
 	"\bprevious\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bprevious\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\">\n" +
 	"\x14ClusterStatusRequest\x12&\n" +
-	"\x0fwith_state_hash\x18\x01 \x01(\bR\rwithStateHash\"\xab\x03\n" +
+	"\x0fwith_state_hash\x18\x01 \x01(\bR\rwithStateHash\"\xc7\x03\n" +
 	"\x15ClusterStatusResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12(\n" +
 	"\x10leader_grpc_addr\x18\x02 \x01(\tR\x0eleaderGrpcAddr\x12\x12\n" +
@@ -1905,7 +2237,8 @@ const file_controller_proto_rawDesc = "" +
 	"\n" +
 	"state_hash\x18\f \x01(\x04R\tstateHash\x12\x1f\n" +
 	"\vstate_index\x18\r \x01(\x04R\n" +
-	"stateIndex\"\x9b\x01\n" +
+	"stateIndex\x12\x1a\n" +
+	"\bsessions\x18\x0e \x01(\rR\bsessions\"\x9b\x01\n" +
 	"\x15SetWorkerPhaseRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
@@ -1921,10 +2254,29 @@ const file_controller_proto_rawDesc = "" +
 	"\x19ReportUnreachableResponse\x12#\n" +
 	"\rmarked_failed\x18\x01 \x01(\bR\fmarkedFailed\x12\x1f\n" +
 	"\vprobe_error\x18\x02 \x01(\tR\n" +
-	"probeError*B\n" +
+	"probeError\"C\n" +
+	"\x14CreateSessionRequest\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"Z\n" +
+	"\x15CreateSessionResponse\x12+\n" +
+	"\asession\x18\x01 \x01(\v2\x11.lumen.v1.SessionR\asession\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"4\n" +
+	"\x13RenewSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"Y\n" +
+	"\x14RenewSessionResponse\x12+\n" +
+	"\asession\x18\x01 \x01(\v2\x11.lumen.v1.SessionR\asession\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"6\n" +
+	"\x15DestroySessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"j\n" +
+	"\x16DestroySessionResponse\x12\x1c\n" +
+	"\tdestroyed\x18\x01 \x01(\bR\tdestroyed\x12\x1c\n" +
+	"\tcompleted\x18\x02 \x01(\rR\tcompleted\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index*B\n" +
 	"\vConsistency\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x00\x12\x15\n" +
-	"\x11CONSISTENCY_STALE\x10\x012\xbe\x05\n" +
+	"\x11CONSISTENCY_STALE\x10\x012\xb4\a\n" +
 	"\n" +
 	"Controller\x12A\n" +
 	"\bDispatch\x12\x19.lumen.v1.DispatchRequest\x1a\x1a.lumen.v1.DispatchResponse\x12A\n" +
@@ -1936,7 +2288,10 @@ const file_controller_proto_rawDesc = "" +
 	"\vListWorkers\x12\x1c.lumen.v1.ListWorkersRequest\x1a\x1d.lumen.v1.ListWorkersResponse\x12>\n" +
 	"\vWatchEvents\x12\x1c.lumen.v1.WatchEventsRequest\x1a\x0f.lumen.v1.Event0\x01\x12S\n" +
 	"\x0eSetWorkerPhase\x12\x1f.lumen.v1.SetWorkerPhaseRequest\x1a .lumen.v1.SetWorkerPhaseResponse\x12\\\n" +
-	"\x11ReportUnreachable\x12\".lumen.v1.ReportUnreachableRequest\x1a#.lumen.v1.ReportUnreachableResponse2\xdb\x03\n" +
+	"\x11ReportUnreachable\x12\".lumen.v1.ReportUnreachableRequest\x1a#.lumen.v1.ReportUnreachableResponse\x12P\n" +
+	"\rCreateSession\x12\x1e.lumen.v1.CreateSessionRequest\x1a\x1f.lumen.v1.CreateSessionResponse\x12M\n" +
+	"\fRenewSession\x12\x1d.lumen.v1.RenewSessionRequest\x1a\x1e.lumen.v1.RenewSessionResponse\x12S\n" +
+	"\x0eDestroySession\x12\x1f.lumen.v1.DestroySessionRequest\x1a .lumen.v1.DestroySessionResponse2\xdb\x03\n" +
 	"\bOperator\x12D\n" +
 	"\tRaftPeers\x12\x1a.lumen.v1.RaftPeersRequest\x1a\x1b.lumen.v1.RaftPeersResponse\x12A\n" +
 	"\bAddVoter\x12\x19.lumen.v1.AddVoterRequest\x1a\x1a.lumen.v1.AddVoterResponse\x12G\n" +
@@ -1959,7 +2314,7 @@ func file_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_controller_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: lumen.v1.Consistency
 	(*DispatchRequest)(nil),            // 1: lumen.v1.DispatchRequest
@@ -1993,65 +2348,80 @@ var file_controller_proto_goTypes = []any{
 	(*SetWorkerPhaseResponse)(nil),     // 29: lumen.v1.SetWorkerPhaseResponse
 	(*ReportUnreachableRequest)(nil),   // 30: lumen.v1.ReportUnreachableRequest
 	(*ReportUnreachableResponse)(nil),  // 31: lumen.v1.ReportUnreachableResponse
-	(*Placement)(nil),                  // 32: lumen.v1.Placement
-	(*LoadRecord)(nil),                 // 33: lumen.v1.LoadRecord
-	(*Worker)(nil),                     // 34: lumen.v1.Worker
-	(Strategy)(0),                      // 35: lumen.v1.Strategy
-	(WorkerPhase)(0),                   // 36: lumen.v1.WorkerPhase
-	(*Event)(nil),                      // 37: lumen.v1.Event
+	(*CreateSessionRequest)(nil),       // 32: lumen.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),      // 33: lumen.v1.CreateSessionResponse
+	(*RenewSessionRequest)(nil),        // 34: lumen.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),       // 35: lumen.v1.RenewSessionResponse
+	(*DestroySessionRequest)(nil),      // 36: lumen.v1.DestroySessionRequest
+	(*DestroySessionResponse)(nil),     // 37: lumen.v1.DestroySessionResponse
+	(*Placement)(nil),                  // 38: lumen.v1.Placement
+	(*LoadRecord)(nil),                 // 39: lumen.v1.LoadRecord
+	(*Worker)(nil),                     // 40: lumen.v1.Worker
+	(Strategy)(0),                      // 41: lumen.v1.Strategy
+	(WorkerPhase)(0),                   // 42: lumen.v1.WorkerPhase
+	(*Session)(nil),                    // 43: lumen.v1.Session
+	(*Event)(nil),                      // 44: lumen.v1.Event
 }
 var file_controller_proto_depIdxs = []int32{
-	32, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
-	33, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
-	34, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
-	34, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
+	38, // 0: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
+	39, // 1: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
+	40, // 2: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
+	40, // 3: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
 	0,  // 4: lumen.v1.GetPlacementRequest.consistency:type_name -> lumen.v1.Consistency
-	32, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
+	38, // 5: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
 	0,  // 6: lumen.v1.ListWorkersRequest.consistency:type_name -> lumen.v1.Consistency
-	34, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
-	33, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
+	40, // 7: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
+	39, // 8: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
 	13, // 9: lumen.v1.ListWorkersResponse.reservations:type_name -> lumen.v1.HolderReservation
 	16, // 10: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
-	35, // 11: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
-	35, // 12: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
-	35, // 13: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
-	36, // 14: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
-	34, // 15: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
-	1,  // 16: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
-	3,  // 17: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
-	5,  // 18: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
-	7,  // 19: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
-	9,  // 20: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
-	11, // 21: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
-	14, // 22: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
-	28, // 23: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
-	30, // 24: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
-	15, // 25: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
-	18, // 26: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
-	20, // 27: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
-	22, // 28: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
-	24, // 29: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
-	26, // 30: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
-	2,  // 31: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
-	4,  // 32: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
-	6,  // 33: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
-	8,  // 34: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
-	10, // 35: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
-	12, // 36: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
-	37, // 37: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
-	29, // 38: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
-	31, // 39: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
-	17, // 40: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
-	19, // 41: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
-	21, // 42: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
-	23, // 43: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
-	25, // 44: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
-	27, // 45: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
-	31, // [31:46] is the sub-list for method output_type
-	16, // [16:31] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	41, // 11: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
+	41, // 12: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
+	41, // 13: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
+	42, // 14: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
+	40, // 15: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
+	43, // 16: lumen.v1.CreateSessionResponse.session:type_name -> lumen.v1.Session
+	43, // 17: lumen.v1.RenewSessionResponse.session:type_name -> lumen.v1.Session
+	1,  // 18: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
+	3,  // 19: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
+	5,  // 20: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
+	7,  // 21: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
+	9,  // 22: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
+	11, // 23: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
+	14, // 24: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
+	28, // 25: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
+	30, // 26: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
+	32, // 27: lumen.v1.Controller.CreateSession:input_type -> lumen.v1.CreateSessionRequest
+	34, // 28: lumen.v1.Controller.RenewSession:input_type -> lumen.v1.RenewSessionRequest
+	36, // 29: lumen.v1.Controller.DestroySession:input_type -> lumen.v1.DestroySessionRequest
+	15, // 30: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
+	18, // 31: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
+	20, // 32: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
+	22, // 33: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
+	24, // 34: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
+	26, // 35: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
+	2,  // 36: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
+	4,  // 37: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
+	6,  // 38: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
+	8,  // 39: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
+	10, // 40: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
+	12, // 41: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
+	44, // 42: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
+	29, // 43: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
+	31, // 44: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
+	33, // 45: lumen.v1.Controller.CreateSession:output_type -> lumen.v1.CreateSessionResponse
+	35, // 46: lumen.v1.Controller.RenewSession:output_type -> lumen.v1.RenewSessionResponse
+	37, // 47: lumen.v1.Controller.DestroySession:output_type -> lumen.v1.DestroySessionResponse
+	17, // 48: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
+	19, // 49: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
+	21, // 50: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
+	23, // 51: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
+	25, // 52: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
+	27, // 53: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
+	36, // [36:54] is the sub-list for method output_type
+	18, // [18:36] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -2060,13 +2430,14 @@ func file_controller_proto_init() {
 		return
 	}
 	file_types_proto_init()
+	file_fsm_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   31,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

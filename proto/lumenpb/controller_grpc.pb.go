@@ -31,6 +31,9 @@ const (
 	Controller_WatchEvents_FullMethodName       = "/lumen.v1.Controller/WatchEvents"
 	Controller_SetWorkerPhase_FullMethodName    = "/lumen.v1.Controller/SetWorkerPhase"
 	Controller_ReportUnreachable_FullMethodName = "/lumen.v1.Controller/ReportUnreachable"
+	Controller_CreateSession_FullMethodName     = "/lumen.v1.Controller/CreateSession"
+	Controller_RenewSession_FullMethodName      = "/lumen.v1.Controller/RenewSession"
+	Controller_DestroySession_FullMethodName    = "/lumen.v1.Controller/DestroySession"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -57,6 +60,16 @@ type ControllerClient interface {
 	// peer saw a stream to the worker break. The leader probes the worker and,
 	// when the probe fails, commits MarkFailed.
 	ReportUnreachable(ctx context.Context, in *ReportUnreachableRequest, opts ...grpc.CallOption) (*ReportUnreachableResponse, error)
+	// CreateSession opens a session for a gateway: the placements it
+	// dispatches in it are completed when the session expires (no renewal
+	// within its TTL) or is destroyed, so a gateway that dies leaks nothing.
+	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error)
+	// RenewSession keeps a session alive for another TTL. An expired or
+	// unknown session fails FailedPrecondition with ErrorInfo reason
+	// SESSION_EXPIRED: create a new one.
+	RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error)
+	// DestroySession ends a session and completes its placements. Idempotent.
+	DestroySession(ctx context.Context, in *DestroySessionRequest, opts ...grpc.CallOption) (*DestroySessionResponse, error)
 }
 
 type controllerClient struct {
@@ -166,6 +179,36 @@ func (c *controllerClient) ReportUnreachable(ctx context.Context, in *ReportUnre
 	return out, nil
 }
 
+func (c *controllerClient) CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateSessionResponse)
+	err := c.cc.Invoke(ctx, Controller_CreateSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controllerClient) RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewSessionResponse)
+	err := c.cc.Invoke(ctx, Controller_RenewSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controllerClient) DestroySession(ctx context.Context, in *DestroySessionRequest, opts ...grpc.CallOption) (*DestroySessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DestroySessionResponse)
+	err := c.cc.Invoke(ctx, Controller_DestroySession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -190,6 +233,16 @@ type ControllerServer interface {
 	// peer saw a stream to the worker break. The leader probes the worker and,
 	// when the probe fails, commits MarkFailed.
 	ReportUnreachable(context.Context, *ReportUnreachableRequest) (*ReportUnreachableResponse, error)
+	// CreateSession opens a session for a gateway: the placements it
+	// dispatches in it are completed when the session expires (no renewal
+	// within its TTL) or is destroyed, so a gateway that dies leaks nothing.
+	CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error)
+	// RenewSession keeps a session alive for another TTL. An expired or
+	// unknown session fails FailedPrecondition with ErrorInfo reason
+	// SESSION_EXPIRED: create a new one.
+	RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error)
+	// DestroySession ends a session and completes its placements. Idempotent.
+	DestroySession(context.Context, *DestroySessionRequest) (*DestroySessionResponse, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -226,6 +279,15 @@ func (UnimplementedControllerServer) SetWorkerPhase(context.Context, *SetWorkerP
 }
 func (UnimplementedControllerServer) ReportUnreachable(context.Context, *ReportUnreachableRequest) (*ReportUnreachableResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportUnreachable not implemented")
+}
+func (UnimplementedControllerServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateSession not implemented")
+}
+func (UnimplementedControllerServer) RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewSession not implemented")
+}
+func (UnimplementedControllerServer) DestroySession(context.Context, *DestroySessionRequest) (*DestroySessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DestroySession not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -403,6 +465,60 @@ func _Controller_ReportUnreachable_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Controller_CreateSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).CreateSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_CreateSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).CreateSession(ctx, req.(*CreateSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Controller_RenewSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).RenewSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_RenewSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).RenewSession(ctx, req.(*RenewSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Controller_DestroySession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DestroySessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).DestroySession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_DestroySession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).DestroySession(ctx, req.(*DestroySessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -441,6 +557,18 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportUnreachable",
 			Handler:    _Controller_ReportUnreachable_Handler,
+		},
+		{
+			MethodName: "CreateSession",
+			Handler:    _Controller_CreateSession_Handler,
+		},
+		{
+			MethodName: "RenewSession",
+			Handler:    _Controller_RenewSession_Handler,
+		},
+		{
+			MethodName: "DestroySession",
+			Handler:    _Controller_DestroySession_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

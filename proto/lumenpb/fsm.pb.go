@@ -87,6 +87,9 @@ type Command struct {
 	//	*Command_SetPhase
 	//	*Command_Leave
 	//	*Command_Noop
+	//	*Command_CreateSession
+	//	*Command_RenewSession
+	//	*Command_DestroySession
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -217,6 +220,33 @@ func (x *Command) GetNoop() *NoopCmd {
 	return nil
 }
 
+func (x *Command) GetCreateSession() *CreateSessionCmd {
+	if x != nil {
+		if x, ok := x.Body.(*Command_CreateSession); ok {
+			return x.CreateSession
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRenewSession() *RenewSessionCmd {
+	if x != nil {
+		if x, ok := x.Body.(*Command_RenewSession); ok {
+			return x.RenewSession
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetDestroySession() *DestroySessionCmd {
+	if x != nil {
+		if x, ok := x.Body.(*Command_DestroySession); ok {
+			return x.DestroySession
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -257,6 +287,18 @@ type Command_Noop struct {
 	Noop *NoopCmd `protobuf:"bytes,18,opt,name=noop,proto3,oneof"`
 }
 
+type Command_CreateSession struct {
+	CreateSession *CreateSessionCmd `protobuf:"bytes,19,opt,name=create_session,json=createSession,proto3,oneof"`
+}
+
+type Command_RenewSession struct {
+	RenewSession *RenewSessionCmd `protobuf:"bytes,20,opt,name=renew_session,json=renewSession,proto3,oneof"`
+}
+
+type Command_DestroySession struct {
+	DestroySession *DestroySessionCmd `protobuf:"bytes,21,opt,name=destroy_session,json=destroySession,proto3,oneof"`
+}
+
 func (*Command_RegisterWorker) isCommand_Body() {}
 
 func (*Command_Dispatch) isCommand_Body() {}
@@ -274,6 +316,12 @@ func (*Command_SetPhase) isCommand_Body() {}
 func (*Command_Leave) isCommand_Body() {}
 
 func (*Command_Noop) isCommand_Body() {}
+
+func (*Command_CreateSession) isCommand_Body() {}
+
+func (*Command_RenewSession) isCommand_Body() {}
+
+func (*Command_DestroySession) isCommand_Body() {}
 
 type RegisterWorkerCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -320,10 +368,14 @@ func (x *RegisterWorkerCmd) GetWorker() *Worker {
 }
 
 type DispatchCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	PromptTokens  uint32                 `protobuf:"varint,2,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
-	MaxTokens     uint32                 `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	PromptTokens uint32                 `protobuf:"varint,2,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	MaxTokens    uint32                 `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// The session the placement belongs to; it is completed when the session
+	// expires or is destroyed. Empty: a placement of no session, which only
+	// Complete removes.
+	SessionId     string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -377,6 +429,13 @@ func (x *DispatchCmd) GetMaxTokens() uint32 {
 		return x.MaxTokens
 	}
 	return 0
+}
+
+func (x *DispatchCmd) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
 }
 
 type CompleteCmd struct {
@@ -700,7 +759,12 @@ func (x *LeaveCmd) GetIncarnation() uint64 {
 }
 
 type NoopCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set on a new leader's first command: every session is renewed as of
+	// its stamp before expiry is checked (Consul resets session timers on an
+	// election too), so a quorum outage longer than a TTL, in which no
+	// gateway could renew, does not end every session at once.
+	RenewSessions bool `protobuf:"varint,1,opt,name=renew_sessions,json=renewSessions,proto3" json:"renew_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +799,306 @@ func (*NoopCmd) Descriptor() ([]byte, []int) {
 	return file_fsm_proto_rawDescGZIP(), []int{10}
 }
 
+func (x *NoopCmd) GetRenewSessions() bool {
+	if x != nil {
+		return x.RenewSessions
+	}
+	return false
+}
+
+// CreateSessionCmd opens a session. The controller picks the id (at random,
+// before proposing: Apply never draws one).
+type CreateSessionCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	TtlNanos      int64                  `protobuf:"varint,3,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionCmd) Reset() {
+	*x = CreateSessionCmd{}
+	mi := &file_fsm_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionCmd) ProtoMessage() {}
+
+func (x *CreateSessionCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionCmd.ProtoReflect.Descriptor instead.
+func (*CreateSessionCmd) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CreateSessionCmd) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CreateSessionCmd) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *CreateSessionCmd) GetTtlNanos() int64 {
+	if x != nil {
+		return x.TtlNanos
+	}
+	return 0
+}
+
+type RenewSessionCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewSessionCmd) Reset() {
+	*x = RenewSessionCmd{}
+	mi := &file_fsm_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewSessionCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewSessionCmd) ProtoMessage() {}
+
+func (x *RenewSessionCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewSessionCmd.ProtoReflect.Descriptor instead.
+func (*RenewSessionCmd) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RenewSessionCmd) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DestroySessionCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DestroySessionCmd) Reset() {
+	*x = DestroySessionCmd{}
+	mi := &file_fsm_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DestroySessionCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DestroySessionCmd) ProtoMessage() {}
+
+func (x *DestroySessionCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DestroySessionCmd.ProtoReflect.Descriptor instead.
+func (*DestroySessionCmd) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DestroySessionCmd) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// Session is a gateway's lease on its placements (Consul-style): created and
+// renewed through Raft, and expired in Apply once a command is stamped later
+// than renewed_unix_nano + ttl_nanos. Expiry or destruction completes the
+// session's placements and frees their holders' reservations.
+type Session struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Who holds it: the gateway's name, for operators.
+	Owner           string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	TtlNanos        int64  `protobuf:"varint,3,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	CreatedUnixNano int64  `protobuf:"varint,4,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
+	// The stamp of the command that created or last renewed it.
+	RenewedUnixNano int64  `protobuf:"varint,5,opt,name=renewed_unix_nano,json=renewedUnixNano,proto3" json:"renewed_unix_nano,omitempty"`
+	CreatedIndex    uint64 `protobuf:"varint,6,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Session) Reset() {
+	*x = Session{}
+	mi := &file_fsm_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Session) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Session) ProtoMessage() {}
+
+func (x *Session) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Session.ProtoReflect.Descriptor instead.
+func (*Session) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Session) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Session) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Session) GetTtlNanos() int64 {
+	if x != nil {
+		return x.TtlNanos
+	}
+	return 0
+}
+
+func (x *Session) GetCreatedUnixNano() int64 {
+	if x != nil {
+		return x.CreatedUnixNano
+	}
+	return 0
+}
+
+func (x *Session) GetRenewedUnixNano() int64 {
+	if x != nil {
+		return x.RenewedUnixNano
+	}
+	return 0
+}
+
+func (x *Session) GetCreatedIndex() uint64 {
+	if x != nil {
+		return x.CreatedIndex
+	}
+	return 0
+}
+
+// SessionPlacement says a placement belongs to a session.
+type SessionPlacement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionPlacement) Reset() {
+	*x = SessionPlacement{}
+	mi := &file_fsm_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionPlacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionPlacement) ProtoMessage() {}
+
+func (x *SessionPlacement) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionPlacement.ProtoReflect.Descriptor instead.
+func (*SessionPlacement) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SessionPlacement) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *SessionPlacement) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
 // Snapshot is the whole FSM state. Every repeated field is sorted by key so
 // that two replicas with the same state write byte-identical snapshots.
 type Snapshot struct {
@@ -752,13 +1116,17 @@ type Snapshot struct {
 	NextRecoveryId    uint64             `protobuf:"varint,9,opt,name=next_recovery_id,json=nextRecoveryId,proto3" json:"next_recovery_id,omitempty"`
 	Pending           []*PendingDispatch `protobuf:"bytes,10,rep,name=pending,proto3" json:"pending,omitempty"`
 	LastStampUnixNano int64              `protobuf:"varint,11,opt,name=last_stamp_unix_nano,json=lastStampUnixNano,proto3" json:"last_stamp_unix_nano,omitempty"`
+	// Sorted by id.
+	Sessions []*Session `protobuf:"bytes,12,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// Sorted by request id.
+	SessionPlacements []*SessionPlacement `protobuf:"bytes,13,rep,name=session_placements,json=sessionPlacements,proto3" json:"session_placements,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsm_proto_msgTypes[11]
+	mi := &file_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +1138,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[11]
+	mi := &file_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +1151,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Snapshot) GetAppliedIndex() uint64 {
@@ -863,6 +1231,20 @@ func (x *Snapshot) GetLastStampUnixNano() int64 {
 	return 0
 }
 
+func (x *Snapshot) GetSessions() []*Session {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+func (x *Snapshot) GetSessionPlacements() []*SessionPlacement {
+	if x != nil {
+		return x.SessionPlacements
+	}
+	return nil
+}
+
 // PendingDispatch counts what was dispatched to a worker since its last load
 // report, so a burst of dispatches does not herd onto one worker.
 type PendingDispatch struct {
@@ -876,7 +1258,7 @@ type PendingDispatch struct {
 
 func (x *PendingDispatch) Reset() {
 	*x = PendingDispatch{}
-	mi := &file_fsm_proto_msgTypes[12]
+	mi := &file_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1270,7 @@ func (x *PendingDispatch) String() string {
 func (*PendingDispatch) ProtoMessage() {}
 
 func (x *PendingDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[12]
+	mi := &file_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1283,7 @@ func (x *PendingDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDispatch.ProtoReflect.Descriptor instead.
 func (*PendingDispatch) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PendingDispatch) GetWorkerId() string {
@@ -931,7 +1313,7 @@ const file_fsm_proto_rawDesc = "" +
 	"\n" +
 	"\tfsm.proto\x12\blumen.v1\x1a\vtypes.proto\"9\n" +
 	"\bLogEntry\x12-\n" +
-	"\bcommands\x18\x01 \x03(\v2\x11.lumen.v1.CommandR\bcommands\"\xb1\x04\n" +
+	"\bcommands\x18\x01 \x03(\v2\x11.lumen.v1.CommandR\bcommands\"\x80\x06\n" +
 	"\aCommand\x12*\n" +
 	"\x11stamped_unix_nano\x18\x01 \x01(\x03R\x0fstampedUnixNano\x12F\n" +
 	"\x0fregister_worker\x18\n" +
@@ -945,16 +1327,21 @@ const file_fsm_proto_rawDesc = "" +
 	"\fset_strategy\x18\x0f \x01(\v2\x18.lumen.v1.SetStrategyCmdH\x00R\vsetStrategy\x124\n" +
 	"\tset_phase\x18\x10 \x01(\v2\x15.lumen.v1.SetPhaseCmdH\x00R\bsetPhase\x12*\n" +
 	"\x05leave\x18\x11 \x01(\v2\x12.lumen.v1.LeaveCmdH\x00R\x05leave\x12'\n" +
-	"\x04noop\x18\x12 \x01(\v2\x11.lumen.v1.NoopCmdH\x00R\x04noopB\x06\n" +
+	"\x04noop\x18\x12 \x01(\v2\x11.lumen.v1.NoopCmdH\x00R\x04noop\x12C\n" +
+	"\x0ecreate_session\x18\x13 \x01(\v2\x1a.lumen.v1.CreateSessionCmdH\x00R\rcreateSession\x12@\n" +
+	"\rrenew_session\x18\x14 \x01(\v2\x19.lumen.v1.RenewSessionCmdH\x00R\frenewSession\x12F\n" +
+	"\x0fdestroy_session\x18\x15 \x01(\v2\x1b.lumen.v1.DestroySessionCmdH\x00R\x0edestroySessionB\x06\n" +
 	"\x04body\"=\n" +
 	"\x11RegisterWorkerCmd\x12(\n" +
-	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"p\n" +
+	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"\x8f\x01\n" +
 	"\vDispatchCmd\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\rR\fpromptTokens\x12\x1d\n" +
 	"\n" +
-	"max_tokens\x18\x03 \x01(\rR\tmaxTokens\".\n" +
+	"max_tokens\x18\x03 \x01(\rR\tmaxTokens\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\".\n" +
 	"\vCompleteCmd\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
 	"requestIds\"9\n" +
@@ -974,8 +1361,29 @@ const file_fsm_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"I\n" +
 	"\bLeaveCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"\t\n" +
-	"\aNoopCmd\"\xea\x03\n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"0\n" +
+	"\aNoopCmd\x12%\n" +
+	"\x0erenew_sessions\x18\x01 \x01(\bR\rrenewSessions\"U\n" +
+	"\x10CreateSessionCmd\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1b\n" +
+	"\tttl_nanos\x18\x03 \x01(\x03R\bttlNanos\"!\n" +
+	"\x0fRenewSessionCmd\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"#\n" +
+	"\x11DestroySessionCmd\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc9\x01\n" +
+	"\aSession\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1b\n" +
+	"\tttl_nanos\x18\x03 \x01(\x03R\bttlNanos\x12*\n" +
+	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12*\n" +
+	"\x11renewed_unix_nano\x18\x05 \x01(\x03R\x0frenewedUnixNano\x12#\n" +
+	"\rcreated_index\x18\x06 \x01(\x04R\fcreatedIndex\"P\n" +
+	"\x10SessionPlacement\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\xe4\x04\n" +
 	"\bSnapshot\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12.\n" +
 	"\bstrategy\x18\x02 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
@@ -992,7 +1400,9 @@ const file_fsm_proto_rawDesc = "" +
 	"\x10next_recovery_id\x18\t \x01(\x04R\x0enextRecoveryId\x123\n" +
 	"\apending\x18\n" +
 	" \x03(\v2\x19.lumen.v1.PendingDispatchR\apending\x12/\n" +
-	"\x14last_stamp_unix_nano\x18\v \x01(\x03R\x11lastStampUnixNano\"`\n" +
+	"\x14last_stamp_unix_nano\x18\v \x01(\x03R\x11lastStampUnixNano\x12-\n" +
+	"\bsessions\x18\f \x03(\v2\x11.lumen.v1.SessionR\bsessions\x12I\n" +
+	"\x12session_placements\x18\r \x03(\v2\x1a.lumen.v1.SessionPlacementR\x11sessionPlacements\"`\n" +
 	"\x0fPendingDispatch\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\rR\brequests\x12\x14\n" +
@@ -1010,7 +1420,7 @@ func file_fsm_proto_rawDescGZIP() []byte {
 	return file_fsm_proto_rawDescData
 }
 
-var file_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_fsm_proto_goTypes = []any{
 	(*LogEntry)(nil),          // 0: lumen.v1.LogEntry
 	(*Command)(nil),           // 1: lumen.v1.Command
@@ -1023,14 +1433,19 @@ var file_fsm_proto_goTypes = []any{
 	(*SetPhaseCmd)(nil),       // 8: lumen.v1.SetPhaseCmd
 	(*LeaveCmd)(nil),          // 9: lumen.v1.LeaveCmd
 	(*NoopCmd)(nil),           // 10: lumen.v1.NoopCmd
-	(*Snapshot)(nil),          // 11: lumen.v1.Snapshot
-	(*PendingDispatch)(nil),   // 12: lumen.v1.PendingDispatch
-	(*Worker)(nil),            // 13: lumen.v1.Worker
-	(*LoadRecord)(nil),        // 14: lumen.v1.LoadRecord
-	(Strategy)(0),             // 15: lumen.v1.Strategy
-	(WorkerPhase)(0),          // 16: lumen.v1.WorkerPhase
-	(*Placement)(nil),         // 17: lumen.v1.Placement
-	(*RecoveryPlan)(nil),      // 18: lumen.v1.RecoveryPlan
+	(*CreateSessionCmd)(nil),  // 11: lumen.v1.CreateSessionCmd
+	(*RenewSessionCmd)(nil),   // 12: lumen.v1.RenewSessionCmd
+	(*DestroySessionCmd)(nil), // 13: lumen.v1.DestroySessionCmd
+	(*Session)(nil),           // 14: lumen.v1.Session
+	(*SessionPlacement)(nil),  // 15: lumen.v1.SessionPlacement
+	(*Snapshot)(nil),          // 16: lumen.v1.Snapshot
+	(*PendingDispatch)(nil),   // 17: lumen.v1.PendingDispatch
+	(*Worker)(nil),            // 18: lumen.v1.Worker
+	(*LoadRecord)(nil),        // 19: lumen.v1.LoadRecord
+	(Strategy)(0),             // 20: lumen.v1.Strategy
+	(WorkerPhase)(0),          // 21: lumen.v1.WorkerPhase
+	(*Placement)(nil),         // 22: lumen.v1.Placement
+	(*RecoveryPlan)(nil),      // 23: lumen.v1.RecoveryPlan
 }
 var file_fsm_proto_depIdxs = []int32{
 	1,  // 0: lumen.v1.LogEntry.commands:type_name -> lumen.v1.Command
@@ -1043,21 +1458,26 @@ var file_fsm_proto_depIdxs = []int32{
 	8,  // 7: lumen.v1.Command.set_phase:type_name -> lumen.v1.SetPhaseCmd
 	9,  // 8: lumen.v1.Command.leave:type_name -> lumen.v1.LeaveCmd
 	10, // 9: lumen.v1.Command.noop:type_name -> lumen.v1.NoopCmd
-	13, // 10: lumen.v1.RegisterWorkerCmd.worker:type_name -> lumen.v1.Worker
-	14, // 11: lumen.v1.ReportLoadCmd.load:type_name -> lumen.v1.LoadRecord
-	15, // 12: lumen.v1.SetStrategyCmd.strategy:type_name -> lumen.v1.Strategy
-	16, // 13: lumen.v1.SetPhaseCmd.phase:type_name -> lumen.v1.WorkerPhase
-	15, // 14: lumen.v1.Snapshot.strategy:type_name -> lumen.v1.Strategy
-	13, // 15: lumen.v1.Snapshot.workers:type_name -> lumen.v1.Worker
-	14, // 16: lumen.v1.Snapshot.loads:type_name -> lumen.v1.LoadRecord
-	17, // 17: lumen.v1.Snapshot.placements:type_name -> lumen.v1.Placement
-	18, // 18: lumen.v1.Snapshot.recoveries:type_name -> lumen.v1.RecoveryPlan
-	12, // 19: lumen.v1.Snapshot.pending:type_name -> lumen.v1.PendingDispatch
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	11, // 10: lumen.v1.Command.create_session:type_name -> lumen.v1.CreateSessionCmd
+	12, // 11: lumen.v1.Command.renew_session:type_name -> lumen.v1.RenewSessionCmd
+	13, // 12: lumen.v1.Command.destroy_session:type_name -> lumen.v1.DestroySessionCmd
+	18, // 13: lumen.v1.RegisterWorkerCmd.worker:type_name -> lumen.v1.Worker
+	19, // 14: lumen.v1.ReportLoadCmd.load:type_name -> lumen.v1.LoadRecord
+	20, // 15: lumen.v1.SetStrategyCmd.strategy:type_name -> lumen.v1.Strategy
+	21, // 16: lumen.v1.SetPhaseCmd.phase:type_name -> lumen.v1.WorkerPhase
+	20, // 17: lumen.v1.Snapshot.strategy:type_name -> lumen.v1.Strategy
+	18, // 18: lumen.v1.Snapshot.workers:type_name -> lumen.v1.Worker
+	19, // 19: lumen.v1.Snapshot.loads:type_name -> lumen.v1.LoadRecord
+	22, // 20: lumen.v1.Snapshot.placements:type_name -> lumen.v1.Placement
+	23, // 21: lumen.v1.Snapshot.recoveries:type_name -> lumen.v1.RecoveryPlan
+	17, // 22: lumen.v1.Snapshot.pending:type_name -> lumen.v1.PendingDispatch
+	14, // 23: lumen.v1.Snapshot.sessions:type_name -> lumen.v1.Session
+	15, // 24: lumen.v1.Snapshot.session_placements:type_name -> lumen.v1.SessionPlacement
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_fsm_proto_init() }
@@ -1076,6 +1496,9 @@ func file_fsm_proto_init() {
 		(*Command_SetPhase)(nil),
 		(*Command_Leave)(nil),
 		(*Command_Noop)(nil),
+		(*Command_CreateSession)(nil),
+		(*Command_RenewSession)(nil),
+		(*Command_DestroySession)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1083,7 +1506,7 @@ func file_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsm_proto_rawDesc), len(file_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,119 @@
+package controller
+
+// Validation of what a call carries, and the mapping of errors to gRPC
+// statuses.
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/internal/ctlclient"
+)
+
+// Limits on what a call may carry.
+const (
+	MaxRequestIDBytes = 128
+	MaxWorkerIDBytes  = 64
+	MaxPromptTokens   = 1 << 20
+	MaxOutputTokens   = 1 << 20
+	MaxCompleteBatch  = 4096
+	MaxSessionIDBytes = 128
+	MaxOwnerBytes     = 128
+	MinSessionTTL     = time.Duration(fsm.MinSessionTTLNanos)
+	MaxSessionTTL     = time.Duration(fsm.MaxSessionTTLNanos)
+)
+
+func retryable(err error) bool {
+	return errors.Is(err, errNotLeader) || errors.Is(err, raft.ErrNotLeader) ||
+		errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) ||
+		errors.Is(err, raft.ErrEnqueueTimeout)
+}
+
+// toStatus maps errors to gRPC statuses.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, fsm.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, fsm.ErrIncarnationFailed):
+		// The worker acts on this one: the reason says it is not the
+		// stale-incarnation refusal a second process under the same id gets.
+		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(&errdetails.ErrorInfo{
+			Reason: ctlclient.ReasonIncarnationFailed, Domain: ctlclient.ErrorDomain})
+		if derr != nil {
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return st.Err()
+	case errors.Is(err, fsm.ErrSessionExpired):
+		// The gateway acts on this one: it creates a new session.
+		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(&errdetails.ErrorInfo{
+			Reason: ctlclient.ReasonSessionExpired, Domain: ctlclient.ErrorDomain})
+		if derr != nil {
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return st.Err()
+	case errors.Is(err, fsm.ErrUnknownWorker):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, fsm.ErrStaleIncarnation), errors.Is(err, fsm.ErrCompleted), errors.Is(err, fsm.ErrNoWorker):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case retryable(err), errors.Is(err, raft.ErrRaftShutdown), errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func validateRequestID(id string) error {
+	if id == "" || len(id) > MaxRequestIDBytes {
+		return status.Errorf(codes.InvalidArgument, "request_id must be 1..%d bytes, got %d", MaxRequestIDBytes, len(id))
+	}
+	for _, c := range []byte(id) {
+		if c < 0x21 || c > 0x7e {
+			return status.Errorf(codes.InvalidArgument, "request_id %q has a byte 0x%02x: only printable ASCII without spaces is allowed", id, c)
+		}
+	}
+	return nil
+}
+
+func validateWorkerID(id string) error {
+	if id == "" || len(id) > MaxWorkerIDBytes {
+		return status.Errorf(codes.InvalidArgument, "worker id must be 1..%d bytes, got %d", MaxWorkerIDBytes, len(id))
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return status.Errorf(codes.InvalidArgument, "worker id %q: only letters, digits, '-', '_' and '.' are allowed", id)
+		}
+	}
+	return nil
+}
+
+// validatePrintable checks an id-like field: 1..max printable ASCII bytes
+// without spaces.
+func validatePrintable(field, v string, max int) error {
+	if v == "" || len(v) > max {
+		return status.Errorf(codes.InvalidArgument, "%s must be 1..%d bytes, got %d", field, max, len(v))
+	}
+	for _, c := range []byte(v) {
+		if c < 0x21 || c > 0x7e {
+			return status.Errorf(codes.InvalidArgument, "%s %q has a byte 0x%02x: only printable ASCII without spaces is allowed", field, v, c)
+		}
+	}
+	return nil
+}
+
+func validateSessionID(id string) error {
+	return validatePrintable("session_id", id, MaxSessionIDBytes)
+}

@@ -1,0 +1,161 @@
+package fsm
+
+import (
+	"fmt"
+	"sort"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// Sessions (Consul-style): a gateway's lease on the placements it
+// dispatches. A session is created and renewed through Raft and expires in
+// Apply, by the leader-stamped time alone: before a command is applied,
+// every session with renewed + ttl < the command's stamp expires, oldest
+// deadline first (ties by id). Expiring or destroying a session completes its
+// placements, which frees their holders' reservations, so a gateway that
+// crashes or loses its Complete flush leaks nothing past its TTL.
+//
+// Stamps only move when commands are applied; the leader proposes a no-op
+// once a session's deadline has passed on its clock, so an idle cluster
+// expires sessions too. A new leader's first command renews every session
+// (NoopCmd.renew_sessions): while there was no leader no gateway could
+// renew, and its clock may differ from the last leader's.
+
+// Session TTL bounds, enforced by Apply as well as by the controller.
+const (
+	MinSessionTTLNanos = int64(1e9)        // 1 s
+	MaxSessionTTLNanos = int64(3600 * 1e9) // 1 h
+)
+
+func sessionDeadline(s *pb.Session) int64 { return s.RenewedUnixNano + s.TtlNanos }
+
+func (s *state) createSession(c *pb.CreateSessionCmd, idx uint64) Result {
+	if c.Id == "" || c.TtlNanos < MinSessionTTLNanos || c.TtlNanos > MaxSessionTTLNanos {
+		return Result{Err: fmt.Errorf("%w: session needs an id and a TTL of 1 s..1 h (id %q, ttl %d ns)", ErrInvalid, c.Id, c.TtlNanos)}
+	}
+	if old, ok := s.sessions[c.Id]; ok {
+		// A retried create (the controller draws ids at random, so
+		// nothing else repeats one): the first answer.
+		return Result{Session: old}
+	}
+	ss := &pb.Session{Id: c.Id, Owner: c.Owner, TtlNanos: c.TtlNanos,
+		CreatedUnixNano: s.lastStamp, RenewedUnixNano: s.lastStamp, CreatedIndex: idx}
+	s.sessions[c.Id] = ss
+	s.noteDeadline(ss)
+	return Result{Session: ss}
+}
+
+func (s *state) renewSession(c *pb.RenewSessionCmd) Result {
+	old, ok := s.sessions[c.Id]
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %q", ErrSessionExpired, c.Id)}
+	}
+	ns := &pb.Session{Id: old.Id, Owner: old.Owner, TtlNanos: old.TtlNanos,
+		CreatedUnixNano: old.CreatedUnixNano, RenewedUnixNano: s.lastStamp, CreatedIndex: old.CreatedIndex}
+	s.sessions[c.Id] = ns
+	if sessionDeadline(old) == s.nextExpiry {
+		// It was (one of) the earliest: find the new earliest, so the
+		// leader does not wake for a deadline that moved.
+		s.nextExpiry = 0
+		for _, ss := range s.sessions {
+			s.noteDeadline(ss) // a minimum: map order does not matter
+		}
+	}
+	return Result{Session: ns}
+}
+
+func (s *state) destroySession(c *pb.DestroySessionCmd, idx uint64) Result {
+	if _, ok := s.sessions[c.Id]; !ok {
+		return Result{Destroyed: &pb.DestroySessionResponse{Index: idx}}
+	}
+	n := s.endSession(c.Id)
+	return Result{Destroyed: &pb.DestroySessionResponse{Destroyed: true, Completed: n, Index: idx}}
+}
+
+// endSession removes a session and completes its placements, in request id
+// order. It returns how many it completed.
+func (s *state) endSession(id string) uint32 {
+	reqs := sortedKeys(s.sessionReqs[id])
+	for _, rid := range reqs {
+		s.finish(s.placements[rid])
+	}
+	delete(s.sessions, id)
+	delete(s.sessionReqs, id)
+	return uint32(len(reqs))
+}
+
+// renewAllSessions renews every session as of the last stamp.
+func (s *state) renewAllSessions() {
+	s.nextExpiry = 0
+	for id, old := range s.sessions { // each row on its own: map order does not matter
+		ns := &pb.Session{Id: old.Id, Owner: old.Owner, TtlNanos: old.TtlNanos,
+			CreatedUnixNano: old.CreatedUnixNano, RenewedUnixNano: s.lastStamp, CreatedIndex: old.CreatedIndex}
+		s.sessions[id] = ns
+		s.noteDeadline(ns)
+	}
+}
+
+// noteDeadline keeps nextExpiry at or below a session's deadline.
+func (s *state) noteDeadline(ss *pb.Session) {
+	if d := sessionDeadline(ss); s.nextExpiry == 0 || d < s.nextExpiry {
+		s.nextExpiry = d
+	}
+}
+
+// expireSessions ends every session whose deadline is before the last
+// stamp. nextExpiry (derived state, never in snapshots) lets the common case
+// — nothing due — cost one comparison.
+func (s *state) expireSessions() (expired int) {
+	if s.nextExpiry == 0 || s.lastStamp <= s.nextExpiry {
+		return 0
+	}
+	ids := make([]string, 0, len(s.sessions))
+	for id := range s.sessions {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var due []*pb.Session
+	s.nextExpiry = 0
+	for _, id := range ids {
+		ss := s.sessions[id]
+		if sessionDeadline(ss) < s.lastStamp {
+			due = append(due, ss)
+		} else {
+			s.noteDeadline(ss)
+		}
+	}
+	sort.SliceStable(due, func(i, j int) bool { return sessionDeadline(due[i]) < sessionDeadline(due[j]) })
+	for _, ss := range due {
+		s.endSession(ss.Id)
+	}
+	return len(due)
+}
+
+// NextSessionExpiry returns the earliest time (Unix nanoseconds, by the
+// stamps of applied commands) at which a session may expire, or 0 when there
+// is none. The leader proposes a no-op once its clock passes it, so expiry
+// does not wait for other traffic.
+func (f *FSM) NextSessionExpiry() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.nextExpiry
+}
+
+// Session returns a session's row, or nil when it expired, was destroyed or
+// never existed, and the request ids of its placements, sorted.
+func (f *FSM) Session(id string) (*pb.Session, []string) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	ss, ok := f.st.sessions[id]
+	if !ok {
+		return nil, nil
+	}
+	return ss, sortedKeys(f.st.sessionReqs[id])
+}
+
+// Sessions returns the number of live sessions.
+func (f *FSM) Sessions() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return len(f.st.sessions)
+}

@@ -1,0 +1,205 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+
+	"github.com/lumen-project/lumen/controller"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// syncBuffer collects log output from several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitUntil polls cond until it holds, failing the test after timeout.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// startController starts a one-replica controller quorum in dir on the
+// given addresses ("127.0.0.1:0" picks them) and waits for it to lead.
+func startController(t *testing.T, dir, grpcAddr, raftAddr, serfAddr string) *controller.Node {
+	t.Helper()
+	cfg := controller.DefaultConfig()
+	cfg.NodeID, cfg.DataDir, cfg.BootstrapExpect = "c0", dir, 1
+	cfg.GRPCAddr, cfg.RaftAddr, cfg.SerfAddr = grpcAddr, raftAddr, serfAddr
+	cfg.Logger = hclog.NewNullLogger()
+	n, err := controller.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 15*time.Second, "the controller to lead", n.IsLeader)
+	return n
+}
+
+func ctlClient(t *testing.T, n *controller.Node) pb.ControllerClient {
+	t.Helper()
+	cc, err := grpc.NewClient(n.GRPCAddr(), controller.DialOptions(nil)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return pb.NewControllerClient(cc)
+}
+
+func registerWorkers(t *testing.T, cl pb.ControllerClient) {
+	t.Helper()
+	for _, id := range []string{"w1", "w2"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := cl.RegisterWorker(ctx, &pb.RegisterWorkerRequest{Worker: &pb.Worker{Id: id, Incarnation: 1, GrpcAddr: "127.0.0.1:1",
+			Capacity: &pb.Capacity{KvPagesTotal: 1000, KvBytesPerToken: 1024, CheckpointBudgetBytes: 1 << 30, MaxContextTokens: 4096}}})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCompleterRetriesUntilTheControllerTakesIt: Completes flushed while
+// the controller is down are kept and retried, and reach it once it is back;
+// the placements are then gone. The flusher used to log the failure and drop
+// the batch, leaving the placements (and their reservations) forever.
+func TestCompleterRetriesUntilTheControllerTakesIt(t *testing.T) {
+	dir := t.TempDir()
+	ctl := startController(t, dir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+	addrs := [3]string{ctl.GRPCAddr(), ctl.RaftAddr(), ctl.SerfAddr()}
+	defer func() { ctl.Shutdown() }()
+	cl := ctlClient(t, ctl)
+	registerWorkers(t, cl)
+	ids := []string{"r1", "r2", "r3"}
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := cl.Dispatch(ctx, &pb.DispatchRequest{RequestId: id, PromptTokens: 10, MaxTokens: 10})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var logs syncBuffer
+	g := newTestGateway(t, func(c *Config) {
+		c.Controllers = []string{addrs[0]}
+		c.Logger = hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn})
+		c.SessionTTL = time.Minute
+	})
+	if err := ctl.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		g.done <- id
+	}
+	waitUntil(t, 30*time.Second, "two failed flushes", func() bool {
+		return strings.Count(logs.String(), "complete failed") >= 2
+	})
+
+	ctl = startController(t, dir, addrs[0], addrs[1], addrs[2])
+	waitUntil(t, 30*time.Second, "the retried Complete to remove the placements", func() bool {
+		for _, id := range ids {
+			if p, _ := ctl.FSM().Placement(id); p != nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestSessionKeptRenewedAndDestroyed: the gateway opens a session, renews it
+// past several TTLs, opens a new one when the controller has ended it (as an
+// expiry would), dispatches in it — retrying once a dispatch finds the
+// session gone — and destroys it on Close, completing its placements.
+func TestSessionKeptRenewedAndDestroyed(t *testing.T) {
+	ctl := startController(t, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+	defer ctl.Shutdown()
+	cl := ctlClient(t, ctl)
+	registerWorkers(t, cl)
+	g := newTestGateway(t, func(c *Config) {
+		c.Controllers = []string{ctl.GRPCAddr()}
+		c.SessionTTL = time.Second
+		c.Name = "gw-test"
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := g.session.current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, _ := ctl.FSM().Session(first)
+	if ss == nil || ss.Owner != "gw-test" || ss.TtlNanos != int64(time.Second) {
+		t.Fatalf("session row %v", ss)
+	}
+	created := ss.CreatedUnixNano
+	waitUntil(t, 10*time.Second, "the session to live three TTLs on renewals", func() bool {
+		ss, _ := ctl.FSM().Session(first)
+		if ss == nil {
+			t.Fatal("the session expired although the gateway renews it")
+		}
+		return ss.RenewedUnixNano-created > int64(3*time.Second)
+	})
+
+	// Ended under the gateway: the next renewal opens a new session.
+	if _, err := cl.DestroySession(ctx, &pb.DestroySessionRequest{SessionId: first}); err != nil {
+		t.Fatal(err)
+	}
+	var second string
+	waitUntil(t, 10*time.Second, "a new session", func() bool {
+		g.session.mu.Lock()
+		second = g.session.id
+		g.session.mu.Unlock()
+		return second != "" && second != first
+	})
+
+	// A dispatch that finds its session gone opens a new one and retries.
+	if _, err := cl.DestroySession(ctx, &pb.DestroySessionRequest{SessionId: second}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10})
+	if err != nil {
+		t.Fatalf("dispatch after the session ended: %v", err)
+	}
+	if resp.Placement.RequestId != "q1" {
+		t.Fatalf("placement %v", resp.Placement)
+	}
+	g.session.mu.Lock()
+	third := g.session.id
+	g.session.mu.Unlock()
+	if _, reqs := ctl.FSM().Session(third); fmt.Sprint(reqs) != "[q1]" {
+		t.Fatalf("session %s holds %v, want [q1]", third, reqs)
+	}
+
+	g.Close()
+	if n := ctl.FSM().Sessions(); n != 0 {
+		t.Fatalf("%d sessions after the gateway closed", n)
+	}
+	if p, _ := ctl.FSM().Placement("q1"); p != nil {
+		t.Fatalf("placement of a closed gateway: %v", p)
+	}
+}
