@@ -497,3 +497,18 @@ func (p *pauser) close() {
 	p.mu.Unlock()
 	p.wg.Wait()
 }
+
+// The gateway holds a controller session for its placements; the fake keeps
+// one that never expires.
+
+func (r *replica) CreateSession(_ context.Context, req *pb.CreateSessionRequest) (*pb.CreateSessionResponse, error) {
+	return &pb.CreateSessionResponse{Session: &pb.Session{Id: "s-" + req.Owner, Owner: req.Owner, TtlNanos: int64(req.TtlMs) * 1e6}}, nil
+}
+
+func (r *replica) RenewSession(_ context.Context, req *pb.RenewSessionRequest) (*pb.RenewSessionResponse, error) {
+	return &pb.RenewSessionResponse{Session: &pb.Session{Id: req.SessionId}}, nil
+}
+
+func (r *replica) DestroySession(context.Context, *pb.DestroySessionRequest) (*pb.DestroySessionResponse, error) {
+	return &pb.DestroySessionResponse{Destroyed: true}, nil
+}
