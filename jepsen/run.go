@@ -211,7 +211,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	var gwAddrs []string
 	for range cfg.Gateways {
-		gw, err := cl.StartGateway("")
+		gw, err := cl.StartGateway("", "-session-ttl", cfg.SessionTTL.String())
 		if err != nil {
 			return nil, err
 		}

@@ -29,6 +29,8 @@ func runGateway(args []string) error {
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "and this key")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body")
 	fs.IntVar(&cfg.MaxConcurrent, "max-concurrent", cfg.MaxConcurrent, "requests in flight before 429")
+	fs.StringVar(&cfg.Name, "name", "", "the name of the gateway's controller session, for operators (default host@listen-address)")
+	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long the controller keeps this gateway's placements after it stops renewing its session (1s..1h)")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
