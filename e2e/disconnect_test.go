@@ -43,8 +43,12 @@ func TestClientDisconnectCancelsOnWorker(t *testing.T) {
 	for sc.Scan() && !strings.HasPrefix(sc.Text(), "data: ") {
 	}
 	url := "http://" + w.HTTPAddr + "/metrics"
-	if metricValue(t, url, "lumen_worker_running") != 1 {
-		t.Fatal("the worker is not running the request")
+	// The worker publishes its gauges after the step that produced the
+	// token the client just read: wait for them to catch up.
+	for start := time.Now(); metricValue(t, url, "lumen_worker_running") != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the worker is not running the request")
+		}
 	}
 	rcancel()
 	resp.Body.Close()
