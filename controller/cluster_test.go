@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -754,5 +755,31 @@ func TestReplacementReplicaDoesNotBootstrap(t *testing.T) {
 	}
 	if mine.Term != theirs.Term || !bytes.Equal(mine.Data, theirs.Data) {
 		t.Fatalf("the replacement's log entry 1 (term %d) is not the leader's (term %d): it bootstrapped a configuration of its own", mine.Term, theirs.Term)
+	}
+}
+
+// TestFailedStartReturnsError: a replica that cannot start (its gRPC port is
+// taken, as when a restarted controller's port went to another process)
+// returns an error and releases what it opened, instead of panicking in its
+// own cleanup.
+func TestFailedStartReturnsError(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := DefaultConfig()
+	cfg.NodeID = "c0"
+	cfg.DataDir = t.TempDir()
+	cfg.RaftAddr, cfg.GRPCAddr, cfg.SerfAddr = "127.0.0.1:0", taken.Addr().String(), "127.0.0.1:0"
+	cfg.BootstrapExpect = 1
+	cfg.Logger = hclog.NewNullLogger()
+	n, err := New(cfg)
+	if err == nil {
+		n.Shutdown()
+		t.Fatal("New succeeded on a taken gRPC port")
+	}
+	if n != nil || !strings.Contains(err.Error(), taken.Addr().String()) {
+		t.Fatalf("New = %v, %v; want nil and an error naming %s", n, err, taken.Addr())
 	}
 }

@@ -102,9 +102,12 @@ func New(cfg Config) (n *Node, err error) {
 		metrics:      newMetrics(),
 	}
 	n.fsm.ObserveApply(n.metrics.observeApply)
+	// Every failed start returns (nil, err), so the cleanup must hold on to
+	// the node itself rather than read the named result.
+	started := n
 	defer func() {
 		if err != nil {
-			_ = n.Shutdown()
+			_ = started.Shutdown()
 		}
 	}()
 	serverTLS, clientTLS, err := cfg.TLS.Load()
