@@ -159,9 +159,13 @@ func Run(cfg Config) error {
 	t0 := time.Now()
 	cl.Kill(leader)
 	var firstWrite time.Duration
+	// A probe that timed out may still have committed: complete them all,
+	// so no probe placement outlives the demo's story.
+	var probes []string
 	for i := 0; ; i++ {
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := client.Dispatch(wctx, &pb.DispatchRequest{RequestId: fmt.Sprintf("probe-%d", i), PromptTokens: 8, MaxTokens: 1})
+		probes = append(probes, fmt.Sprintf("probe-%d", i))
+		_, err := client.Dispatch(wctx, &pb.DispatchRequest{RequestId: probes[i], PromptTokens: 8, MaxTokens: 1})
 		wcancel()
 		if err == nil {
 			firstWrite = time.Since(t0)
@@ -171,7 +175,7 @@ func Run(cfg Config) error {
 			return fmt.Errorf("no write after the leader died: %w", err)
 		}
 	}
-	_, _ = client.Complete(ctx, &pb.CompleteRequest{RequestIds: []string{"probe-0"}})
+	_, _ = client.Complete(ctx, &pb.CompleteRequest{RequestIds: probes})
 	newLeader, err := cl.WaitLeader(ctx)
 	if err != nil {
 		return err

@@ -23,6 +23,10 @@ const DevStateFile = "dev-state.json"
 // cluster's data but no DevStateFile (an older lumen wrote it).
 var ErrNoDevState = errors.New("devcluster: no recorded addresses to keep the state with")
 
+// ErrNotDevDir: a fresh start found entries with a dev cluster's names in a
+// directory no dev cluster ran in, and removed nothing.
+var ErrNotDevDir = errors.New("devcluster: the directory is not a dev cluster's")
+
 // devEntry names what a dev cluster writes in its directory; a fresh start
 // removes these and nothing else.
 var devEntry = regexp.MustCompile(`^((ctl\d+|worker-\d+)(\.log)?|gateway\.log|` + regexp.QuoteMeta(DevStateFile) + `)$`)
@@ -130,7 +134,11 @@ func interrupted(ctx context.Context, err error) error {
 }
 
 // cleanDevDir removes what an earlier dev cluster wrote in dir, and only
-// that: a -dir pointed at a folder of other things loses none of them.
+// that: a -dir pointed at a folder of other things loses none of them. The
+// names alone do not prove a folder is a dev cluster's (a user's own
+// worker-1/ matches them), so it removes them only where a dev cluster
+// left its mark: the state file, or a controller's raft.db. Otherwise it
+// refuses, naming what it would have removed.
 func cleanDevDir(dir string) error {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -139,14 +147,35 @@ func cleanDevDir(dir string) error {
 	if err != nil {
 		return err
 	}
+	var ours []string
 	for _, e := range ents {
 		if devEntry.MatchString(e.Name()) {
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-				return fmt.Errorf("devcluster: start fresh: %w", err)
-			}
+			ours = append(ours, e.Name())
+		}
+	}
+	if len(ours) == 0 {
+		return nil
+	}
+	if !isDevDir(dir) {
+		return fmt.Errorf("%w: %s holds %s but no %s or controller raft.db; choose another -dir, or remove them yourself",
+			ErrNotDevDir, dir, strings.Join(ours, ", "), DevStateFile)
+	}
+	for _, name := range ours {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("devcluster: start fresh: %w", err)
 		}
 	}
 	return nil
+}
+
+// isDevDir says whether a dev cluster ran in dir: it wrote its state file
+// there, or a controller's Raft log.
+func isDevDir(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, DevStateFile)); err == nil {
+		return true
+	}
+	dbs, _ := filepath.Glob(filepath.Join(dir, "ctl[0-9]*", "raft.db"))
+	return len(dbs) > 0
 }
 
 // loadDevState reads the addresses a kept cluster must come back on; a

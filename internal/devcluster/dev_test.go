@@ -2,6 +2,7 @@ package devcluster
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -40,6 +41,33 @@ func TestCleanDevDirRemovesOnlyItsOwn(t *testing.T) {
 	}
 	if err := cleanDevDir(filepath.Join(dir, "absent")); err != nil {
 		t.Fatalf("a directory not there yet: %v", err)
+	}
+}
+
+// A folder no dev cluster ran in keeps its worker-1/ and ctl1.log: a fresh
+// start refuses rather than guess from names.
+func TestCleanDevDirRefusesAForeignFolder(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range []string{"worker-1/mine.txt", "ctl1.log", "notes.txt"} {
+		touch(t, filepath.Join(dir, p))
+	}
+	err := cleanDevDir(dir)
+	if !errors.Is(err, ErrNotDevDir) {
+		t.Fatalf("cleanDevDir = %v, want ErrNotDevDir", err)
+	}
+	for _, p := range []string{"worker-1/mine.txt", "ctl1.log", "notes.txt"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			t.Fatalf("%s was removed: %v", p, err)
+		}
+	}
+	// A controller's raft.db marks a dev cluster's folder (an older lumen
+	// wrote no state file).
+	touch(t, filepath.Join(dir, "ctl1", "raft.db"))
+	if err := cleanDevDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "worker-1")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("worker-1 survived the clean of a dev cluster's folder: %v", err)
 	}
 }
 
