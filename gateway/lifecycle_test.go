@@ -70,7 +70,13 @@ func TestAbandonedAttemptCompletedAfterSlotIsBack(t *testing.T) {
 	r.fc.forget(first)
 	c1.out <- &pb.GenerateResponse{Token: 'z', Index: 3}
 	<-c1.sent
+	broke := time.Now()
 	c2 := r.w["w1"].next(t)
+	// The held Complete gives up after 5 s and the flusher then takes
+	// from its queue again: a resume that waited on the queue comes after.
+	if took := time.Since(broke); took > 4*time.Second || r.fc.completes.Load() != 1 {
+		t.Fatalf("the request was placed afresh %s after the break, after %d Complete calls: it waited on the flusher", took, r.fc.completes.Load())
+	}
 	if c2.req.RequestId != first+"~1" {
 		t.Fatalf("second attempt is %q, want %q", c2.req.RequestId, first+"~1")
 	}
