@@ -251,7 +251,12 @@ func TestSessionSurvivesShortOutage(t *testing.T) {
 	path.setCut(false)
 	t.Logf("cut from last renewal + %s for %s", cutAt.Sub(last), ttl/2)
 	// Past the deadline the old schedule would have missed.
-	waitUntil(t, 2*ttl, "a renewal after the outage", func() bool { return renewed().After(cutAt.Add(ttl / 2)) })
+	waitUntil(t, 2*ttl, "a renewal after the outage", func() bool {
+		if ss, _ := ctl.FSM().Session(first); ss == nil {
+			t.Fatalf("session %s expired during an outage of half its TTL", first)
+		}
+		return renewed().After(cutAt.Add(ttl / 2))
+	})
 	waitUntil(t, 2*ttl, "the old deadline to pass", func() bool { return time.Since(last) > ttl+time.Second })
 	if ss, _ := ctl.FSM().Session(first); ss == nil {
 		t.Fatalf("session %s expired during an outage of half its TTL", first)
