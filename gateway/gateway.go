@@ -87,8 +87,9 @@ type Config struct {
 	// SessionTTL is how long the controller keeps the gateway's session
 	// without a renewal (default DefaultSessionTTL, 10 s; 1 s..1 h). When a
 	// gateway dies or is cut off from the quorum this long, its placements
-	// are completed and their checkpoint reservations freed. It renews every
-	// SessionTTL/3. Shorter frees a dead gateway's reservations sooner; longer
+	// are completed and their checkpoint reservations freed. It renews
+	// SessionTTL/3 after the last renewal that went through and retries a
+	// failed one within a second. Shorter frees a dead gateway's reservations sooner; longer
 	// rides out longer controller outages.
 	SessionTTL time.Duration
 	Logger     hclog.Logger
