@@ -89,8 +89,8 @@ type Config struct {
 	// gateway dies or is cut off from the quorum this long, its placements
 	// are completed and their checkpoint reservations freed. It renews
 	// SessionTTL/3 after the last renewal that went through and retries a
-	// failed one within a second. Shorter frees a dead gateway's reservations sooner; longer
-	// rides out longer controller outages.
+	// failed one within a second. Shorter frees a dead gateway's
+	// reservations sooner; longer rides out longer controller outages.
 	SessionTTL time.Duration
 	Logger     hclog.Logger
 }

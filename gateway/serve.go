@@ -235,7 +235,7 @@ func dispatchError(err error) *apiError {
 	switch {
 	case errors.Is(err, errNoSession):
 		ae.Code = "no_controller_session"
-		ae.Message = fmt.Sprintf("the gateway has no controller session (no controller answered in time): %v; retry later", err)
+		ae.Message = "the gateway has no controller session: no controller answered within the dispatch timeout; retry later"
 	case ctlclient.Reason(err) == ctlclient.ReasonSessionExpired:
 		ae.Code = "session_expired"
 		ae.Message = fmt.Sprintf("the gateway's controller session expired while placing the request: %s; retry", msg)
