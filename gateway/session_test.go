@@ -213,7 +213,7 @@ func TestSessionKeptRenewedAndDestroyed(t *testing.T) {
 // stays up: a restarted or newly elected leader renews every session
 // itself, so only the gateway's path is cut.
 func TestSessionSurvivesShortOutage(t *testing.T) {
-	const ttl = 6 * time.Second
+	const ttl = 9 * time.Second
 	ctl := startController(t, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
 	defer ctl.Shutdown()
 	cl := ctlClient(t, ctl)
