@@ -75,6 +75,33 @@ type fakeController struct {
 	reportGate   chan struct{}
 	// nextEpoch, when set, makes GetPlacement bump the epoch on every call.
 	nextEpoch bool
+	// dispatched and completed are the ids Dispatch placed and Complete
+	// was given, in order (under mu).
+	dispatched, completed []string
+	// onDispatch, when set, runs in Dispatch after the placement is made
+	// and before the answer; a non-nil error is the answer.
+	onDispatch func(ctx context.Context, pl *pb.Placement) error
+}
+
+// completedIDs returns the ids Complete was given so far.
+func (fc *fakeController) completedIDs() []string {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	return append([]string(nil), fc.completed...)
+}
+
+// dispatchedIDs returns the ids Dispatch placed so far.
+func (fc *fakeController) dispatchedIDs() []string {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	return append([]string(nil), fc.dispatched...)
+}
+
+// forget drops a placement, as the end of its session does.
+func (fc *fakeController) forget(id string) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	delete(fc.placements, id)
 }
 
 func newFakeController(dispatchTo string) *fakeController {
@@ -130,9 +157,18 @@ func (fc *fakeController) serve(t *testing.T) (*replica, string) {
 	})
 }
 
-func (r *replica) Dispatch(_ context.Context, req *pb.DispatchRequest) (*pb.DispatchResponse, error) {
+func (r *replica) Dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.DispatchResponse, error) {
 	pl := &pb.Placement{RequestId: req.RequestId, WorkerId: r.fc.dispatchTo, Epoch: 1}
 	r.fc.setPlacement(pl)
+	r.fc.mu.Lock()
+	r.fc.dispatched = append(r.fc.dispatched, req.RequestId)
+	hook := r.fc.onDispatch
+	r.fc.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx, pl); err != nil {
+			return nil, err
+		}
+	}
 	return &pb.DispatchResponse{Placement: pl}, nil
 }
 
@@ -174,6 +210,9 @@ func (r *replica) Complete(ctx context.Context, req *pb.CompleteRequest) (*pb.Co
 	if err := gate(ctx, r.fc.completeGate); err != nil {
 		return nil, err
 	}
+	r.fc.mu.Lock()
+	r.fc.completed = append(r.fc.completed, req.RequestIds...)
+	r.fc.mu.Unlock()
 	return &pb.CompleteResponse{Completed: uint32(len(req.RequestIds))}, nil
 }
 

@@ -87,9 +87,10 @@ type Config struct {
 	// SessionTTL is how long the controller keeps the gateway's session
 	// without a renewal (default DefaultSessionTTL, 10 s; 1 s..1 h). When a
 	// gateway dies or is cut off from the quorum this long, its placements
-	// are completed and their checkpoint reservations freed. It renews every
-	// SessionTTL/3. Shorter frees a dead gateway's reservations sooner; longer
-	// rides out longer controller outages.
+	// are completed and their checkpoint reservations freed. It renews
+	// SessionTTL/3 after the last renewal that went through and retries a
+	// failed one within a second. Shorter frees a dead gateway's
+	// reservations sooner; longer rides out longer controller outages.
 	SessionTTL time.Duration
 	Logger     hclog.Logger
 }
@@ -163,7 +164,7 @@ type Gateway struct {
 
 	workers *workerdir.Directory
 
-	mu         sync.Mutex // guards maxContext, readyAt, ready, reporting, flights, closing
+	mu         sync.Mutex // guards maxContext, readyAt, ready, reporting, flights, closing, draining
 	maxContext int
 	readyAt    time.Time
 	ready      error
@@ -172,6 +173,13 @@ type Gateway struct {
 	// id, as the move watcher sees it (see moves.go).
 	flights map[string]*flight
 	closing bool // set by Close: goFunc starts nothing more
+	// draining is set by Close once the HTTP server stopped: a handler that
+	// starts after it answers 503 at once; handlers counts those running.
+	draining bool
+	handlers sync.WaitGroup
+	// closeGrace is how long Close lets handlers finish before it cuts
+	// their connections and cancels them (5 s; tests shorten it).
+	closeGrace time.Duration
 
 	srv    *http.Server
 	lis    net.Listener
@@ -201,7 +209,7 @@ func New(cfg Config) (*Gateway, error) {
 		admit: make(chan struct{}, cfg.MaxConcurrent), done: make(chan string, 4096),
 		workers: workerdir.New(ctl, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
-		maxContext: cfg.MaxContext, stop: make(chan struct{}),
+		maxContext: cfg.MaxContext, stop: make(chan struct{}), closeGrace: 5 * time.Second,
 		flights: map[string]*flight{}}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	for _, addr := range ctl.Addrs() {
@@ -263,18 +271,28 @@ func (g *Gateway) goFunc(f func()) bool {
 // Addr is the address the gateway listens on.
 func (g *Gateway) Addr() string { return g.lis.Addr().String() }
 
-// Close stops serving (in-flight streams end), flushes Completes and waits
-// for every goroutine the gateway started. It is idempotent.
+// Close stops serving, flushes Completes and waits for every goroutine the
+// gateway started. Handlers get closeGrace to finish; then their
+// connections are closed and their requests cancelled (in-flight streams
+// end), and Close waits for them before the last flush, so their Completes
+// are sent and nothing calls a closed client. It is idempotent.
 func (g *Gateway) Close() {
 	g.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = g.srv.Shutdown(ctx)
+		ctx, cancel := context.WithTimeout(context.Background(), g.closeGrace)
+		if err := g.srv.Shutdown(ctx); err != nil {
+			g.log.Warn("handlers still running after the grace period; cutting them", "grace", g.closeGrace, "error", err)
+			_ = g.srv.Close()
+		}
 		cancel()
+		g.mu.Lock()
+		g.draining = true
+		g.mu.Unlock()
+		g.cancel() // ends the handlers' requests
+		g.handlers.Wait()
 		g.mu.Lock()
 		g.closing = true
 		g.mu.Unlock()
 		close(g.stop)
-		g.cancel()
 		g.wg.Wait()
 		// After the last Complete flush: what is left of the session's
 		// placements is completed with it.
@@ -283,6 +301,19 @@ func (g *Gateway) Close() {
 		cancel()
 		g.closeConns()
 	})
+}
+
+// enterHandler counts a request handler in, unless Close has stopped the
+// HTTP server (false: the handler must answer at once, without the
+// controller or workers).
+func (g *Gateway) enterHandler() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.draining {
+		return false
+	}
+	g.handlers.Add(1)
+	return true
 }
 
 // closeConns closes every connection the gateway opened.
@@ -443,10 +474,14 @@ func (g *Gateway) completer() {
 	var pending []string
 	retry := completeRetryMin
 	var notBefore time.Time // no flush before this after a failure
+	var closeBy time.Time   // once stopping: no Complete runs past it
 	flush := func() bool {
 		for len(pending) > 0 {
 			n := min(len(pending), completeBatch)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if !closeBy.IsZero() {
+				ctx, cancel = context.WithDeadline(context.Background(), closeBy)
+			}
 			_, err := g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: pending[:n]})
 			cancel()
 			if err != nil && status.Code(err) != codes.InvalidArgument {
@@ -495,8 +530,8 @@ func (g *Gateway) completer() {
 				}
 				break
 			}
-			deadline := time.Now().Add(3 * time.Second)
-			for !flush() && time.Now().Before(deadline) {
+			closeBy = time.Now().Add(3 * time.Second)
+			for !flush() && time.Now().Before(closeBy) {
 				time.Sleep(time.Until(notBefore))
 			}
 			if len(pending) > 0 {

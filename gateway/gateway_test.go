@@ -86,7 +86,7 @@ func TestErrors(t *testing.T) {
 		{"chat bad role", "/v1/chat/completions", `{"model":"lumen-tiny","messages":[{"role":"robot","content":"x"}]}`, 400, "messages", `messages[0].role "robot"`},
 		{"chat image part", "/v1/chat/completions", `{"model":"lumen-tiny","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "messages", "only text"},
 		{"chat with prompt", "/v1/chat/completions", `{"model":"lumen-tiny","prompt":"x","messages":[{"role":"user","content":"x"}]}`, 400, "prompt", "take messages, not prompt"},
-		{"no worker", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","max_tokens":1}`, 503, "", "no worker can take the request"},
+		{"no controller", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","max_tokens":1}`, 503, "", "has no controller session"},
 	}
 	for _, c := range cases {
 		start := time.Now()

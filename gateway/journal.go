@@ -13,7 +13,7 @@ var errGap = errors.New("gateway: token index gap")
 // handler owns it; nothing else reads it.
 type entry struct {
 	id       string
-	attempt  int // re-dispatches before the first token
+	attempt  int // re-dispatches: before the first token, or after the placement was lost
 	prompt   []int32
 	out      []int32
 	params   params
@@ -36,6 +36,16 @@ func (e *entry) accept(idx uint32, tok int32) (bool, error) {
 	default:
 		return false, fmt.Errorf("%w: got index %d, expected %d", errGap, idx, n)
 	}
+}
+
+// dispatchIDs are the ids of every attempt so far, the current one last:
+// each may hold a placement until it is completed.
+func (e *entry) dispatchIDs() []string {
+	ids := []string{e.id}
+	for a := 1; a <= e.attempt; a++ {
+		ids = append(ids, fmt.Sprintf("%s~%d", e.id, a))
+	}
+	return ids
 }
 
 // dispatchID is the request id the controller knows for this attempt.

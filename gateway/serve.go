@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/internal/ctlclient"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/tokenizer"
 )
@@ -63,6 +64,11 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		}
 		g.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
 	}()
+	if !g.enterHandler() {
+		writeError(w, errClosing)
+		return
+	}
+	defer g.handlers.Done()
 	if !g.authorized(r) {
 		writeError(w, errUnauthorized)
 		return
@@ -150,19 +156,33 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		prefix = "chatcmpl-"
 	}
 	e := &entry{id: newID(prefix), prompt: prompt, params: p, maxToken: p.maxTokens}
-	ctx := r.Context()
+	// The handler's context ends with the client or, once Close has given
+	// handlers their grace, with the gateway.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(g.ctx, cancel)()
+	// Set up before the first Dispatch: a Dispatch that commits after its
+	// caller gave up (the client left, or DispatchTimeout ran out during an
+	// election) has a placement in the gateway's session all the same, and
+	// every attempt id is completed; one never placed is answered NotFound,
+	// which is harmless. The slot goes back before the flusher is waited on:
+	// a flusher that falls behind holds up the handlers that finished, never
+	// the admission of new requests.
+	defer func() {
+		release()
+		for _, id := range e.dispatchIDs() {
+			g.completeLater(id)
+		}
+	}()
+	// Followed before the Dispatch: a move event that arrives between the
+	// commit and Dispatch's answer is kept for the first stream.
+	g.follow(e.dispatchID())
+	defer func() { g.unfollow(e.dispatchID()) }()
 	placement, aerr := g.dispatch(ctx, e)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	defer func() {
-		// The slot goes back before the flusher is waited on: a flusher
-		// that falls behind holds up the handlers that finished, never
-		// the admission of new requests.
-		release()
-		g.completeLater(e.dispatchID())
-	}()
 	out := newResponder(w, chat, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, e.id, g.cfg.Model)
 	text := &textStream{stop: p.stop}
 	first := true
@@ -198,11 +218,39 @@ func (g *Gateway) dispatch(ctx context.Context, e *entry) (*pb.Placement, *apiEr
 	resp, err := g.session.dispatch(dctx, &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)),
 		MaxTokens: uint32(e.maxToken)})
 	if err != nil {
-		st := status.Convert(err)
-		return nil, &apiError{Status: 503, Type: "server_error", Code: "no_worker",
-			Message: fmt.Sprintf("no worker can take the request: %s", st.Message())}
+		return nil, dispatchError(err)
 	}
 	return resp.Placement, nil
+}
+
+var errClosing = &apiError{Status: 503, Type: "server_error", Code: "gateway_closing",
+	Message: "the gateway is shutting down; retry on another gateway"}
+
+// dispatchError says why a request could not be placed, from the cause: no
+// session yet, the session just expired, no controller answering, or no
+// worker able to take it.
+func dispatchError(err error) *apiError {
+	msg := status.Convert(err).Message()
+	ae := &apiError{Status: 503, Type: "server_error"}
+	switch {
+	case errors.Is(err, errNoSession):
+		ae.Code = "no_controller_session"
+		ae.Message = "the gateway has no controller session: no controller answered within the dispatch timeout; retry later"
+	case ctlclient.Reason(err) == ctlclient.ReasonSessionExpired:
+		ae.Code = "session_expired"
+		ae.Message = fmt.Sprintf("the gateway's controller session expired while placing the request: %s; retry", msg)
+	case status.Code(err) == codes.FailedPrecondition:
+		ae.Code = "no_worker"
+		ae.Message = fmt.Sprintf("no worker can take the request: %s", msg)
+	case status.Code(err) == codes.Unavailable, status.Code(err) == codes.DeadlineExceeded,
+		status.Code(err) == codes.Canceled, errors.Is(err, context.DeadlineExceeded):
+		ae.Code = "controller_unavailable"
+		ae.Message = fmt.Sprintf("no controller placed the request in time: %s; retry later", msg)
+	default:
+		ae.Code = "dispatch_failed"
+		ae.Message = fmt.Sprintf("the controller refused to place the request: %s", msg)
+	}
+	return ae
 }
 
 // Errors a request can end with.
@@ -232,9 +280,6 @@ func (g *Gateway) completeLater(id string) {
 // ResumeTimeout from the break, for every attempt it takes; only a new
 // token ends it.
 func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
-	id := e.dispatchID()
-	g.follow(id)
-	defer func() { g.unfollow(id) }()
 	var resumeBy time.Time // zero while the request makes progress
 	var broke error        // what broke the stream last
 	for {
@@ -269,11 +314,6 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 			return "", err
 		}
 		pl = next
-		if nid := e.dispatchID(); nid != id { // placed afresh under a new attempt id
-			g.unfollow(id)
-			id = nid
-			g.follow(id)
-		}
 	}
 }
 
@@ -349,11 +389,22 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	}
 }
 
+// redispatch places the request again under its next attempt id, followed
+// for move events before the Dispatch. The attempt it leaves is completed
+// with the others when the handler ends (serve), after its admission slot
+// is back.
+func (g *Gateway) redispatch(ctx context.Context, e *entry) (*pb.Placement, *apiError) {
+	g.unfollow(e.dispatchID())
+	e.attempt++
+	g.follow(e.dispatchID())
+	return g.dispatch(ctx, e)
+}
+
 // resumeTarget finds where a request whose stream broke continues: the
 // placement's worker once the controller moves it (recovery: a newer
 // epoch), the same worker again when it does not move (a transient break),
-// or a new placement for a request that broke before its first token. It
-// gives up at resumeBy.
+// or a new placement for a request that broke before its first token or
+// whose placement is gone (its session expired). It gives up at resumeBy.
 func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement, resumeBy time.Time) (*pb.Placement, error) {
 	start := time.Now()
 	wait := 20 * time.Millisecond
@@ -373,11 +424,13 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement, 
 		case err == nil && resp.Placement.Epoch > pl.Epoch:
 			g.metrics.resumes.WithLabelValues("moved").Inc()
 			return resp.Placement, nil
-		case len(e.out) == 0 && (status.Code(err) == codes.NotFound || time.Since(start) > time.Second):
-			// Nothing was streamed yet: place it afresh.
-			g.completeLater(e.dispatchID())
-			e.attempt++
-			npl, aerr := g.dispatch(ctx, e)
+		case status.Code(err) == codes.NotFound || (len(e.out) == 0 && time.Since(start) > time.Second):
+			// The placement is gone (its session expired, and every
+			// placement of the session was completed), or nothing was
+			// streamed yet and it did not move: place it afresh under a new
+			// attempt id. The new worker gets the journal's history and
+			// continues at the next index.
+			npl, aerr := g.redispatch(ctx, e)
 			if aerr != nil {
 				return nil, aerr
 			}

@@ -4,8 +4,9 @@ package gateway
 // the gateway dispatches belongs to it, and the controller completes them
 // all when the session expires — the gateway died, or was cut off from the
 // quorum for longer than the TTL — so a lost gateway leaks no placement and
-// no checkpoint reservation. The gateway renews the session every TTL/3,
-// opens a new one when the controller says it expired, and destroys it on
+// no checkpoint reservation. The gateway renews the session every TTL/3
+// from the last renewal that went through, retries a failed one at once
+// (with backoff) until one does, opens a new one when the controller says it expired, and destroys it on
 // Close.
 
 import (
@@ -22,8 +23,8 @@ import (
 )
 
 // DefaultSessionTTL is how long the controller keeps a gateway's session
-// without a renewal. The gateway renews every third of it, so two renewals
-// may fail in a row; when it runs out, the gateway's placements are
+// without a renewal. The gateway renews every third of it and retries a
+// failed renewal with a short backoff; when it runs out, the gateway's placements are
 // completed and their checkpoint reservations freed.
 const DefaultSessionTTL = 10 * time.Second
 
@@ -92,12 +93,27 @@ func (s *session) set(id string) {
 	close(s.ready)
 }
 
-// run opens the session and renews it until stop closes. A renewal that
-// fails for any other reason than expiry is retried at the next tick: the
-// TTL leaves room for two.
+// Renewal retries: after a failed renewal or creation the next try comes
+// after this backoff (doubling up to TTL/10, at most renewRetryMax), not a
+// whole period later, for as long as it fails.
+const (
+	renewRetryMin = 50 * time.Millisecond
+	renewRetryMax = time.Second
+)
+
+// errRenewFailed: a renewal failed for another reason than expiry (no
+// controller answered); the session may still be alive.
+var errRenewFailed = errors.New("gateway: session renewal failed")
+
+// run opens the session and renews it until stop closes. Renewals are due
+// every TTL/3 from the last one that succeeded; one that fails is retried
+// with a short backoff, so an outage shorter than the TTL less the
+// reconnect costs the gateway nothing: a failed attempt ending at
+// last+2TTL/3 must not leave the next until last+TTL, the deadline.
 func (s *session) run(stop <-chan struct{}) {
 	period := s.ttl / 3
-	retry := 50 * time.Millisecond
+	maxRetry := min(s.ttl/10, renewRetryMax)
+	retry := renewRetryMin
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -107,12 +123,14 @@ func (s *session) run(stop <-chan struct{}) {
 		case <-timer.C:
 		case <-s.renew:
 		}
-		wait := period
+		started := time.Now()
+		var wait time.Duration
 		if err := s.keep(stop); err != nil {
-			// No session at all: retry sooner, backing off.
-			wait, retry = retry, min(2*retry, period)
+			wait, retry = retry, min(2*retry, maxRetry)
 		} else {
-			retry = 50 * time.Millisecond
+			// Due a period after this renewal was sent: the controller
+			// stamped it no earlier.
+			wait, retry = time.Until(started.Add(period)), renewRetryMin
 		}
 		if !timer.Stop() {
 			select {
@@ -120,12 +138,12 @@ func (s *session) run(stop <-chan struct{}) {
 			default:
 			}
 		}
-		timer.Reset(wait)
+		timer.Reset(max(wait, 0))
 	}
 }
 
 // keep renews the current session, or opens one when there is none or it
-// expired. It fails only when the gateway is left without a session.
+// expired. It fails when the renewal or the creation did not go through.
 func (s *session) keep(stop <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl/3)
 	defer cancel()
@@ -146,7 +164,7 @@ func (s *session) keep(stop <-chan struct{}) error {
 		}
 		if ctlclient.Reason(err) != ctlclient.ReasonSessionExpired {
 			s.log.Warn("session renewal failed; retrying before the TTL runs out", "session", id, "error", err)
-			return nil
+			return fmt.Errorf("%w: %w", errRenewFailed, err)
 		}
 		s.log.Warn("session expired: its placements were completed; opening a new one", "session", id)
 		s.expired(id)

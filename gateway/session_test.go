@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -202,4 +203,157 @@ func TestSessionKeptRenewedAndDestroyed(t *testing.T) {
 	if p, _ := ctl.FSM().Placement("q1"); p != nil {
 		t.Fatalf("placement of a closed gateway: %v", p)
 	}
+}
+
+// TestSessionSurvivesShortOutage: a gateway cut off from the controller for
+// about half its session TTL, across the renewal that falls due, keeps its
+// session and its placements: a failed renewal is retried at once, not a
+// whole period later (which used to land on the deadline: last success +
+// TTL/3 + TTL/3 for the failed attempt + TTL/3 of waiting). The leader
+// stays up: a restarted or newly elected leader renews every session
+// itself, so only the gateway's path is cut.
+func TestSessionSurvivesShortOutage(t *testing.T) {
+	const ttl = 9 * time.Second
+	ctl := startController(t, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+	defer ctl.Shutdown()
+	cl := ctlClient(t, ctl)
+	registerWorkers(t, cl)
+	path := newCutter(t, ctl.GRPCAddr())
+	g := newTestGateway(t, func(c *Config) {
+		c.Controllers = []string{path.lis.Addr().String()}
+		c.SessionTTL = ttl
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := g.session.current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10}); err != nil {
+		t.Fatal(err)
+	}
+	renewed := func() time.Time {
+		ss, _ := ctl.FSM().Session(first)
+		if ss == nil {
+			return time.Time{}
+		}
+		return time.Unix(0, ss.RenewedUnixNano)
+	}
+	// Cut just before the next renewal falls due, and restore past the
+	// end of a renewal attempt that started then: half the TTL.
+	start := renewed()
+	var last time.Time
+	waitUntil(t, 10*time.Second, "a renewal", func() bool { last = renewed(); return last.After(start) })
+	waitUntil(t, ttl, "the renewal to come due", func() bool { return time.Since(last) > ttl/3-ttl/12 })
+	path.setCut(true)
+	cutAt := time.Now()
+	waitUntil(t, ttl, "half the TTL", func() bool { return time.Since(cutAt) >= ttl/2 })
+	path.setCut(false)
+	t.Logf("cut from last renewal + %s for %s", cutAt.Sub(last), ttl/2)
+	// Past the deadline the old schedule would have missed.
+	waitUntil(t, 2*ttl, "a renewal after the outage", func() bool {
+		if ss, _ := ctl.FSM().Session(first); ss == nil {
+			t.Fatalf("session %s expired during an outage of half its TTL", first)
+		}
+		return renewed().After(cutAt.Add(ttl / 2))
+	})
+	waitUntil(t, 2*ttl, "the old deadline to pass", func() bool { return time.Since(last) > ttl+time.Second })
+	if ss, _ := ctl.FSM().Session(first); ss == nil {
+		t.Fatalf("session %s expired during an outage of half its TTL", first)
+	}
+	g.session.mu.Lock()
+	now := g.session.id
+	g.session.mu.Unlock()
+	if now != first {
+		t.Fatalf("the gateway's session is %s, was %s", now, first)
+	}
+	if p, _ := ctl.FSM().Placement("q1"); p == nil {
+		t.Fatal("the session's placement was completed during the outage")
+	}
+}
+
+// cutter is a TCP proxy that can cut its path: while cut, connections are
+// closed and new ones closed at once, as when a controller is unreachable.
+type cutter struct {
+	lis    net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newCutter(t *testing.T, target string) *cutter {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{lis: lis, target: target}
+	c.wg.Add(1)
+	go c.accept()
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *cutter) accept() {
+	defer c.wg.Done()
+	for {
+		in, err := c.lis.Accept()
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		if c.cut {
+			c.mu.Unlock()
+			in.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", c.target)
+		if err != nil {
+			c.mu.Unlock()
+			in.Close()
+			continue
+		}
+		c.conns = append(c.conns, in, up)
+		c.wg.Add(2)
+		c.mu.Unlock()
+		go c.pipe(in, up)
+		go c.pipe(up, in)
+	}
+}
+
+func (c *cutter) pipe(dst, src net.Conn) {
+	defer c.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+// setCut cuts (true) or restores the path.
+func (c *cutter) setCut(cut bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cut = cut
+	if cut {
+		for _, conn := range c.conns {
+			conn.Close()
+		}
+		c.conns = nil
+	}
+}
+
+func (c *cutter) close() {
+	c.lis.Close()
+	c.setCut(true)
+	c.wg.Wait()
 }

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -44,6 +45,20 @@ func Reason(err error) string {
 	}
 	return ""
 }
+
+// reconnect is how a connection to a replica that went away is retried:
+// soon and at most ReconnectMax apart, rather than gRPC's default of backing
+// off up to two minutes. A gateway must renew its session within the TTL
+// once the controller is back; a few dials a second to a dead replica cost
+// nothing.
+var reconnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: ReconnectMax},
+	MinConnectTimeout: 2 * time.Second,
+}
+
+// ReconnectMax is the longest a connection to an unreachable replica waits
+// between dials.
+const ReconnectMax = time.Second
 
 // ErrNoAddress: the client was given no controller address.
 var ErrNoAddress = errors.New("ctlclient: no controller address given")
@@ -77,7 +92,7 @@ func New(addrs []string, clientTLS *tls.Config) (*Client, error) {
 	}
 	c := &Client{addrs: clean, AttemptTimeout: 2 * time.Second}
 	for _, a := range clean {
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds))
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds), grpc.WithConnectParams(reconnect))
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("ctlclient: %s: %w", a, err)
