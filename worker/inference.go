@@ -26,8 +26,8 @@ var (
 	// errRejoined ends the calls of an incarnation the controller marked
 	// failed while this process ran on (paused, cut off): its requests were
 	// moved by a recovery plan.
-	errRejoined  = errors.New("worker: this incarnation was marked failed and its requests moved; resume where the controller placed them")
-	errDraining  = errors.New("worker: draining; not taking new requests")
+	errRejoined = errors.New("worker: this incarnation was marked failed and its requests moved; resume where the controller placed them")
+	errDraining = errors.New("worker: draining; not taking new requests")
 	// The scheduling core's refusals (see package core).
 	errQueueFull  = core.ErrQueueFull
 	errTooLarge   = core.ErrTooLarge

@@ -49,7 +49,7 @@ func (m *mailbox) take() []event {
 // touches the request after that.
 type request struct {
 	id        string
-	epoch     uint64 // the placement epoch the call was made for
+	epoch     uint64  // the placement epoch the call was made for
 	history   []int32 // prompt, then every output token
 	prompt    int     // prompt length
 	outStart  int     // output tokens that arrived already generated
