@@ -772,7 +772,8 @@ func (s *Sim) reconcile(w *simWorker) {
 		return
 	}
 	for _, id := range w.store.requests() {
-		if pl, _ := s.fsm.Placement(id); pl == nil || pl.HolderId != w.id {
+		pl, _ := s.fsm.Placement(id)
+		if pl == nil || !core.KeepsPages(pl.HolderId, pl.WorkerId, pl.State != pb.PlacementState_PLACEMENT_STATE_RUNNING, w.id) {
 			w.store.release(id)
 		}
 	}

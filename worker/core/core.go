@@ -625,3 +625,12 @@ func (w *WaitWindow) Mean(now time.Time, window time.Duration) float64 {
 	}
 	return float64(sum.Microseconds()) / 1000 / float64(len(kept))
 }
+
+// KeepsPages is the holder's rule when it reconciles its checkpoint store
+// with the placement table: worker self keeps a request's pages when it is
+// the request's holder, or when the request was moved here by a recovery
+// (not running yet) and may import them when its call arrives (a reuse
+// recovery targets the holder, which then consumes the pages).
+func KeepsPages(holder, serving string, recovering bool, self string) bool {
+	return holder == self || (serving == self && recovering)
+}
