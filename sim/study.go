@@ -113,7 +113,10 @@ type Study struct {
 	Load   float64
 	Lambda float64
 	// NoRestart leaves the failed workers down.
-	NoRestart    bool
+	NoRestart bool
+	// Saturated, when > 0, is the setup's saturated throughput measured
+	// before (requests/s): the calibration run is skipped.
+	Saturated    float64
 	Timing       Timing
 	MeasureApply bool
 	// Log receives progress lines and the table (nil: nothing).
@@ -187,9 +190,14 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	tm := st.Timeline
 	st.logf("== %s: %d workers simulated as %s, batch up to %d, %d of them killed at %s\n",
 		st.Setup.Name, st.Setup.Workers, st.Setup.Profile, batch, st.Setup.Failures, tm.FailAt)
-	saturated, modelled, err := st.Calibrate()
-	if err != nil {
-		return nil, err
+	saturated, modelled := st.Saturated, 0.0
+	if saturated <= 0 {
+		if saturated, modelled, err = st.Calibrate(); err != nil {
+			return nil, err
+		}
+	} else {
+		per, _ := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+		modelled = per * float64(st.Setup.Workers)
 	}
 	rate := st.Load * saturated
 	reqs, err := workload.Generate(workload.Config{Seed: st.Seed, Rate: rate, Duration: tm.Duration, Trace: tr})

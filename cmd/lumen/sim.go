@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/lumen-project/lumen/sim"
@@ -28,13 +30,44 @@ func runSim(args []string) error {
 	lambda := fs.Float64("lambda", 0, "h(r)'s weight of the restore delay (0: the default, 1)")
 	noRestart := fs.Bool("no-restart", false, "failed workers stay down")
 	detect := fs.Duration("detect", sim.DefaultTiming().DetectDelay, "failure detection delay, kill to MarkFailed")
-	jsonPath := fs.String("json", "", "write setup → column → figures as JSON")
+	jsonPath := fs.String("json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
+	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart,
 		Timing: sim.DefaultTiming(), MeasureApply: true, JSONPath: *jsonPath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
+	if *figure != "" {
+		fo := sim.DefaultFigureOptions()
+		fo.Seed, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *load, o.Timing, os.Stdout, *profile, *maxRunning
+		if *workers > 0 {
+			fo.Workers = *workers
+		}
+		if *quick {
+			fo.Timeline = sim.QuickTimeline()
+		}
+		if *duration > 0 {
+			fo.Timeline.Duration, fo.Timeline.FailAt, fo.Timeline.Warmup = *duration, *duration/4, *duration/12
+		}
+		b, err := parseBytes(budget)
+		if err != nil {
+			return fmt.Errorf("-checkpoint-budget: %w", err)
+		}
+		fo.Budget = b
+		f, err := sim.RunFigure(*figure, fo)
+		if err != nil {
+			return err
+		}
+		if *jsonPath != "" {
+			data, err := json.MarshalIndent(f, "", "  ")
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
+		}
+		return nil
+	}
 	switch {
 	case *workers > 0 && *setups != "":
 		return fmt.Errorf("-setups and -workers: choose prototype setups or one custom setup")
