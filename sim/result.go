@@ -96,3 +96,5 @@ func (s *Sim) Check() error {
 	}
 	return nil
 }
+
+func percentileMs(xs []time.Duration, p float64) float64 { return servingstats.Percentile(xs, p) }

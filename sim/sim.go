@@ -184,9 +184,10 @@ type Sim struct {
 	fsm      *fsm.FSM
 	logIndex uint64
 
-	workers []*simWorker
-	reqs    []*simRequest
-	byID    map[string]*simRequest // dispatch id → request
+	workers  []*simWorker
+	byWorker map[string]*simWorker
+	reqs     []*simRequest
+	byID     map[string]*simRequest // dispatch id → request
 
 	pageBytes uint64
 	res       Result
@@ -266,13 +267,14 @@ func New(cfg Config) (*Sim, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, firstFail: -1,
+	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens}
 	s.res.Requests = len(cfg.Arrivals)
 	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda}}})
 	for i := range cfg.Workers {
 		w := &simWorker{s: s, idx: i, id: fmt.Sprintf("worker-%d", i+1)}
 		s.workers = append(s.workers, w)
+		s.byWorker[w.id] = w
 		s.register(w)
 	}
 	for i, a := range cfg.Arrivals {
@@ -505,13 +507,7 @@ func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
 	s.wake(w)
 }
 
-func (s *Sim) worker(id string) *simWorker {
-	var n int
-	if _, err := fmt.Sscanf(id, "worker-%d", &n); err != nil || n < 1 || n > len(s.workers) {
-		return nil
-	}
-	return s.workers[n-1]
-}
+func (s *Sim) worker(id string) *simWorker { return s.byWorker[id] }
 
 // broke is a Generate stream that broke: the gateway polls the placement
 // until the controller moves the request.
@@ -720,6 +716,7 @@ func (s *Sim) flush(w *simWorker) {
 			continue
 		}
 		var hashes []uint64
+		first := p.Page
 		for k := i; k < j; k++ {
 			backlog := float64(w.linkFree-s.now) / float64(time.Second) * s.cfg.Timing.NetBytesPerSec / float64(s.pageBytes)
 			if backlog >= float64(s.cfg.Timing.SendQueuePages) {
@@ -731,18 +728,18 @@ func (s *Sim) flush(w *simWorker) {
 			hashes = append(hashes, o.Checkpoints[k].Hash)
 		}
 		if len(hashes) > 0 {
-			s.ship(w, p.Holder, p.Req.ID, p.Reserved, hashes)
+			s.ship(w, p.Holder, p.Req.ID, p.Reserved, first, hashes)
 		}
 		i = j
 	}
 	for _, rel := range o.CheckpointReleases {
-		s.ship(w, rel.Holder, rel.RequestID, 0, nil)
+		s.ship(w, rel.Holder, rel.RequestID, 0, 0, nil)
 	}
 }
 
 // ship delivers checkpoint pages (or, with none, a release) to a holder
 // when the link has carried them.
-func (s *Sim) ship(from *simWorker, holder, req string, reserved uint64, hashes []uint64) {
+func (s *Sim) ship(from *simWorker, holder, req string, reserved uint64, first int, hashes []uint64) {
 	h := s.worker(holder)
 	if h == nil {
 		return
@@ -756,8 +753,8 @@ func (s *Sim) ship(from *simWorker, holder, req string, reserved uint64, hashes 
 			h.store.release(req)
 			return
 		}
-		for _, hs := range hashes {
-			h.store.put(req, reserved, hs, s.pageBytes)
+		for k, hs := range hashes {
+			h.store.put(req, reserved, first+k, hs, s.pageBytes)
 		}
 		if h.store.used > h.store.budget {
 			s.fail("%s: checkpoint store holds %d bytes, budget %d", h.id, h.store.used, h.store.budget)

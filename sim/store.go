@@ -7,23 +7,23 @@ import "slices"
 // request under its reservation, nothing stored without one. Pages carry
 // no bytes here, only their size. Unlike the worker's store it does not
 // share identical prefixes between requests (the simulated prompts are
-// distinct).
+// distinct), so a request's pages are found by the hash of its first page.
 type simStore struct {
 	budget uint64
 	used   uint64
-	pages  map[uint64]int // hash → requests holding it
 	reqs   map[string]*heldPages
+	first  map[uint64]*heldPages // by the hash of page 0
 	// refused counts pages refused (budget or reservation).
 	refused int
 }
 
 type heldPages struct {
-	hashes  []uint64
+	hashes  []uint64 // by page index; 0 where a page is missing
 	charged uint64
 }
 
 func newSimStore(budget uint64) *simStore {
-	return &simStore{budget: budget, pages: map[uint64]int{}, reqs: map[string]*heldPages{}}
+	return &simStore{budget: budget, reqs: map[string]*heldPages{}, first: map[uint64]*heldPages{}}
 }
 
 // noPages is what Prefix returns: the core only counts them.
@@ -31,11 +31,12 @@ var noPages = make([][]byte, 4096)
 
 // Prefix implements core.Store.
 func (s *simStore) Prefix(hashes []uint64) [][]byte {
+	if len(hashes) == 0 {
+		return nil
+	}
+	r := s.first[hashes[0]]
 	n := 0
-	for _, h := range hashes {
-		if s.pages[h] == 0 {
-			break
-		}
+	for r != nil && n < len(hashes) && n < len(r.hashes) && r.hashes[n] == hashes[n] {
 		n++
 	}
 	if n > len(noPages) {
@@ -44,21 +45,27 @@ func (s *simStore) Prefix(hashes []uint64) [][]byte {
 	return noPages[:n]
 }
 
-func (s *simStore) put(req string, reserved, hash, size uint64) {
+// put stores page `page` of a request, or refuses it.
+func (s *simStore) put(req string, reserved uint64, page int, hash, size uint64) {
 	r := s.reqs[req]
 	if r == nil {
 		r = &heldPages{}
 		s.reqs[req] = r
 	}
+	if page < len(r.hashes) && r.hashes[page] != 0 {
+		return // held already (sent again after a preemption)
+	}
 	if reserved == 0 || r.charged+size > reserved || s.used+size > s.budget {
 		s.refused++
 		return
 	}
-	if s.pages[hash] > 0 {
-		return // held already (sent again after a preemption)
+	for len(r.hashes) <= page {
+		r.hashes = append(r.hashes, 0)
 	}
-	s.pages[hash]++
-	r.hashes = append(r.hashes, hash)
+	r.hashes[page] = hash
+	if page == 0 {
+		s.first[hash] = r
+	}
 	r.charged += size
 	s.used += size
 }
@@ -68,10 +75,8 @@ func (s *simStore) release(req string) {
 	if r == nil {
 		return
 	}
-	for _, h := range r.hashes {
-		if s.pages[h]--; s.pages[h] <= 0 {
-			delete(s.pages, h)
-		}
+	if len(r.hashes) > 0 && s.first[r.hashes[0]] == r {
+		delete(s.first, r.hashes[0])
 	}
 	s.used -= r.charged
 	delete(s.reqs, req)
