@@ -212,6 +212,9 @@ type simWorker struct {
 	linkFree  time.Duration // the outgoing link is busy until then
 	published int           // running+waiting at the last publish (load kick)
 	empties   int           // consecutive empty steps at one instant
+
+	outBuf [][]int32 // a step's sampled tokens, reused
+	tokBuf []int32
 }
 
 // simRequest is a client request as the gateway sees it.
@@ -664,9 +667,14 @@ func (s *Sim) step(w *simWorker) {
 }
 
 func (s *Sim) stepDone(w *simWorker, st core.Step) {
-	out := make([][]int32, len(st.Batch))
-	toks := make([]int32, len(st.Batch))
+	// Done reads the tokens and keeps nothing: the buffers are the worker's.
+	n := len(st.Batch)
+	if cap(w.outBuf) < n {
+		w.outBuf, w.tokBuf = make([][]int32, n), make([]int32, n)
+	}
+	out, toks := w.outBuf[:n], w.tokBuf[:n]
 	for i, ch := range st.Batch {
+		out[i] = nil
 		if ch.Sample == 1 {
 			r := st.Reqs[i].Sink.(*simRequest)
 			toks[i] = token(r.idx, ch.OutIndex)

@@ -573,6 +573,9 @@ func (c *Core) checkpoint(reqs []*Request) {
 		if r.Holder == "" || r.Holder == c.cfg.Self {
 			continue
 		}
+		if r.fed/engine.PageTokens <= len(r.hashes) && r.ckptSent == len(r.hashes) {
+			continue // no page filled this step, none behind
+		}
 		if cur, live := c.byID[r.ID]; !live || cur != r {
 			continue
 		}
