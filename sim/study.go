@@ -282,8 +282,70 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	}
 	if st.Log != nil {
 		PrintTable(st.Log, st.Setup, figs)
+		rejoin := time.Duration(-1)
+		if !st.NoRestart {
+			rejoin = tm.FailAt + time.Duration(float64(p.LoadTime())*st.Timing.ReloadScale*tm.ReloadScale)
+		}
+		for _, col := range Columns {
+			if col.Fail {
+				a := Attribute(results[col.Name], results[col.Ref], tm.Warmup, tm.FailAt, rejoin)
+				st.logf("where %s's TTFT goes, ms above %s per request: %s\n", col.Name, col.Ref, a)
+			}
+		}
+		st.logf("\n")
 	}
 	return figs, nil
+}
+
+// Attribution splits a failed run's mean TTFT excess over its failure-free
+// reference (the same arrivals) by when the requests arrived: before the
+// failure, between the failure and the failed workers' rejoin (the
+// capacity is short), in the 10 s after the rejoin, and later. Each part
+// is the sum of the per-request differences over the requests counted
+// (those arriving after the warm-up), so the parts add up to the
+// difference of the two means.
+type Attribution struct {
+	Before, Down, AfterRejoin, Later float64 // ms per request
+	Requests                         int
+}
+
+func (a Attribution) String() string {
+	return fmt.Sprintf("before the failure %+.1f, failure to rejoin %+.1f, first 10 s after the rejoin %+.1f, later %+.1f (%d requests)",
+		a.Before, a.Down, a.AfterRejoin, a.Later, a.Requests)
+}
+
+// Attribute computes the Attribution of run against ref. rejoin < 0: the
+// failed workers never came back.
+func Attribute(run, ref *Result, warmup, failAt, rejoin time.Duration) Attribution {
+	var a Attribution
+	var sums [4]time.Duration
+	for i, r := range run.Records {
+		if r.Arrival < warmup || r.Err != nil || ref.Records[i].Err != nil {
+			continue
+		}
+		d1, ok1 := r.TTFT()
+		d0, ok0 := ref.Records[i].TTFT()
+		if !ok1 || !ok0 {
+			continue
+		}
+		a.Requests++
+		k := 3
+		switch {
+		case r.Arrival < failAt:
+			k = 0
+		case rejoin < 0 || r.Arrival < rejoin:
+			k = 1
+		case r.Arrival < rejoin+10*time.Second:
+			k = 2
+		}
+		sums[k] += d1 - d0
+	}
+	if a.Requests == 0 {
+		return a
+	}
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(a.Requests) }
+	a.Before, a.Down, a.AfterRejoin, a.Later = per(sums[0]), per(sums[1]), per(sums[2]), per(sums[3])
+	return a
 }
 
 // PrintTable writes the figures as `lumen bench recovery` prints them.
