@@ -30,13 +30,14 @@ func runSim(args []string) error {
 	lambda := fs.Float64("lambda", 0, "h(r)'s weight of the restore delay (0: the default, 1)")
 	noRestart := fs.Bool("no-restart", false, "failed workers stay down")
 	detect := fs.Duration("detect", sim.DefaultTiming().DetectDelay, "failure detection delay, kill to MarkFailed")
+	applyTiming := fs.Bool("apply-timing", true, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
 	jsonPath := fs.String("json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
 	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart,
-		Timing: sim.DefaultTiming(), MeasureApply: true, JSONPath: *jsonPath, Log: os.Stdout}
+		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
 	if *figure != "" {
 		fo := sim.DefaultFigureOptions()
