@@ -85,16 +85,21 @@ func (w *Worker) FreeCheckpointBytes() uint64 {
 
 // Freeness is Llumnix's measure of how much room a worker has: free KV pages,
 // less what its queue head and the requests dispatched since its last report
-// will take, per running request (counting the queue as one more when
-// anything waits). Higher is freer; it goes negative when the worker is
-// over-committed.
+// will take, per request the worker has to serve: running, waiting, and
+// dispatched since the report. Higher is freer; it goes negative when the
+// worker is over-committed.
+//
+// Every waiting request counts, not only the queue as a whole: a worker's
+// batch is capped (MaxRunning) well before its KV cache fills for
+// conversational lengths, so a queue forms while most pages are free, and a
+// request dispatched there waits for every request ahead of it. Counting the
+// queue as one made a worker with 40 waiting look as free as one with 1
+// (issue 12: with half the cluster down, dispatch piled arrivals onto the
+// survivor whose running requests happened to be shortest).
 func (w *Worker) Freeness() float64 {
 	free := float64(w.KVPagesTotal) - float64(w.KVPagesUsed) -
 		float64(w.QueueHeadPages) - float64(w.PendingPages)
-	batch := float64(w.Running) + float64(w.PendingRequests)
-	if w.Waiting > 0 {
-		batch++
-	}
+	batch := float64(w.Running) + float64(w.Waiting) + float64(w.PendingRequests)
 	if batch < 1 {
 		batch = 1
 	}

@@ -29,7 +29,8 @@ func TestFreeness(t *testing.T) {
 	}{
 		{"idle", Worker{KVPagesTotal: 100}, 100},
 		{"running", Worker{KVPagesTotal: 100, KVPagesUsed: 40, Running: 3}, 20},
-		{"queue counts as one more", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 20, Running: 3, Waiting: 5}, 10},
+		{"every waiting request counts", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 20, Running: 3, Waiting: 5}, 5},
+		{"batch full, pages free, a queue", Worker{KVPagesTotal: 1000, KVPagesUsed: 100, Running: 32, Waiting: 40}, 12.5},
 		{"pending dispatches", Worker{KVPagesTotal: 100, PendingRequests: 4, PendingPages: 20}, 20},
 		{"over-committed", Worker{KVPagesTotal: 100, KVPagesUsed: 100, QueueHeadPages: 10, Waiting: 1}, -10},
 	}
@@ -42,6 +43,11 @@ func TestFreeness(t *testing.T) {
 
 func TestPickServing(t *testing.T) {
 	busy := func(id string, used uint64) Worker { x := w(id, 0); x.KVPagesUsed = used; x.Running = 1; return x }
+	queued := func(id string, used uint64, waiting uint32) Worker {
+		x := w(id, 0)
+		x.KVPagesUsed, x.Running, x.Waiting = used, 32, waiting
+		return x
+	}
 	ineligible := w("a", 0)
 	ineligible.Eligible = false
 	cases := []struct {
@@ -54,6 +60,10 @@ func TestPickServing(t *testing.T) {
 		{"freest wins", []Worker{busy("a", 900), busy("b", 100), busy("c", 500)}, "b"},
 		{"tie breaks by id", []Worker{busy("a", 100), busy("b", 100)}, "a"},
 		{"skips ineligible even if freest", []Worker{ineligible, busy("b", 500)}, "b"},
+		// Issue 12: batches full, KV mostly free; the shorter queue wins
+		// although the other worker's requests hold fewer pages.
+		{"shorter queue wins at a full batch", []Worker{queued("a", 100, 40), queued("b", 200, 1)}, "b"},
+		{"equal queues: fewer pages in use wins", []Worker{queued("a", 200, 10), queued("b", 100, 10)}, "b"},
 	}
 	for _, c := range cases {
 		if got := ids(c.ws, PickServing(c.ws)); got != c.want {

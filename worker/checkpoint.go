@@ -2,10 +2,8 @@ package worker
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -13,30 +11,14 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/lumen-project/lumen/internal/kvpage"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
-// pageHashes returns the prefix hash of each full page of tokens: hash i
-// covers tokens[0 : 16(i+1)], chained page by page.
-func pageHashes(tokens []int32, prev []uint64) []uint64 {
-	out := prev
-	for i := len(prev); (i+1)*kvpage.Tokens <= len(tokens); i++ {
-		h := fnv.New64a()
-		var b [8]byte
-		if i > 0 {
-			binary.LittleEndian.PutUint64(b[:], out[i-1])
-			h.Write(b[:])
-		}
-		for _, t := range tokens[i*kvpage.Tokens : (i+1)*kvpage.Tokens] {
-			binary.LittleEndian.PutUint32(b[:4], uint32(t))
-			h.Write(b[:4])
-		}
-		out = append(out, h.Sum64())
-	}
-	return out
-}
+// pageHashes returns the prefix hash of each full page of tokens (the
+// scheduling core's definition, which the holder's store keys pages by).
+func pageHashes(tokens []int32, prev []uint64) []uint64 { return core.PageHashes(tokens, prev) }
 
 // Errors the checkpoint store refuses a page with.
 var (

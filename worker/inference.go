@@ -12,6 +12,7 @@ import (
 
 	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -25,17 +26,13 @@ var (
 	// errRejoined ends the calls of an incarnation the controller marked
 	// failed while this process ran on (paused, cut off): its requests were
 	// moved by a recovery plan.
-	errRejoined  = errors.New("worker: this incarnation was marked failed and its requests moved; resume where the controller placed them")
-	errDraining  = errors.New("worker: draining; not taking new requests")
-	errQueueFull = errors.New("worker: waiting queue full")
-	errTooLarge  = errors.New("worker: request does not fit in the KV cache")
-	// errSuperseded ends a call whose request id came in again on a new
-	// call.
-	errSuperseded = errors.New("worker: a newer call for this request id took it over")
-	// errStaleEpoch refuses a call whose placement epoch is older than the
-	// one the request runs under here: it comes from before a move (a
-	// gateway that read a lagging replica) and must not take over.
-	errStaleEpoch = errors.New("worker: stale call: the request runs here under a newer placement epoch")
+	errRejoined = errors.New("worker: this incarnation was marked failed and its requests moved; resume where the controller placed them")
+	errDraining = errors.New("worker: draining; not taking new requests")
+	// The scheduling core's refusals (see package core).
+	errQueueFull  = core.ErrQueueFull
+	errTooLarge   = core.ErrTooLarge
+	errSuperseded = core.ErrSuperseded
+	errStaleEpoch = core.ErrStaleEpoch
 )
 
 // inferenceServer implements the Inference service.

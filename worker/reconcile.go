@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/core"
 )
 
 // A holder is told to drop a request's pages only by the serving worker that
@@ -91,12 +92,7 @@ func (w *Worker) holds(ctx context.Context, req string, c pb.Consistency) (bool,
 }
 
 // keepsPages reports whether worker self keeps a request's checkpoint pages
-// under placement p: it is the request's holder, or the request was moved
-// here (recovering) and may import them when its call arrives (a reuse
-// recovery targets the holder, which then consumes the pages).
+// under placement p (core.KeepsPages).
 func keepsPages(p *pb.Placement, self string) bool {
-	if p.GetHolderId() == self {
-		return true
-	}
-	return p.GetWorkerId() == self && p.GetState() != pb.PlacementState_PLACEMENT_STATE_RUNNING
+	return core.KeepsPages(p.GetHolderId(), p.GetWorkerId(), p.GetState() != pb.PlacementState_PLACEMENT_STATE_RUNNING, self)
 }

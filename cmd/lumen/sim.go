@@ -1,0 +1,98 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/lumen-project/lumen/sim"
+)
+
+func init() {
+	register("sim", "the recovery strategies side by side in the deterministic simulator (worker core + fsm), 4 to 1,024 workers", runSim)
+}
+
+func runSim(args []string) error {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	setups := fs.String("setups", "", "prototype setups of `lumen bench recovery` to run: w4, w8, w8_f4 (default: all three, unless -workers is given)")
+	workers := fs.Int("workers", 0, "a custom setup: this many workers (with -profile, -fail, -duration)")
+	profile := fs.String("profile", "qwen3-14b-h100", "custom setup: timing profile")
+	fail := fs.Int("fail", 1, "custom setup: workers killed at a quarter of the run")
+	duration := fs.Duration("duration", 0, "custom setup: arrivals span (default 120s, -quick 36s)")
+	maxRunning := fs.Int("max-running", 32, "custom setup: a worker's batch cap")
+	budget := fs.String("checkpoint-budget", "80GB", "custom setup: host checkpoint budget per worker")
+	quick := fs.Bool("quick", false, "shorter runs, same keys")
+	seed := fs.Uint64("seed", 1, "workload seed (the same for every strategy)")
+	load := fs.Float64("load", 0.7, "offered load as a fraction of the measured saturated throughput")
+	lambda := fs.Float64("lambda", 0, "h(r)'s weight of the restore delay (0: the default, 1)")
+	noRestart := fs.Bool("no-restart", false, "failed workers stay down")
+	detect := fs.Duration("detect", sim.DefaultTiming().DetectDelay, "failure detection delay, kill to MarkFailed")
+	applyTiming := fs.Bool("apply-timing", true, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
+	jsonPath := fs.String("json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
+	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart,
+		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, Log: os.Stdout}
+	o.Timing.DetectDelay = *detect
+	if *figure != "" {
+		fo := sim.DefaultFigureOptions()
+		fo.Seed, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *load, o.Timing, os.Stdout, *profile, *maxRunning
+		if *workers > 0 {
+			fo.Workers = *workers
+		}
+		if *quick {
+			fo.Timeline = sim.QuickTimeline()
+		}
+		if *duration > 0 {
+			fo.Timeline.Duration, fo.Timeline.FailAt, fo.Timeline.Warmup = *duration, *duration/4, *duration/12
+		}
+		b, err := parseBytes(budget)
+		if err != nil {
+			return fmt.Errorf("-checkpoint-budget: %w", err)
+		}
+		fo.Budget = b
+		f, err := sim.RunFigure(*figure, fo)
+		if err != nil {
+			return err
+		}
+		if *jsonPath != "" {
+			data, err := json.MarshalIndent(f, "", "  ")
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
+		}
+		return nil
+	}
+	switch {
+	case *workers > 0 && *setups != "":
+		return fmt.Errorf("-setups and -workers: choose prototype setups or one custom setup")
+	case *workers > 0:
+		b, err := parseBytes(budget)
+		if err != nil {
+			return fmt.Errorf("-checkpoint-budget: %w", err)
+		}
+		o.Setups = []sim.Setup{sim.CustomSetup(*workers, *profile, *fail, *maxRunning, b)}
+		o.Duration = *duration
+	default:
+		if *setups == "" {
+			*setups = "w4,w8,w8_f4"
+		}
+		s, err := sim.ParseSetups(*setups)
+		if err != nil {
+			return fmt.Errorf("-setups: %w", err)
+		}
+		o.Setups = s
+	}
+	start := time.Now()
+	if _, err := sim.RunStudies(o); err != nil {
+		return err
+	}
+	fmt.Printf("simulated in %s of wall time\n", time.Since(start).Round(10*time.Millisecond))
+	return nil
+}

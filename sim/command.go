@@ -1,0 +1,74 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+)
+
+// Options is what `lumen sim` runs: prototype setups by name, or one
+// custom setup.
+type Options struct {
+	Setups []Setup
+	// Duration, for a custom setup, is the arrivals' span (0: the
+	// timeline's); the failure comes at a quarter of it, TTFT counts after
+	// a twelfth, and calibration lasts half of it, at most a minute.
+	Duration time.Duration
+	Quick    bool
+	Seed     uint64
+	Load     float64
+	Lambda   float64
+	// NoRestart leaves failed workers down.
+	NoRestart    bool
+	Timing       Timing
+	MeasureApply bool
+	// JSONPath, when set, receives setup → column → Figures after every
+	// setup (a long run keeps what it measured).
+	JSONPath string
+	Log      io.Writer
+}
+
+// CustomSetup is a setup outside the prototype's, named "custom" in the
+// JSON.
+func CustomSetup(workers int, profile string, failures, maxRunning int, budget uint64) Setup {
+	return Setup{Name: "custom", Workers: workers, Profile: profile, Failures: failures, MaxRunning: maxRunning, Budget: budget}
+}
+
+// RunStudies runs a Study per setup and returns setup → column → figures.
+func RunStudies(o Options) (map[string]map[string]*Figures, error) {
+	out := map[string]map[string]*Figures{}
+	for _, s := range o.Setups {
+		tm := FullTimeline()
+		if o.Quick {
+			tm = QuickTimeline()
+		}
+		if o.Duration > 0 {
+			tm.Duration = o.Duration
+			tm.FailAt = o.Duration / 4
+			tm.Warmup = o.Duration / 12
+			tm.Calibration = min(o.Duration/2, time.Minute)
+		}
+		if s.Failures > s.Workers-1 {
+			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
+		}
+		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
+			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log}
+		figs, err := st.Run()
+		if err != nil {
+			return nil, err
+		}
+		out[s.Name] = figs
+		if o.JSONPath != "" {
+			b, err := json.MarshalIndent(out, "", "  ")
+			if err != nil {
+				return nil, err
+			}
+			if err := os.WriteFile(o.JSONPath, append(b, '\n'), 0o644); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,164 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"time"
+)
+
+// The figures of the issue ("results to reproduce"): each is a sweep of
+// one parameter, every point a Study (the five columns on the same
+// arrivals).
+
+// FigureNames are the figures RunFigure knows, in the order `make sim`
+// runs them.
+var FigureNames = []string{"failures", "load", "proportional", "lambda", "budget"}
+
+// FigureOptions are a figure's fixed parameters.
+type FigureOptions struct {
+	// Workers is the cluster size of the 64-worker figures (failures, load,
+	// lambda, budget); Sizes the cluster sizes of the proportional one.
+	Workers int
+	Sizes   []int
+	// Xs overrides the figure's default sweep.
+	Xs         []float64
+	Profile    string
+	MaxRunning int
+	Budget     uint64
+	Timeline   Timeline
+	Seed       uint64
+	Load       float64 // for the figures that do not sweep it
+	Timing     Timing
+	Log        io.Writer
+}
+
+// DefaultFigureOptions are the paper's simulation: 64 Qwen3-14B/H100
+// workers, batches of 32, 80 GB host budgets, 70% load, the benchmark's
+// timeline.
+func DefaultFigureOptions() FigureOptions {
+	return FigureOptions{Workers: 64, Sizes: []int{4, 8, 16, 32, 64}, Profile: "qwen3-14b-h100", MaxRunning: 32,
+		Budget: 80e9, Timeline: FullTimeline(), Seed: 1, Load: 0.7, Timing: DefaultTiming()}
+}
+
+// Point is one x of a figure.
+type Point struct {
+	X       float64             `json:"x"`
+	Columns map[string]*Figures `json:"columns"`
+}
+
+// Figure is a sweep's result.
+type Figure struct {
+	Name   string  `json:"name"`
+	XLabel string  `json:"x_label"`
+	Points []Point `json:"points"`
+}
+
+// RunFigure runs one figure.
+func RunFigure(name string, o FigureOptions) (*Figure, error) {
+	base := Setup{Name: name, Workers: o.Workers, Profile: o.Profile, Failures: 1, MaxRunning: o.MaxRunning, Budget: o.Budget}
+	type point struct {
+		x     float64
+		setup Setup
+		load  float64
+		lam   float64
+	}
+	var pts []point
+	xs := func(def ...float64) []float64 {
+		if len(o.Xs) > 0 {
+			return o.Xs
+		}
+		return def
+	}
+	f := &Figure{Name: name}
+	switch name {
+	case "failures":
+		f.XLabel = "failed workers"
+		for _, x := range xs(1, 2, 4, 8, 16) {
+			s := base
+			s.Failures = int(x)
+			pts = append(pts, point{x, s, o.Load, 0})
+		}
+	case "load":
+		f.XLabel = "offered load (fraction of saturated throughput)"
+		for _, x := range xs(0.3, 0.5, 0.7, 0.8, 0.9, 0.95) {
+			pts = append(pts, point{x, base, x, 0})
+		}
+	case "proportional":
+		f.XLabel = "workers (25% of them fail)"
+		sizes := o.Sizes
+		if len(o.Xs) > 0 {
+			sizes = nil
+			for _, x := range o.Xs {
+				sizes = append(sizes, int(x))
+			}
+		}
+		for _, n := range sizes {
+			s := base
+			s.Workers, s.Failures = n, max(1, n/4)
+			pts = append(pts, point{float64(n), s, o.Load, 0})
+		}
+	case "lambda":
+		f.XLabel = "lambda in h(r)"
+		for _, x := range xs(0, 0.5, 1, 2, 4) {
+			// λ = 0 is sent as "unchanged" to the fsm (its default, 1):
+			// the smallest positive weight stands for it.
+			lam := x
+			if lam == 0 {
+				lam = math.SmallestNonzeroFloat64
+			}
+			pts = append(pts, point{x, base, o.Load, lam})
+		}
+	case "budget":
+		f.XLabel = "host checkpoint budget (fraction of " + fmt.Sprintf("%.0f GB)", float64(o.Budget)/1e9)
+		for _, x := range xs(0.1, 0.25, 0.5, 1) {
+			s := base
+			s.Budget = uint64(x * float64(o.Budget))
+			pts = append(pts, point{x, s, o.Load, 0})
+		}
+	default:
+		return nil, fmt.Errorf("%w: unknown figure %q: use one of %v", ErrInvalid, name, FigureNames)
+	}
+	saturated := map[string]float64{} // by cluster shape: calibrate once
+	for _, pt := range pts {
+		key := fmt.Sprintf("%d/%d", pt.setup.Workers, pt.setup.MaxRunning)
+		st := Study{Setup: pt.setup, Timeline: o.Timeline, Seed: o.Seed, Load: pt.load, Lambda: pt.lam, Timing: o.Timing,
+			Saturated: saturated[key]}
+		if st.Saturated == 0 {
+			sat, _, err := st.Calibrate()
+			if err != nil {
+				return nil, err
+			}
+			saturated[key], st.Saturated = sat, sat
+		}
+		start := time.Now()
+		figs, err := st.Run()
+		if err != nil {
+			return nil, fmt.Errorf("figure %s at %g: %w", name, pt.x, err)
+		}
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, "   %s: %s = %g done in %.1fs\n", name, f.XLabel, pt.x, time.Since(start).Seconds())
+		}
+		f.Points = append(f.Points, Point{X: pt.x, Columns: figs})
+	}
+	if o.Log != nil {
+		f.Print(o.Log)
+	}
+	return f, nil
+}
+
+// Print writes the figure as a table: TTFT mean per strategy and lumen's
+// gain over each baseline.
+func (f *Figure) Print(out io.Writer) {
+	fmt.Fprintf(out, "\nfigure %s: TTFT mean (ms) against %s\n", f.Name, f.XLabel)
+	fmt.Fprintf(out, "%10s %12s %12s %12s %12s %14s %14s %12s\n", "x", "stop-restart", "fixed-ckpt", "lumen", "no-failure",
+		"lumen vs S&R", "lumen vs FC", "recovery s")
+	for _, p := range f.Points {
+		c := p.Columns
+		l, sr, fc := c["lumen"], c["stop-and-restart"], c["fixed-checkpoint"]
+		fmt.Fprintf(out, "%10g %12.1f %12.1f %12.1f %12.1f %14s %14s %12s\n", p.X, sr.TTFTMeanMs, fc.TTFTMeanMs, l.TTFTMeanMs,
+			c["lumen-no-failure"].TTFTMeanMs, Gain(l.TTFTMeanMs, sr.TTFTMeanMs), Gain(l.TTFTMeanMs, fc.TTFTMeanMs),
+			fmt.Sprintf("%.1f/%.1f/%.1f", sr.RecoveryS, fc.RecoveryS, l.RecoveryS))
+	}
+	fmt.Fprintln(out)
+}

@@ -1,0 +1,40 @@
+package sim
+
+import (
+	"testing"
+	"time"
+)
+
+// TestFiguresSmall runs every figure of `make sim` at a size that fits in
+// `make test`: 8 workers (4 to 16 for the proportional one), 12 s of
+// arrivals, two points each. Each point is a Study, so conservation is
+// checked in every simulation it runs.
+func TestFiguresSmall(t *testing.T) {
+	seed := uint64(2)
+	t.Logf("seed %d", seed)
+	o := DefaultFigureOptions()
+	o.Workers, o.Sizes, o.Seed = 8, []int{4, 16}, seed
+	o.Timeline = Timeline{Warmup: 2 * time.Second, FailAt: 4 * time.Second, Duration: 12 * time.Second, Calibration: 6 * time.Second, ReloadScale: 0.1}
+	xs := map[string][]float64{"failures": {1, 2}, "load": {0.5, 0.9}, "proportional": nil, "lambda": {0, 2}, "budget": {0.1, 1}}
+	for _, name := range FigureNames {
+		t.Run(name, func(t *testing.T) {
+			o := o
+			o.Xs = xs[name]
+			f, err := RunFigure(name, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(f.Points) != 2 {
+				t.Fatalf("%d points", len(f.Points))
+			}
+			for _, p := range f.Points {
+				for _, col := range Columns {
+					c := p.Columns[col.Name]
+					if c == nil || c.TTFTMeanMs <= 0 || c.FailedRequests != 0 {
+						t.Fatalf("x=%g %s: %+v", p.X, col.Name, c)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,100 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/servingstats"
+)
+
+type queueSample = servingstats.Sample
+
+// Result is what one simulation measured.
+type Result struct {
+	Requests, Ended, Failed int
+	// End is when the last request ended; Events the events processed;
+	// Steps the engine steps run.
+	End    time.Duration
+	Events uint64
+	Steps  uint64
+	// FailAt is the first kill (0 for none); PlanAt when the first
+	// MarkFailed was applied.
+	FailAt, PlanAt time.Duration
+	// Summed over the workers' cores.
+	RestoredPages, RecomputedTokens, Preemptions int
+	// Queue is the requests waiting at live workers, sampled.
+	Queue []servingstats.Sample
+	// CalibrationTokens are the tokens delivered in the second half of a
+	// StopAt run.
+	CalibrationTokens int
+	// Wall-clock durations of fsm.Apply (Config.MeasureApply).
+	ApplyDispatch, ApplyMarkFailed []time.Duration
+
+	// Records is what a client saw of each request, by arrival; Resumes
+	// the resume latency of each interrupted request that completed.
+	Records     []*servingstats.Record
+	Interrupted int
+	Resumes     []time.Duration
+}
+
+// finish builds the per-request records.
+func (s *Sim) finish() {
+	s.res.Records = make([]*servingstats.Record, len(s.reqs))
+	for i, r := range s.reqs {
+		rec := &servingstats.Record{ID: fmt.Sprintf("r%07d", r.idx), Arrival: r.arrival, Tokens: r.out, Err: r.failed}
+		if r.ended == 0 {
+			rec.Err = errOpen
+		}
+		if r.out > 0 {
+			rec.Chunks = []time.Duration{r.first}
+			if r.out > 1 {
+				rec.Chunks = append(rec.Chunks, r.last)
+			}
+		}
+		s.res.Records[i] = rec
+		if r.interrupted {
+			s.res.Interrupted++
+			if r.failed == nil && r.resumeEnd > 0 {
+				s.res.Resumes = append(s.res.Resumes, r.resumeEnd-s.firstFail)
+			}
+		}
+	}
+}
+
+var errOpen = fmt.Errorf("sim: still open when the run stopped")
+
+// Check verifies conservation at the end of a run: every arrival ended
+// exactly once; every live worker's KV cache is empty; after a last
+// reconciliation no checkpoint page is left in any store; the fsm holds
+// no placement and no reservation.
+func (s *Sim) Check() error {
+	for _, r := range s.reqs {
+		if r.ended != 1 {
+			return fmt.Errorf("sim: conservation: request %d ended %d times", r.idx, r.ended)
+		}
+	}
+	for _, w := range s.workers {
+		if !w.alive {
+			continue
+		}
+		if !w.core.Idle() || w.core.CachedPages() != 0 || w.busy {
+			return fmt.Errorf("sim: conservation: %s still has %d running, %d waiting, %d KV pages", w.id,
+				w.core.Running(), w.core.Waiting(), w.core.CachedPages())
+		}
+		s.reconcile(w)
+		if w.store.used != 0 || len(w.store.reqs) != 0 {
+			return fmt.Errorf("sim: conservation: %s's checkpoint store keeps %d bytes of %d requests", w.id, w.store.used, len(w.store.reqs))
+		}
+	}
+	if _, n := s.fsm.Counts(); n != 0 {
+		return fmt.Errorf("sim: conservation: the fsm keeps %d placements", n)
+	}
+	for id, u := range s.fsm.HolderUsage() {
+		if u[0] != 0 {
+			return fmt.Errorf("sim: conservation: %d bytes still reserved on %s", u[0], id)
+		}
+	}
+	return nil
+}
+
+func percentileMs(xs []time.Duration, p float64) float64 { return servingstats.Percentile(xs, p) }

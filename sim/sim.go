@@ -1,0 +1,840 @@
+package sim
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/core"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// ErrInvalid: the Config cannot be simulated.
+var ErrInvalid = errors.New("sim: invalid config")
+
+// Failure is one worker failure.
+type Failure struct {
+	Worker  int           // index, 0-based (worker-1 is 0)
+	At      time.Duration // virtual time of the kill
+	Restart bool          // the process restarts at once and reloads the model
+}
+
+// Config is one simulation.
+type Config struct {
+	// Workers is the cluster size; Profile the GPU and model every worker
+	// emulates.
+	Workers int
+	Profile engine.Profile
+	// Strategy is the recovery strategy; Lambda weighs the restore delay in
+	// h(r) (0: the fsm's default, 1).
+	Strategy policy.Strategy
+	Lambda   float64
+
+	// The worker's own limits (worker.Config): the step's token budget,
+	// the running and waiting caps; KVPages is the KV cache in pages (0:
+	// the profile's GPU, Profile.KVPages); CheckpointBudget is host memory
+	// for other workers' checkpoints, bytes.
+	TokenBudget, MaxRunning, MaxWaiting int
+	KVPages                             int
+	CheckpointBudget                    uint64
+
+	// Arrivals are the requests, sorted by time.
+	Arrivals []workload.Request
+	Failures []Failure
+	// StopAt, when > 0, ends the run there, with requests still open
+	// (calibration runs); otherwise the run ends when the last request does.
+	StopAt time.Duration
+
+	Timing Timing
+
+	// MeasureApply times fsm.Apply of every Dispatch and MarkFailed on the
+	// wall clock (the only nondeterministic figures; off in tests).
+	MeasureApply bool
+	// Progress, when set, is called about every 10 simulated seconds.
+	Progress func(now time.Duration, done, total int)
+}
+
+// Timing is the part of the system around the worker core and the fsm that
+// is modelled by delays and rates. DefaultTiming says where each value
+// comes from.
+type Timing struct {
+	// CommitDelay is a Dispatch's Raft commit: the gateway's Generate
+	// reaches the worker this long after the request arrived.
+	CommitDelay time.Duration
+	// DetectDelay is from a kill to MarkFailed applied (the fast path: a
+	// broken stream, ReportUnreachable, the leader's failed probe).
+	DetectDelay time.Duration
+	// PollFirst and PollMax are the gateway's GetPlacement polling after a
+	// broken stream (first wait, doubling to PollMax).
+	PollFirst, PollMax time.Duration
+	// RedispatchAfter: a request that had streamed nothing is dispatched
+	// afresh when its placement has not moved by then.
+	RedispatchAfter time.Duration
+	// LoadInterval is the worker's load report period; QueueWindow the
+	// window of q_w; ReconcileInterval the holders' store reconciliation.
+	LoadInterval, QueueWindow, ReconcileInterval time.Duration
+	// NetBytesPerSec is a worker's outgoing link for checkpoint pages;
+	// SendQueuePages the sender's bounded queue per worker.
+	NetBytesPerSec float64
+	SendQueuePages int
+	// ReloadScale scales the profile's LoadTime for a restarted worker.
+	ReloadScale float64
+	// SampleEvery is the queue-length sampling period (recovery time).
+	SampleEvery time.Duration
+}
+
+// DefaultTiming returns the values measured on, or configured in, the real
+// system:
+//   - CommitDelay 3 ms: a fsync'd Raft commit, p50 (CALIBRATION.md).
+//   - DetectDelay 45 ms: MarkFailed after a kill -9 on the fast path, as
+//     measured in the demo (docs/architecture.md); the recovery benchmark
+//     saw 14–51 ms idle and 140–270 ms under load on 2 shared cores.
+//   - PollFirst 20 ms, PollMax 250 ms, RedispatchAfter 1 s: the gateway's
+//     resumeTarget.
+//   - LoadInterval 250 ms, QueueWindow 10 s, ReconcileInterval 2 s: the
+//     worker's defaults (worker.DefaultConfig).
+//   - NetBytesPerSec 12.5 GB/s (100 GbE, CALIBRATION.md), SendQueuePages
+//     1024 (the worker's ckptQueue).
+//   - ReloadScale 1: the profile's disk + host-to-GPU + engine init.
+//   - SampleEvery 250 ms: the benchmark's queue sampler.
+func DefaultTiming() Timing {
+	return Timing{CommitDelay: 3 * time.Millisecond, DetectDelay: 45 * time.Millisecond,
+		PollFirst: 20 * time.Millisecond, PollMax: 250 * time.Millisecond, RedispatchAfter: time.Second,
+		LoadInterval: 250 * time.Millisecond, QueueWindow: 10 * time.Second, ReconcileInterval: 2 * time.Second,
+		NetBytesPerSec: 12.5e9, SendQueuePages: 1024, ReloadScale: 1, SampleEvery: 250 * time.Millisecond}
+}
+
+// Validate says what is wrong with the Config.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("Workers (%d) must be >= 1", c.Workers))
+	}
+	if c.Profile.DecodeBaseMs <= 0 || c.Profile.PrefillTokensPerSec <= 0 {
+		errs = append(errs, errors.New("a Profile with step times is required"))
+	}
+	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
+		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
+	}
+	if c.Strategy < policy.Lumen || c.Strategy > policy.StopAndRestart {
+		errs = append(errs, fmt.Errorf("unknown strategy %d", c.Strategy))
+	}
+	for _, f := range c.Failures {
+		if f.Worker < 0 || f.Worker >= c.Workers {
+			errs = append(errs, fmt.Errorf("failure of worker index %d: the cluster has %d", f.Worker, c.Workers))
+		}
+	}
+	t := c.Timing
+	if t.LoadInterval <= 0 || t.QueueWindow <= 0 || t.ReconcileInterval <= 0 || t.SampleEvery <= 0 || t.PollFirst <= 0 || t.PollMax <= 0 {
+		errs = append(errs, errors.New("Timing: intervals must be positive (start from DefaultTiming)"))
+	}
+	if t.NetBytesPerSec <= 0 || t.SendQueuePages < 1 {
+		errs = append(errs, errors.New("Timing: NetBytesPerSec and SendQueuePages must be positive"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+	}
+	return nil
+}
+
+// epoch is virtual time zero on the clocks the core and the fsm read.
+var epoch = time.Unix(1_800_000_000, 0)
+
+// event is one scheduled happening; seq breaks ties in scheduling order.
+type event struct {
+	at  time.Duration
+	seq uint64
+	fn  func()
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// Sim is one simulation in progress. Run it with Run.
+type Sim struct {
+	cfg   Config
+	now   time.Duration
+	queue eventQueue
+	seq   uint64
+	steps uint64 // events processed
+
+	fsm      *fsm.FSM
+	logIndex uint64
+
+	workers  []*simWorker
+	byWorker map[string]*simWorker
+	reqs     []*simRequest
+	byID     map[string]*simRequest // dispatch id → request
+
+	pageBytes uint64
+	res       Result
+	firstFail time.Duration // -1: none
+	err       error
+}
+
+// simWorker is one worker process: its core, its store, its outgoing link.
+type simWorker struct {
+	s     *Sim
+	idx   int
+	id    string
+	inc   uint64
+	gen   uint64 // bumped on every kill: events of the old process are void
+	alive bool   // serving (registered and not killed)
+	core  *core.Core
+	store *simStore
+	busy  bool
+	kick  bool // a kick is scheduled
+	waits core.WaitWindow
+
+	linkFree  time.Duration // the outgoing link is busy until then
+	published int           // running+waiting at the last publish (load kick)
+	empties   int           // consecutive empty steps at one instant
+
+	outBuf [][]int32 // a step's sampled tokens, reused
+	tokBuf []int32
+}
+
+// simRequest is a client request as the gateway sees it.
+type simRequest struct {
+	idx      int
+	w        workload.Request
+	id       string // dispatch id (changes on a re-dispatch)
+	attempt  int
+	arrival  time.Duration
+	out      int // output tokens delivered (the journal)
+	first    time.Duration
+	last     time.Duration
+	ended    int // how many times it ended (conservation: exactly 1)
+	failed   error
+	call     *core.Request // the live Generate call
+	callW    *simWorker
+	callGen  uint64
+	epoch    uint64
+	worker   string // the placement's worker at the last call
+	broken   time.Duration
+	pollWait time.Duration
+	polling  bool
+
+	resumeBest, resumeEnd time.Duration
+	interrupted           bool
+}
+
+// Run simulates cfg to its end and returns the result, after checking
+// conservation.
+func Run(cfg Config) (*Result, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.Run()
+	if s.err != nil {
+		return nil, s.err
+	}
+	if cfg.StopAt == 0 {
+		if err := s.Check(); err != nil {
+			return nil, err
+		}
+	}
+	return &s.res, nil
+}
+
+// New sets up a simulation: the fsm with the strategy and every worker
+// registered, the arrivals and failures scheduled.
+func New(cfg Config) (*Sim, error) {
+	if cfg.KVPages == 0 {
+		cfg.KVPages = cfg.Profile.KVPages()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
+		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens}
+	s.res.Requests = len(cfg.Arrivals)
+	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda}}})
+	for i := range cfg.Workers {
+		w := &simWorker{s: s, idx: i, id: fmt.Sprintf("worker-%d", i+1)}
+		s.workers = append(s.workers, w)
+		s.byWorker[w.id] = w
+		s.register(w)
+	}
+	for i, a := range cfg.Arrivals {
+		r := &simRequest{idx: i, w: a, arrival: a.At, first: -1}
+		s.reqs = append(s.reqs, r)
+		s.at(a.At, func() { s.arrive(r) })
+	}
+	for _, f := range cfg.Failures {
+		if s.firstFail < 0 || f.At < s.firstFail {
+			s.firstFail = f.At
+		}
+		s.at(f.At, func() { s.kill(s.workers[f.Worker], f.Restart) })
+	}
+	s.res.FailAt = max(s.firstFail, 0)
+	for _, w := range s.workers {
+		s.every(cfg.Timing.LoadInterval, func() bool { s.report(w); return true })
+		s.every(cfg.Timing.ReconcileInterval, func() bool { s.reconcile(w); return true })
+	}
+	s.every(cfg.Timing.SampleEvery, func() bool { s.sample(); return true })
+	return s, nil
+}
+
+// at schedules fn at virtual time t (not before now).
+func (s *Sim) at(t time.Duration, fn func()) {
+	s.seq++
+	heap.Push(&s.queue, event{at: max(t, s.now), seq: s.seq, fn: fn})
+}
+
+// every runs fn every period while the run goes on.
+func (s *Sim) every(period time.Duration, fn func() bool) {
+	var tick func()
+	tick = func() {
+		if fn() {
+			s.at(s.now+period, tick)
+		}
+	}
+	s.at(s.now+period, tick)
+}
+
+// open reports whether requests are still to end.
+func (s *Sim) open() bool { return s.res.Ended < len(s.reqs) }
+
+// Run processes events until every request has ended (or StopAt), then a
+// little longer, so that checkpoint pages still on the wire land and a
+// reconciliation pass runs before Check.
+func (s *Sim) Run() {
+	nextProgress := 10 * time.Second
+	drainUntil := time.Duration(-1)
+	for s.queue.Len() > 0 && s.err == nil {
+		e := heap.Pop(&s.queue).(event)
+		if s.cfg.StopAt > 0 && e.at >= s.cfg.StopAt {
+			break
+		}
+		if drainUntil >= 0 && e.at > drainUntil {
+			break
+		}
+		s.now = e.at
+		e.fn()
+		s.steps++
+		if drainUntil < 0 && !s.open() && s.cfg.StopAt == 0 {
+			s.res.End = s.now
+			drainUntil = s.now + s.cfg.Timing.ReconcileInterval + time.Second
+		}
+		if s.cfg.Progress != nil && s.now >= nextProgress {
+			s.cfg.Progress(s.now, s.res.Ended, len(s.reqs))
+			nextProgress += 10 * time.Second
+		}
+	}
+	if s.err == nil && s.open() && s.cfg.StopAt == 0 {
+		s.err = fmt.Errorf("sim: the run stalled at %s with %d of %d requests open", s.now, len(s.reqs)-s.res.Ended, len(s.reqs))
+	}
+	if s.cfg.StopAt > 0 || s.res.End == 0 {
+		s.res.End = s.now
+	}
+	s.res.Events = s.steps
+	s.finish()
+}
+
+func (s *Sim) fail(format string, args ...any) {
+	if s.err == nil {
+		s.err = fmt.Errorf("sim: at %s: "+format, append([]any{s.now}, args...)...)
+	}
+}
+
+func (s *Sim) clock() time.Time { return epoch.Add(s.now) }
+
+// apply proposes one command, stamped with the virtual time, as one log
+// entry, and returns its result.
+func (s *Sim) apply(c *pb.Command) fsm.Result {
+	c.StampedUnixNano = s.clock().UnixNano()
+	data, err := proto.Marshal(&pb.LogEntry{Commands: []*pb.Command{c}})
+	if err != nil {
+		panic(err)
+	}
+	s.logIndex++
+	l := &raft.Log{Index: s.logIndex, Term: 1, Type: raft.LogCommand, Data: data}
+	var start time.Time
+	timed := s.cfg.MeasureApply
+	if timed {
+		start = time.Now()
+	}
+	res := s.fsm.Apply(l).([]fsm.Result)[0]
+	if timed {
+		d := time.Since(start)
+		switch c.Body.(type) {
+		case *pb.Command_Dispatch:
+			s.res.ApplyDispatch = append(s.res.ApplyDispatch, d)
+		case *pb.Command_MarkFailed:
+			s.res.ApplyMarkFailed = append(s.res.ApplyMarkFailed, d)
+		}
+	}
+	return res
+}
+
+func (s *Sim) capacity() *pb.Capacity {
+	p := s.cfg.Profile
+	return &pb.Capacity{KvPagesTotal: uint64(s.cfg.KVPages), CheckpointBudgetBytes: s.cfg.CheckpointBudget,
+		KvBytesPerToken: uint64(p.KVBytesPerToken()), MaxContextTokens: uint32(p.MaxContext), H2DBytesPerSec: p.H2DBytesPerSec}
+}
+
+// register starts a worker's new incarnation: an empty core and store, in
+// full service.
+func (s *Sim) register(w *simWorker) {
+	w.inc++
+	w.alive = true
+	w.store = newSimStore(s.cfg.CheckpointBudget)
+	w.core = core.New(core.Config{Self: w.id, TokenBudget: s.cfg.TokenBudget, MaxRunning: s.cfg.MaxRunning,
+		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages}, w.store)
+	w.waits = core.WaitWindow{}
+	w.busy, w.kick, w.linkFree, w.published = false, false, s.now, 0
+	res := s.apply(&pb.Command{Body: &pb.Command_RegisterWorker{RegisterWorker: &pb.RegisterWorkerCmd{Worker: &pb.Worker{
+		Id: w.id, Incarnation: w.inc, Phase: pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, Capacity: s.capacity(), ModelId: s.cfg.Profile.Model}}}})
+	if res.Err != nil {
+		s.fail("register %s: %v", w.id, res.Err)
+	}
+	s.report(w)
+}
+
+// report sends the worker's load record, as its reporter does.
+func (s *Sim) report(w *simWorker) {
+	if !w.alive {
+		return
+	}
+	c := w.core
+	w.published = c.Running() + c.Waiting()
+	used := w.store.used
+	res := s.apply(&pb.Command{Body: &pb.Command_ReportLoad{ReportLoad: &pb.ReportLoadCmd{Load: &pb.LoadRecord{
+		WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: w.waits.Mean(s.clock(), s.cfg.Timing.QueueWindow),
+		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
+		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
+		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages())}}}})
+	if res.Err != nil {
+		s.fail("report %s: %v", w.id, res.Err)
+	}
+}
+
+// publish is the scheduler's publishStats: a large change in the load is
+// reported at once.
+func (s *Sim) publish(w *simWorker) {
+	prev, now := w.published, w.core.Running()+w.core.Waiting()
+	if now > prev+max(prev/10, 4) || now < prev-max(prev/10, 4) {
+		s.report(w)
+	}
+}
+
+// --- the gateway ---
+
+func dispatchID(r *simRequest) string {
+	if r.attempt == 0 {
+		return fmt.Sprintf("r%07d", r.idx)
+	}
+	return fmt.Sprintf("r%07d~%d", r.idx, r.attempt)
+}
+
+func (s *Sim) arrive(r *simRequest) { s.dispatch(r) }
+
+// dispatch places the request through the fsm; the gateway calls Generate
+// once the command commits.
+func (s *Sim) dispatch(r *simRequest) {
+	r.id = dispatchID(r)
+	s.byID[r.id] = r
+	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{RequestId: r.id,
+		PromptTokens: uint32(len(r.w.Prompt)), MaxTokens: uint32(r.w.Output)}}})
+	if res.Err != nil {
+		s.end(r, fmt.Errorf("dispatch: %w", res.Err))
+		return
+	}
+	pl := res.Dispatch.Placement
+	s.at(s.now+s.cfg.Timing.CommitDelay, func() { s.generate(r, pl) })
+}
+
+// token is the simulated engine's output: a fixed function of the request
+// and the output index (what is generated does not matter here, only that
+// the history, and so the checkpoint pages' hashes, are the same wherever
+// the request runs).
+func token(req, index int) int32 {
+	x := uint64(req)*0x9e3779b97f4a7c15 + uint64(index)*0xbf58476d1ce4e5b9
+	x ^= x >> 31
+	return 32 + int32(x%95)
+}
+
+// generate is the gateway's Generate call at the placement's worker, with
+// the journal's token history.
+func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
+	if r.ended > 0 {
+		return
+	}
+	w := s.worker(pl.WorkerId)
+	r.worker, r.epoch = pl.WorkerId, pl.Epoch
+	if w == nil || !w.alive || w.inc != pl.WorkerIncarnation {
+		s.broke(r) // connection refused
+		return
+	}
+	hist := make([]int32, 0, len(r.w.Prompt)+r.w.Output)
+	hist = append(hist, r.w.Prompt...)
+	for k := range r.out {
+		hist = append(hist, token(r.idx, k))
+	}
+	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: len(r.w.Prompt), MaxTokens: r.w.Output,
+		Arrived: s.clock(), Sink: r}
+	if pl.HolderId != "" {
+		cr.Holder = pl.HolderId
+		cr.Reserved = policy.Footprint(uint32(len(r.w.Prompt)), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
+			uint64(s.cfg.Profile.KVBytesPerToken()))
+	}
+	r.call, r.callW, r.callGen = cr, w, w.gen
+	w.core.Submit(cr)
+	s.flush(w)
+	s.publish(w)
+	s.wake(w)
+}
+
+func (s *Sim) worker(id string) *simWorker { return s.byWorker[id] }
+
+// broke is a Generate stream that broke: the gateway polls the placement
+// until the controller moves the request.
+func (s *Sim) broke(r *simRequest) {
+	r.call, r.callW = nil, nil
+	r.broken = s.now
+	r.pollWait = s.cfg.Timing.PollFirst
+	if !r.polling {
+		r.polling = true
+		s.at(s.now+r.pollWait, func() { s.poll(r) })
+	}
+}
+
+// poll is one GetPlacement of resumeTarget.
+func (s *Sim) poll(r *simRequest) {
+	r.polling = false
+	if r.ended > 0 || r.call != nil {
+		return
+	}
+	pl, _ := s.fsm.Placement(r.id)
+	switch {
+	case pl != nil && (pl.WorkerId != r.worker || pl.Epoch != r.epoch):
+		s.generate(r, pl)
+		return
+	case r.out == 0 && (pl == nil || s.now-r.broken > s.cfg.Timing.RedispatchAfter):
+		s.complete(r.id)
+		delete(s.byID, r.id)
+		r.attempt++
+		s.dispatch(r)
+		return
+	}
+	r.pollWait = min(2*r.pollWait, s.cfg.Timing.PollMax)
+	r.polling = true
+	s.at(s.now+r.pollWait, func() { s.poll(r) })
+}
+
+func (s *Sim) complete(id string) {
+	s.apply(&pb.Command{Body: &pb.Command_Complete{Complete: &pb.CompleteCmd{RequestIds: []string{id}}}})
+}
+
+// end records that a request ended (err nil: completed).
+func (s *Sim) end(r *simRequest, err error) {
+	r.ended++
+	if r.ended > 1 {
+		s.fail("request %s ended twice", r.id)
+		return
+	}
+	r.failed = err
+	s.res.Ended++
+	if err != nil {
+		s.res.Failed++
+	}
+	r.call, r.callW = nil, nil
+	if err == nil {
+		s.complete(r.id)
+	}
+	delete(s.byID, r.id)
+}
+
+// onToken is a token reaching the client.
+func (s *Sim) onToken(r *simRequest, ev core.Event) {
+	if ev.Index != r.out {
+		s.fail("request %s: token %d arrived, the journal has %d", r.id, ev.Index, r.out)
+		return
+	}
+	r.out++
+	if r.first < 0 {
+		r.first = s.now
+	}
+	if ff := s.firstFail; ff >= 0 && s.now > ff {
+		prev := ff
+		if r.last > ff {
+			prev = r.last
+		}
+		if gap := s.now - prev; gap > r.resumeBest {
+			r.resumeBest, r.resumeEnd = gap, s.now
+		}
+	}
+	r.last = s.now
+	if s.cfg.StopAt > 0 && s.now >= s.cfg.StopAt/2 {
+		s.res.CalibrationTokens++
+	}
+	if ev.Finish != core.FinishNone {
+		s.end(r, nil)
+	}
+}
+
+// --- workers ---
+
+// wake schedules a step on an idle worker (at the same instant: arrivals
+// of the same instant join one batch, as the scheduler's intake drain does).
+func (s *Sim) wake(w *simWorker) {
+	if w.busy || w.kick || !w.alive {
+		return
+	}
+	w.kick = true
+	gen := w.gen
+	s.at(s.now, func() {
+		if w.gen != gen {
+			return
+		}
+		w.kick = false
+		s.step(w)
+	})
+}
+
+// step builds and starts the worker's next step.
+func (s *Sim) step(w *simWorker) {
+	if w.busy || !w.alive || w.core.Idle() {
+		return
+	}
+	free := s.cfg.KVPages - w.core.CachedPages()
+	st := w.core.Next(s.clock(), free)
+	s.flush(w)
+	if len(st.Batch) == 0 {
+		if !w.core.Idle() {
+			if w.empties++; w.empties > 100000 {
+				s.fail("%s: no step can run (%d running, %d waiting)", w.id, w.core.Running(), w.core.Waiting())
+				return
+			}
+			s.wake(w)
+		}
+		s.publish(w)
+		return
+	}
+	w.empties = 0
+	if used := w.core.CachedPages(); used > s.cfg.KVPages {
+		s.fail("%s: %d KV pages in use of %d", w.id, used, s.cfg.KVPages)
+	}
+	p := s.cfg.Profile
+	var dur time.Duration
+	for _, rs := range st.Restores {
+		dur += p.ImportTime(len(rs.Pages))
+		w.store.release(rs.Req.ID) // consumed: the request runs here now
+	}
+	decode, prefill := 0, 0
+	for _, ch := range st.Batch {
+		if ch.Sample > 1 || len(ch.Tokens) == 1 {
+			decode += len(ch.Tokens)
+		} else {
+			prefill += len(ch.Tokens)
+		}
+	}
+	dur += p.StepTime(decode, prefill)
+	s.res.Steps++
+	w.busy = true
+	gen := w.gen
+	s.at(s.now+dur, func() {
+		if w.gen != gen {
+			return
+		}
+		s.stepDone(w, st)
+	})
+}
+
+func (s *Sim) stepDone(w *simWorker, st core.Step) {
+	// Done reads the tokens and keeps nothing: the buffers are the worker's.
+	n := len(st.Batch)
+	if cap(w.outBuf) < n {
+		w.outBuf, w.tokBuf = make([][]int32, n), make([]int32, n)
+	}
+	out, toks := w.outBuf[:n], w.tokBuf[:n]
+	for i, ch := range st.Batch {
+		out[i] = nil
+		if ch.Sample == 1 {
+			r := st.Reqs[i].Sink.(*simRequest)
+			toks[i] = token(r.idx, ch.OutIndex)
+			out[i] = toks[i : i+1]
+		}
+	}
+	w.core.Done(s.clock(), out)
+	w.busy = false
+	s.flush(w)
+	s.publish(w)
+	s.step(w)
+}
+
+// flush carries out what the worker's core asked for.
+func (s *Sim) flush(w *simWorker) {
+	o := w.core.Output()
+	s.res.RestoredPages += o.RestoredPages
+	s.res.RecomputedTokens += o.RecomputedTokens
+	s.res.Preemptions += o.Preemptions
+	w.waits.Add(o.Waits...)
+	for _, ev := range o.Events {
+		r := ev.Req.Sink.(*simRequest)
+		if r.call != ev.Req {
+			continue // a call the gateway gave up on
+		}
+		if ev.Err != nil {
+			switch {
+			case errors.Is(ev.Err, core.ErrQueueFull), errors.Is(ev.Err, core.ErrTooLarge):
+				s.end(r, ev.Err) // not resumable: the client gets the error
+			default:
+				s.broke(r)
+			}
+			continue
+		}
+		s.onToken(r, ev)
+	}
+	// Checkpoint pages: the sender's bounded queue, then the link.
+	var behind *core.Request
+	for i := 0; i < len(o.Checkpoints); {
+		p := o.Checkpoints[i]
+		j := i
+		for j < len(o.Checkpoints) && o.Checkpoints[j].Req == p.Req {
+			j++
+		}
+		if p.Req == behind {
+			i = j
+			continue
+		}
+		var hashes []uint64
+		first := p.Page
+		for k := i; k < j; k++ {
+			backlog := float64(w.linkFree-s.now) / float64(time.Second) * s.cfg.Timing.NetBytesPerSec / float64(s.pageBytes)
+			if backlog >= float64(s.cfg.Timing.SendQueuePages) {
+				w.core.CheckpointBehind(p.Req, o.Checkpoints[k].Page)
+				behind = p.Req
+				break
+			}
+			w.linkFree = max(w.linkFree, s.now) + time.Duration(float64(s.pageBytes)/s.cfg.Timing.NetBytesPerSec*float64(time.Second))
+			hashes = append(hashes, o.Checkpoints[k].Hash)
+		}
+		if len(hashes) > 0 {
+			s.ship(w, p.Holder, p.Req.ID, p.Reserved, first, hashes)
+		}
+		i = j
+	}
+	for _, rel := range o.CheckpointReleases {
+		s.ship(w, rel.Holder, rel.RequestID, 0, 0, nil)
+	}
+}
+
+// ship delivers checkpoint pages (or, with none, a release) to a holder
+// when the link has carried them.
+func (s *Sim) ship(from *simWorker, holder, req string, reserved uint64, first int, hashes []uint64) {
+	h := s.worker(holder)
+	if h == nil {
+		return
+	}
+	gen := h.gen
+	s.at(max(from.linkFree, s.now), func() {
+		if h.gen != gen || !h.alive {
+			return // the holder died meanwhile: the pages are lost
+		}
+		if hashes == nil {
+			h.store.release(req)
+			return
+		}
+		for k, hs := range hashes {
+			h.store.put(req, reserved, first+k, hs, s.pageBytes)
+		}
+		if h.store.used > h.store.budget {
+			s.fail("%s: checkpoint store holds %d bytes, budget %d", h.id, h.store.used, h.store.budget)
+		}
+	})
+}
+
+// reconcile is the holder's periodic check of its store against the
+// placement table.
+func (s *Sim) reconcile(w *simWorker) {
+	if !w.alive {
+		return
+	}
+	for _, id := range w.store.requests() {
+		pl, _ := s.fsm.Placement(id)
+		if pl == nil || !core.KeepsPages(pl.HolderId, pl.WorkerId, pl.State != pb.PlacementState_PLACEMENT_STATE_RUNNING, w.id) {
+			w.store.release(id)
+		}
+	}
+}
+
+func (s *Sim) sample() {
+	waiting := 0
+	for _, w := range s.workers {
+		if w.alive {
+			waiting += w.core.Waiting()
+		}
+	}
+	s.res.Queue = append(s.res.Queue, queueSample{At: s.now, Waiting: float64(waiting)})
+}
+
+// kill is a kill -9: the process and everything in it is gone; its calls
+// break (the gateway sees it at once), the fast path marks it failed after
+// DetectDelay, and it restarts and reloads when asked to.
+func (s *Sim) kill(w *simWorker, restart bool) {
+	if !w.alive {
+		return
+	}
+	w.alive = false
+	w.gen++
+	for _, r := range w.core.Requests() {
+		sr := r.Sink.(*simRequest)
+		if sr.call == r {
+			s.broke(sr)
+		}
+	}
+	w.core = core.New(core.Config{Self: w.id, TokenBudget: 1, MaxRunning: 1, MaxWaiting: 1}, nil)
+	w.store = newSimStore(0)
+	inc := w.inc
+	s.at(s.now+s.cfg.Timing.DetectDelay, func() {
+		res := s.apply(&pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: inc, Reason: "probe failed"}}})
+		if res.Err != nil {
+			return
+		}
+		if s.res.PlanAt == 0 {
+			s.res.PlanAt = s.now
+		}
+		for _, rp := range s.fsm.Recoveries() {
+			if rp.FailedWorker == w.id && rp.FailedIncarnation == inc {
+				for _, a := range rp.Assignments {
+					if r := s.byID[a.RequestId]; r != nil {
+						r.interrupted = true
+					}
+				}
+			}
+		}
+	})
+	if restart {
+		s.at(s.now+time.Duration(float64(s.cfg.Profile.LoadTime())*s.cfg.Timing.ReloadScale), func() {
+			if !w.alive {
+				s.register(w)
+			}
+		})
+	}
+}

@@ -1,0 +1,87 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/policy"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+func smallConfig(t *testing.T, seed uint64, strategy policy.Strategy, workers int, rate float64, d time.Duration) Config {
+	t.Helper()
+	reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timing := DefaultTiming()
+	timing.ReloadScale = 0.1
+	return Config{Workers: workers, Profile: engine.Profiles["qwen3-14b-h100"], Strategy: strategy, TokenBudget: 2048,
+		MaxRunning: 32, MaxWaiting: 4096, CheckpointBudget: 80e9, Arrivals: reqs, Timing: timing}
+}
+
+// TestConservation runs every strategy through failures — one worker that
+// restarts, one that stays down, two at once — and Run's Check verifies
+// that every arrival ended exactly once, no page or reservation is left and
+// no budget was exceeded.
+func TestConservation(t *testing.T) {
+	seed := uint64(5)
+	t.Logf("seed %d", seed)
+	failures := map[string][]Failure{
+		"none":            nil,
+		"one, restarts":   {{Worker: 0, At: 4 * time.Second, Restart: true}},
+		"one, stays down": {{Worker: 1, At: 4 * time.Second}},
+		"two at once":     {{Worker: 0, At: 3 * time.Second, Restart: true}, {Worker: 2, At: 3 * time.Second, Restart: true}},
+	}
+	for _, strategy := range []policy.Strategy{policy.Lumen, policy.FixedCheckpoint, policy.StopAndRestart} {
+		for name, fs := range failures {
+			t.Run(strategy.String()+"/"+name, func(t *testing.T) {
+				cfg := smallConfig(t, seed, strategy, 4, 12, 10*time.Second)
+				cfg.Failures = fs
+				res, err := Run(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Ended != len(cfg.Arrivals) || res.Failed != 0 {
+					t.Fatalf("%d of %d ended, %d failed", res.Ended, len(cfg.Arrivals), res.Failed)
+				}
+				if fs != nil && res.Interrupted == 0 {
+					t.Fatal("a failure interrupted nothing")
+				}
+				if fs != nil && strategy != policy.StopAndRestart && res.RestoredPages == 0 {
+					t.Errorf("%s restored no checkpoint page", strategy)
+				}
+				if strategy == policy.StopAndRestart && res.RestoredPages != 0 {
+					t.Errorf("stop-and-restart restored %d pages", res.RestoredPages)
+				}
+			})
+		}
+	}
+}
+
+// TestDeterminism: the same study twice gives the same bytes.
+func TestDeterminism(t *testing.T) {
+	seed := uint64(3)
+	t.Logf("seed %d", seed)
+	run := func() []byte {
+		st := Study{Setup: Setup{Name: "t", Workers: 4, Profile: "qwen3-14b-h100", Failures: 1, MaxRunning: 32, Budget: 80e9},
+			Timeline: Timeline{Warmup: 2 * time.Second, FailAt: 5 * time.Second, Duration: 12 * time.Second, Calibration: 6 * time.Second, ReloadScale: 0.1},
+			Seed:     seed, Load: 0.7, Timing: DefaultTiming()}
+		figs, err := st.Run()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(figs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a, b := run(), run()
+	if !bytes.Equal(a, b) {
+		t.Fatalf("two runs of the same study differ:\n%s\n%s", a, b)
+	}
+}

@@ -1,0 +1,93 @@
+package sim
+
+import "slices"
+
+// simStore is a holder's checkpoint store as the worker keeps it
+// (worker/checkpoint.go): pages by prefix hash under a hard budget, each
+// request under its reservation, nothing stored without one. Pages carry
+// no bytes here, only their size. Unlike the worker's store it does not
+// share identical prefixes between requests (the simulated prompts are
+// distinct), so a request's pages are found by the hash of its first page.
+type simStore struct {
+	budget uint64
+	used   uint64
+	reqs   map[string]*heldPages
+	first  map[uint64]*heldPages // by the hash of page 0
+	// refused counts pages refused (budget or reservation).
+	refused int
+}
+
+type heldPages struct {
+	hashes  []uint64 // by page index; 0 where a page is missing
+	charged uint64
+}
+
+func newSimStore(budget uint64) *simStore {
+	return &simStore{budget: budget, reqs: map[string]*heldPages{}, first: map[uint64]*heldPages{}}
+}
+
+// noPages is what Prefix returns: the core only counts them.
+var noPages = make([][]byte, 4096)
+
+// Prefix implements core.Store.
+func (s *simStore) Prefix(hashes []uint64) [][]byte {
+	if len(hashes) == 0 {
+		return nil
+	}
+	r := s.first[hashes[0]]
+	n := 0
+	for r != nil && n < len(hashes) && n < len(r.hashes) && r.hashes[n] == hashes[n] {
+		n++
+	}
+	if n > len(noPages) {
+		return make([][]byte, n)
+	}
+	return noPages[:n]
+}
+
+// put stores page `page` of a request, or refuses it.
+func (s *simStore) put(req string, reserved uint64, page int, hash, size uint64) {
+	r := s.reqs[req]
+	if r == nil {
+		r = &heldPages{}
+		s.reqs[req] = r
+	}
+	if page < len(r.hashes) && r.hashes[page] != 0 {
+		return // held already (sent again after a preemption)
+	}
+	if reserved == 0 || r.charged+size > reserved || s.used+size > s.budget {
+		s.refused++
+		return
+	}
+	for len(r.hashes) <= page {
+		r.hashes = append(r.hashes, 0)
+	}
+	r.hashes[page] = hash
+	if page == 0 {
+		s.first[hash] = r
+	}
+	r.charged += size
+	s.used += size
+}
+
+func (s *simStore) release(req string) {
+	r := s.reqs[req]
+	if r == nil {
+		return
+	}
+	if len(r.hashes) > 0 && s.first[r.hashes[0]] == r {
+		delete(s.first, r.hashes[0])
+	}
+	s.used -= r.charged
+	delete(s.reqs, req)
+}
+
+// requests lists the requests the store holds pages of, sorted.
+func (s *simStore) requests() []string {
+	out := make([]string, 0, len(s.reqs))
+	for id := range s.reqs {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,415 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/servingstats"
+	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/policy"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// Setup is one cluster shape of the recovery comparison.
+type Setup struct {
+	Name     string
+	Workers  int
+	Profile  string
+	Failures int // workers killed (worker-1 … worker-K) at the failure time
+	// MaxRunning caps a worker's batch; with the profile's KV pages it sets
+	// the capacity the offered load is a fraction of.
+	MaxRunning int
+	// Budget is the host checkpoint budget per worker (CALIBRATION.md).
+	Budget uint64
+}
+
+// PrototypeSetups are `lumen bench recovery`'s setups, by the same names.
+var PrototypeSetups = []Setup{
+	{Name: "w4", Workers: 4, Profile: "qwen3-32b-h100", Failures: 1, MaxRunning: 64, Budget: 160e9},
+	{Name: "w8", Workers: 8, Profile: "qwen3-14b-h100", Failures: 1, MaxRunning: 32, Budget: 80e9},
+	{Name: "w8_f4", Workers: 8, Profile: "qwen3-14b-h100", Failures: 4, MaxRunning: 32, Budget: 80e9},
+}
+
+// LookupSetup returns a prototype setup by name.
+func LookupSetup(name string) (Setup, bool) {
+	for _, s := range PrototypeSetups {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Setup{}, false
+}
+
+// Column is one run of the comparison.
+type Column struct {
+	Name     string
+	Strategy policy.Strategy
+	Fail     bool
+	Ref      string // the failure-free column recovery is measured against
+}
+
+// Columns are the benchmark's columns, in the order they run.
+var Columns = []Column{
+	{"no-checkpoint-no-failure", policy.StopAndRestart, false, ""},
+	{"lumen-no-failure", policy.Lumen, false, ""},
+	{"stop-and-restart", policy.StopAndRestart, true, "no-checkpoint-no-failure"},
+	{"fixed-checkpoint", policy.FixedCheckpoint, true, "lumen-no-failure"},
+	{"lumen", policy.Lumen, true, "lumen-no-failure"},
+}
+
+// Timeline is a run's schedule.
+type Timeline struct {
+	Warmup, FailAt, Duration, Calibration time.Duration
+	// ReloadScale scales a restarted worker's model reload.
+	ReloadScale float64
+}
+
+// FullTimeline is the benchmark's: 120 s of arrivals, the failure at 30 s,
+// TTFT from 10 s; a one-minute calibration.
+func FullTimeline() Timeline {
+	return Timeline{Warmup: 10 * time.Second, FailAt: 30 * time.Second, Duration: 120 * time.Second, Calibration: time.Minute, ReloadScale: 1}
+}
+
+// QuickTimeline is `-quick`'s.
+func QuickTimeline() Timeline {
+	return Timeline{Warmup: 4 * time.Second, FailAt: 12 * time.Second, Duration: 36 * time.Second, Calibration: 24 * time.Second, ReloadScale: 0.25}
+}
+
+// Figures are one column's results, under the keys of `lumen bench
+// recovery -json`, and the fsm's Apply times.
+type Figures struct {
+	TTFTMeanMs       float64 `json:"ttft_mean_ms"`
+	TTFTP99Ms        float64 `json:"ttft_p99_ms"`
+	TPOTMeanMs       float64 `json:"tpot_mean_ms"`
+	ResumeMeanMs     float64 `json:"resume_mean_ms"`
+	RecoveryS        float64 `json:"recovery_s"`
+	PagesReused      float64 `json:"pages_reused"`
+	TokensRecomputed float64 `json:"tokens_recomputed"`
+	Requests         int     `json:"requests"`
+	FailedRequests   int     `json:"failed_requests"`
+	// Beyond the keys the issue asks for, as the benchmark writes them.
+	Recovered         bool    `json:"recovered"`
+	Interrupted       int     `json:"interrupted"`
+	ResumeP99Ms       float64 `json:"resume_p99_ms"`
+	PlanMs            float64 `json:"plan_ms"`
+	PreFailureTTFTMs  float64 `json:"pre_failure_ttft_mean_ms"`
+	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
+	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
+	// Wall-clock p99 of fsm.Apply (0 unless measured).
+	ApplyMarkFailedP99Ms float64 `json:"apply_markfailed_p99_ms"`
+	ApplyDispatchP99Ms   float64 `json:"apply_dispatch_p99_ms"`
+}
+
+// Study is a side-by-side comparison on one setup: a calibration run, then
+// every column on the same arrivals.
+type Study struct {
+	Setup    Setup
+	Timeline Timeline
+	Seed     uint64
+	// Load is the offered load as a fraction of the measured saturated
+	// throughput (0.7 in the benchmark).
+	Load   float64
+	Lambda float64
+	// NoRestart leaves the failed workers down.
+	NoRestart bool
+	// Saturated, when > 0, is the setup's saturated throughput measured
+	// before (requests/s): the calibration run is skipped.
+	Saturated    float64
+	Timing       Timing
+	MeasureApply bool
+	// Log receives progress lines and the table (nil: nothing).
+	Log io.Writer
+}
+
+// ModelledCapacity is a worker's saturated throughput in requests per
+// second by the benchmark's model: each request costs its prefill plus its
+// share of the decode steps of a full batch, the batch being the smaller
+// of the running cap and what the KV cache holds at the mean context.
+func ModelledCapacity(p engine.Profile, maxRunning int, meanPrompt, meanOutput float64) (perWorker float64, batch int) {
+	ctxPages := (meanPrompt + meanOutput/2) / engine.PageTokens
+	batch = min(maxRunning, int(float64(p.KVPages())/(ctxPages+1)))
+	step := p.StepTime(batch, 0).Seconds()
+	perReq := meanPrompt/p.PrefillTokensPerSec + meanOutput*step/float64(batch)
+	return 1 / perReq, batch
+}
+
+func (st *Study) logf(format string, args ...any) {
+	if st.Log != nil {
+		fmt.Fprintf(st.Log, format, args...)
+	}
+}
+
+func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workload.Request) Config {
+	timing := st.Timing
+	timing.ReloadScale *= st.Timeline.ReloadScale
+	return Config{Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
+		TokenBudget: 2048, MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget,
+		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply}
+}
+
+// Calibrate measures the setup's saturated throughput in requests per
+// second as the benchmark does: arrivals at twice the modelled capacity for
+// the calibration time, the output tokens delivered over its second half,
+// divided by the mean output length.
+func (st *Study) Calibrate() (saturated, modelled float64, err error) {
+	p, ok, err := engine.LookupProfile(st.Setup.Profile)
+	if err != nil || !ok {
+		return 0, 0, fmt.Errorf("sim: setup %s: profile %q: %w", st.Setup.Name, st.Setup.Profile, err)
+	}
+	tr := workload.AzureConversation
+	per, _ := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	modelled = per * float64(st.Setup.Workers)
+	d := st.Timeline.Calibration
+	reqs, err := workload.Generate(workload.Config{Seed: st.Seed + 1000, Rate: 2 * modelled, Duration: d, Trace: tr})
+	if err != nil {
+		return 0, 0, err
+	}
+	cfg := st.config(p, policy.Lumen, reqs)
+	cfg.StopAt = d
+	res, err := Run(cfg)
+	if err != nil {
+		return 0, 0, fmt.Errorf("calibration: %w", err)
+	}
+	return float64(res.CalibrationTokens) / (d / 2).Seconds() / tr.Output.Mean(), modelled, nil
+}
+
+// Run runs the study: calibration, then the columns. It returns the
+// figures by column name.
+func (st *Study) Run() (map[string]*Figures, error) {
+	p, ok, err := engine.LookupProfile(st.Setup.Profile)
+	if err != nil || !ok {
+		return nil, fmt.Errorf("sim: setup %s: profile %q: %w", st.Setup.Name, st.Setup.Profile, err)
+	}
+	if st.Load <= 0 {
+		return nil, fmt.Errorf("%w: load %g must be > 0", ErrInvalid, st.Load)
+	}
+	tr := workload.AzureConversation
+	_, batch := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	tm := st.Timeline
+	st.logf("== %s: %d workers simulated as %s, batch up to %d, %d of them killed at %s\n",
+		st.Setup.Name, st.Setup.Workers, st.Setup.Profile, batch, st.Setup.Failures, tm.FailAt)
+	saturated, modelled := st.Saturated, 0.0
+	if saturated <= 0 {
+		if saturated, modelled, err = st.Calibrate(); err != nil {
+			return nil, err
+		}
+	} else {
+		per, _ := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+		modelled = per * float64(st.Setup.Workers)
+	}
+	rate := st.Load * saturated
+	reqs, err := workload.Generate(workload.Config{Seed: st.Seed, Rate: rate, Duration: tm.Duration, Trace: tr})
+	if err != nil {
+		return nil, err
+	}
+	st.logf("   saturated, the cluster completes %.2f requests/s (the model said %.2f); the workload offers %.0f%% of that:\n",
+		saturated, modelled, 100*st.Load)
+	st.logf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, st.Seed)
+	results := map[string]*Result{}
+	for _, col := range Columns {
+		cfg := st.config(p, col.Strategy, reqs)
+		if col.Fail {
+			for i := range st.Setup.Failures {
+				cfg.Failures = append(cfg.Failures, Failure{Worker: i, At: tm.FailAt, Restart: !st.NoRestart})
+			}
+		}
+		if st.Log != nil {
+			name := col.Name
+			cfg.Progress = func(now time.Duration, done, total int) {
+				if now%(60*time.Second) < 10*time.Second {
+					st.logf("   %s/%s: t=%4.0fs  %d of %d requests done\n", st.Setup.Name, name, now.Seconds(), done, total)
+				}
+			}
+		}
+		start := time.Now()
+		res, err := Run(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", st.Setup.Name, col.Name, err)
+		}
+		wall := time.Since(start)
+		st.logf("-- %s / %-24s %8d events in %6.2fs of wall time (%.0f events/s), %s simulated\n", st.Setup.Name, col.Name,
+			res.Events, wall.Seconds(), float64(res.Events)/wall.Seconds(), res.End.Round(time.Millisecond))
+		results[col.Name] = res
+	}
+	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
+	if w := time.Duration(100 / rate * float64(time.Second)); w > rule.Window {
+		rule.Window = w.Round(time.Second)
+	}
+	figs := map[string]*Figures{}
+	for _, col := range Columns {
+		res := results[col.Name]
+		f := &Figures{ArrivalRatePerSec: rate, SaturatedPerSec: saturated}
+		var ttft, tpot, pre []time.Duration
+		for _, r := range res.Records {
+			if r.Err != nil {
+				f.FailedRequests++
+				continue
+			}
+			if r.Arrival < tm.Warmup {
+				continue
+			}
+			if d, ok := r.TTFT(); ok {
+				ttft = append(ttft, d)
+				if r.Arrival < tm.FailAt {
+					pre = append(pre, d)
+				}
+			}
+			if d, ok := r.TPOT(); ok {
+				tpot = append(tpot, d)
+			}
+		}
+		f.Requests = len(res.Records)
+		f.TTFTMeanMs, f.TTFTP99Ms = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99)
+		f.TPOTMeanMs, f.PreFailureTTFTMs = servingstats.Mean(tpot), servingstats.Mean(pre)
+		f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(res.Resumes), servingstats.Percentile(res.Resumes, 0.99)
+		f.Interrupted = res.Interrupted
+		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages), float64(res.RecomputedTokens)
+		f.ApplyDispatchP99Ms = servingstats.Percentile(res.ApplyDispatch, 0.99)
+		f.ApplyMarkFailedP99Ms = servingstats.Percentile(res.ApplyMarkFailed, 0.99)
+		f.Recovered = true
+		if col.Fail {
+			f.PlanMs = float64(res.PlanAt-res.FailAt) / 1e6
+			ref := results[col.Ref]
+			end := max(res.End, ref.End)
+			d, ok := servingstats.RecoveryTime(
+				servingstats.Levels(res.Records, res.Queue, res.FailAt, end, rule),
+				servingstats.Levels(ref.Records, ref.Queue, res.FailAt, end, rule), rule)
+			f.RecoveryS, f.Recovered = d.Seconds(), ok
+		}
+		figs[col.Name] = f
+	}
+	if st.Log != nil {
+		PrintTable(st.Log, st.Setup, figs)
+		rejoin := time.Duration(-1)
+		if !st.NoRestart {
+			rejoin = tm.FailAt + time.Duration(float64(p.LoadTime())*st.Timing.ReloadScale*tm.ReloadScale)
+		}
+		for _, col := range Columns {
+			if col.Fail {
+				a := Attribute(results[col.Name], results[col.Ref], tm.Warmup, tm.FailAt, rejoin)
+				st.logf("where %s's TTFT goes, ms above %s per request: %s\n", col.Name, col.Ref, a)
+			}
+		}
+		st.logf("\n")
+	}
+	return figs, nil
+}
+
+// Attribution splits a failed run's mean TTFT excess over its failure-free
+// reference (the same arrivals) by when the requests arrived: before the
+// failure, between the failure and the failed workers' rejoin (the
+// capacity is short), in the 10 s after the rejoin, and later. Each part
+// is the sum of the per-request differences over the requests counted
+// (those arriving after the warm-up), so the parts add up to the
+// difference of the two means.
+type Attribution struct {
+	Before, Down, AfterRejoin, Later float64 // ms per request
+	Requests                         int
+}
+
+func (a Attribution) String() string {
+	return fmt.Sprintf("before the failure %+.1f, failure to rejoin %+.1f, first 10 s after the rejoin %+.1f, later %+.1f (%d requests)",
+		a.Before, a.Down, a.AfterRejoin, a.Later, a.Requests)
+}
+
+// Attribute computes the Attribution of run against ref. rejoin < 0: the
+// failed workers never came back.
+func Attribute(run, ref *Result, warmup, failAt, rejoin time.Duration) Attribution {
+	var a Attribution
+	var sums [4]time.Duration
+	for i, r := range run.Records {
+		if r.Arrival < warmup || r.Err != nil || ref.Records[i].Err != nil {
+			continue
+		}
+		d1, ok1 := r.TTFT()
+		d0, ok0 := ref.Records[i].TTFT()
+		if !ok1 || !ok0 {
+			continue
+		}
+		a.Requests++
+		k := 3
+		switch {
+		case r.Arrival < failAt:
+			k = 0
+		case rejoin < 0 || r.Arrival < rejoin:
+			k = 1
+		case r.Arrival < rejoin+10*time.Second:
+			k = 2
+		}
+		sums[k] += d1 - d0
+	}
+	if a.Requests == 0 {
+		return a
+	}
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(a.Requests) }
+	a.Before, a.Down, a.AfterRejoin, a.Later = per(sums[0]), per(sums[1]), per(sums[2]), per(sums[3])
+	return a
+}
+
+// PrintTable writes the figures as `lumen bench recovery` prints them.
+func PrintTable(out io.Writer, s Setup, figs map[string]*Figures) {
+	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+	fmt.Fprintf(out, "\n%s (%d workers, %s, %d failed; simulated)\n", s.Name, s.Workers, s.Profile, s.Failures)
+	fmt.Fprintf(out, "%-24s", "")
+	for _, c := range cols {
+		fmt.Fprintf(out, " %18s", c)
+	}
+	fmt.Fprintln(out)
+	row := func(name string, get func(f *Figures) string) {
+		fmt.Fprintf(out, "%-24s", name)
+		for _, c := range cols {
+			fmt.Fprintf(out, " %18s", get(figs[c]))
+		}
+		fmt.Fprintln(out)
+	}
+	f1 := func(v float64) string { return fmt.Sprintf("%.1f", v) }
+	row("TTFT mean (ms)", func(f *Figures) string { return f1(f.TTFTMeanMs) })
+	row("TTFT p99 (ms)", func(f *Figures) string { return f1(f.TTFTP99Ms) })
+	row("TPOT mean (ms)", func(f *Figures) string { return f1(f.TPOTMeanMs) })
+	row("TTFT before failure", func(f *Figures) string { return f1(f.PreFailureTTFTMs) })
+	row("interrupted requests", func(f *Figures) string { return fmt.Sprint(f.Interrupted) })
+	row("resume mean (ms)", func(f *Figures) string { return f1(f.ResumeMeanMs) })
+	row("resume p99 (ms)", func(f *Figures) string { return f1(f.ResumeP99Ms) })
+	row("recovery (s)", func(f *Figures) string {
+		if !f.Recovered {
+			return fmt.Sprintf(">%.1f", f.RecoveryS)
+		}
+		return fmt.Sprintf("%.2f", f.RecoveryS)
+	})
+	row("pages reused", func(f *Figures) string { return fmt.Sprintf("%.0f", f.PagesReused) })
+	row("tokens recomputed", func(f *Figures) string { return fmt.Sprintf("%.0f", f.TokensRecomputed) })
+	row("requests / failed", func(f *Figures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) })
+	row("Apply(MarkFailed) p99 ms", func(f *Figures) string { return fmt.Sprintf("%.3f", f.ApplyMarkFailedP99Ms) })
+	row("Apply(Dispatch) p99 ms", func(f *Figures) string { return fmt.Sprintf("%.3f", f.ApplyDispatchP99Ms) })
+	l, sr, fc := figs["lumen"], figs["stop-and-restart"], figs["fixed-checkpoint"]
+	fmt.Fprintf(out, "lumen vs stop-and-restart: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
+		Gain(l.TTFTMeanMs, sr.TTFTMeanMs), Gain(l.TTFTP99Ms, sr.TTFTP99Ms), Gain(l.TPOTMeanMs, sr.TPOTMeanMs), Gain(l.RecoveryS, sr.RecoveryS))
+	fmt.Fprintf(out, "lumen vs fixed-checkpoint: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
+		Gain(l.TTFTMeanMs, fc.TTFTMeanMs), Gain(l.TTFTP99Ms, fc.TTFTP99Ms), Gain(l.TPOTMeanMs, fc.TPOTMeanMs), Gain(l.RecoveryS, fc.RecoveryS))
+	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
+	fmt.Fprintf(out, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s\n\n",
+		Gain(a.TTFTMeanMs, b.TTFTMeanMs), Gain(a.TPOTMeanMs, b.TPOTMeanMs))
+}
+
+// Gain is a's change relative to b, as a signed percentage.
+func Gain(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
+}
+
+// ParseSetups resolves a comma-separated list of prototype setup names.
+func ParseSetups(list string) ([]Setup, error) {
+	var out []Setup
+	for _, name := range strings.Split(list, ",") {
+		s, ok := LookupSetup(strings.TrimSpace(name))
+		if !ok {
+			return nil, fmt.Errorf("%w: unknown setup %q: use w4, w8, w8_f4", ErrInvalid, name)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}

@@ -1,0 +1,639 @@
+package core
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/kvpage"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// Errors a request can end with. The worker maps them to gRPC codes.
+var (
+	// ErrQueueFull: the waiting queue is at MaxWaiting.
+	ErrQueueFull = errors.New("worker: waiting queue full")
+	// ErrTooLarge: the request's history needs more KV pages than the
+	// engine has, even alone.
+	ErrTooLarge = errors.New("worker: request does not fit in the KV cache")
+	// ErrSuperseded ends a call whose request id came in again on a new
+	// call.
+	ErrSuperseded = errors.New("worker: a newer call for this request id took it over")
+	// ErrStaleEpoch refuses a call whose placement epoch is older than the
+	// one the request runs under here: it comes from before a move (a
+	// gateway that read a lagging replica) and must not take over.
+	ErrStaleEpoch = errors.New("worker: stale call: the request runs here under a newer placement epoch")
+)
+
+// Config is a Core's fixed parameters.
+type Config struct {
+	// Self is this worker's id: a request whose holder is Self is not
+	// checkpointed.
+	Self string
+	// TokenBudget caps the tokens one step computes (prefill chunks plus
+	// decodes). MaxRunning caps the running requests, MaxWaiting the
+	// waiting queue. All >= 1.
+	TokenBudget, MaxRunning, MaxWaiting int
+	// TotalPages is the engine's KV pages, for the message of ErrTooLarge.
+	TotalPages int
+}
+
+// Store is the worker's checkpoint store as the Core sees it: the pages it
+// holds of other workers' requests, by prefix hash.
+type Store interface {
+	// Prefix returns the pages of the longest run of hashes, from the
+	// first, that the store holds. The Core only counts them; the caller
+	// imports them.
+	Prefix(hashes []uint64) [][]byte
+}
+
+// Request is one Generate call. The caller fills the exported fields and
+// hands it to Submit; after that only the Core changes it.
+type Request struct {
+	ID    string
+	Epoch uint64 // the placement epoch the call was made for
+	// History is the prompt, then every output token so far (a resumed
+	// call arrives with the tokens already generated).
+	History   []int32
+	Prompt    int // prompt length
+	MaxTokens int // total output tokens
+	Params    engine.Sampling
+	Stop      map[int32]bool
+	// Holder is the checkpoint holder ("" for none) and Reserved the
+	// request's reserved footprint there.
+	Holder   string
+	Reserved uint64
+	Arrived  time.Time
+	// Sink is the caller's handle for the request's stream; the Core never
+	// looks at it.
+	Sink any
+
+	outStart     int // output tokens that arrived already generated
+	seq          engine.SeqID
+	fed          int // history tokens in the KV cache
+	started      time.Time
+	lastToken    time.Time
+	hashes       []uint64 // prefix hash of each full page in the cache
+	ckptSent     int      // pages queued for the holder
+	restoreTried bool
+}
+
+// Outputs is the number of output tokens so far.
+func (r *Request) Outputs() int { return len(r.History) - r.Prompt }
+
+// Seq is the engine sequence the request's KV cache lives in.
+func (r *Request) Seq() engine.SeqID { return r.seq }
+
+// Fed is how many history tokens are in the KV cache.
+func (r *Request) Fed() int { return r.fed }
+
+// Finish says why a request's last token was its last.
+type Finish int
+
+// Finish reasons.
+const (
+	FinishNone   Finish = iota // more tokens come
+	FinishStop                 // a stop token
+	FinishLength               // MaxTokens reached
+)
+
+// Event is one message to a request's stream: a token, or a terminal error.
+type Event struct {
+	Req    *Request
+	Err    error // terminal: the request ended with it; nothing else is set
+	Token  int32
+	Index  int // output index of Token
+	Finish Finish
+	// First is set on the first token this call produced; Latency is the
+	// time since arrival for it (TTFT), since the previous token otherwise.
+	First   bool
+	Latency time.Duration
+}
+
+// CheckpointPage is a full KV page to ship to a request's holder.
+type CheckpointPage struct {
+	Req      *Request
+	Holder   string
+	Reserved uint64
+	Seq      engine.SeqID
+	Page     int
+	Hash     uint64
+}
+
+// CheckpointRelease asks a holder to drop a request's pages.
+type CheckpointRelease struct {
+	Holder, RequestID string
+}
+
+// Wait is one request's wait from arrival to its first prefill chunk.
+type Wait struct {
+	At   time.Time
+	Wait time.Duration
+}
+
+// Restore is a checkpointed prefix to import into a request's new, empty
+// sequence before the step runs.
+type Restore struct {
+	Req    *Request
+	Seq    engine.SeqID
+	Pages  [][]byte // as the Store returned them
+	Hashes []uint64
+}
+
+// Step is one engine call: Batch[i] is Reqs[i]'s chunk.
+type Step struct {
+	Restores []Restore
+	Batch    []engine.Chunk
+	Reqs     []*Request
+}
+
+// Output is what the Core's state changes ask the caller to do, in order.
+// Its slices are valid until the next call into the Core.
+type Output struct {
+	// Release are engine sequences to free, before anything else.
+	Release []engine.SeqID
+	// Events go to the requests' streams.
+	Events []Event
+	// Checkpoints are pages to queue for holders; CheckpointReleases tell
+	// holders to drop a request's pages.
+	Checkpoints        []CheckpointPage
+	CheckpointReleases []CheckpointRelease
+	// Waits are the prefill-start waits recorded (for q_w).
+	Waits []Wait
+	// Counters since the last Output.
+	Preemptions, Completed, RestoredPages, RecomputedTokens int
+}
+
+// Core is the scheduling state of one worker. It is not safe for
+// concurrent use.
+type Core struct {
+	cfg   Config
+	store Store
+
+	waiting []*Request
+	running []*Request // in admission order
+	byID    map[string]*Request
+	nextSeq engine.SeqID
+	noAdmit bool // the last step ran out of pages: rebuild without admitting
+	pending Step // the step Next returned, until Done or StepFailed
+
+	out Output
+}
+
+// New returns an empty Core. store may be nil (nothing is restorable).
+func New(cfg Config, store Store) *Core {
+	return &Core{cfg: cfg, store: store, byID: map[string]*Request{}}
+}
+
+// PagesFor is the KV pages n tokens need.
+func PagesFor(n int) int { return kvpage.Pages(n) }
+
+// PageHashes returns the prefix hash of each full page of tokens: hash i
+// covers tokens[0 : 16(i+1)], chained page by page (FNV-1a). prev, the
+// hashes of a shorter prefix of the same tokens, is extended.
+func PageHashes(tokens []int32, prev []uint64) []uint64 {
+	out := prev
+	var b [8]byte
+	for i := len(prev); (i+1)*kvpage.Tokens <= len(tokens); i++ {
+		h := fnv.New64a()
+		if i > 0 {
+			binary.LittleEndian.PutUint64(b[:], out[i-1])
+			h.Write(b[:])
+		}
+		for _, t := range tokens[i*kvpage.Tokens : (i+1)*kvpage.Tokens] {
+			binary.LittleEndian.PutUint32(b[:4], uint32(t))
+			h.Write(b[:4])
+		}
+		out = append(out, h.Sum64())
+	}
+	return out
+}
+
+// Running, Waiting: the queue lengths.
+func (c *Core) Running() int { return len(c.running) }
+
+// Waiting is the length of the waiting queue.
+func (c *Core) Waiting() int { return len(c.waiting) }
+
+// Idle reports whether nothing runs or waits.
+func (c *Core) Idle() bool { return len(c.running) == 0 && len(c.waiting) == 0 }
+
+// HeadPages is the KV pages the head of the waiting queue needs (0 when
+// nothing waits).
+func (c *Core) HeadPages() int {
+	if len(c.waiting) == 0 {
+		return 0
+	}
+	return PagesFor(len(c.waiting[0].History))
+}
+
+// CachedPages is the KV pages the running requests' caches hold: what an
+// engine that allocates a page per 16 positions has in use.
+func (c *Core) CachedPages() int {
+	n := 0
+	for _, r := range c.running {
+		n += PagesFor(r.fed)
+	}
+	return n
+}
+
+// Requests returns the requests running and waiting, running first.
+func (c *Core) Requests() []*Request {
+	return append(slices.Clone(c.running), c.waiting...)
+}
+
+// Lookup returns the request under id, or nil.
+func (c *Core) Lookup(id string) *Request { return c.byID[id] }
+
+// Output returns what the state changes since the last call ask for, and
+// starts a new Output. The slices are reused: they are valid until the next
+// call into the Core.
+func (c *Core) Output() Output {
+	o := c.out
+	c.out = Output{Release: o.Release[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
+		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0]}
+	return o
+}
+
+// Submit queues a new call.
+func (c *Core) Submit(r *Request) {
+	r.outStart = r.Outputs()
+	if r.lastToken.IsZero() {
+		r.lastToken = r.Arrived
+	}
+	if old, dup := c.byID[r.ID]; dup {
+		// A call made for an older placement epoch comes from before a
+		// move (a gateway that read a lagging replica): it is refused and
+		// the request runs on.
+		if r.Epoch < old.Epoch {
+			c.event(Event{Req: r, Err: fmt.Errorf("%w: request %q runs under epoch %d, this call carries epoch %d",
+				ErrStaleEpoch, r.ID, old.Epoch, r.Epoch)})
+			return
+		}
+		// The gateway calls again for a request only when it has given
+		// up on its previous call (the stream broke on its side, or the
+		// controller moved the request and back): the latest call of an
+		// equal or newer epoch wins.
+		// Refusing it made a race into a client-visible error: the old
+		// call's cancellation can reach the scheduler after the new call.
+		c.drop(old, ErrSuperseded, true)
+	}
+	if len(c.waiting) >= c.cfg.MaxWaiting {
+		c.event(Event{Req: r, Err: fmt.Errorf("%w: %d requests wait", ErrQueueFull, len(c.waiting))})
+		return
+	}
+	c.nextSeq++
+	r.seq = c.nextSeq
+	c.byID[r.ID] = r
+	if r.outStart > 0 {
+		// A resumed request (its worker failed, or it moved) goes ahead of
+		// new ones, behind earlier resumes: its client is already waiting
+		// mid-stream, and a failure should cost it a delay, not a queue.
+		i := 0
+		for i < len(c.waiting) && c.waiting[i].outStart > 0 {
+			i++
+		}
+		c.waiting = slices.Insert(c.waiting, i, r)
+	} else {
+		c.waiting = append(c.waiting, r)
+	}
+}
+
+// Cancel drops r when it is still the request under its id (a newer call
+// may have taken the id over): its client went away. No event is sent.
+func (c *Core) Cancel(r *Request) {
+	if cur, ok := c.byID[r.ID]; ok && cur == r {
+		c.drop(r, nil, true)
+	}
+}
+
+// HandBack ends every request with err and keeps their checkpoints: they
+// resume elsewhere (a shutdown; an incarnation the controller marked
+// failed). Requests end in id order.
+func (c *Core) HandBack(err error) {
+	ids := make([]string, 0, len(c.byID))
+	for id := range c.byID {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		c.drop(c.byID[id], err, false)
+	}
+}
+
+func (c *Core) event(e Event) { c.out.Events = append(c.out.Events, e) }
+
+// drop removes a request wherever it is and frees its pages; err, when not
+// nil, is sent to its stream. releaseCkpt asks its holder to drop its pages.
+func (c *Core) drop(r *Request, err error, releaseCkpt bool) {
+	delete(c.byID, r.ID)
+	c.out.Release = append(c.out.Release, r.seq)
+	c.waiting = remove(c.waiting, r)
+	c.running = remove(c.running, r)
+	if releaseCkpt {
+		c.releaseCheckpoint(r)
+	}
+	if err != nil {
+		c.event(Event{Req: r, Err: err})
+	}
+}
+
+func remove(q []*Request, r *Request) []*Request {
+	for i, x := range q {
+		if x == r {
+			return append(q[:i], q[i+1:]...)
+		}
+	}
+	return q
+}
+
+// Next builds the next step — every running request's next decode or
+// prefill chunk, then waiting requests while the token budget and KV pages
+// allow — given the engine's free pages. When the running requests' next
+// chunks cannot get pages it preempts the most recently admitted request
+// (its cache is dropped and it waits to be recomputed) and tries again
+// without admitting anyone, so a victim is never re-admitted into the same
+// squeeze. An empty Step means nothing can run now.
+func (c *Core) Next(now time.Time, free int) Step {
+	admit := !c.noAdmit
+	c.noAdmit = false
+	for {
+		st := c.build(now, free, admit)
+		if len(st.Batch) == 0 {
+			switch {
+			case len(c.running) > 0:
+				free += c.preempt() // every running request waits for a page
+				admit = false
+				continue
+			case admit && len(c.waiting) > 0:
+				// The head cannot fit even alone: it never will.
+				head := c.waiting[0]
+				c.drop(head, fmt.Errorf("%w: it needs %d KV pages, the worker has %d", ErrTooLarge,
+					PagesFor(len(head.History)+1), c.cfg.TotalPages), true)
+			}
+			c.pending = Step{}
+			return Step{}
+		}
+		c.pending = st
+		return st
+	}
+}
+
+// build takes each running request's next chunk while the token budget and
+// the free KV pages last (a prefill chunk shrinks to the pages there are),
+// then, when admit is set, waiting requests whose first chunk — after the
+// checkpoint pages they will import — fits, leaving a page of headroom per
+// running request for its coming decodes.
+func (c *Core) build(now time.Time, free int, admit bool) Step {
+	budget := c.cfg.TokenBudget
+	var st Step
+	// add takes up to n tokens of r's pending history, as far as free
+	// pages allow, and reports whether it took any.
+	add := func(r *Request, n int) bool {
+		pending := r.History[r.fed:]
+		n = min(n, len(pending), budget)
+		held := PagesFor(r.fed)
+		n = min(n, (held+free)*engine.PageTokens-r.fed)
+		if n <= 0 {
+			return false
+		}
+		sample := 0
+		if n == len(pending) {
+			sample = 1
+		}
+		st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: pending[:n], Sample: sample, Params: r.Params, OutIndex: r.Outputs()})
+		st.Reqs = append(st.Reqs, r)
+		budget -= n
+		free -= PagesFor(r.fed+n) - held
+		return true
+	}
+	for _, r := range c.running {
+		if budget == 0 {
+			break
+		}
+		add(r, budget)
+	}
+	if !admit {
+		return st
+	}
+	free -= len(c.running)
+	for len(c.waiting) > 0 && budget > 0 && len(c.running) < c.cfg.MaxRunning {
+		r := c.waiting[0]
+		pages, hashes := c.restorable(r)
+		if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget)) > free {
+			break
+		}
+		c.waiting = c.waiting[1:]
+		c.running = append(c.running, r)
+		if rs, ok := c.restore(r, pages, hashes); ok {
+			st.Restores = append(st.Restores, rs)
+		}
+		free -= PagesFor(r.fed)
+		if r.started.IsZero() {
+			r.started = now
+			c.out.Waits = append(c.out.Waits, Wait{At: now, Wait: now.Sub(r.Arrived)})
+		}
+		add(r, budget)
+	}
+	return st
+}
+
+// preempt sends the most recently admitted running request back to the
+// head of the waiting queue, its cache dropped, and returns the pages it
+// held.
+func (c *Core) preempt() int {
+	victim := c.running[len(c.running)-1]
+	c.running = c.running[:len(c.running)-1]
+	c.out.Release = append(c.out.Release, victim.seq)
+	freed := PagesFor(victim.fed)
+	c.nextSeq++
+	victim.seq, victim.fed, victim.ckptSent, victim.hashes = c.nextSeq, 0, 0, nil
+	c.waiting = append([]*Request{victim}, c.waiting...)
+	c.out.Preemptions++
+	return freed
+}
+
+// restorable returns the longest prefix of a newly admitted request's pages
+// that the checkpoint store holds (this worker was the request's holder),
+// and their hashes; nil for a new request or one already tried.
+func (c *Core) restorable(r *Request) ([][]byte, []uint64) {
+	if c.store == nil || r.restoreTried || r.fed > 0 || r.outStart == 0 {
+		return nil, nil // a new request: nothing was checkpointed
+	}
+	// At least one token must be left to compute the next one.
+	hashes := PageHashes(r.History[:len(r.History)-1], nil)
+	pages := c.store.Prefix(hashes)
+	return pages, hashes[:len(pages)]
+}
+
+// restore counts the pages restorable found as in the cache, so only the
+// rest of the request's history is prefilled; the caller imports them
+// before the step runs.
+func (c *Core) restore(r *Request, pages [][]byte, hashes []uint64) (Restore, bool) {
+	if r.restoreTried || r.fed > 0 {
+		return Restore{}, false
+	}
+	r.restoreTried = true
+	if r.outStart == 0 {
+		return Restore{}, false
+	}
+	var rs Restore
+	ok := len(pages) > 0
+	if ok {
+		r.fed = len(pages) * engine.PageTokens
+		r.hashes = hashes
+		c.out.RestoredPages += len(pages)
+		rs = Restore{Req: r, Seq: r.seq, Pages: pages, Hashes: hashes}
+	}
+	c.out.RecomputedTokens += len(r.History) - r.fed
+	return rs, ok
+}
+
+// RestoreFailed says the caller could not import r's pages: r is
+// recomputed from its first token instead. The step Next returned is void;
+// call Next again.
+func (c *Core) RestoreFailed(r *Request) {
+	if r.fed == 0 {
+		return
+	}
+	c.out.RestoredPages -= len(r.hashes)
+	c.out.RecomputedTokens += r.fed
+	c.out.Release = append(c.out.Release, r.seq)
+	c.nextSeq++
+	r.seq, r.fed, r.hashes, r.ckptSent = c.nextSeq, 0, nil, 0
+	c.pending = Step{}
+}
+
+// StepFailed says the step Next returned failed with err. When the engine
+// ran out of pages and something runs, a request is preempted and it
+// returns true: call Next again (it will not admit). Otherwise every
+// request of the step ends with the error, and the rest go on.
+func (c *Core) StepFailed(err error) (retry bool) {
+	st := c.pending
+	c.pending = Step{}
+	if errors.Is(err, engine.ErrOutOfPages) && len(c.running) > 0 {
+		c.preempt()
+		c.noAdmit = true
+		return true
+	}
+	for _, r := range st.Reqs {
+		if cur, ok := c.byID[r.ID]; ok && cur == r {
+			c.drop(r, fmt.Errorf("worker: engine: %w", err), true)
+		}
+	}
+	return false
+}
+
+// Done delivers the step's sampled tokens (out[i] for Batch[i]) at time
+// now, ends the requests that finished, and queues the pages that filled
+// for the requests' holders.
+func (c *Core) Done(now time.Time, out [][]int32) {
+	st := c.pending
+	c.pending = Step{}
+	for i, ch := range st.Batch {
+		r := st.Reqs[i]
+		r.fed += len(ch.Tokens)
+		if len(out[i]) == 0 {
+			continue
+		}
+		tok := out[i][0]
+		r.History = append(r.History, tok)
+		idx := r.Outputs() - 1
+		ev := Event{Req: r, Token: tok, Index: idx}
+		if idx == r.outStart {
+			ev.First, ev.Latency = true, now.Sub(r.Arrived)
+		} else {
+			ev.Latency = now.Sub(r.lastToken)
+		}
+		r.lastToken = now
+		switch {
+		case r.Stop[tok]:
+			ev.Finish = FinishStop
+		case r.Outputs() >= r.MaxTokens:
+			ev.Finish = FinishLength
+		}
+		c.event(ev)
+		if ev.Finish != FinishNone {
+			delete(c.byID, r.ID)
+			c.out.Release = append(c.out.Release, r.seq)
+			c.running = remove(c.running, r)
+			c.out.Completed++
+			c.releaseCheckpoint(r)
+		}
+	}
+	c.checkpoint(st.Reqs)
+}
+
+// checkpoint queues the pages that filled in this step for the holder.
+func (c *Core) checkpoint(reqs []*Request) {
+	for _, r := range reqs {
+		if r.Holder == "" || r.Holder == c.cfg.Self {
+			continue
+		}
+		if r.fed/engine.PageTokens <= len(r.hashes) && r.ckptSent == len(r.hashes) {
+			continue // no page filled this step, none behind
+		}
+		if cur, live := c.byID[r.ID]; !live || cur != r {
+			continue
+		}
+		r.hashes = PageHashes(r.History[:r.fed], r.hashes)
+		for ; r.ckptSent < len(r.hashes); r.ckptSent++ {
+			c.out.Checkpoints = append(c.out.Checkpoints, CheckpointPage{Req: r, Holder: r.Holder, Reserved: r.Reserved,
+				Seq: r.seq, Page: r.ckptSent, Hash: r.hashes[r.ckptSent]})
+		}
+	}
+}
+
+// CheckpointBehind says the holder's queue refused page `page` of r (and
+// so the ones after it): they are queued again after the next step.
+func (c *Core) CheckpointBehind(r *Request, page int) {
+	if page < r.ckptSent {
+		r.ckptSent = page
+	}
+}
+
+func (c *Core) releaseCheckpoint(r *Request) {
+	if r.Holder != "" && r.Holder != c.cfg.Self && r.ckptSent > 0 {
+		c.out.CheckpointReleases = append(c.out.CheckpointReleases, CheckpointRelease{Holder: r.Holder, RequestID: r.ID})
+	}
+}
+
+// WaitWindow is the sliding window of prefill-start waits that q_w is the
+// mean of.
+type WaitWindow struct {
+	waits []Wait
+}
+
+// Add records waits.
+func (w *WaitWindow) Add(ws ...Wait) { w.waits = append(w.waits, ws...) }
+
+// Mean drops the waits recorded before now−window and returns the mean of
+// the rest in milliseconds (0 for none): q_w.
+func (w *WaitWindow) Mean(now time.Time, window time.Duration) float64 {
+	cut := now.Add(-window)
+	kept := w.waits[:0]
+	var sum time.Duration
+	for _, x := range w.waits {
+		if x.At.After(cut) {
+			kept = append(kept, x)
+			sum += x.Wait
+		}
+	}
+	w.waits = kept
+	if len(kept) == 0 {
+		return 0
+	}
+	return float64(sum.Microseconds()) / 1000 / float64(len(kept))
+}
+
+// KeepsPages is the holder's rule when it reconciles its checkpoint store
+// with the placement table: worker self keeps a request's pages when it is
+// the request's holder, or when the request was moved here by a recovery
+// (not running yet) and may import them when its call arrives (a reuse
+// recovery targets the holder, which then consumes the pages).
+func KeepsPages(holder, serving string, recovering bool, self string) bool {
+	return holder == self || (serving == self && recovering)
+}
