@@ -203,7 +203,7 @@ type simWorker struct {
 	inc   uint64
 	gen   uint64 // bumped on every kill: events of the old process are void
 	alive bool   // serving (registered and not killed)
-	core  *core.Core
+	core  *core.Core // nil while the process is down
 	store *simStore
 	busy  bool
 	kick  bool // a kick is scheduled
@@ -809,8 +809,9 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 			s.broke(sr)
 		}
 	}
-	w.core = core.New(core.Config{Self: w.id, TokenBudget: 1, MaxRunning: 1, MaxWaiting: 1}, nil)
-	w.store = newSimStore(0)
+	// The process's memory is gone: nothing touches the core of a worker
+	// that is not alive, and a restart builds new ones.
+	w.core, w.store = nil, newSimStore(0)
 	inc := w.inc
 	s.at(s.now+s.cfg.Timing.DetectDelay, func() {
 		res := s.apply(&pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: inc, Reason: "probe failed"}}})
