@@ -190,6 +190,7 @@ type Sim struct {
 	byID     map[string]*simRequest // dispatch id → request
 
 	pageBytes uint64
+	marks     map[time.Duration][]*pb.Command // MarkFailed commands by the time detection ends
 	res       Result
 	firstFail time.Duration // -1: none
 	err       error
@@ -201,8 +202,8 @@ type simWorker struct {
 	idx   int
 	id    string
 	inc   uint64
-	gen   uint64 // bumped on every kill: events of the old process are void
-	alive bool   // serving (registered and not killed)
+	gen   uint64     // bumped on every kill: events of the old process are void
+	alive bool       // serving (registered and not killed)
 	core  *core.Core // nil while the process is down
 	store *simStore
 	busy  bool
@@ -271,6 +272,7 @@ func New(cfg Config) (*Sim, error) {
 		return nil, err
 	}
 	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
+		marks:     map[time.Duration][]*pb.Command{},
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens}
 	s.res.Requests = len(cfg.Arrivals)
 	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda}}})
@@ -366,9 +368,17 @@ func (s *Sim) clock() time.Time { return epoch.Add(s.now) }
 
 // apply proposes one command, stamped with the virtual time, as one log
 // entry, and returns its result.
-func (s *Sim) apply(c *pb.Command) fsm.Result {
-	c.StampedUnixNano = s.clock().UnixNano()
-	data, err := proto.Marshal(&pb.LogEntry{Commands: []*pb.Command{c}})
+func (s *Sim) apply(c *pb.Command) fsm.Result { return s.applyEntry([]*pb.Command{c})[0] }
+
+// applyEntry proposes commands as one log entry (the leader coalesces the
+// commands that arrive together), stamped with the virtual time. With
+// MeasureApply, the wall time of the whole Apply — the FSM lock is held
+// for all of it — is recorded for Dispatch and MarkFailed entries.
+func (s *Sim) applyEntry(cmds []*pb.Command) []fsm.Result {
+	for _, c := range cmds {
+		c.StampedUnixNano = s.clock().UnixNano()
+	}
+	data, err := proto.Marshal(&pb.LogEntry{Commands: cmds})
 	if err != nil {
 		panic(err)
 	}
@@ -379,10 +389,10 @@ func (s *Sim) apply(c *pb.Command) fsm.Result {
 	if timed {
 		start = time.Now()
 	}
-	res := s.fsm.Apply(l).([]fsm.Result)[0]
+	res := s.fsm.Apply(l).([]fsm.Result)
 	if timed {
 		d := time.Since(start)
-		switch c.Body.(type) {
+		switch cmds[0].Body.(type) {
 		case *pb.Command_Dispatch:
 			s.res.ApplyDispatch = append(s.res.ApplyDispatch, d)
 		case *pb.Command_MarkFailed:
@@ -794,6 +804,32 @@ func (s *Sim) sample() {
 	s.res.Queue = append(s.res.Queue, queueSample{At: s.now, Waiting: float64(waiting)})
 }
 
+// markFailed applies the MarkFailed commands pending, and notes the
+// requests their recovery plans moved.
+func (s *Sim) markFailed(at time.Duration) {
+	cmds := s.marks[at]
+	delete(s.marks, at)
+	res := s.applyEntry(cmds)
+	if s.res.PlanAt == 0 {
+		s.res.PlanAt = s.now
+	}
+	failed := map[string]uint64{}
+	for i, c := range cmds {
+		if res[i].Err == nil {
+			failed[c.GetMarkFailed().WorkerId] = c.GetMarkFailed().Incarnation
+		}
+	}
+	for _, rp := range s.fsm.Recoveries() {
+		if inc, ok := failed[rp.FailedWorker]; ok && rp.FailedIncarnation == inc {
+			for _, a := range rp.Assignments {
+				if r := s.byID[a.RequestId]; r != nil {
+					r.interrupted = true
+				}
+			}
+		}
+	}
+}
+
 // kill is a kill -9: the process and everything in it is gone; its calls
 // break (the gateway sees it at once), the fast path marks it failed after
 // DetectDelay, and it restarts and reloads when asked to.
@@ -812,25 +848,13 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	// The process's memory is gone: nothing touches the core of a worker
 	// that is not alive, and a restart builds new ones.
 	w.core, w.store = nil, newSimStore(0)
-	inc := w.inc
-	s.at(s.now+s.cfg.Timing.DetectDelay, func() {
-		res := s.apply(&pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: inc, Reason: "probe failed"}}})
-		if res.Err != nil {
-			return
-		}
-		if s.res.PlanAt == 0 {
-			s.res.PlanAt = s.now
-		}
-		for _, rp := range s.fsm.Recoveries() {
-			if rp.FailedWorker == w.id && rp.FailedIncarnation == inc {
-				for _, a := range rp.Assignments {
-					if r := s.byID[a.RequestId]; r != nil {
-						r.interrupted = true
-					}
-				}
-			}
-		}
-	})
+	// The probes of workers killed together fail together: their
+	// MarkFailed commands reach the leader at once and commit as one entry.
+	at := s.now + s.cfg.Timing.DetectDelay
+	if len(s.marks[at]) == 0 {
+		s.at(at, func() { s.markFailed(at) })
+	}
+	s.marks[at] = append(s.marks[at], &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: w.inc, Reason: "probe failed"}}})
 	if restart {
 		s.at(s.now+time.Duration(float64(s.cfg.Profile.LoadTime())*s.cfg.Timing.ReloadScale), func() {
 			if !w.alive {
