@@ -771,9 +771,7 @@ func (s *Sim) ship(from *simWorker, holder, req string, reserved uint64, first i
 			h.store.release(req)
 			return
 		}
-		for k, hs := range hashes {
-			h.store.put(req, reserved, first+k, hs, s.pageBytes)
-		}
+		h.store.put(req, reserved, first, hashes, s.pageBytes)
 		if h.store.used > h.store.budget {
 			s.fail("%s: checkpoint store holds %d bytes, budget %d", h.id, h.store.used, h.store.budget)
 		}
