@@ -647,8 +647,8 @@ func (s *Sim) step(w *simWorker) {
 		return
 	}
 	w.empties = 0
-	if used := w.core.CachedPages(); used > s.cfg.KVPages {
-		s.fail("%s: %d KV pages in use of %d", w.id, used, s.cfg.KVPages)
+	if used := w.core.CachedPages(); used > s.cfg.KVPages || w.core.Running() > s.cfg.MaxRunning {
+		s.fail("%s: %d KV pages in use of %d, %d running of %d", w.id, used, s.cfg.KVPages, w.core.Running(), s.cfg.MaxRunning)
 	}
 	p := s.cfg.Profile
 	var dur time.Duration
@@ -834,6 +834,13 @@ func (s *Sim) markFailed(at time.Duration) {
 func (s *Sim) kill(w *simWorker, restart bool) {
 	if !w.alive {
 		return
+	}
+	if s.res.InFlightAtFail == 0 {
+		for _, o := range s.workers {
+			if o.alive {
+				s.res.InFlightAtFail += o.core.Running() + o.core.Waiting()
+			}
+		}
 	}
 	w.alive = false
 	w.gen++

@@ -121,6 +121,9 @@ type Study struct {
 	MeasureApply bool
 	// Log receives progress lines and the table (nil: nothing).
 	Log io.Writer
+	// Series, when set, receives each column's time series as CSV rows
+	// (WriteSeries).
+	Series io.Writer
 }
 
 // ModelledCapacity is a worker's saturated throughput in requests per
@@ -280,6 +283,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		}
 		figs[col.Name] = f
 	}
+	if st.Series != nil {
+		for _, col := range Columns {
+			if err := WriteSeries(st.Series, st.Setup.Name, col.Name, results[col.Name], time.Second); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if st.Log != nil {
 		PrintTable(st.Log, st.Setup, figs)
 		rejoin := time.Duration(-1)
@@ -412,4 +422,44 @@ func ParseSetups(list string) ([]Setup, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// SeriesHeader is the header of WriteSeries' CSV rows.
+const SeriesHeader = "setup,column,t_s,arrivals,ttft_mean_ms,waiting_mean\n"
+
+// WriteSeries writes a run's time series as CSV rows, one per bin: the
+// requests that arrived in it, their mean TTFT, and the mean number of
+// requests waiting at live workers.
+func WriteSeries(w io.Writer, setup, column string, res *Result, bin time.Duration) error {
+	n := int(res.End/bin) + 1
+	ttft := make([]time.Duration, n)
+	arrivals := make([]int, n)
+	queue := make([]float64, n)
+	samples := make([]int, n)
+	for _, r := range res.Records {
+		k := int(r.Arrival / bin)
+		if d, ok := r.TTFT(); ok && k < n {
+			ttft[k] += d
+			arrivals[k]++
+		}
+	}
+	for _, q := range res.Queue {
+		if k := int(q.At / bin); k < n {
+			queue[k] += q.Waiting
+			samples[k]++
+		}
+	}
+	for k := range n {
+		mean, wait := 0.0, 0.0
+		if arrivals[k] > 0 {
+			mean = float64(ttft[k]) / float64(time.Millisecond) / float64(arrivals[k])
+		}
+		if samples[k] > 0 {
+			wait = queue[k] / float64(samples[k])
+		}
+		if _, err := fmt.Fprintf(w, "%s,%s,%g,%d,%.1f,%.1f\n", setup, column, (time.Duration(k) * bin).Seconds(), arrivals[k], mean, wait); err != nil {
+			return err
+		}
+	}
+	return nil
 }
