@@ -198,8 +198,6 @@ type Sim struct {
 
 // simWorker is one worker process: its core, its store, its outgoing link.
 type simWorker struct {
-	s     *Sim
-	idx   int
 	id    string
 	inc   uint64
 	gen   uint64     // bumped on every kill: events of the old process are void
@@ -231,8 +229,6 @@ type simRequest struct {
 	ended    int // how many times it ended (conservation: exactly 1)
 	failed   error
 	call     *core.Request // the live Generate call
-	callW    *simWorker
-	callGen  uint64
 	epoch    uint64
 	worker   string // the placement's worker at the last call
 	broken   time.Duration
@@ -277,7 +273,7 @@ func New(cfg Config) (*Sim, error) {
 	s.res.Requests = len(cfg.Arrivals)
 	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda}}})
 	for i := range cfg.Workers {
-		w := &simWorker{s: s, idx: i, id: fmt.Sprintf("worker-%d", i+1)}
+		w := &simWorker{id: fmt.Sprintf("worker-%d", i+1)}
 		s.workers = append(s.workers, w)
 		s.byWorker[w.id] = w
 		s.register(w)
@@ -294,11 +290,14 @@ func New(cfg Config) (*Sim, error) {
 		s.at(f.At, func() { s.kill(s.workers[f.Worker], f.Restart) })
 	}
 	s.res.FailAt = max(s.firstFail, 0)
-	for _, w := range s.workers {
-		s.every(cfg.Timing.LoadInterval, func() bool { s.report(w); return true })
-		s.every(cfg.Timing.ReconcileInterval, func() bool { s.reconcile(w); return true })
+	// Workers start at different moments: their periodic reports and
+	// reconciliations are spread over the period, not all at one instant.
+	for i, w := range s.workers {
+		frac := float64(i) / float64(len(s.workers))
+		s.every(time.Duration(frac*float64(cfg.Timing.LoadInterval)), cfg.Timing.LoadInterval, func() { s.report(w) })
+		s.every(time.Duration(frac*float64(cfg.Timing.ReconcileInterval)), cfg.Timing.ReconcileInterval, func() { s.reconcile(w) })
 	}
-	s.every(cfg.Timing.SampleEvery, func() bool { s.sample(); return true })
+	s.every(0, cfg.Timing.SampleEvery, s.sample)
 	return s, nil
 }
 
@@ -308,15 +307,15 @@ func (s *Sim) at(t time.Duration, fn func()) {
 	heap.Push(&s.queue, event{at: max(t, s.now), seq: s.seq, fn: fn})
 }
 
-// every runs fn every period while the run goes on.
-func (s *Sim) every(period time.Duration, fn func() bool) {
+// every runs fn every period, the first time at offset+period, while the
+// run goes on.
+func (s *Sim) every(offset, period time.Duration, fn func()) {
 	var tick func()
 	tick = func() {
-		if fn() {
-			s.at(s.now+period, tick)
-		}
+		fn()
+		s.at(s.now+period, tick)
 	}
-	s.at(s.now+period, tick)
+	s.at(s.now+offset+period, tick)
 }
 
 // open reports whether requests are still to end.
@@ -513,7 +512,7 @@ func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
 		cr.Reserved = policy.Footprint(uint32(len(r.w.Prompt)), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
 			uint64(s.cfg.Profile.KVBytesPerToken()))
 	}
-	r.call, r.callW, r.callGen = cr, w, w.gen
+	r.call = cr
 	w.core.Submit(cr)
 	s.flush(w)
 	s.publish(w)
@@ -525,7 +524,7 @@ func (s *Sim) worker(id string) *simWorker { return s.byWorker[id] }
 // broke is a Generate stream that broke: the gateway polls the placement
 // until the controller moves the request.
 func (s *Sim) broke(r *simRequest) {
-	r.call, r.callW = nil, nil
+	r.call = nil
 	r.broken = s.now
 	r.pollWait = s.cfg.Timing.PollFirst
 	if !r.polling {
@@ -573,7 +572,7 @@ func (s *Sim) end(r *simRequest, err error) {
 	if err != nil {
 		s.res.Failed++
 	}
-	r.call, r.callW = nil, nil
+	r.call = nil
 	if err == nil {
 		s.complete(r.id)
 	}
