@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/lumen-project/lumen/internal/workload"
 )
 
 // Options is what `lumen sim` runs: prototype setups by name, or one
@@ -30,7 +32,10 @@ type Options struct {
 	// CSVPath, when set, receives every column's time series
 	// (SeriesHeader, WriteSeries).
 	CSVPath string
-	Log     io.Writer
+	// TracePath, when set, is a CSV trace in the Azure 2023 format that
+	// replaces the generator (ReadAzureTrace).
+	TracePath string
+	Log       io.Writer
 }
 
 // CustomSetup is a setup outside the prototype's, named "custom" in the
@@ -54,6 +59,18 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		}
 		series = f
 	}
+	var trace []workload.Request
+	if o.TracePath != "" {
+		f, err := os.Open(o.TracePath)
+		if err != nil {
+			return nil, err
+		}
+		trace, err = ReadAzureTrace(f, o.Seed)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", o.TracePath, err)
+		}
+	}
 	for _, s := range o.Setups {
 		tm := FullTimeline()
 		if o.Quick {
@@ -69,7 +86,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
-			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series}
+			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err

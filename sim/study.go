@@ -124,6 +124,22 @@ type Study struct {
 	// Series, when set, receives each column's time series as CSV rows
 	// (WriteSeries).
 	Series io.Writer
+	// Trace, when set, replaces the Azure-shaped generator: its arrivals,
+	// rescaled in time to the offered rate (ReadAzureTrace, Rescale).
+	Trace []workload.Request
+}
+
+// arrivals returns the requests of a run at rate for d: from the trace
+// when there is one, else generated.
+func (st *Study) arrivals(seed uint64, rate float64, d time.Duration) ([]workload.Request, error) {
+	if len(st.Trace) > 0 {
+		reqs := Rescale(st.Trace, rate, d)
+		if len(reqs) == 0 {
+			return nil, fmt.Errorf("%w: no arrival of the trace falls in %s", ErrTrace, d)
+		}
+		return reqs, nil
+	}
+	return workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
 }
 
 // ModelledCapacity is a worker's saturated throughput in requests per
@@ -165,7 +181,7 @@ func (st *Study) Calibrate() (saturated, modelled float64, err error) {
 	per, _ := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	modelled = per * float64(st.Setup.Workers)
 	d := st.Timeline.Calibration
-	reqs, err := workload.Generate(workload.Config{Seed: st.Seed + 1000, Rate: 2 * modelled, Duration: d, Trace: tr})
+	reqs, err := st.arrivals(st.Seed+1000, 2*modelled, d)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -203,13 +219,17 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		modelled = per * float64(st.Setup.Workers)
 	}
 	rate := st.Load * saturated
-	reqs, err := workload.Generate(workload.Config{Seed: st.Seed, Rate: rate, Duration: tm.Duration, Trace: tr})
+	reqs, err := st.arrivals(st.Seed, rate, tm.Duration)
 	if err != nil {
 		return nil, err
 	}
 	st.logf("   saturated, the cluster completes %.2f requests/s (the model said %.2f); the workload offers %.0f%% of that:\n",
 		saturated, modelled, 100*st.Load)
-	st.logf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, st.Seed)
+	if len(st.Trace) > 0 {
+		st.logf("   %d requests of the trace, rescaled to %.2f/s over %s\n", len(reqs), rate, tm.Duration)
+	} else {
+		st.logf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, st.Seed)
+	}
 	results := map[string]*Result{}
 	for _, col := range Columns {
 		cfg := st.config(p, col.Strategy, reqs)

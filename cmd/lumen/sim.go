@@ -32,13 +32,14 @@ func runSim(args []string) error {
 	detect := fs.Duration("detect", sim.DefaultTiming().DetectDelay, "failure detection delay, kill to MarkFailed")
 	applyTiming := fs.Bool("apply-timing", true, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
 	jsonPath := fs.String("json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
+	tracePath := fs.String("trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) instead of the generator; rescaled in time to -load")
 	csvPath := fs.String("csv", "", "write every column's time series (1 s bins: arrivals, mean TTFT, mean queue) as CSV")
 	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart,
-		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, Log: os.Stdout}
+		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, TracePath: *tracePath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
 	if *figure != "" {
 		fo := sim.DefaultFigureOptions()
