@@ -15,6 +15,7 @@ func TestFiguresSmall(t *testing.T) {
 	o := DefaultFigureOptions()
 	o.Workers, o.Sizes, o.Seed = 8, []int{4, 16}, seed
 	o.Timeline = Timeline{Warmup: 2 * time.Second, FailAt: 4 * time.Second, Duration: 12 * time.Second, Calibration: 6 * time.Second, ReloadScale: 0.1}
+	o.Seeds = 2 // two seeds per point: the means path runs too
 	xs := map[string][]float64{"failures": {1, 2}, "load": {0.5, 0.9}, "proportional": nil, "lambda": {0, 2}, "budget": {0.1, 1}}
 	for _, name := range FigureNames {
 		t.Run(name, func(t *testing.T) {

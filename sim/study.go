@@ -339,6 +339,7 @@ type Attribution struct {
 	Requests                         int
 }
 
+// String says the parts in words.
 func (a Attribution) String() string {
 	return fmt.Sprintf("before the failure %+.1f, failure to rejoin %+.1f, first 10 s after the rejoin %+.1f, later %+.1f (%d requests)",
 		a.Before, a.Down, a.AfterRejoin, a.Later, a.Requests)

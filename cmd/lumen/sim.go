@@ -34,6 +34,7 @@ func runSim(args []string) error {
 	jsonPath := fs.String("json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
 	tracePath := fs.String("trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) instead of the generator; rescaled in time to -load")
 	csvPath := fs.String("csv", "", "write every column's time series (1 s bins: arrivals, mean TTFT, mean queue) as CSV")
+	seeds := fs.Int("seeds", 1, "with -figure: run every point with this many seeds (from -seed) and report the means")
 	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -43,7 +44,7 @@ func runSim(args []string) error {
 	o.Timing.DetectDelay = *detect
 	if *figure != "" {
 		fo := sim.DefaultFigureOptions()
-		fo.Seed, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *load, o.Timing, os.Stdout, *profile, *maxRunning
+		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *seeds, *load, o.Timing, os.Stdout, *profile, *maxRunning
 		if *workers > 0 {
 			fo.Workers = *workers
 		}
