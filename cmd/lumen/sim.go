@@ -17,7 +17,7 @@ func init() {
 
 func runSim(args []string) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	setups := fs.String("setups", "", "prototype setups of `lumen bench recovery` to run: w4, w8, w8_f4 (default: all three, unless -workers is given)")
+	setups := fs.String("setups", "", "prototype setups of lumen bench recovery to run: w4, w8, w8_f4 (default: all three, unless -workers is given)")
 	workers := fs.Int("workers", 0, "a custom setup: this many workers (with -profile, -fail, -duration)")
 	profile := fs.String("profile", "qwen3-14b-h100", "custom setup: timing profile")
 	fail := fs.Int("fail", 1, "custom setup: workers killed at a quarter of the run")
