@@ -1,6 +1,9 @@
 package sim
 
 import (
+	"encoding/xml"
+	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -37,5 +40,34 @@ func TestFiguresSmall(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFigureSVG: the plot is well-formed XML with a line per series.
+func TestFigureSVG(t *testing.T) {
+	f := &Figure{Name: "t", XLabel: "x", Points: []Point{
+		{X: 1, Columns: map[string]*Figures{"lumen": {TTFTMeanMs: 100}, "stop-and-restart": {TTFTMeanMs: 150}, "fixed-checkpoint": {TTFTMeanMs: 120}, "lumen-no-failure": {TTFTMeanMs: 90}}},
+		{X: 2, Columns: map[string]*Figures{"lumen": {TTFTMeanMs: 110}, "stop-and-restart": {TTFTMeanMs: 170}, "fixed-checkpoint": {TTFTMeanMs: 130}, "lumen-no-failure": {TTFTMeanMs: 95}}},
+	}}
+	var b strings.Builder
+	if err := f.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	d := xml.NewDecoder(strings.NewReader(b.String()))
+	lines := 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	if lines != len(plotSeries) {
+		t.Fatalf("%d lines, want %d", lines, len(plotSeries))
 	}
 }

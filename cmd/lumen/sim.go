@@ -34,6 +34,8 @@ func runSim(args []string) error {
 	jsonPath := fs.String("json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
 	tracePath := fs.String("trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) instead of the generator; rescaled in time to -load")
 	csvPath := fs.String("csv", "", "write every column's time series (1 s bins: arrivals, mean TTFT, mean queue) as CSV")
+	svgPath := fs.String("svg", "", "with -figure or -replot: plot the figure as SVG")
+	replot := fs.String("replot", "", "plot a figure's JSON written by -figure -json (with -svg), running nothing")
 	seeds := fs.Int("seeds", 1, "with -figure: run every point with this many seeds (from -seed) and report the means")
 	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
 	if err := fs.Parse(args); err != nil {
@@ -42,6 +44,21 @@ func runSim(args []string) error {
 	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart,
 		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, TracePath: *tracePath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
+	if *replot != "" {
+		data, err := os.ReadFile(*replot)
+		if err != nil {
+			return err
+		}
+		var f sim.Figure
+		if err := json.Unmarshal(data, &f); err != nil {
+			return fmt.Errorf("-replot %s: %w", *replot, err)
+		}
+		if *svgPath == "" {
+			f.Print(os.Stdout)
+			return nil
+		}
+		return writeSVG(&f, *svgPath)
+	}
 	if *figure != "" {
 		fo := sim.DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *seeds, *load, o.Timing, os.Stdout, *profile, *maxRunning
@@ -62,6 +79,11 @@ func runSim(args []string) error {
 		f, err := sim.RunFigure(*figure, fo)
 		if err != nil {
 			return err
+		}
+		if *svgPath != "" {
+			if err := writeSVG(f, *svgPath); err != nil {
+				return err
+			}
 		}
 		if *jsonPath != "" {
 			data, err := json.MarshalIndent(f, "", "  ")
@@ -98,4 +120,16 @@ func runSim(args []string) error {
 	}
 	fmt.Printf("simulated in %s of wall time\n", time.Since(start).Round(10*time.Millisecond))
 	return nil
+}
+
+func writeSVG(f *sim.Figure, path string) error {
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f.WriteSVG(out); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
