@@ -116,11 +116,11 @@ clean:
 
 ## sim: the simulator's figures (docs/benchmarks.md, "Simulation"): the
 ## prototype setups beside `bench recovery`, then every figure at 64
-## workers; JSON in bench-results/.
+## workers; JSON in bench-results/, plots in docs/sim/.
 .PHONY: sim
 sim: build
 	mkdir -p bench-results
 	./$(BIN) sim -setups w4,w8,w8_f4 -seed 1 -json bench-results/sim-setups.json
 	for f in failures load proportional lambda budget; do \
-		./$(BIN) sim -figure $$f -seed 1 -json bench-results/sim-$$f.json || exit 1; \
+		./$(BIN) sim -figure $$f -seed 1 -json bench-results/sim-$$f.json -svg docs/sim/$$f.svg || exit 1; \
 	done

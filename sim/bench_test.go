@@ -46,6 +46,8 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(float64(res.Events)/wall.Seconds(), "events/s")
 		b.ReportMetric(float64(res.Events), "events")
 		b.ReportMetric(float64(len(reqs)), "requests")
+		b.ReportMetric(float64(res.InFlightAtFail), "in-flight")
+		b.ReportMetric(res.End.Seconds(), "simulated-s")
 		b.ReportMetric(wall.Seconds(), "wall-s")
 		b.ReportMetric(percentileMs(res.ApplyDispatch, 0.99), "dispatch-p99-ms")
 		b.ReportMetric(percentileMs(res.ApplyMarkFailed, 0.99), "markfailed-p99-ms")

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/lumen-project/lumen/internal/workload"
 )
 
 // Options is what `lumen sim` runs: prototype setups by name, or one
@@ -27,7 +29,13 @@ type Options struct {
 	// JSONPath, when set, receives setup → column → Figures after every
 	// setup (a long run keeps what it measured).
 	JSONPath string
-	Log      io.Writer
+	// CSVPath, when set, receives every column's time series
+	// (SeriesHeader, WriteSeries).
+	CSVPath string
+	// TracePath, when set, is a CSV trace in the Azure 2023 format that
+	// replaces the generator (ReadAzureTrace).
+	TracePath string
+	Log       io.Writer
 }
 
 // CustomSetup is a setup outside the prototype's, named "custom" in the
@@ -39,6 +47,30 @@ func CustomSetup(workers int, profile string, failures, maxRunning int, budget u
 // RunStudies runs a Study per setup and returns setup → column → figures.
 func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 	out := map[string]map[string]*Figures{}
+	var series io.Writer
+	if o.CSVPath != "" {
+		f, err := os.Create(o.CSVPath)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if _, err := io.WriteString(f, SeriesHeader); err != nil {
+			return nil, err
+		}
+		series = f
+	}
+	var trace []workload.Request
+	if o.TracePath != "" {
+		f, err := os.Open(o.TracePath)
+		if err != nil {
+			return nil, err
+		}
+		trace, err = ReadAzureTrace(f, o.Seed)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", o.TracePath, err)
+		}
+	}
 	for _, s := range o.Setups {
 		tm := FullTimeline()
 		if o.Quick {
@@ -54,7 +86,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
-			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log}
+			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err

@@ -5,14 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
 // TestPrototypeSetupsQuick is `lumen sim -setups w4,w8,w8_f4 -quick -json`:
 // the JSON has every setup and column, with the benchmark's keys.
 func TestPrototypeSetupsQuick(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sim.json")
-	o := Options{Setups: PrototypeSetups, Quick: true, Seed: 1, Load: 0.7, Timing: DefaultTiming(), JSONPath: path}
+	path, csvPath := filepath.Join(t.TempDir(), "sim.json"), filepath.Join(t.TempDir(), "sim.csv")
+	o := Options{Setups: PrototypeSetups, Quick: true, Seed: 1, Load: 0.7, Timing: DefaultTiming(), JSONPath: path, CSVPath: csvPath}
 	if _, err := RunStudies(o); err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +42,14 @@ func TestPrototypeSetupsQuick(t *testing.T) {
 		if got[s]["lumen"]["failed_requests"].(float64) != 0 || got[s]["lumen"]["interrupted"].(float64) == 0 {
 			t.Errorf("%s/lumen: %v", s, got[s]["lumen"])
 		}
+	}
+	csv, err := os.ReadFile(csvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(csv)), "\n")
+	if lines[0]+"\n" != SeriesHeader || len(lines) < 3*len(Columns)*36 {
+		t.Fatalf("CSV: header %q, %d lines", lines[0], len(lines))
 	}
 	if !slices.Contains(FigureNames, "failures") {
 		t.Fatal("figure list")

@@ -28,9 +28,13 @@ type FigureOptions struct {
 	Budget     uint64
 	Timeline   Timeline
 	Seed       uint64
-	Load       float64 // for the figures that do not sweep it
-	Timing     Timing
-	Log        io.Writer
+	// Seeds, when > 1, runs every point with seeds Seed … Seed+Seeds−1
+	// and reports the mean of each figure: a single seed ranks strategies
+	// a few percent apart by chance (docs/benchmarks.md).
+	Seeds  int
+	Load   float64 // for the figures that do not sweep it
+	Timing Timing
+	Log    io.Writer
 }
 
 // DefaultFigureOptions are the paper's simulation: 64 Qwen3-14B/H100
@@ -121,20 +125,36 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 	}
 	saturated := map[string]float64{} // by cluster shape: calibrate once
 	for _, pt := range pts {
-		key := fmt.Sprintf("%d/%d", pt.setup.Workers, pt.setup.MaxRunning)
-		st := Study{Setup: pt.setup, Timeline: o.Timeline, Seed: o.Seed, Load: pt.load, Lambda: pt.lam, Timing: o.Timing,
-			Saturated: saturated[key]}
-		if st.Saturated == 0 {
-			sat, _, err := st.Calibrate()
-			if err != nil {
-				return nil, err
-			}
-			saturated[key], st.Saturated = sat, sat
-		}
 		start := time.Now()
-		figs, err := st.Run()
-		if err != nil {
-			return nil, fmt.Errorf("figure %s at %g: %w", name, pt.x, err)
+		var runs []map[string]*Figures
+		for k := range max(o.Seeds, 1) {
+			seed := o.Seed + uint64(k)
+			key := fmt.Sprintf("%d/%d/%d", pt.setup.Workers, pt.setup.MaxRunning, seed)
+			st := Study{Setup: pt.setup, Timeline: o.Timeline, Seed: seed, Load: pt.load, Lambda: pt.lam, Timing: o.Timing,
+				Saturated: saturated[key]}
+			if st.Saturated == 0 {
+				sat, _, err := st.Calibrate()
+				if err != nil {
+					return nil, err
+				}
+				saturated[key], st.Saturated = sat, sat
+			}
+			figs, err := st.Run()
+			if err != nil {
+				return nil, fmt.Errorf("figure %s at %g, seed %d: %w", name, pt.x, seed, err)
+			}
+			runs = append(runs, figs)
+		}
+		figs := runs[0]
+		if len(runs) > 1 {
+			figs = map[string]*Figures{}
+			for _, col := range Columns {
+				var per []*Figures
+				for _, r := range runs {
+					per = append(per, r[col.Name])
+				}
+				figs[col.Name] = MeanFigures(per)
+			}
 		}
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, "   %s: %s = %g done in %.1fs\n", name, f.XLabel, pt.x, time.Since(start).Seconds())
@@ -161,4 +181,34 @@ func (f *Figure) Print(out io.Writer) {
 			fmt.Sprintf("%.1f/%.1f/%.1f", sr.RecoveryS, fc.RecoveryS, l.RecoveryS))
 	}
 	fmt.Fprintln(out)
+}
+
+// MeanFigures is the mean of each figure over runs (a flag is true when
+// it is in every run; counts are rounded).
+func MeanFigures(runs []*Figures) *Figures {
+	m := &Figures{Recovered: true}
+	n := float64(len(runs))
+	var requests, failed, interrupted float64
+	for _, f := range runs {
+		m.TTFTMeanMs += f.TTFTMeanMs / n
+		m.TTFTP99Ms += f.TTFTP99Ms / n
+		m.TPOTMeanMs += f.TPOTMeanMs / n
+		m.ResumeMeanMs += f.ResumeMeanMs / n
+		m.RecoveryS += f.RecoveryS / n
+		m.PagesReused += f.PagesReused / n
+		m.TokensRecomputed += f.TokensRecomputed / n
+		m.ResumeP99Ms += f.ResumeP99Ms / n
+		m.PlanMs += f.PlanMs / n
+		m.PreFailureTTFTMs += f.PreFailureTTFTMs / n
+		m.ArrivalRatePerSec += f.ArrivalRatePerSec / n
+		m.SaturatedPerSec += f.SaturatedPerSec / n
+		m.ApplyMarkFailedP99Ms += f.ApplyMarkFailedP99Ms / n
+		m.ApplyDispatchP99Ms += f.ApplyDispatchP99Ms / n
+		requests += float64(f.Requests) / n
+		failed += float64(f.FailedRequests) / n
+		interrupted += float64(f.Interrupted) / n
+		m.Recovered = m.Recovered && f.Recovered
+	}
+	m.Requests, m.FailedRequests, m.Interrupted = int(math.Round(requests)), int(math.Round(failed)), int(math.Round(interrupted))
+	return m
 }

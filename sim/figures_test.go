@@ -1,6 +1,9 @@
 package sim
 
 import (
+	"encoding/xml"
+	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -15,6 +18,7 @@ func TestFiguresSmall(t *testing.T) {
 	o := DefaultFigureOptions()
 	o.Workers, o.Sizes, o.Seed = 8, []int{4, 16}, seed
 	o.Timeline = Timeline{Warmup: 2 * time.Second, FailAt: 4 * time.Second, Duration: 12 * time.Second, Calibration: 6 * time.Second, ReloadScale: 0.1}
+	o.Seeds = 2 // two seeds per point: the means path runs too
 	xs := map[string][]float64{"failures": {1, 2}, "load": {0.5, 0.9}, "proportional": nil, "lambda": {0, 2}, "budget": {0.1, 1}}
 	for _, name := range FigureNames {
 		t.Run(name, func(t *testing.T) {
@@ -36,5 +40,34 @@ func TestFiguresSmall(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFigureSVG: the plot is well-formed XML with a line per series.
+func TestFigureSVG(t *testing.T) {
+	f := &Figure{Name: "t", XLabel: "x", Points: []Point{
+		{X: 1, Columns: map[string]*Figures{"lumen": {TTFTMeanMs: 100}, "stop-and-restart": {TTFTMeanMs: 150}, "fixed-checkpoint": {TTFTMeanMs: 120}, "lumen-no-failure": {TTFTMeanMs: 90}}},
+		{X: 2, Columns: map[string]*Figures{"lumen": {TTFTMeanMs: 110}, "stop-and-restart": {TTFTMeanMs: 170}, "fixed-checkpoint": {TTFTMeanMs: 130}, "lumen-no-failure": {TTFTMeanMs: 95}}},
+	}}
+	var b strings.Builder
+	if err := f.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	d := xml.NewDecoder(strings.NewReader(b.String()))
+	lines := 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	if lines != len(plotSeries) {
+		t.Fatalf("%d lines, want %d", lines, len(plotSeries))
 	}
 }

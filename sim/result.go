@@ -18,8 +18,10 @@ type Result struct {
 	Events uint64
 	Steps  uint64
 	// FailAt is the first kill (0 for none); PlanAt when the first
-	// MarkFailed was applied.
+	// MarkFailed was applied; InFlightAtFail the requests running or
+	// waiting on the workers just before it.
 	FailAt, PlanAt time.Duration
+	InFlightAtFail int
 	// Summed over the workers' cores.
 	RestoredPages, RecomputedTokens, Preemptions int
 	// Queue is the requests waiting at live workers, sampled.

@@ -190,6 +190,7 @@ type Sim struct {
 	byID     map[string]*simRequest // dispatch id → request
 
 	pageBytes uint64
+	marks     map[time.Duration][]*pb.Command // MarkFailed commands by the time detection ends
 	res       Result
 	firstFail time.Duration // -1: none
 	err       error
@@ -197,13 +198,11 @@ type Sim struct {
 
 // simWorker is one worker process: its core, its store, its outgoing link.
 type simWorker struct {
-	s     *Sim
-	idx   int
 	id    string
 	inc   uint64
-	gen   uint64 // bumped on every kill: events of the old process are void
-	alive bool   // serving (registered and not killed)
-	core  *core.Core
+	gen   uint64     // bumped on every kill: events of the old process are void
+	alive bool       // serving (registered and not killed)
+	core  *core.Core // nil while the process is down
 	store *simStore
 	busy  bool
 	kick  bool // a kick is scheduled
@@ -230,8 +229,6 @@ type simRequest struct {
 	ended    int // how many times it ended (conservation: exactly 1)
 	failed   error
 	call     *core.Request // the live Generate call
-	callW    *simWorker
-	callGen  uint64
 	epoch    uint64
 	worker   string // the placement's worker at the last call
 	broken   time.Duration
@@ -271,11 +268,12 @@ func New(cfg Config) (*Sim, error) {
 		return nil, err
 	}
 	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
+		marks:     map[time.Duration][]*pb.Command{},
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens}
 	s.res.Requests = len(cfg.Arrivals)
 	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda}}})
 	for i := range cfg.Workers {
-		w := &simWorker{s: s, idx: i, id: fmt.Sprintf("worker-%d", i+1)}
+		w := &simWorker{id: fmt.Sprintf("worker-%d", i+1)}
 		s.workers = append(s.workers, w)
 		s.byWorker[w.id] = w
 		s.register(w)
@@ -292,11 +290,14 @@ func New(cfg Config) (*Sim, error) {
 		s.at(f.At, func() { s.kill(s.workers[f.Worker], f.Restart) })
 	}
 	s.res.FailAt = max(s.firstFail, 0)
-	for _, w := range s.workers {
-		s.every(cfg.Timing.LoadInterval, func() bool { s.report(w); return true })
-		s.every(cfg.Timing.ReconcileInterval, func() bool { s.reconcile(w); return true })
+	// Workers start at different moments: their periodic reports and
+	// reconciliations are spread over the period, not all at one instant.
+	for i, w := range s.workers {
+		frac := float64(i) / float64(len(s.workers))
+		s.every(time.Duration(frac*float64(cfg.Timing.LoadInterval)), cfg.Timing.LoadInterval, func() { s.report(w) })
+		s.every(time.Duration(frac*float64(cfg.Timing.ReconcileInterval)), cfg.Timing.ReconcileInterval, func() { s.reconcile(w) })
 	}
-	s.every(cfg.Timing.SampleEvery, func() bool { s.sample(); return true })
+	s.every(0, cfg.Timing.SampleEvery, s.sample)
 	return s, nil
 }
 
@@ -306,15 +307,15 @@ func (s *Sim) at(t time.Duration, fn func()) {
 	heap.Push(&s.queue, event{at: max(t, s.now), seq: s.seq, fn: fn})
 }
 
-// every runs fn every period while the run goes on.
-func (s *Sim) every(period time.Duration, fn func() bool) {
+// every runs fn every period, the first time at offset+period, while the
+// run goes on.
+func (s *Sim) every(offset, period time.Duration, fn func()) {
 	var tick func()
 	tick = func() {
-		if fn() {
-			s.at(s.now+period, tick)
-		}
+		fn()
+		s.at(s.now+period, tick)
 	}
-	s.at(s.now+period, tick)
+	s.at(s.now+offset+period, tick)
 }
 
 // open reports whether requests are still to end.
@@ -366,9 +367,17 @@ func (s *Sim) clock() time.Time { return epoch.Add(s.now) }
 
 // apply proposes one command, stamped with the virtual time, as one log
 // entry, and returns its result.
-func (s *Sim) apply(c *pb.Command) fsm.Result {
-	c.StampedUnixNano = s.clock().UnixNano()
-	data, err := proto.Marshal(&pb.LogEntry{Commands: []*pb.Command{c}})
+func (s *Sim) apply(c *pb.Command) fsm.Result { return s.applyEntry([]*pb.Command{c})[0] }
+
+// applyEntry proposes commands as one log entry (the leader coalesces the
+// commands that arrive together), stamped with the virtual time. With
+// MeasureApply, the wall time of the whole Apply — the FSM lock is held
+// for all of it — is recorded for Dispatch and MarkFailed entries.
+func (s *Sim) applyEntry(cmds []*pb.Command) []fsm.Result {
+	for _, c := range cmds {
+		c.StampedUnixNano = s.clock().UnixNano()
+	}
+	data, err := proto.Marshal(&pb.LogEntry{Commands: cmds})
 	if err != nil {
 		panic(err)
 	}
@@ -379,10 +388,10 @@ func (s *Sim) apply(c *pb.Command) fsm.Result {
 	if timed {
 		start = time.Now()
 	}
-	res := s.fsm.Apply(l).([]fsm.Result)[0]
+	res := s.fsm.Apply(l).([]fsm.Result)
 	if timed {
 		d := time.Since(start)
-		switch c.Body.(type) {
+		switch cmds[0].Body.(type) {
 		case *pb.Command_Dispatch:
 			s.res.ApplyDispatch = append(s.res.ApplyDispatch, d)
 		case *pb.Command_MarkFailed:
@@ -503,7 +512,7 @@ func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
 		cr.Reserved = policy.Footprint(uint32(len(r.w.Prompt)), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
 			uint64(s.cfg.Profile.KVBytesPerToken()))
 	}
-	r.call, r.callW, r.callGen = cr, w, w.gen
+	r.call = cr
 	w.core.Submit(cr)
 	s.flush(w)
 	s.publish(w)
@@ -515,7 +524,7 @@ func (s *Sim) worker(id string) *simWorker { return s.byWorker[id] }
 // broke is a Generate stream that broke: the gateway polls the placement
 // until the controller moves the request.
 func (s *Sim) broke(r *simRequest) {
-	r.call, r.callW = nil, nil
+	r.call = nil
 	r.broken = s.now
 	r.pollWait = s.cfg.Timing.PollFirst
 	if !r.polling {
@@ -563,7 +572,7 @@ func (s *Sim) end(r *simRequest, err error) {
 	if err != nil {
 		s.res.Failed++
 	}
-	r.call, r.callW = nil, nil
+	r.call = nil
 	if err == nil {
 		s.complete(r.id)
 	}
@@ -637,8 +646,8 @@ func (s *Sim) step(w *simWorker) {
 		return
 	}
 	w.empties = 0
-	if used := w.core.CachedPages(); used > s.cfg.KVPages {
-		s.fail("%s: %d KV pages in use of %d", w.id, used, s.cfg.KVPages)
+	if used := w.core.CachedPages(); used > s.cfg.KVPages || w.core.Running() > s.cfg.MaxRunning {
+		s.fail("%s: %d KV pages in use of %d, %d running of %d", w.id, used, s.cfg.KVPages, w.core.Running(), s.cfg.MaxRunning)
 	}
 	p := s.cfg.Profile
 	var dur time.Duration
@@ -761,9 +770,7 @@ func (s *Sim) ship(from *simWorker, holder, req string, reserved uint64, first i
 			h.store.release(req)
 			return
 		}
-		for k, hs := range hashes {
-			h.store.put(req, reserved, first+k, hs, s.pageBytes)
-		}
+		h.store.put(req, reserved, first, hashes, s.pageBytes)
 		if h.store.used > h.store.budget {
 			s.fail("%s: checkpoint store holds %d bytes, budget %d", h.id, h.store.used, h.store.budget)
 		}
@@ -794,12 +801,45 @@ func (s *Sim) sample() {
 	s.res.Queue = append(s.res.Queue, queueSample{At: s.now, Waiting: float64(waiting)})
 }
 
+// markFailed applies the MarkFailed commands pending, and notes the
+// requests their recovery plans moved.
+func (s *Sim) markFailed(at time.Duration) {
+	cmds := s.marks[at]
+	delete(s.marks, at)
+	res := s.applyEntry(cmds)
+	if s.res.PlanAt == 0 {
+		s.res.PlanAt = s.now
+	}
+	failed := map[string]uint64{}
+	for i, c := range cmds {
+		if res[i].Err == nil {
+			failed[c.GetMarkFailed().WorkerId] = c.GetMarkFailed().Incarnation
+		}
+	}
+	for _, rp := range s.fsm.Recoveries() {
+		if inc, ok := failed[rp.FailedWorker]; ok && rp.FailedIncarnation == inc {
+			for _, a := range rp.Assignments {
+				if r := s.byID[a.RequestId]; r != nil {
+					r.interrupted = true
+				}
+			}
+		}
+	}
+}
+
 // kill is a kill -9: the process and everything in it is gone; its calls
 // break (the gateway sees it at once), the fast path marks it failed after
 // DetectDelay, and it restarts and reloads when asked to.
 func (s *Sim) kill(w *simWorker, restart bool) {
 	if !w.alive {
 		return
+	}
+	if s.res.InFlightAtFail == 0 {
+		for _, o := range s.workers {
+			if o.alive {
+				s.res.InFlightAtFail += o.core.Running() + o.core.Waiting()
+			}
+		}
 	}
 	w.alive = false
 	w.gen++
@@ -809,27 +849,16 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 			s.broke(sr)
 		}
 	}
-	w.core = core.New(core.Config{Self: w.id, TokenBudget: 1, MaxRunning: 1, MaxWaiting: 1}, nil)
-	w.store = newSimStore(0)
-	inc := w.inc
-	s.at(s.now+s.cfg.Timing.DetectDelay, func() {
-		res := s.apply(&pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: inc, Reason: "probe failed"}}})
-		if res.Err != nil {
-			return
-		}
-		if s.res.PlanAt == 0 {
-			s.res.PlanAt = s.now
-		}
-		for _, rp := range s.fsm.Recoveries() {
-			if rp.FailedWorker == w.id && rp.FailedIncarnation == inc {
-				for _, a := range rp.Assignments {
-					if r := s.byID[a.RequestId]; r != nil {
-						r.interrupted = true
-					}
-				}
-			}
-		}
-	})
+	// The process's memory is gone: nothing touches the core of a worker
+	// that is not alive, and a restart builds new ones.
+	w.core, w.store = nil, newSimStore(0)
+	// The probes of workers killed together fail together: their
+	// MarkFailed commands reach the leader at once and commit as one entry.
+	at := s.now + s.cfg.Timing.DetectDelay
+	if len(s.marks[at]) == 0 {
+		s.at(at, func() { s.markFailed(at) })
+	}
+	s.marks[at] = append(s.marks[at], &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: w.inc, Reason: "probe failed"}}})
 	if restart {
 		s.at(s.now+time.Duration(float64(s.cfg.Profile.LoadTime())*s.cfg.Timing.ReloadScale), func() {
 			if !w.alive {

@@ -85,3 +85,24 @@ func TestDeterminism(t *testing.T) {
 		t.Fatalf("two runs of the same study differ:\n%s\n%s", a, b)
 	}
 }
+
+// TestRestoresQueuedAtTheHolderKeepTheirPages: four of eight workers fail
+// at once under fixed checkpointing; the requests of worker-4 restore at
+// their ring holder worker-5 behind the chain of the other three's. A
+// holder that reconciled on "am I the holder" alone dropped their pages
+// while they queued (the plan gives them a new holder), and nothing was
+// reused; core.KeepsPages keeps them while the request is recovering here.
+func TestRestoresQueuedAtTheHolderKeepTheirPages(t *testing.T) {
+	cfg := smallConfig(t, 1, policy.FixedCheckpoint, 8, 34, 36*time.Second)
+	cfg.Timing.ReloadScale = 0.25
+	for i := range 4 {
+		cfg.Failures = append(cfg.Failures, Failure{Worker: i, At: 12 * time.Second, Restart: true})
+	}
+	res, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RestoredPages < 500 {
+		t.Fatalf("%d pages restored", res.RestoredPages)
+	}
+}

@@ -45,29 +45,33 @@ func (s *simStore) Prefix(hashes []uint64) [][]byte {
 	return noPages[:n]
 }
 
-// put stores page `page` of a request, or refuses it.
-func (s *simStore) put(req string, reserved uint64, page int, hash, size uint64) {
+// put stores pages first, first+1, … of a request (their hashes), or
+// refuses each that would exceed the budget or the reservation.
+func (s *simStore) put(req string, reserved uint64, first int, hashes []uint64, size uint64) {
 	r := s.reqs[req]
 	if r == nil {
 		r = &heldPages{}
 		s.reqs[req] = r
 	}
-	if page < len(r.hashes) && r.hashes[page] != 0 {
-		return // held already (sent again after a preemption)
+	for k, hash := range hashes {
+		page := first + k
+		if page < len(r.hashes) && r.hashes[page] != 0 {
+			continue // held already (sent again after a preemption)
+		}
+		if reserved == 0 || r.charged+size > reserved || s.used+size > s.budget {
+			s.refused++
+			continue
+		}
+		for len(r.hashes) <= page {
+			r.hashes = append(r.hashes, 0)
+		}
+		r.hashes[page] = hash
+		if page == 0 {
+			s.first[hash] = r
+		}
+		r.charged += size
+		s.used += size
 	}
-	if reserved == 0 || r.charged+size > reserved || s.used+size > s.budget {
-		s.refused++
-		return
-	}
-	for len(r.hashes) <= page {
-		r.hashes = append(r.hashes, 0)
-	}
-	r.hashes[page] = hash
-	if page == 0 {
-		s.first[hash] = r
-	}
-	r.charged += size
-	s.used += size
 }
 
 func (s *simStore) release(req string) {

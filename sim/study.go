@@ -121,6 +121,25 @@ type Study struct {
 	MeasureApply bool
 	// Log receives progress lines and the table (nil: nothing).
 	Log io.Writer
+	// Series, when set, receives each column's time series as CSV rows
+	// (WriteSeries).
+	Series io.Writer
+	// Trace, when set, replaces the Azure-shaped generator: its arrivals,
+	// rescaled in time to the offered rate (ReadAzureTrace, Rescale).
+	Trace []workload.Request
+}
+
+// arrivals returns the requests of a run at rate for d: from the trace
+// when there is one, else generated.
+func (st *Study) arrivals(seed uint64, rate float64, d time.Duration) ([]workload.Request, error) {
+	if len(st.Trace) > 0 {
+		reqs := Rescale(st.Trace, rate, d)
+		if len(reqs) == 0 {
+			return nil, fmt.Errorf("%w: no arrival of the trace falls in %s", ErrTrace, d)
+		}
+		return reqs, nil
+	}
+	return workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
 }
 
 // ModelledCapacity is a worker's saturated throughput in requests per
@@ -162,7 +181,7 @@ func (st *Study) Calibrate() (saturated, modelled float64, err error) {
 	per, _ := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	modelled = per * float64(st.Setup.Workers)
 	d := st.Timeline.Calibration
-	reqs, err := workload.Generate(workload.Config{Seed: st.Seed + 1000, Rate: 2 * modelled, Duration: d, Trace: tr})
+	reqs, err := st.arrivals(st.Seed+1000, 2*modelled, d)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -200,13 +219,17 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		modelled = per * float64(st.Setup.Workers)
 	}
 	rate := st.Load * saturated
-	reqs, err := workload.Generate(workload.Config{Seed: st.Seed, Rate: rate, Duration: tm.Duration, Trace: tr})
+	reqs, err := st.arrivals(st.Seed, rate, tm.Duration)
 	if err != nil {
 		return nil, err
 	}
 	st.logf("   saturated, the cluster completes %.2f requests/s (the model said %.2f); the workload offers %.0f%% of that:\n",
 		saturated, modelled, 100*st.Load)
-	st.logf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, st.Seed)
+	if len(st.Trace) > 0 {
+		st.logf("   %d requests of the trace, rescaled to %.2f/s over %s\n", len(reqs), rate, tm.Duration)
+	} else {
+		st.logf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, st.Seed)
+	}
 	results := map[string]*Result{}
 	for _, col := range Columns {
 		cfg := st.config(p, col.Strategy, reqs)
@@ -280,6 +303,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		}
 		figs[col.Name] = f
 	}
+	if st.Series != nil {
+		for _, col := range Columns {
+			if err := WriteSeries(st.Series, st.Setup.Name, col.Name, results[col.Name], time.Second); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if st.Log != nil {
 		PrintTable(st.Log, st.Setup, figs)
 		rejoin := time.Duration(-1)
@@ -309,6 +339,7 @@ type Attribution struct {
 	Requests                         int
 }
 
+// String says the parts in words.
 func (a Attribution) String() string {
 	return fmt.Sprintf("before the failure %+.1f, failure to rejoin %+.1f, first 10 s after the rejoin %+.1f, later %+.1f (%d requests)",
 		a.Before, a.Down, a.AfterRejoin, a.Later, a.Requests)
@@ -412,4 +443,44 @@ func ParseSetups(list string) ([]Setup, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// SeriesHeader is the header of WriteSeries' CSV rows.
+const SeriesHeader = "setup,column,t_s,arrivals,ttft_mean_ms,waiting_mean\n"
+
+// WriteSeries writes a run's time series as CSV rows, one per bin: the
+// requests that arrived in it, their mean TTFT, and the mean number of
+// requests waiting at live workers.
+func WriteSeries(w io.Writer, setup, column string, res *Result, bin time.Duration) error {
+	n := int(res.End/bin) + 1
+	ttft := make([]time.Duration, n)
+	arrivals := make([]int, n)
+	queue := make([]float64, n)
+	samples := make([]int, n)
+	for _, r := range res.Records {
+		k := int(r.Arrival / bin)
+		if d, ok := r.TTFT(); ok && k < n {
+			ttft[k] += d
+			arrivals[k]++
+		}
+	}
+	for _, q := range res.Queue {
+		if k := int(q.At / bin); k < n {
+			queue[k] += q.Waiting
+			samples[k]++
+		}
+	}
+	for k := range n {
+		mean, wait := 0.0, 0.0
+		if arrivals[k] > 0 {
+			mean = float64(ttft[k]) / float64(time.Millisecond) / float64(arrivals[k])
+		}
+		if samples[k] > 0 {
+			wait = queue[k] / float64(samples[k])
+		}
+		if _, err := fmt.Fprintf(w, "%s,%s,%g,%d,%.1f,%.1f\n", setup, column, (time.Duration(k) * bin).Seconds(), arrivals[k], mean, wait); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -17,7 +17,7 @@ func init() {
 
 func runSim(args []string) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	setups := fs.String("setups", "", "prototype setups of `lumen bench recovery` to run: w4, w8, w8_f4 (default: all three, unless -workers is given)")
+	setups := fs.String("setups", "", "prototype setups of lumen bench recovery to run: w4, w8, w8_f4 (default: all three, unless -workers is given)")
 	workers := fs.Int("workers", 0, "a custom setup: this many workers (with -profile, -fail, -duration)")
 	profile := fs.String("profile", "qwen3-14b-h100", "custom setup: timing profile")
 	fail := fs.Int("fail", 1, "custom setup: workers killed at a quarter of the run")
@@ -32,16 +32,36 @@ func runSim(args []string) error {
 	detect := fs.Duration("detect", sim.DefaultTiming().DetectDelay, "failure detection delay, kill to MarkFailed")
 	applyTiming := fs.Bool("apply-timing", true, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
 	jsonPath := fs.String("json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
+	tracePath := fs.String("trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) instead of the generator; rescaled in time to -load")
+	csvPath := fs.String("csv", "", "write every column's time series (1 s bins: arrivals, mean TTFT, mean queue) as CSV")
+	svgPath := fs.String("svg", "", "with -figure or -replot: plot the figure as SVG")
+	replot := fs.String("replot", "", "plot a figure's JSON written by -figure -json (with -svg), running nothing")
+	seeds := fs.Int("seeds", 1, "with -figure: run every point with this many seeds (from -seed) and report the means")
 	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart,
-		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, Log: os.Stdout}
+		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, TracePath: *tracePath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
+	if *replot != "" {
+		data, err := os.ReadFile(*replot)
+		if err != nil {
+			return err
+		}
+		var f sim.Figure
+		if err := json.Unmarshal(data, &f); err != nil {
+			return fmt.Errorf("-replot %s: %w", *replot, err)
+		}
+		if *svgPath == "" {
+			f.Print(os.Stdout)
+			return nil
+		}
+		return writeSVG(&f, *svgPath)
+	}
 	if *figure != "" {
 		fo := sim.DefaultFigureOptions()
-		fo.Seed, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *load, o.Timing, os.Stdout, *profile, *maxRunning
+		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *seeds, *load, o.Timing, os.Stdout, *profile, *maxRunning
 		if *workers > 0 {
 			fo.Workers = *workers
 		}
@@ -59,6 +79,11 @@ func runSim(args []string) error {
 		f, err := sim.RunFigure(*figure, fo)
 		if err != nil {
 			return err
+		}
+		if *svgPath != "" {
+			if err := writeSVG(f, *svgPath); err != nil {
+				return err
+			}
 		}
 		if *jsonPath != "" {
 			data, err := json.MarshalIndent(f, "", "  ")
@@ -95,4 +120,16 @@ func runSim(args []string) error {
 	}
 	fmt.Printf("simulated in %s of wall time\n", time.Since(start).Round(10*time.Millisecond))
 	return nil
+}
+
+func writeSVG(f *sim.Figure, path string) error {
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f.WriteSVG(out); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

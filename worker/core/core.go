@@ -143,7 +143,8 @@ type Restore struct {
 	Hashes []uint64
 }
 
-// Step is one engine call: Batch[i] is Reqs[i]'s chunk.
+// Step is one engine call: Batch[i] is Reqs[i]'s chunk. Its slices are
+// valid until the next call to Next.
 type Step struct {
 	Restores []Restore
 	Batch    []engine.Chunk
@@ -179,6 +180,11 @@ type Core struct {
 	nextSeq engine.SeqID
 	noAdmit bool // the last step ran out of pages: rebuild without admitting
 	pending Step // the step Next returned, until Done or StepFailed
+
+	// Buffers a Step's slices are cut from.
+	batchBuf   []engine.Chunk
+	reqsBuf    []*Request
+	restoreBuf []Restore
 
 	out Output
 }
@@ -389,7 +395,9 @@ func (c *Core) Next(now time.Time, free int) Step {
 // running request for its coming decodes.
 func (c *Core) build(now time.Time, free int, admit bool) Step {
 	budget := c.cfg.TokenBudget
-	var st Step
+	// The step's slices are the Core's, reused: valid until the next Next.
+	st := Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
+	defer func() { c.batchBuf, c.reqsBuf, c.restoreBuf = st.Batch, st.Reqs, st.Restores }()
 	// add takes up to n tokens of r's pending history, as far as free
 	// pages allow, and reports whether it took any.
 	add := func(r *Request, n int) bool {

@@ -36,8 +36,10 @@
 //     pages to queue for holders (report a page the queue refused with
 //     CheckpointBehind), checkpoint releases, counters and waits.
 //
-// An empty Step (no chunks) means there is nothing to run until an input
-// arrives.
+// An empty Step (no chunks) means nothing can run now: when the Core is not
+// Idle, call Next again (the first call after a squeeze does not admit).
+// A Step's slices are the Core's and valid until the next Next; an
+// Output's until the next call into the Core.
 //
 // Everything the Core decides depends only on the sequence of calls and
 // their arguments: the same calls give the same batches, byte for byte.
