@@ -112,7 +112,7 @@ bench-recovery: build
 	./$(BIN) bench recovery -json bench-results/recovery.json
 
 clean:
-	rm -rf bin bench-results
+	rm -rf bin
 
 ## sim: the simulator's figures (docs/benchmarks.md, "Simulation"): the
 ## prototype setups beside `bench recovery`, then every figure at 64
