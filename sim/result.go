@@ -43,6 +43,10 @@ type Result struct {
 func (s *Sim) finish() {
 	s.res.Records = make([]*servingstats.Record, len(s.reqs))
 	for i, r := range s.reqs {
+		if r == nil { // had not arrived when the run stopped
+			s.res.Records[i] = &servingstats.Record{ID: fmt.Sprintf("r%07d", i), Arrival: s.cfg.Arrivals[i].At, Err: errOpen}
+			continue
+		}
 		rec := &servingstats.Record{ID: fmt.Sprintf("r%07d", r.idx), Arrival: r.arrival, Tokens: r.out, Err: r.failed}
 		if r.ended == 0 {
 			rec.Err = errOpen
@@ -70,7 +74,10 @@ var errOpen = fmt.Errorf("sim: still open when the run stopped")
 // reconciliation no checkpoint page is left in any store; the fsm holds
 // no placement and no reservation.
 func (s *Sim) Check() error {
-	for _, r := range s.reqs {
+	for i, r := range s.reqs {
+		if r == nil {
+			return fmt.Errorf("sim: conservation: request %d never arrived", i)
+		}
 		if r.ended != 1 {
 			return fmt.Errorf("sim: conservation: request %d ended %d times", r.idx, r.ended)
 		}

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -186,7 +187,7 @@ type Sim struct {
 
 	workers  []*simWorker
 	byWorker map[string]*simWorker
-	reqs     []*simRequest
+	reqs     []*simRequest          // by arrival index; nil until it arrives
 	byID     map[string]*simRequest // dispatch id → request
 
 	pageBytes uint64
@@ -194,6 +195,16 @@ type Sim struct {
 	res       Result
 	firstFail time.Duration // -1: none
 	err       error
+
+	// The arrivals are not on the queue (a queue of millions of events
+	// would hold memory for every request of the run): next takes them
+	// in turn from Config.Arrivals, in the order order gives (nil: the
+	// slice's, already sorted), with the seqs reserved for them in New,
+	// so that the events run in the order a queue holding them all
+	// would give.
+	arrived int
+	arrSeq  uint64
+	order   []int
 }
 
 // simWorker is one worker process: its core, its store, its outgoing link.
@@ -219,8 +230,8 @@ type simWorker struct {
 // simRequest is a client request as the gateway sees it.
 type simRequest struct {
 	idx      int
-	w        workload.Request
-	id       string // dispatch id (changes on a re-dispatch)
+	w        *workload.Request // in Config.Arrivals
+	id       string            // dispatch id (changes on a re-dispatch)
 	attempt  int
 	arrival  time.Duration
 	out      int // output tokens delivered (the journal)
@@ -278,10 +289,16 @@ func New(cfg Config) (*Sim, error) {
 		s.byWorker[w.id] = w
 		s.register(w)
 	}
-	for i, a := range cfg.Arrivals {
-		r := &simRequest{idx: i, w: a, arrival: a.At, first: -1}
-		s.reqs = append(s.reqs, r)
-		s.at(a.At, func() { s.arrive(r) })
+	s.reqs = make([]*simRequest, len(cfg.Arrivals))
+	s.arrSeq = s.seq
+	s.seq += uint64(len(cfg.Arrivals))
+	arrAt := func(i int) time.Duration { return max(cfg.Arrivals[i].At, 0) }
+	if !sort.SliceIsSorted(cfg.Arrivals, func(i, j int) bool { return arrAt(i) < arrAt(j) }) {
+		s.order = make([]int, len(cfg.Arrivals))
+		for i := range s.order {
+			s.order[i] = i
+		}
+		sort.SliceStable(s.order, func(i, j int) bool { return arrAt(s.order[i]) < arrAt(s.order[j]) })
 	}
 	for _, f := range cfg.Failures {
 		if s.firstFail < 0 || f.At < s.firstFail {
@@ -318,6 +335,27 @@ func (s *Sim) every(offset, period time.Duration, fn func()) {
 	s.at(s.now+offset+period, tick)
 }
 
+// next removes and returns the earliest event: the queue's first or the
+// next arrival, whichever comes first by (at, seq); false when none is left.
+func (s *Sim) next() (event, bool) {
+	if s.arrived < len(s.cfg.Arrivals) {
+		i := s.arrived
+		if s.order != nil {
+			i = s.order[i]
+		}
+		a := event{at: max(s.cfg.Arrivals[i].At, 0), seq: s.arrSeq + uint64(i) + 1}
+		if q := s.queue; len(q) == 0 || a.at < q[0].at || a.at == q[0].at && a.seq < q[0].seq {
+			s.arrived++
+			a.fn = func() { s.arrive(i) }
+			return a, true
+		}
+	}
+	if s.queue.Len() == 0 {
+		return event{}, false
+	}
+	return heap.Pop(&s.queue).(event), true
+}
+
 // open reports whether requests are still to end.
 func (s *Sim) open() bool { return s.res.Ended < len(s.reqs) }
 
@@ -327,8 +365,11 @@ func (s *Sim) open() bool { return s.res.Ended < len(s.reqs) }
 func (s *Sim) Run() {
 	nextProgress := 10 * time.Second
 	drainUntil := time.Duration(-1)
-	for s.queue.Len() > 0 && s.err == nil {
-		e := heap.Pop(&s.queue).(event)
+	for s.err == nil {
+		e, ok := s.next()
+		if !ok {
+			break
+		}
 		if s.cfg.StopAt > 0 && e.at >= s.cfg.StopAt {
 			break
 		}
@@ -461,7 +502,13 @@ func dispatchID(r *simRequest) string {
 	return fmt.Sprintf("r%07d~%d", r.idx, r.attempt)
 }
 
-func (s *Sim) arrive(r *simRequest) { s.dispatch(r) }
+// arrive is arrival i reaching the gateway.
+func (s *Sim) arrive(i int) {
+	a := &s.cfg.Arrivals[i]
+	r := &simRequest{idx: i, w: a, arrival: a.At, first: -1}
+	s.reqs[i] = r
+	s.dispatch(r)
+}
 
 // dispatch places the request through the fsm; the gateway calls Generate
 // once the command commits.
@@ -469,7 +516,7 @@ func (s *Sim) dispatch(r *simRequest) {
 	r.id = dispatchID(r)
 	s.byID[r.id] = r
 	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{RequestId: r.id,
-		PromptTokens: uint32(len(r.w.Prompt)), MaxTokens: uint32(r.w.Output)}}})
+		PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output)}}})
 	if res.Err != nil {
 		s.end(r, fmt.Errorf("dispatch: %w", res.Err))
 		return
@@ -500,16 +547,17 @@ func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
 		s.broke(r) // connection refused
 		return
 	}
-	hist := make([]int32, 0, len(r.w.Prompt)+r.w.Output)
-	hist = append(hist, r.w.Prompt...)
+	// The prompt's ids are drawn again for each call (a lazy arrival
+	// keeps none) and the history is the call's: it goes with the call.
+	hist := r.w.AppendPrompt(make([]int32, 0, r.w.PromptLen()+r.w.Output))
 	for k := range r.out {
 		hist = append(hist, token(r.idx, k))
 	}
-	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: len(r.w.Prompt), MaxTokens: r.w.Output,
+	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: r.w.PromptLen(), MaxTokens: r.w.Output,
 		Arrived: s.clock(), Sink: r}
 	if pl.HolderId != "" {
 		cr.Holder = pl.HolderId
-		cr.Reserved = policy.Footprint(uint32(len(r.w.Prompt)), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
+		cr.Reserved = policy.Footprint(uint32(r.w.PromptLen()), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
 			uint64(s.cfg.Profile.KVBytesPerToken()))
 	}
 	r.call = cr

@@ -106,3 +106,43 @@ func TestRestoresQueuedAtTheHolderKeepTheirPages(t *testing.T) {
 		t.Fatalf("%d pages restored", res.RestoredPages)
 	}
 }
+
+// TestLazyArrivals: lazy arrivals (prompt ids drawn again at each call, not
+// held) give the run of the same arrivals with their ids, event for event;
+// and arrivals out of order run as the same arrivals sorted would.
+func TestLazyArrivals(t *testing.T) {
+	cfg := smallConfig(t, 9, policy.Lumen, 4, 40, 8*time.Second)
+	cfg.Failures = []Failure{{Worker: 0, At: 3 * time.Second, Restart: true}}
+	run := func(c Config) (*Result, []byte) {
+		res, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, b
+	}
+	eager, eb := run(cfg)
+	lazy, err := workload.GenerateLazy(workload.Config{Seed: 9, Rate: 40, Duration: 8 * time.Second, Trace: workload.AzureConversation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Arrivals = lazy
+	got, lb := run(cfg)
+	if got.Events != eager.Events || !bytes.Equal(eb, lb) {
+		t.Fatalf("lazy arrivals: %d events, eager %d; results equal: %v", got.Events, eager.Events, bytes.Equal(eb, lb))
+	}
+	// Reversed: the same requests under other indices, so other ids; the
+	// same events and ends.
+	rev := make([]workload.Request, len(lazy))
+	for i := range lazy {
+		rev[len(lazy)-1-i] = lazy[i]
+	}
+	cfg.Arrivals = rev
+	r, _ := run(cfg)
+	if r.Ended != eager.Ended || r.Failed != eager.Failed || r.End <= 0 {
+		t.Fatalf("reversed arrivals: %d ended, %d failed; sorted %d, %d", r.Ended, r.Failed, eager.Ended, eager.Failed)
+	}
+}

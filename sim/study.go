@@ -139,7 +139,7 @@ func (st *Study) arrivals(seed uint64, rate float64, d time.Duration) ([]workloa
 		}
 		return reqs, nil
 	}
-	return workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
+	return workload.GenerateLazy(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
 }
 
 // ModelledCapacity is a worker's saturated throughput in requests per

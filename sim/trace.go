@@ -78,14 +78,12 @@ func ReadAzureTrace(r io.Reader, seed uint64) ([]workload.Request, error) {
 		return nil, fmt.Errorf("%w: no requests", ErrTrace)
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].at.Before(rows[j].at) })
-	rng := rand.New(rand.NewPCG(seed, 0x7472616365))
+	// Lazy: the ids are drawn again when a call needs them, not held.
+	src := rand.NewPCG(seed, 0x7472616365)
+	tok := func(x uint32) int32 { return 32 + int32(x%95) }
 	out := make([]workload.Request, len(rows))
 	for i, r := range rows {
-		prompt := make([]int32, r.prompt)
-		for k := range prompt {
-			prompt[k] = 32 + int32(rng.Uint32()%95)
-		}
-		out[i] = workload.Request{At: r.at.Sub(rows[0].at), Prompt: prompt, Output: r.output}
+		out[i] = workload.Lazy(r.at.Sub(rows[0].at), r.prompt, r.output, src, tok)
 	}
 	return out, nil
 }

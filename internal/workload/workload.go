@@ -8,6 +8,7 @@
 package workload
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -75,8 +76,68 @@ var AzureConversation = Trace{
 // Request is one arrival.
 type Request struct {
 	At     time.Duration // offset from the start of the run
-	Prompt []int32       // token ids
+	Prompt []int32       // token ids; nil for a lazy request (PromptLen, AppendPrompt)
 	Output int           // tokens to generate (max_tokens)
+
+	// A lazy request (Lazy, GenerateLazy) keeps its prompt's length and
+	// the generator's state before its first token instead of the ids.
+	n      int
+	hi, lo uint64
+	tok    func(uint32) int32
+}
+
+// Lazy returns a request whose prompt is n tokens, each tok of the next
+// Uint32 of a rand.Rand over src, without keeping them: it saves src's
+// state and advances src past the n draws, as drawing them would.
+// AppendPrompt draws them again, the same ones, when they are needed.
+func Lazy(at time.Duration, n, output int, src *rand.PCG, tok func(uint32) int32) Request {
+	b, err := src.MarshalBinary()
+	if err != nil || len(b) != 20 {
+		panic(fmt.Sprintf("workload: PCG state: %v (%d bytes)", err, len(b)))
+	}
+	r := Request{At: at, Output: output, n: n, hi: binary.BigEndian.Uint64(b[4:]), lo: binary.BigEndian.Uint64(b[12:]), tok: tok}
+	for range n {
+		src.Uint64()
+	}
+	return r
+}
+
+// PromptLen is the prompt's length in tokens.
+func (r *Request) PromptLen() int {
+	if r.tok == nil {
+		return len(r.Prompt)
+	}
+	return r.n
+}
+
+// AppendPrompt appends the prompt's token ids to dst: Prompt, or for a
+// lazy request the ids drawn again from the saved state.
+func (r *Request) AppendPrompt(dst []int32) []int32 {
+	if r.tok == nil {
+		return append(dst, r.Prompt...)
+	}
+	b := make([]byte, 20)
+	copy(b, "pcg:")
+	binary.BigEndian.PutUint64(b[4:], r.hi)
+	binary.BigEndian.PutUint64(b[12:], r.lo)
+	var src rand.PCG
+	if err := src.UnmarshalBinary(b); err != nil {
+		panic(err)
+	}
+	rng := rand.New(&src)
+	for range r.n {
+		dst = append(dst, r.tok(rng.Uint32()))
+	}
+	return dst
+}
+
+// Materialize returns r with its prompt's ids in Prompt.
+func (r Request) Materialize() Request {
+	if r.tok == nil {
+		return r
+	}
+	p := r.AppendPrompt(make([]int32, 0, r.n))
+	return Request{At: r.At, Prompt: p, Output: r.Output}
 }
 
 // Config describes a run's arrivals.
@@ -93,6 +154,17 @@ type Config struct {
 // Generate returns the arrivals, sorted by time. The same config gives the
 // same requests, byte for byte.
 func Generate(c Config) ([]Request, error) {
+	reqs, err := GenerateLazy(c)
+	for i := range reqs {
+		reqs[i] = reqs[i].Materialize()
+	}
+	return reqs, err
+}
+
+// GenerateLazy returns Generate's arrivals as lazy requests (Lazy): the
+// same times, lengths and prompt ids (AppendPrompt), without holding the
+// ids — a few tens of bytes a request.
+func GenerateLazy(c Config) ([]Request, error) {
 	if c.Rate <= 0 || c.Duration <= 0 {
 		return nil, fmt.Errorf("workload: rate (%g/s) and duration (%s) must be positive", c.Rate, c.Duration)
 	}
@@ -103,7 +175,9 @@ func Generate(c Config) ([]Request, error) {
 	if tok == nil {
 		tok = func(x uint32) int32 { return 32 + int32(x%95) }
 	}
-	r := rand.New(rand.NewPCG(c.Seed, 0x6c756d656e))
+	draw := func(x uint32) int32 { return tok(x >> 1) }
+	src := rand.NewPCG(c.Seed, 0x6c756d656e)
+	r := rand.New(src)
 	var out []Request
 	t := 0.0
 	for {
@@ -113,10 +187,8 @@ func Generate(c Config) ([]Request, error) {
 			return out, nil
 		}
 		n := c.Trace.Prompt.Sample(r)
-		p := make([]int32, n)
-		for i := range p {
-			p[i] = tok(r.Uint32() >> 1)
-		}
-		out = append(out, Request{At: at, Prompt: p, Output: c.Trace.Output.Sample(r)})
+		req := Lazy(at, n, 0, src, draw)
+		req.Output = c.Trace.Output.Sample(r)
+		out = append(out, req)
 	}
 }

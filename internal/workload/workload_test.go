@@ -75,3 +75,26 @@ func TestGenerateIsSeededAndPoisson(t *testing.T) {
 		t.Fatal("rate 0 accepted")
 	}
 }
+
+// TestGenerateLazy checks that the lazy requests carry Generate's times,
+// lengths and prompt ids without holding the ids.
+func TestGenerateLazy(t *testing.T) {
+	c := Config{Seed: 11, Rate: 40, Duration: 30 * time.Second, Trace: AzureConversation}
+	eager, _ := Generate(c)
+	lazy, err := GenerateLazy(c)
+	if err != nil || len(lazy) != len(eager) {
+		t.Fatalf("%d lazy, %d eager (%v)", len(lazy), len(eager), err)
+	}
+	for i := range lazy {
+		l, e := &lazy[i], &eager[i]
+		if l.Prompt != nil || l.At != e.At || l.Output != e.Output || l.PromptLen() != e.PromptLen() {
+			t.Fatalf("arrival %d: lazy %+v, eager at %s, %d+%d tokens", i, *l, e.At, e.PromptLen(), e.Output)
+		}
+		if p := l.AppendPrompt(nil); !reflect.DeepEqual(p, e.Prompt) || !reflect.DeepEqual(p, l.AppendPrompt(nil)) {
+			t.Fatalf("arrival %d: the lazy prompt differs", i)
+		}
+		if !reflect.DeepEqual(l.Materialize(), *e) {
+			t.Fatalf("arrival %d: Materialize differs", i)
+		}
+	}
+}
