@@ -18,10 +18,14 @@ type Options struct {
 	// timeline's); the failure comes at a quarter of it, TTFT counts after
 	// a twelfth, and calibration lasts half of it, at most a minute.
 	Duration time.Duration
-	Quick    bool
-	Seed     uint64
-	Load     float64
-	Lambda   float64
+	// FailAt, when set, is when the failed workers (worker-1 … worker-K)
+	// are killed, from the start of the arrivals; 0 keeps the timeline's
+	// (a quarter of a custom run, 30 s of the full prototype timeline).
+	FailAt time.Duration
+	Quick  bool
+	Seed   uint64
+	Load   float64
+	Lambda float64
 	// NoRestart leaves failed workers down.
 	NoRestart    bool
 	Timing       Timing
@@ -81,6 +85,12 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			tm.FailAt = o.Duration / 4
 			tm.Warmup = o.Duration / 12
 			tm.Calibration = min(o.Duration/2, time.Minute)
+		}
+		if o.FailAt > 0 {
+			if o.FailAt >= tm.Duration {
+				return nil, fmt.Errorf("%w: %s: failures at %s, not before the arrivals end at %s", ErrInvalid, s.Name, o.FailAt, tm.Duration)
+			}
+			tm.FailAt = o.FailAt
 		}
 		if s.Failures > s.Workers-1 {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)

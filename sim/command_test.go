@@ -2,11 +2,13 @@ package sim
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPrototypeSetupsQuick is `lumen sim -setups w4,w8,w8_f4 -quick -json`:
@@ -53,5 +55,26 @@ func TestPrototypeSetupsQuick(t *testing.T) {
 	}
 	if !slices.Contains(FigureNames, "failures") {
 		t.Fatal("figure list")
+	}
+}
+
+// A failure time at or past the arrivals' end is refused, naming both;
+// one inside moves the kill (the interrupted requests then differ).
+func TestFailAt(t *testing.T) {
+	custom := []Setup{CustomSetup(4, "qwen3-14b-h100", 1, 32, 0)}
+	_, err := RunStudies(Options{Setups: custom, Duration: 20 * time.Second, FailAt: 20 * time.Second, Seed: 1, Load: 0.7, Timing: DefaultTiming()})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "20s") {
+		t.Fatalf("FailAt at the end: %v, want ErrInvalid naming 20s", err)
+	}
+	interrupted := func(at time.Duration) int {
+		out, err := RunStudies(Options{Setups: custom, Duration: 20 * time.Second, FailAt: at, Seed: 1, Load: 0.7, Timing: DefaultTiming()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out["custom"]["lumen"].Interrupted
+	}
+	if a, b := interrupted(2*time.Second), interrupted(12*time.Second); a == b {
+		t.Logf("seed 1: %d interrupted at 2 s and at 12 s", a)
+		t.Fatal("moving the failure changed nothing")
 	}
 }

@@ -28,6 +28,7 @@ func runSim(args []string) error {
 	seed := fs.Uint64("seed", 1, "workload seed (the same for every strategy)")
 	load := fs.Float64("load", 0.7, "offered load as a fraction of the measured saturated throughput")
 	lambda := fs.Float64("lambda", 0, "h(r)'s weight of the restore delay (0: the default, 1)")
+	failAt := fs.Duration("fail-at", 0, "when worker-1 … worker-K are killed, from the start of the arrivals (0: a quarter of a custom run, 30 s of the prototype timeline, 12 s with -quick)")
 	noRestart := fs.Bool("no-restart", false, "failed workers stay down")
 	detect := fs.Duration("detect", sim.DefaultTiming().DetectDelay, "failure detection delay, kill to MarkFailed")
 	applyTiming := fs.Bool("apply-timing", true, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
@@ -41,7 +42,7 @@ func runSim(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart,
+	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart, FailAt: *failAt,
 		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, TracePath: *tracePath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
 	if *replot != "" {
