@@ -5,7 +5,7 @@
 // docs/benchmarks.md: change them only together.
 //
 // What can be checked without a cluster (percentiles, summaries, tables,
-// keys, the capacity model, request bodies) is split into plain functions
+// keys, request bodies) is split into plain functions
 // with unit tests; the runs themselves are what `make bench` measures.
 package bench
 

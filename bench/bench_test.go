@@ -13,7 +13,6 @@ import (
 
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
-	"github.com/lumen-project/lumen/worker/engine"
 )
 
 func ms(v ...int) []time.Duration {
@@ -156,27 +155,6 @@ func TestGain(t *testing.T) {
 		if got := gain(c.a, c.b); got != c.want {
 			t.Errorf("gain(%v, %v) = %q, want %q", c.a, c.b, got, c.want)
 		}
-	}
-}
-
-func TestCapacityModel(t *testing.T) {
-	p, ok, err := engine.LookupProfile("qwen3-14b-h100")
-	if err != nil || !ok {
-		t.Fatalf("profile: %v %v", ok, err)
-	}
-	perWorker, batch := capacity(p, 4, 1000, 200)
-	if batch != 4 || perWorker <= 0 {
-		t.Fatalf("a cap of 4 running: batch %d, %v req/s", batch, perWorker)
-	}
-	// The KV cache bounds the batch when the cap does not.
-	_, big := capacity(p, 1<<20, 1000, 200)
-	if big >= 1<<20 || big < 4 {
-		t.Fatalf("uncapped batch %d", big)
-	}
-	// Longer requests fit fewer at once and complete fewer per second.
-	slow, longBatch := capacity(p, 1<<20, 4000, 800)
-	if longBatch > big || slow >= perWorker*float64(big)/4 {
-		t.Fatalf("longer requests: batch %d (short: %d), %v req/s", longBatch, big, slow)
 	}
 }
 

@@ -173,25 +173,13 @@ func Recovery(cfg RecoveryConfig) error {
 	return nil
 }
 
-// capacity models a worker's saturated throughput in requests per second:
-// each request costs its prefill plus its share of the decode steps of a
-// full batch. The batch is the smaller of the running cap and what the KV
-// cache holds at the mean context.
-func capacity(p engine.Profile, maxRunning int, meanPrompt, meanOutput float64) (perWorker float64, batch int) {
-	ctxPages := (meanPrompt + meanOutput/2) / engine.PageTokens
-	batch = min(maxRunning, int(float64(p.KVPages())/(ctxPages+1)))
-	step := p.StepTime(batch, 0).Seconds()
-	perReq := meanPrompt/p.PrefillTokensPerSec + meanOutput*step/float64(batch)
-	return 1 / perReq, batch
-}
-
 func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float64, dir string) (map[string]*recoveryFigures, error) {
 	prof, _, err := engine.LookupProfile(s.profile)
 	if err != nil {
 		return nil, err
 	}
 	tr := workload.AzureConversation
-	modelled, batch := capacity(prof, s.maxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	modelled, batch := prof.SaturatedRate(s.maxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	fmt.Printf("== %s: %d workers, synthetic engine paced as %s (time scale %g), batch up to %d, %d of them killed at %s\n",
 		s.name, s.workers, s.profile, scale, batch, s.failures, tm.failAt)
 	// "Busy" is measured, not modelled: a calibration run offers twice

@@ -25,7 +25,7 @@ var (
 func BenchmarkScale(b *testing.B) {
 	p := engine.Profiles[*benchProfile]
 	tr := workload.AzureConversation
-	per, _ := ModelledCapacity(p, 32, tr.Prompt.Mean(), tr.Output.Mean())
+	per, _ := p.SaturatedRate(32, tr.Prompt.Mean(), tr.Output.Mean())
 	reqs, err := workload.GenerateLazy(workload.Config{Seed: 1, Rate: 0.7 * per * float64(*benchWorkers), Duration: *benchDuration, Trace: tr})
 	if err != nil {
 		b.Fatal(err)

@@ -142,18 +142,6 @@ func (st *Study) arrivals(seed uint64, rate float64, d time.Duration) ([]workloa
 	return workload.GenerateLazy(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
 }
 
-// ModelledCapacity is a worker's saturated throughput in requests per
-// second by the benchmark's model: each request costs its prefill plus its
-// share of the decode steps of a full batch, the batch being the smaller
-// of the running cap and what the KV cache holds at the mean context.
-func ModelledCapacity(p engine.Profile, maxRunning int, meanPrompt, meanOutput float64) (perWorker float64, batch int) {
-	ctxPages := (meanPrompt + meanOutput/2) / engine.PageTokens
-	batch = min(maxRunning, int(float64(p.KVPages())/(ctxPages+1)))
-	step := p.StepTime(batch, 0).Seconds()
-	perReq := meanPrompt/p.PrefillTokensPerSec + meanOutput*step/float64(batch)
-	return 1 / perReq, batch
-}
-
 func (st *Study) logf(format string, args ...any) {
 	if st.Log != nil {
 		fmt.Fprintf(st.Log, format, args...)
@@ -178,7 +166,7 @@ func (st *Study) Calibrate() (saturated, modelled float64, err error) {
 		return 0, 0, fmt.Errorf("sim: setup %s: profile %q: %w", st.Setup.Name, st.Setup.Profile, err)
 	}
 	tr := workload.AzureConversation
-	per, _ := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	per, _ := p.SaturatedRate(st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	modelled = per * float64(st.Setup.Workers)
 	d := st.Timeline.Calibration
 	reqs, err := st.arrivals(st.Seed+1000, 2*modelled, d)
@@ -205,7 +193,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		return nil, fmt.Errorf("%w: load %g must be > 0", ErrInvalid, st.Load)
 	}
 	tr := workload.AzureConversation
-	_, batch := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	_, batch := p.SaturatedRate(st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	tm := st.Timeline
 	st.logf("== %s: %d workers simulated as %s, batch up to %d, %d of them killed at %s\n",
 		st.Setup.Name, st.Setup.Workers, st.Setup.Profile, batch, st.Setup.Failures, tm.FailAt)
@@ -215,7 +203,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 			return nil, err
 		}
 	} else {
-		per, _ := ModelledCapacity(p, st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+		per, _ := p.SaturatedRate(st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 		modelled = per * float64(st.Setup.Workers)
 	}
 	rate := st.Load * saturated

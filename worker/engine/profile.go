@@ -41,6 +41,19 @@ func (p Profile) KVPages() int {
 	return int(free / (p.KVBytesPerToken() * PageTokens))
 }
 
+// SaturatedRate is a worker's modelled saturated throughput in requests
+// per second: each request costs its prefill plus its share of the decode
+// steps of a full batch, the batch being the smaller of the running cap and
+// what the KV cache holds at the mean context. The recovery benchmark and
+// the simulator calibrate their load against it.
+func (p Profile) SaturatedRate(maxRunning int, meanPrompt, meanOutput float64) (perWorker float64, batch int) {
+	ctxPages := (meanPrompt + meanOutput/2) / PageTokens
+	batch = min(maxRunning, int(float64(p.KVPages())/(ctxPages+1)))
+	step := p.StepTime(batch, 0).Seconds()
+	perReq := meanPrompt/p.PrefillTokensPerSec + meanOutput*step/float64(batch)
+	return 1 / perReq, batch
+}
+
 // StepTime is the emulated time of one engine step: decodeRows sequences
 // decoding (or verification positions) and prefillTokens tokens prefilled.
 func (p Profile) StepTime(decodeRows, prefillTokens int) time.Duration {
