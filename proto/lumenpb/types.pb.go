@@ -898,6 +898,7 @@ type Event struct {
 	//	*Event_RecoveryPlan
 	//	*Event_PlacementMoved
 	//	*Event_StrategyChanged
+	//	*Event_Paired
 	Body          isEvent_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -997,6 +998,15 @@ func (x *Event) GetStrategyChanged() *StrategyChanged {
 	return nil
 }
 
+func (x *Event) GetPaired() *WorkerPaired {
+	if x != nil {
+		if x, ok := x.Body.(*Event_Paired); ok {
+			return x.Paired
+		}
+	}
+	return nil
+}
+
 type isEvent_Body interface {
 	isEvent_Body()
 }
@@ -1017,6 +1027,10 @@ type Event_StrategyChanged struct {
 	StrategyChanged *StrategyChanged `protobuf:"bytes,13,opt,name=strategy_changed,json=strategyChanged,proto3,oneof"`
 }
 
+type Event_Paired struct {
+	Paired *WorkerPaired `protobuf:"bytes,14,opt,name=paired,proto3,oneof"`
+}
+
 func (*Event_PhaseChanged) isEvent_Body() {}
 
 func (*Event_RecoveryPlan) isEvent_Body() {}
@@ -1024,6 +1038,96 @@ func (*Event_RecoveryPlan) isEvent_Body() {}
 func (*Event_PlacementMoved) isEvent_Body() {}
 
 func (*Event_StrategyChanged) isEvent_Body() {}
+
+func (*Event_Paired) isEvent_Body() {}
+
+// WorkerPaired says a drafter (a restarted worker in ASSIST) was paired with
+// the full-service worker it drafts for, or that the pairing ended.
+type WorkerPaired struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	DrafterId          string                 `protobuf:"bytes,1,opt,name=drafter_id,json=drafterId,proto3" json:"drafter_id,omitempty"`
+	DrafterIncarnation uint64                 `protobuf:"varint,2,opt,name=drafter_incarnation,json=drafterIncarnation,proto3" json:"drafter_incarnation,omitempty"`
+	TargetId           string                 `protobuf:"bytes,3,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	TargetIncarnation  uint64                 `protobuf:"varint,4,opt,name=target_incarnation,json=targetIncarnation,proto3" json:"target_incarnation,omitempty"`
+	// false: the pairing ended (either side failed or left, or the drafter
+	// moved on to HOTSWAP).
+	Paired        bool   `protobuf:"varint,5,opt,name=paired,proto3" json:"paired,omitempty"`
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerPaired) Reset() {
+	*x = WorkerPaired{}
+	mi := &file_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerPaired) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerPaired) ProtoMessage() {}
+
+func (x *WorkerPaired) ProtoReflect() protoreflect.Message {
+	mi := &file_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerPaired.ProtoReflect.Descriptor instead.
+func (*WorkerPaired) Descriptor() ([]byte, []int) {
+	return file_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WorkerPaired) GetDrafterId() string {
+	if x != nil {
+		return x.DrafterId
+	}
+	return ""
+}
+
+func (x *WorkerPaired) GetDrafterIncarnation() uint64 {
+	if x != nil {
+		return x.DrafterIncarnation
+	}
+	return 0
+}
+
+func (x *WorkerPaired) GetTargetId() string {
+	if x != nil {
+		return x.TargetId
+	}
+	return ""
+}
+
+func (x *WorkerPaired) GetTargetIncarnation() uint64 {
+	if x != nil {
+		return x.TargetIncarnation
+	}
+	return 0
+}
+
+func (x *WorkerPaired) GetPaired() bool {
+	if x != nil {
+		return x.Paired
+	}
+	return false
+}
+
+func (x *WorkerPaired) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
 
 type WorkerPhaseChanged struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1038,7 +1142,7 @@ type WorkerPhaseChanged struct {
 
 func (x *WorkerPhaseChanged) Reset() {
 	*x = WorkerPhaseChanged{}
-	mi := &file_types_proto_msgTypes[7]
+	mi := &file_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1154,7 @@ func (x *WorkerPhaseChanged) String() string {
 func (*WorkerPhaseChanged) ProtoMessage() {}
 
 func (x *WorkerPhaseChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_types_proto_msgTypes[7]
+	mi := &file_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1167,7 @@ func (x *WorkerPhaseChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerPhaseChanged.ProtoReflect.Descriptor instead.
 func (*WorkerPhaseChanged) Descriptor() ([]byte, []int) {
-	return file_types_proto_rawDescGZIP(), []int{7}
+	return file_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WorkerPhaseChanged) GetWorkerId() string {
@@ -1112,7 +1216,7 @@ type PlacementMoved struct {
 
 func (x *PlacementMoved) Reset() {
 	*x = PlacementMoved{}
-	mi := &file_types_proto_msgTypes[8]
+	mi := &file_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1228,7 @@ func (x *PlacementMoved) String() string {
 func (*PlacementMoved) ProtoMessage() {}
 
 func (x *PlacementMoved) ProtoReflect() protoreflect.Message {
-	mi := &file_types_proto_msgTypes[8]
+	mi := &file_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1241,7 @@ func (x *PlacementMoved) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementMoved.ProtoReflect.Descriptor instead.
 func (*PlacementMoved) Descriptor() ([]byte, []int) {
-	return file_types_proto_rawDescGZIP(), []int{8}
+	return file_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PlacementMoved) GetPlacement() *Placement {
@@ -1171,7 +1275,7 @@ type StrategyChanged struct {
 
 func (x *StrategyChanged) Reset() {
 	*x = StrategyChanged{}
-	mi := &file_types_proto_msgTypes[9]
+	mi := &file_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1287,7 @@ func (x *StrategyChanged) String() string {
 func (*StrategyChanged) ProtoMessage() {}
 
 func (x *StrategyChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_types_proto_msgTypes[9]
+	mi := &file_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1300,7 @@ func (x *StrategyChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StrategyChanged.ProtoReflect.Descriptor instead.
 func (*StrategyChanged) Descriptor() ([]byte, []int) {
-	return file_types_proto_rawDescGZIP(), []int{9}
+	return file_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StrategyChanged) GetFrom() Strategy {
@@ -1283,7 +1387,7 @@ const file_types_proto_rawDesc = "" +
 	"\x12failed_incarnation\x18\x03 \x01(\x04R\x11failedIncarnation\x12(\n" +
 	"\x10failed_unix_nano\x18\x04 \x01(\x03R\x0efailedUnixNano\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x04R\x05index\x12>\n" +
-	"\vassignments\x18\x06 \x03(\v2\x1c.lumen.v1.RecoveryAssignmentR\vassignments\"\xe5\x02\n" +
+	"\vassignments\x18\x06 \x03(\v2\x1c.lumen.v1.RecoveryAssignmentR\vassignments\"\x97\x03\n" +
 	"\x05Event\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x1b\n" +
@@ -1292,8 +1396,17 @@ const file_types_proto_rawDesc = "" +
 	" \x01(\v2\x1c.lumen.v1.WorkerPhaseChangedH\x00R\fphaseChanged\x12=\n" +
 	"\rrecovery_plan\x18\v \x01(\v2\x16.lumen.v1.RecoveryPlanH\x00R\frecoveryPlan\x12C\n" +
 	"\x0fplacement_moved\x18\f \x01(\v2\x18.lumen.v1.PlacementMovedH\x00R\x0eplacementMoved\x12F\n" +
-	"\x10strategy_changed\x18\r \x01(\v2\x19.lumen.v1.StrategyChangedH\x00R\x0fstrategyChangedB\x06\n" +
-	"\x04body\"\xbd\x01\n" +
+	"\x10strategy_changed\x18\r \x01(\v2\x19.lumen.v1.StrategyChangedH\x00R\x0fstrategyChanged\x120\n" +
+	"\x06paired\x18\x0e \x01(\v2\x16.lumen.v1.WorkerPairedH\x00R\x06pairedB\x06\n" +
+	"\x04body\"\xda\x01\n" +
+	"\fWorkerPaired\x12\x1d\n" +
+	"\n" +
+	"drafter_id\x18\x01 \x01(\tR\tdrafterId\x12/\n" +
+	"\x13drafter_incarnation\x18\x02 \x01(\x04R\x12drafterIncarnation\x12\x1b\n" +
+	"\ttarget_id\x18\x03 \x01(\tR\btargetId\x12-\n" +
+	"\x12target_incarnation\x18\x04 \x01(\x04R\x11targetIncarnation\x12\x16\n" +
+	"\x06paired\x18\x05 \x01(\bR\x06paired\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xbd\x01\n" +
 	"\x12WorkerPhaseChanged\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12)\n" +
@@ -1346,7 +1459,7 @@ func file_types_proto_rawDescGZIP() []byte {
 }
 
 var file_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_types_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_types_proto_goTypes = []any{
 	(WorkerPhase)(0),           // 0: lumen.v1.WorkerPhase
 	(Strategy)(0),              // 1: lumen.v1.Strategy
@@ -1359,9 +1472,10 @@ var file_types_proto_goTypes = []any{
 	(*RecoveryAssignment)(nil), // 8: lumen.v1.RecoveryAssignment
 	(*RecoveryPlan)(nil),       // 9: lumen.v1.RecoveryPlan
 	(*Event)(nil),              // 10: lumen.v1.Event
-	(*WorkerPhaseChanged)(nil), // 11: lumen.v1.WorkerPhaseChanged
-	(*PlacementMoved)(nil),     // 12: lumen.v1.PlacementMoved
-	(*StrategyChanged)(nil),    // 13: lumen.v1.StrategyChanged
+	(*WorkerPaired)(nil),       // 11: lumen.v1.WorkerPaired
+	(*WorkerPhaseChanged)(nil), // 12: lumen.v1.WorkerPhaseChanged
+	(*PlacementMoved)(nil),     // 13: lumen.v1.PlacementMoved
+	(*StrategyChanged)(nil),    // 14: lumen.v1.StrategyChanged
 }
 var file_types_proto_depIdxs = []int32{
 	0,  // 0: lumen.v1.Worker.phase:type_name -> lumen.v1.WorkerPhase
@@ -1369,20 +1483,21 @@ var file_types_proto_depIdxs = []int32{
 	2,  // 2: lumen.v1.Placement.state:type_name -> lumen.v1.PlacementState
 	3,  // 3: lumen.v1.RecoveryAssignment.mode:type_name -> lumen.v1.RecoveryMode
 	8,  // 4: lumen.v1.RecoveryPlan.assignments:type_name -> lumen.v1.RecoveryAssignment
-	11, // 5: lumen.v1.Event.phase_changed:type_name -> lumen.v1.WorkerPhaseChanged
+	12, // 5: lumen.v1.Event.phase_changed:type_name -> lumen.v1.WorkerPhaseChanged
 	9,  // 6: lumen.v1.Event.recovery_plan:type_name -> lumen.v1.RecoveryPlan
-	12, // 7: lumen.v1.Event.placement_moved:type_name -> lumen.v1.PlacementMoved
-	13, // 8: lumen.v1.Event.strategy_changed:type_name -> lumen.v1.StrategyChanged
-	0,  // 9: lumen.v1.WorkerPhaseChanged.from:type_name -> lumen.v1.WorkerPhase
-	0,  // 10: lumen.v1.WorkerPhaseChanged.to:type_name -> lumen.v1.WorkerPhase
-	7,  // 11: lumen.v1.PlacementMoved.placement:type_name -> lumen.v1.Placement
-	1,  // 12: lumen.v1.StrategyChanged.from:type_name -> lumen.v1.Strategy
-	1,  // 13: lumen.v1.StrategyChanged.to:type_name -> lumen.v1.Strategy
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	13, // 7: lumen.v1.Event.placement_moved:type_name -> lumen.v1.PlacementMoved
+	14, // 8: lumen.v1.Event.strategy_changed:type_name -> lumen.v1.StrategyChanged
+	11, // 9: lumen.v1.Event.paired:type_name -> lumen.v1.WorkerPaired
+	0,  // 10: lumen.v1.WorkerPhaseChanged.from:type_name -> lumen.v1.WorkerPhase
+	0,  // 11: lumen.v1.WorkerPhaseChanged.to:type_name -> lumen.v1.WorkerPhase
+	7,  // 12: lumen.v1.PlacementMoved.placement:type_name -> lumen.v1.Placement
+	1,  // 13: lumen.v1.StrategyChanged.from:type_name -> lumen.v1.Strategy
+	1,  // 14: lumen.v1.StrategyChanged.to:type_name -> lumen.v1.Strategy
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_types_proto_init() }
@@ -1395,6 +1510,7 @@ func file_types_proto_init() {
 		(*Event_RecoveryPlan)(nil),
 		(*Event_PlacementMoved)(nil),
 		(*Event_StrategyChanged)(nil),
+		(*Event_Paired)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1402,7 +1518,7 @@ func file_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_types_proto_rawDesc), len(file_types_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -72,6 +72,257 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_worker_proto_rawDescGZIP(), []int{0}
 }
 
+// DraftBatch is a drafter's message: its identity (first message) and the
+// draft tokens proposed since the last one.
+type DraftBatch struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	DrafterId          string                 `protobuf:"bytes,1,opt,name=drafter_id,json=drafterId,proto3" json:"drafter_id,omitempty"`
+	DrafterIncarnation uint64                 `protobuf:"varint,2,opt,name=drafter_incarnation,json=drafterIncarnation,proto3" json:"drafter_incarnation,omitempty"`
+	Drafts             []*DraftTokens         `protobuf:"bytes,3,rep,name=drafts,proto3" json:"drafts,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *DraftBatch) Reset() {
+	*x = DraftBatch{}
+	mi := &file_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DraftBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DraftBatch) ProtoMessage() {}
+
+func (x *DraftBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DraftBatch.ProtoReflect.Descriptor instead.
+func (*DraftBatch) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DraftBatch) GetDrafterId() string {
+	if x != nil {
+		return x.DrafterId
+	}
+	return ""
+}
+
+func (x *DraftBatch) GetDrafterIncarnation() uint64 {
+	if x != nil {
+		return x.DrafterIncarnation
+	}
+	return 0
+}
+
+func (x *DraftBatch) GetDrafts() []*DraftTokens {
+	if x != nil {
+		return x.Drafts
+	}
+	return nil
+}
+
+// DraftTokens proposes tokens for a request's history positions base,
+// base+1, ...: the first len(history)-base must equal what the target has
+// committed there for the rest to be usable.
+type DraftTokens struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Base          uint32                 `protobuf:"varint,2,opt,name=base,proto3" json:"base,omitempty"`
+	Tokens        []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DraftTokens) Reset() {
+	*x = DraftTokens{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DraftTokens) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DraftTokens) ProtoMessage() {}
+
+func (x *DraftTokens) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DraftTokens.ProtoReflect.Descriptor instead.
+func (*DraftTokens) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DraftTokens) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *DraftTokens) GetBase() uint32 {
+	if x != nil {
+		return x.Base
+	}
+	return 0
+}
+
+func (x *DraftTokens) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// MirrorBatch is the target's message: what changed in the requests it runs.
+type MirrorBatch struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Updates []*MirrorUpdate        `protobuf:"bytes,1,rep,name=updates,proto3" json:"updates,omitempty"`
+	// The drafts per request the target verifies now (adaptive K); 0: do not
+	// draft (it does not pay at this batch and acceptance rate).
+	K             uint32 `protobuf:"varint,2,opt,name=k,proto3" json:"k,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MirrorBatch) Reset() {
+	*x = MirrorBatch{}
+	mi := &file_worker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MirrorBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MirrorBatch) ProtoMessage() {}
+
+func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MirrorBatch.ProtoReflect.Descriptor instead.
+func (*MirrorBatch) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MirrorBatch) GetUpdates() []*MirrorUpdate {
+	if x != nil {
+		return x.Updates
+	}
+	return nil
+}
+
+func (x *MirrorBatch) GetK() uint32 {
+	if x != nil {
+		return x.K
+	}
+	return 0
+}
+
+// MirrorUpdate carries a request's committed tokens from history position
+// from on (the whole history when the request is new to the drafter), or
+// says it left the target (ended).
+type MirrorUpdate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	From          uint32                 `protobuf:"varint,2,opt,name=from,proto3" json:"from,omitempty"`
+	Tokens        []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	Ended         bool                   `protobuf:"varint,4,opt,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MirrorUpdate) Reset() {
+	*x = MirrorUpdate{}
+	mi := &file_worker_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MirrorUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MirrorUpdate) ProtoMessage() {}
+
+func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MirrorUpdate.ProtoReflect.Descriptor instead.
+func (*MirrorUpdate) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MirrorUpdate) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *MirrorUpdate) GetFrom() uint32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *MirrorUpdate) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *MirrorUpdate) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
 type CheckpointMessage struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -92,7 +343,7 @@ type CheckpointMessage struct {
 
 func (x *CheckpointMessage) Reset() {
 	*x = CheckpointMessage{}
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -104,7 +355,7 @@ func (x *CheckpointMessage) String() string {
 func (*CheckpointMessage) ProtoMessage() {}
 
 func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -117,7 +368,7 @@ func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointMessage.ProtoReflect.Descriptor instead.
 func (*CheckpointMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CheckpointMessage) GetRequestId() string {
@@ -172,7 +423,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +435,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +448,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CheckpointAck) GetStored() uint32 {
@@ -227,7 +478,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +490,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +503,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -300,7 +551,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +563,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +576,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GenerateRequest) GetRequestId() string {
@@ -399,7 +650,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +662,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +675,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GenerateResponse) GetToken() int32 {
@@ -466,7 +717,27 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\"\xc7\x01\n" +
+	"\fworker.proto\x12\blumen.v1\"\x8b\x01\n" +
+	"\n" +
+	"DraftBatch\x12\x1d\n" +
+	"\n" +
+	"drafter_id\x18\x01 \x01(\tR\tdrafterId\x12/\n" +
+	"\x13drafter_incarnation\x18\x02 \x01(\x04R\x12drafterIncarnation\x12-\n" +
+	"\x06drafts\x18\x03 \x03(\v2\x15.lumen.v1.DraftTokensR\x06drafts\"X\n" +
+	"\vDraftTokens\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04base\x18\x02 \x01(\rR\x04base\x12\x16\n" +
+	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\"M\n" +
+	"\vMirrorBatch\x120\n" +
+	"\aupdates\x18\x01 \x03(\v2\x16.lumen.v1.MirrorUpdateR\aupdates\x12\f\n" +
+	"\x01k\x18\x02 \x01(\rR\x01k\"o\n" +
+	"\fMirrorUpdate\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\rR\x04from\x12\x16\n" +
+	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12\x14\n" +
+	"\x05ended\x18\x04 \x01(\bR\x05ended\"\xc7\x01\n" +
 	"\x11CheckpointMessage\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -505,11 +776,12 @@ const file_worker_proto_rawDesc = "" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
-	"\x14FINISH_REASON_LENGTH\x10\x022\x96\x01\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x022\xd1\x01\n" +
 	"\tInference\x12C\n" +
 	"\bGenerate\x12\x19.lumen.v1.GenerateRequest\x1a\x1a.lumen.v1.GenerateResponse0\x01\x12D\n" +
 	"\n" +
-	"Checkpoint\x12\x1b.lumen.v1.CheckpointMessage\x1a\x17.lumen.v1.CheckpointAck(\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
+	"Checkpoint\x12\x1b.lumen.v1.CheckpointMessage\x1a\x17.lumen.v1.CheckpointAck(\x01\x129\n" +
+	"\x06Assist\x12\x14.lumen.v1.DraftBatch\x1a\x15.lumen.v1.MirrorBatch(\x010\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
 
 var (
 	file_worker_proto_rawDescOnce sync.Once
@@ -524,27 +796,35 @@ func file_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_worker_proto_goTypes = []any{
 	(FinishReason)(0),         // 0: lumen.v1.FinishReason
-	(*CheckpointMessage)(nil), // 1: lumen.v1.CheckpointMessage
-	(*CheckpointAck)(nil),     // 2: lumen.v1.CheckpointAck
-	(*SamplingParams)(nil),    // 3: lumen.v1.SamplingParams
-	(*GenerateRequest)(nil),   // 4: lumen.v1.GenerateRequest
-	(*GenerateResponse)(nil),  // 5: lumen.v1.GenerateResponse
+	(*DraftBatch)(nil),        // 1: lumen.v1.DraftBatch
+	(*DraftTokens)(nil),       // 2: lumen.v1.DraftTokens
+	(*MirrorBatch)(nil),       // 3: lumen.v1.MirrorBatch
+	(*MirrorUpdate)(nil),      // 4: lumen.v1.MirrorUpdate
+	(*CheckpointMessage)(nil), // 5: lumen.v1.CheckpointMessage
+	(*CheckpointAck)(nil),     // 6: lumen.v1.CheckpointAck
+	(*SamplingParams)(nil),    // 7: lumen.v1.SamplingParams
+	(*GenerateRequest)(nil),   // 8: lumen.v1.GenerateRequest
+	(*GenerateResponse)(nil),  // 9: lumen.v1.GenerateResponse
 }
 var file_worker_proto_depIdxs = []int32{
-	3, // 0: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
-	0, // 1: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
-	4, // 2: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
-	1, // 3: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
-	5, // 4: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
-	2, // 5: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2, // 0: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
+	4, // 1: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
+	7, // 2: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
+	0, // 3: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
+	8, // 4: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
+	5, // 5: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
+	1, // 6: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
+	9, // 7: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
+	6, // 8: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
+	3, // 9: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -558,7 +838,7 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

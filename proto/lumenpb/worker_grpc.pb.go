@@ -23,6 +23,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Inference_Generate_FullMethodName   = "/lumen.v1.Inference/Generate"
 	Inference_Checkpoint_FullMethodName = "/lumen.v1.Inference/Checkpoint"
+	Inference_Assist_FullMethodName     = "/lumen.v1.Inference/Assist"
 )
 
 // InferenceClient is the client API for Inference service.
@@ -35,6 +36,11 @@ type InferenceClient interface {
 	// Checkpoint streams a serving worker's full KV pages to the holder of
 	// their requests' checkpoints.
 	Checkpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CheckpointMessage, CheckpointAck], error)
+	// Assist is a drafter's stream to the worker it is paired with (progressive
+	// recovery): the drafter sends draft tokens, the target sends the token
+	// history of every request it runs and its progress after each step. A
+	// target accepts one Assist stream at a time.
+	Assist(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DraftBatch, MirrorBatch], error)
 }
 
 type inferenceClient struct {
@@ -77,6 +83,19 @@ func (c *inferenceClient) Checkpoint(ctx context.Context, opts ...grpc.CallOptio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_CheckpointClient = grpc.ClientStreamingClient[CheckpointMessage, CheckpointAck]
 
+func (c *inferenceClient) Assist(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DraftBatch, MirrorBatch], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Inference_ServiceDesc.Streams[2], Inference_Assist_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DraftBatch, MirrorBatch]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_AssistClient = grpc.BidiStreamingClient[DraftBatch, MirrorBatch]
+
 // InferenceServer is the server API for Inference service.
 // All implementations must embed UnimplementedInferenceServer
 // for forward compatibility.
@@ -87,6 +106,11 @@ type InferenceServer interface {
 	// Checkpoint streams a serving worker's full KV pages to the holder of
 	// their requests' checkpoints.
 	Checkpoint(grpc.ClientStreamingServer[CheckpointMessage, CheckpointAck]) error
+	// Assist is a drafter's stream to the worker it is paired with (progressive
+	// recovery): the drafter sends draft tokens, the target sends the token
+	// history of every request it runs and its progress after each step. A
+	// target accepts one Assist stream at a time.
+	Assist(grpc.BidiStreamingServer[DraftBatch, MirrorBatch]) error
 	mustEmbedUnimplementedInferenceServer()
 }
 
@@ -102,6 +126,9 @@ func (UnimplementedInferenceServer) Generate(*GenerateRequest, grpc.ServerStream
 }
 func (UnimplementedInferenceServer) Checkpoint(grpc.ClientStreamingServer[CheckpointMessage, CheckpointAck]) error {
 	return status.Error(codes.Unimplemented, "method Checkpoint not implemented")
+}
+func (UnimplementedInferenceServer) Assist(grpc.BidiStreamingServer[DraftBatch, MirrorBatch]) error {
+	return status.Error(codes.Unimplemented, "method Assist not implemented")
 }
 func (UnimplementedInferenceServer) mustEmbedUnimplementedInferenceServer() {}
 func (UnimplementedInferenceServer) testEmbeddedByValue()                   {}
@@ -142,6 +169,13 @@ func _Inference_Checkpoint_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_CheckpointServer = grpc.ClientStreamingServer[CheckpointMessage, CheckpointAck]
 
+func _Inference_Assist_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(InferenceServer).Assist(&grpc.GenericServerStream[DraftBatch, MirrorBatch]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_AssistServer = grpc.BidiStreamingServer[DraftBatch, MirrorBatch]
+
 // Inference_ServiceDesc is the grpc.ServiceDesc for Inference service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -158,6 +192,12 @@ var Inference_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Checkpoint",
 			Handler:       _Inference_Checkpoint_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Assist",
+			Handler:       _Inference_Assist_Handler,
+			ServerStreams: true,
 			ClientStreams: true,
 		},
 	},
