@@ -79,6 +79,11 @@ type Request struct {
 	hashes       []uint64 // prefix hash of each full page in the cache
 	ckptSent     int      // pages queued for the holder
 	restoreTried bool
+	// Drafts offered for history positions draftBase, draftBase+1, …
+	// (speculation); verifyBuf is the verification chunk's tokens.
+	draftBase int
+	drafts    []int32
+	verifyBuf []int32
 }
 
 // Outputs is the number of output tokens so far.
@@ -151,11 +156,22 @@ type Step struct {
 	Reqs     []*Request
 }
 
+// Shape is what the step costs on a GPU: decoding rows, the widest
+// verification (drafts per row) and prefill tokens (engine.BatchShape). On
+// a GPU the fused pass runs every decoding row at K+1 positions, padding
+// the rows without drafts (their outputs discarded); the CPU engine skips
+// the padding, the timing model charges it.
+func (st Step) Shape() (rows, specK, prefill int) { return engine.BatchShape(st.Batch) }
+
 // Output is what the Core's state changes ask the caller to do, in order.
 // Its slices are valid until the next call into the Core.
 type Output struct {
 	// Release are engine sequences to free, before anything else.
 	Release []engine.SeqID
+	// Truncates cut sequences back to the positions that hold accepted
+	// tokens (a verification's rejected drafts), before any checkpoint
+	// page is exported.
+	Truncates []Truncate
 	// Events go to the requests' streams.
 	Events []Event
 	// Checkpoints are pages to queue for holders; CheckpointReleases tell
@@ -166,6 +182,14 @@ type Output struct {
 	Waits []Wait
 	// Counters since the last Output.
 	Preemptions, Completed, RestoredPages, RecomputedTokens int
+	// Speculation: drafts verified and accepted, verification rows.
+	DraftTokens, AcceptedTokens, Verifications int
+}
+
+// Truncate cuts sequence Seq back to its first Len positions.
+type Truncate struct {
+	Seq engine.SeqID
+	Len int
 }
 
 // Core is the scheduling state of one worker. It is not safe for
@@ -180,6 +204,7 @@ type Core struct {
 	nextSeq engine.SeqID
 	noAdmit bool // the last step ran out of pages: rebuild without admitting
 	pending Step // the step Next returned, until Done or StepFailed
+	spec    spec // speculative verification (spec.go)
 
 	// Buffers a Step's slices are cut from.
 	batchBuf   []engine.Chunk
@@ -259,7 +284,7 @@ func (c *Core) Lookup(id string) *Request { return c.byID[id] }
 // call into the Core.
 func (c *Core) Output() Output {
 	o := c.out
-	c.out = Output{Release: o.Release[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
+	c.out = Output{Release: o.Release[:0], Truncates: o.Truncates[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
 		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0]}
 	return o
 }
@@ -366,6 +391,9 @@ func remove(q []*Request, r *Request) []*Request {
 func (c *Core) Next(now time.Time, free int) Step {
 	admit := !c.noAdmit
 	c.noAdmit = false
+	if admit {
+		free = c.makeRoom(free)
+	}
 	for {
 		st := c.build(now, free, admit)
 		if len(st.Batch) == 0 {
@@ -418,9 +446,20 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		free -= PagesFor(r.fed+n) - held
 		return true
 	}
+	k := c.specK()
 	for _, r := range c.running {
 		if budget == 0 {
 			break
+		}
+		if d := c.usableDrafts(r, k, budget, free); len(d) > 0 {
+			// Verify: the last committed token, then the drafts, in one
+			// chunk that samples after each of them.
+			r.verifyBuf = append(append(r.verifyBuf[:0], r.History[r.fed]), d...)
+			st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: r.verifyBuf, Sample: len(r.verifyBuf), Params: r.Params, OutIndex: r.Outputs()})
+			st.Reqs = append(st.Reqs, r)
+			budget -= len(r.verifyBuf)
+			free -= PagesFor(r.fed+len(r.verifyBuf)) - PagesFor(r.fed)
+			continue
 		}
 		add(r, budget)
 	}
@@ -460,6 +499,55 @@ func (c *Core) preempt() int {
 	c.nextSeq++
 	victim.seq, victim.fed, victim.ckptSent, victim.hashes = c.nextSeq, 0, 0, nil
 	c.waiting = append([]*Request{victim}, c.waiting...)
+	c.out.Preemptions++
+	return freed
+}
+
+// makeRoom lets a resumed request at the head of the queue take the place
+// of new requests, youngest first, as vLLM preempts for its own: its
+// client is already mid-stream and its history is expensive to recompute
+// elsewhere. Only a new request whose cache is no longer than the resumed
+// request's history is displaced (it waits again, behind the resumes, and
+// recomputes no more than the resume would have), so each resume displaces
+// a bounded set and no resume displaces another. It returns the free pages
+// after.
+func (c *Core) makeRoom(free int) int {
+	for len(c.waiting) > 0 && c.waiting[0].outStart > 0 {
+		r := c.waiting[0]
+		pages, _ := c.restorable(r)
+		need := PagesFor(min(len(r.History), len(pages)*engine.PageTokens+c.cfg.TokenBudget))
+		if need <= free-len(c.running) && len(c.running) < c.cfg.MaxRunning {
+			return free
+		}
+		vi := -1
+		for i := len(c.running) - 1; i >= 0; i-- {
+			if v := c.running[i]; v.outStart == 0 && v.fed <= len(r.History) {
+				vi = i
+				break
+			}
+		}
+		if vi < 0 {
+			return free
+		}
+		v := c.running[vi]
+		c.running = slices.Delete(c.running, vi, vi+1)
+		free += c.requeue(v)
+	}
+	return free
+}
+
+// requeue drops a running request's cache and puts it back in the queue
+// behind the resumed requests, to be recomputed; it returns the pages freed.
+func (c *Core) requeue(v *Request) int {
+	c.out.Release = append(c.out.Release, v.seq)
+	freed := PagesFor(v.fed)
+	c.nextSeq++
+	v.seq, v.fed, v.ckptSent, v.hashes = c.nextSeq, 0, 0, nil
+	i := 0
+	for i < len(c.waiting) && c.waiting[i].outStart > 0 {
+		i++
+	}
+	c.waiting = slices.Insert(c.waiting, i, v)
 	c.out.Preemptions++
 	return freed
 }
@@ -543,36 +631,47 @@ func (c *Core) Done(now time.Time, out [][]int32) {
 	c.pending = Step{}
 	for i, ch := range st.Batch {
 		r := st.Reqs[i]
+		if ch.Sample > 1 {
+			c.verified(now, r, ch, out[i])
+			continue
+		}
 		r.fed += len(ch.Tokens)
 		if len(out[i]) == 0 {
 			continue
 		}
-		tok := out[i][0]
-		r.History = append(r.History, tok)
-		idx := r.Outputs() - 1
-		ev := Event{Req: r, Token: tok, Index: idx}
-		if idx == r.outStart {
-			ev.First, ev.Latency = true, now.Sub(r.Arrived)
-		} else {
-			ev.Latency = now.Sub(r.lastToken)
-		}
-		r.lastToken = now
-		switch {
-		case r.Stop[tok]:
-			ev.Finish = FinishStop
-		case r.Outputs() >= r.MaxTokens:
-			ev.Finish = FinishLength
-		}
-		c.event(ev)
-		if ev.Finish != FinishNone {
-			delete(c.byID, r.ID)
-			c.out.Release = append(c.out.Release, r.seq)
-			c.running = remove(c.running, r)
-			c.out.Completed++
-			c.releaseCheckpoint(r)
-		}
+		c.commit(now, r, out[i][0])
 	}
 	c.checkpoint(st.Reqs)
+}
+
+// commit appends tok to r's history and sends it; when it was r's last
+// token r ends, and commit reports true.
+func (c *Core) commit(now time.Time, r *Request, tok int32) (ended bool) {
+	r.History = append(r.History, tok)
+	idx := r.Outputs() - 1
+	ev := Event{Req: r, Token: tok, Index: idx}
+	if idx == r.outStart {
+		ev.First, ev.Latency = true, now.Sub(r.Arrived)
+	} else {
+		ev.Latency = now.Sub(r.lastToken)
+	}
+	r.lastToken = now
+	switch {
+	case r.Stop[tok]:
+		ev.Finish = FinishStop
+	case r.Outputs() >= r.MaxTokens:
+		ev.Finish = FinishLength
+	}
+	c.event(ev)
+	if ev.Finish == FinishNone {
+		return false
+	}
+	delete(c.byID, r.ID)
+	c.out.Release = append(c.out.Release, r.seq)
+	c.running = remove(c.running, r)
+	c.out.Completed++
+	c.releaseCheckpoint(r)
+	return true
 }
 
 // checkpoint queues the pages that filled in this step for the holder.

@@ -21,9 +21,11 @@ type Profile struct {
 	WeightBytes              int64
 	GPUMemBytes              int64
 	MaxContext               int
-	// A decode step over B sequences takes DecodeBaseMs + DecodePerSeqMs·B;
-	// each verification position counts as one sequence.
-	DecodeBaseMs, DecodePerSeqMs float64
+	// A decode step over B sequences takes DecodeBaseMs + DecodePerSeqMs·B
+	// (weights read once, each sequence's KV read); verifying K drafts per
+	// sequence in the same fused pass adds VerifyPerPosMs·B·K (the extra
+	// positions' FLOPs: 2 × parameters / tensor throughput). See StepTimeK.
+	DecodeBaseMs, DecodePerSeqMs, VerifyPerPosMs float64
 	// Prefill tokens run at this rate, on top of the step's base time.
 	PrefillTokensPerSec float64
 	H2DBytesPerSec      float64 // pinned host → GPU
@@ -64,6 +66,20 @@ func (p Profile) StepTime(decodeRows, prefillTokens int) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
+// StepTimeK is the emulated time of a fused verification step: rows
+// decoding sequences, each at K+1 positions (rows without drafts padded),
+// plus prefillTokens. The weights are read once whatever K: a memory-bound
+// step at small batch grows little with K (B = 8, K = 4 on Qwen3-14B/H100:
+// 14.1 ms against 12.5), a large batch much more (B = 128: 52 ms against
+// 26), where drafting pays only with high acceptance.
+func (p Profile) StepTimeK(rows, k, prefillTokens int) time.Duration {
+	d := p.StepTime(rows, prefillTokens)
+	if k > 0 {
+		d += time.Duration(p.VerifyPerPosMs * float64(rows*k) * float64(time.Millisecond))
+	}
+	return d
+}
+
 // ImportTime is the host-to-GPU copy of n KV pages.
 func (p Profile) ImportTime(n int) time.Duration {
 	b := float64(int64(n) * PageTokens * p.KVBytesPerToken())
@@ -81,23 +97,23 @@ func (p Profile) LoadTime() time.Duration {
 var Profiles = map[string]Profile{
 	"qwen3-14b-h100": {Name: "qwen3-14b-h100", Model: "Qwen3-14B", GPU: "NVIDIA H100 80GB HBM3",
 		Layers: 40, KVHeads: 8, HeadDim: 128, WeightBytes: 29.5e9, GPUMemBytes: 80e9, MaxContext: 32768,
-		DecodeBaseMs: 11.6, DecodePerSeqMs: 0.114, PrefillTokensPerSec: 20000,
+		DecodeBaseMs: 11.6, DecodePerSeqMs: 0.114, VerifyPerPosMs: 0.05, PrefillTokensPerSec: 20000,
 		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
 	"qwen3-32b-h100": {Name: "qwen3-32b-h100", Model: "Qwen3-32B", GPU: "NVIDIA H100 80GB HBM3",
 		Layers: 64, KVHeads: 8, HeadDim: 128, WeightBytes: 65.5e9, GPUMemBytes: 80e9, MaxContext: 32768,
-		DecodeBaseMs: 23.83, DecodePerSeqMs: 0.1714, PrefillTokensPerSec: 10000,
+		DecodeBaseMs: 23.83, DecodePerSeqMs: 0.1714, VerifyPerPosMs: 0.10, PrefillTokensPerSec: 10000,
 		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
 	// H200: decode is memory-bound, 4.8 / 3.35 TB/s ≈ 1.43× faster; prefill is
 	// compute-bound and unchanged.
 	"qwen3-14b-h200": {Name: "qwen3-14b-h200", Model: "Qwen3-14B", GPU: "NVIDIA H200 141GB HBM3e",
 		Layers: 40, KVHeads: 8, HeadDim: 128, WeightBytes: 29.5e9, GPUMemBytes: 141e9, MaxContext: 32768,
-		DecodeBaseMs: 11.6 / 1.43, DecodePerSeqMs: 0.114 / 1.43, PrefillTokensPerSec: 20000,
+		DecodeBaseMs: 11.6 / 1.43, DecodePerSeqMs: 0.114 / 1.43, VerifyPerPosMs: 0.05, PrefillTokensPerSec: 20000,
 		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
 	// The draft: 1.2 GB of weights read per step (0.36 ms at 3.35 TB/s)
 	// plus launch overheads.
 	"qwen3-0.6b-h100": {Name: "qwen3-0.6b-h100", Model: "Qwen3-0.6B", GPU: "NVIDIA H100 80GB HBM3",
 		Layers: 28, KVHeads: 8, HeadDim: 128, WeightBytes: 1.2e9, GPUMemBytes: 80e9, MaxContext: 32768,
-		DecodeBaseMs: 1.8, DecodePerSeqMs: 0.02, PrefillTokensPerSec: 150000,
+		DecodeBaseMs: 1.8, DecodePerSeqMs: 0.02, VerifyPerPosMs: 0.002, PrefillTokensPerSec: 150000,
 		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 5 * time.Second},
 }
 
@@ -172,15 +188,7 @@ func (p *Paced) Forward(ctx context.Context, batch []Chunk) ([][]int32, error) {
 	if err != nil {
 		return out, err
 	}
-	decode, prefill := 0, 0
-	for _, ch := range batch {
-		if ch.Sample > 1 || len(ch.Tokens) == 1 {
-			decode += len(ch.Tokens) // decode, or verification positions
-		} else {
-			prefill += len(ch.Tokens)
-		}
-	}
-	p.pace(start, p.Profile.StepTime(decode, prefill))
+	p.pace(start, p.Profile.StepTimeK(BatchShape(batch)))
 	return out, nil
 }
 
@@ -213,6 +221,24 @@ func (p *Paced) Load(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// BatchShape is what a batch costs on a GPU: decoding rows, the widest
+// verification (drafts per row; every row is padded to it in the fused
+// pass) and prefill tokens.
+func BatchShape(batch []Chunk) (rows, k, prefill int) {
+	for _, ch := range batch {
+		switch {
+		case ch.Sample > 1:
+			rows++
+			k = max(k, ch.Sample-1)
+		case len(ch.Tokens) == 1:
+			rows++
+		default:
+			prefill += len(ch.Tokens)
+		}
+	}
+	return rows, k, prefill
 }
 
 // Stats returns the step statistics so far.

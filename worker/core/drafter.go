@@ -1,0 +1,244 @@
+package core
+
+import (
+	"slices"
+
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// Drafter is the drafter's side of progressive recovery as a deterministic
+// state machine: it keeps, for each request its target mirrors, the
+// committed history, a line of draft tokens beyond it and a draft-model
+// sequence caching the line; it runs the draft model one token at a time
+// ahead of the target, and truncates its cache at the first draft the
+// target did not commit, then replays from the target's token.
+//
+// The protocol mirrors Core's: Apply mirror updates and SetK; Next(free)
+// returns a batch for the draft engine (one chunk per request that wants
+// more drafts, sampling one token); run it; Done(out); then Output():
+// sequences to release and truncate, and the drafts to send.
+//
+// Drafts never hold the target up: the target verifies whatever drafts have
+// arrived when its step starts. The drafter keeps a lookahead of 2K+1
+// tokens, so that after a step that accepts everything the next step still
+// finds K drafts (the K accepted, the target's own token, then K more).
+type Drafter struct {
+	reqs    map[string]*draftReq
+	ids     []string // sorted
+	k       int
+	budget  int
+	nextSeq engine.SeqID
+
+	pending []*draftReq
+	queued  []MirrorUpdate // updates that came while a step ran
+	batch   []engine.Chunk
+	out     DrafterOutput
+}
+
+// DraftBudget caps the tokens one draft step feeds (a new request's
+// history is prefilled into the draft cache in chunks of it).
+const DraftBudget = 2048
+
+type draftReq struct {
+	id     string
+	hist   []int32 // committed, as mirrored
+	drafts []int32 // the line beyond hist
+	seq    engine.SeqID
+	fed    int // positions of hist++drafts in the draft cache
+	line   []int32
+}
+
+// Draft is a drafter's proposal for request ID: tokens for history
+// positions Base, Base+1, … (what Core.OfferDrafts takes).
+type Draft struct {
+	ID     string
+	Base   int
+	Tokens []int32
+}
+
+// DraftStep is one draft-engine call: Batch[i] is request IDs[i]'s chunk;
+// Pos[i] the history position of the token it samples.
+type DraftStep struct {
+	Batch []engine.Chunk
+	IDs   []string
+	Pos   []int
+}
+
+// DrafterOutput is what the Drafter's state changes ask of the caller, in
+// order: release and truncate draft sequences, send the drafts.
+type DrafterOutput struct {
+	Release   []engine.SeqID
+	Truncates []Truncate
+	Drafts    []Draft
+	// DraftSteps and Drafted count the draft engine's work.
+	DraftSteps, Drafted int
+}
+
+// NewDrafter returns an empty Drafter drafting k tokens per request.
+func NewDrafter(k int) *Drafter {
+	return &Drafter{reqs: map[string]*draftReq{}, k: k, budget: DraftBudget}
+}
+
+// SetK sets the drafts the target verifies per step (0: stop drafting).
+func (d *Drafter) SetK(k int) { d.k = max(k, 0) }
+
+// K is the drafts per step the target asked for.
+func (d *Drafter) K() int { return d.k }
+
+// Requests is how many requests the drafter follows.
+func (d *Drafter) Requests() int { return len(d.reqs) }
+
+// Output returns what the changes since the last call ask for.
+func (d *Drafter) Output() DrafterOutput {
+	o := d.out
+	d.out = DrafterOutput{}
+	return o
+}
+
+// Apply takes one mirror update from the target. While a draft step runs
+// (between Next and Done) updates wait and apply at Done.
+func (d *Drafter) Apply(u MirrorUpdate) {
+	if len(d.pending) > 0 {
+		u.Tokens = slices.Clone(u.Tokens)
+		d.queued = append(d.queued, u)
+		return
+	}
+	r := d.reqs[u.ID]
+	if u.Ended {
+		if r != nil {
+			d.drop(r)
+		}
+		return
+	}
+	if r == nil {
+		d.nextSeq++
+		r = &draftReq{id: u.ID, seq: d.nextSeq}
+		d.reqs[u.ID] = r
+		i, _ := slices.BinarySearch(d.ids, u.ID)
+		d.ids = slices.Insert(d.ids, i, u.ID)
+	}
+	if u.From > len(r.hist) {
+		return // a gap: cannot happen on one ordered stream; ignore
+	}
+	line := append(r.hist, r.drafts...)
+	hist := append(slices.Clone(r.hist[:u.From]), u.Tokens...)
+	// The longest prefix of the old line the target committed.
+	p := 0
+	for p < len(hist) && p < len(line) && hist[p] == line[p] {
+		p++
+	}
+	if p == len(hist) && len(hist) <= len(line) {
+		r.drafts = slices.Clone(line[len(hist):]) // the drafts past it stand
+	} else {
+		r.drafts = nil
+	}
+	r.hist = hist
+	if r.fed > p {
+		r.fed = p
+		d.out.Truncates = append(d.out.Truncates, Truncate{Seq: r.seq, Len: p})
+	}
+}
+
+func (d *Drafter) drop(r *draftReq) {
+	delete(d.reqs, r.id)
+	if i, ok := slices.BinarySearch(d.ids, r.id); ok {
+		d.ids = slices.Delete(d.ids, i, i+1)
+	}
+	d.out.Release = append(d.out.Release, r.seq)
+}
+
+// Reset drops every request (the pairing ended).
+func (d *Drafter) Reset() {
+	for _, id := range slices.Clone(d.ids) {
+		d.drop(d.reqs[id])
+	}
+}
+
+// lookahead is the drafts kept beyond the committed history.
+func (d *Drafter) lookahead() int {
+	if d.k == 0 {
+		return 0
+	}
+	return 2*d.k + 1
+}
+
+// Next returns the next draft step: for each request (in id order) with
+// fewer drafts than the lookahead, its unfed tokens (a prefill of the
+// history, or the last draft), sampling the next draft — as far as the
+// token budget and free pages go. An empty step: nothing to draft.
+func (d *Drafter) Next(free int) DraftStep {
+	st := DraftStep{Batch: d.batch[:0]}
+	d.pending = d.pending[:0]
+	if len(d.queued) > 0 { // a step was abandoned (the caller's engine failed)
+		q := d.queued
+		d.queued = nil
+		for _, u := range q {
+			d.Apply(u)
+		}
+	}
+	budget := d.budget
+	want := d.lookahead()
+	for _, id := range d.ids {
+		r := d.reqs[id]
+		if len(r.hist) == 0 || len(r.drafts) >= want {
+			continue
+		}
+		r.line = append(append(r.line[:0], r.hist...), r.drafts...)
+		n := len(r.line) - r.fed
+		if n <= 0 {
+			continue
+		}
+		n = min(n, budget)
+		need := PagesFor(r.fed+n) - PagesFor(r.fed)
+		if n <= 0 || need > free {
+			continue
+		}
+		sample := 0
+		if r.fed+n == len(r.line) {
+			sample = 1
+		}
+		st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: r.line[r.fed : r.fed+n], Sample: sample})
+		st.IDs = append(st.IDs, id)
+		st.Pos = append(st.Pos, r.fed+n)
+		d.pending = append(d.pending, r)
+		budget -= n
+		free -= need
+		if budget == 0 {
+			break
+		}
+	}
+	d.batch = st.Batch
+	return st
+}
+
+// Done takes the draft engine's tokens for the step Next returned.
+func (d *Drafter) Done(out [][]int32) {
+	d.out.DraftSteps++
+	for i, r := range d.pending {
+		if d.reqs[r.id] != r {
+			continue // dropped meanwhile
+		}
+		r.fed += len(d.batch[i].Tokens)
+		if len(out[i]) == 0 {
+			continue
+		}
+		r.drafts = append(r.drafts, out[i][0])
+		d.out.Drafted++
+		d.out.Drafts = append(d.out.Drafts, Draft{ID: r.id, Base: len(r.hist), Tokens: slices.Clone(r.drafts)})
+	}
+	d.pending = d.pending[:0]
+	q := d.queued
+	d.queued = nil
+	for _, u := range q {
+		d.Apply(u)
+	}
+}
+
+// CachedPages is the draft cache's pages in use.
+func (d *Drafter) CachedPages() int {
+	n := 0
+	for _, r := range d.reqs {
+		n += PagesFor(r.fed)
+	}
+	return n
+}

@@ -1,0 +1,251 @@
+package core
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// Speculative verification, the target's side of progressive recovery: a
+// drafter (a restarted worker reloading its model) offers draft tokens for
+// the requests this Core runs; each step verifies a decoding request's
+// drafts in the same chunk as its next token (K+1 positions, sampling
+// after each), and commits the longest prefix of drafts equal to what the
+// target itself computes at those positions, plus the target's token after
+// it.
+//
+// The acceptance rule is equality with the target's own choice at each
+// output index — its argmax when greedy, the token its seeded sampler draws
+// at that index otherwise — so the committed tokens are exactly those of a
+// run without speculation. Leviathan et al.'s rejection sampling keeps the
+// output distribution but not the tokens (it resamples from the residual
+// distribution with fresh randomness); lumen promises the tokens.
+
+// SpecConfig sets how a Core verifies drafts.
+type SpecConfig struct {
+	// K fixes the drafts verified per request per step (0: none). With
+	// Adaptive, K is chosen each step instead, up to KMax, to maximise the
+	// committed tokens per second that Cost predicts at the acceptance rate
+	// measured so far (ChooseK).
+	K        int
+	Adaptive bool
+	KMax     int
+	// Cost is the modelled duration of a step of rows decoding rows each
+	// verifying k drafts (k = 0: a plain decode step). Required by Adaptive.
+	Cost func(rows, k int) time.Duration
+}
+
+// DefaultKMax bounds adaptive K.
+const DefaultKMax = 8
+
+// PriorAcceptance is the acceptance rate assumed before any verification
+// (CALIBRATION.md: 0.6–0.75 for a small draft), worth priorWeight
+// verifications.
+const (
+	PriorAcceptance = 0.7
+	priorWeight     = 4
+	// acceptDecay forgets old verifications: the estimate follows about
+	// the last 1/(1−acceptDecay) of them.
+	acceptDecay = 0.995
+)
+
+type spec struct {
+	cfg SpecConfig
+	// Acceptance estimate: each verification of k drafts with m accepted
+	// is m successes and, when m < k, one failure (the geometric MLE).
+	ok, fail float64
+	k        int // K of the last step built
+}
+
+// SetSpec configures speculation; the zero SpecConfig turns it off.
+func (c *Core) SetSpec(sc SpecConfig) {
+	if sc.Adaptive && sc.KMax <= 0 {
+		sc.KMax = DefaultKMax
+	}
+	c.spec.cfg = sc
+	if c.spec.ok+c.spec.fail == 0 {
+		c.spec.ok, c.spec.fail = PriorAcceptance*priorWeight, (1-PriorAcceptance)*priorWeight
+	}
+}
+
+// Acceptance is the estimated probability that a draft token is accepted,
+// given the one before it was.
+func (c *Core) Acceptance() float64 {
+	if c.spec.ok+c.spec.fail == 0 {
+		return PriorAcceptance
+	}
+	return c.spec.ok / (c.spec.ok + c.spec.fail)
+}
+
+// SpecK is the K the last step was built with (what the drafter is asked
+// for).
+func (c *Core) SpecK() int { return c.spec.k }
+
+// specK chooses this step's K.
+func (c *Core) specK() int {
+	sc := c.spec.cfg
+	k := sc.K
+	if sc.Adaptive && sc.Cost != nil {
+		k = ChooseK(c.Acceptance(), sc.KMax, func(k int) time.Duration { return sc.Cost(len(c.running), k) })
+	}
+	c.spec.k = k
+	return k
+}
+
+// ExpectedTokens is the tokens a verification of k drafts commits on
+// average when each draft is accepted with probability alpha given the one
+// before it was: (1 − α^(k+1)) / (1 − α).
+func ExpectedTokens(alpha float64, k int) float64 {
+	if alpha >= 1 {
+		return float64(k + 1)
+	}
+	return (1 - math.Pow(alpha, float64(k+1))) / (1 - alpha)
+}
+
+// ChooseK returns the K in [0, kmax] that maximises committed tokens per
+// unit of step time, ExpectedTokens(alpha, K) / cost(K); K = 0 when no
+// drafting pays (the smallest K among equals).
+func ChooseK(alpha float64, kmax int, cost func(k int) time.Duration) int {
+	best, bestRate := 0, 0.0
+	for k := 0; k <= kmax; k++ {
+		d := cost(k)
+		if d <= 0 {
+			continue
+		}
+		if rate := ExpectedTokens(alpha, k) / float64(d); rate > bestRate*(1+1e-9) {
+			best, bestRate = k, rate
+		}
+	}
+	return best
+}
+
+// OfferDrafts gives request id draft tokens for its history positions
+// base, base+1, …; they replace any offered before. Drafts for a request
+// that is not here, or whose committed history disagrees with them, are
+// never verified.
+func (c *Core) OfferDrafts(id string, base int, tokens []int32) {
+	r := c.byID[id]
+	if r == nil || base < 0 || base > len(r.History) {
+		return
+	}
+	r.draftBase = base
+	r.drafts = append(r.drafts[:0], tokens...)
+}
+
+// usableDrafts returns the drafts a decoding request can verify this step:
+// those past its committed history, when the ones before agree with it, up
+// to k, the token budget (one token is the request's own), its remaining
+// output and the free pages.
+func (c *Core) usableDrafts(r *Request, k, budget, free int) []int32 {
+	if k <= 0 || len(r.drafts) == 0 || r.fed != len(r.History)-1 {
+		return nil
+	}
+	off := len(r.History) - r.draftBase
+	if off < 0 || off >= len(r.drafts) {
+		return nil
+	}
+	if !slices.Equal(r.drafts[:off], r.History[r.draftBase:]) {
+		r.drafts = r.drafts[:0] // the target went another way
+		return nil
+	}
+	d := r.drafts[off:]
+	n := min(len(d), k, budget-1, r.MaxTokens-r.Outputs()-1)
+	held := PagesFor(r.fed)
+	for n > 0 && PagesFor(r.fed+1+n)-held > free {
+		n--
+	}
+	if n <= 0 {
+		return nil
+	}
+	return d[:n]
+}
+
+// verified commits the outcome of r's verification chunk ch: the target's
+// tokens out[0..m], where the first m drafts equal out[0..m-1]. The cache
+// keeps the positions of the last committed token and the m accepted
+// drafts; the rest is truncated.
+func (c *Core) verified(now time.Time, r *Request, ch engine.Chunk, out []int32) {
+	drafts := ch.Tokens[1:]
+	m := 0
+	for m < len(drafts) && m < len(out) && drafts[m] == out[m] {
+		m++
+	}
+	c.out.Verifications++
+	c.out.DraftTokens += len(drafts)
+	c.out.AcceptedTokens += m
+	c.spec.ok = c.spec.ok*acceptDecay + float64(m)
+	c.spec.fail *= acceptDecay
+	if m < len(drafts) {
+		c.spec.fail++
+	}
+	r.fed += 1 + m
+	for j := 0; j <= m && j < len(out); j++ {
+		if c.commit(now, r, out[j]) {
+			return // ended: its sequence is released
+		}
+	}
+	if 1+m < len(ch.Tokens) {
+		c.out.Truncates = append(c.out.Truncates, Truncate{Seq: r.seq, Len: r.fed})
+	}
+}
+
+// --- the mirror: what a target sends its drafter ---
+
+// MirrorUpdate is a request's committed history from position From on, or
+// (Ended) the news that it left the target.
+type MirrorUpdate struct {
+	ID     string
+	From   int
+	Tokens []int32
+	Ended  bool
+}
+
+// Mirror tracks what a drafter has been sent of a Core's running
+// requests. The zero value is ready; one Mirror per drafter.
+type Mirror struct {
+	sent map[string]mirrored
+}
+
+type mirrored struct {
+	req *Request
+	n   int
+}
+
+// Updates returns what changed since the last call: the new history of
+// each running request (all of it for one the drafter has not seen), and
+// the requests that left, in id order.
+func (m *Mirror) Updates(c *Core) []MirrorUpdate {
+	if m.sent == nil {
+		m.sent = map[string]mirrored{}
+	}
+	var ups []MirrorUpdate
+	for _, r := range c.running {
+		prev, ok := m.sent[r.ID]
+		from := prev.n
+		if !ok || prev.req != r || from > len(r.History) {
+			from = 0 // new to the drafter, or a new call under the id
+		}
+		if ok && prev.req == r && from == len(r.History) {
+			continue
+		}
+		ups = append(ups, MirrorUpdate{ID: r.ID, From: from, Tokens: r.History[from:]})
+		m.sent[r.ID] = mirrored{req: r, n: len(r.History)}
+	}
+	var gone []string
+	for id, s := range m.sent {
+		if cur := c.byID[id]; cur != s.req {
+			gone = append(gone, id)
+		}
+	}
+	slices.Sort(gone)
+	for _, id := range gone {
+		delete(m.sent, id)
+		ups = append(ups, MirrorUpdate{ID: id, Ended: true})
+	}
+	return ups
+}
+
+// Reset forgets what was sent (a new drafter).
+func (m *Mirror) Reset() { m.sent = nil }
