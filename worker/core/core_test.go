@@ -234,13 +234,32 @@ func TestCoreScenarios(t *testing.T) {
 	}, {
 		name: "resumed requests go ahead of new ones", pages: 64, cfg: Config{MaxRunning: 1},
 		script: func(h *harness) {
+			// busy's cache (16) is longer than the resumed history (9): it
+			// is not displaced.
+			h.submit("busy", p40[:16], nil, 3)
+			h.step()
+			h.submit("new", p40[16:24], nil, 1)
+			ref := reference(t, p40[24:32], 2)
+			h.submit("resumed", p40[24:32], ref[:1], 2)
+		},
+		want: []string{"busy:0+16/1", "busy:16+1/1", "busy:17+1/1", "resumed:0+9/1", "new:0+8/1"},
+		check: func(t *testing.T, h *harness) {
+			if h.total.RecomputedTokens != 9 || h.total.Preemptions != 0 {
+				t.Errorf("recomputed %d tokens of the resumed request, %d preemptions; want 9 and 0", h.total.RecomputedTokens, h.total.Preemptions)
+			}
+		},
+	}, {
+		name: "a resumed request displaces a young new one", pages: 64, cfg: Config{MaxRunning: 1},
+		script: func(h *harness) {
+			// busy's cache (8) is no longer than the resumed history (9):
+			// it waits again, behind the resume, and recomputes.
 			h.submit("busy", p40[:8], nil, 3)
 			h.step()
 			h.submit("new", p40[8:16], nil, 1)
 			ref := reference(t, p40[16:24], 2)
 			h.submit("resumed", p40[16:24], ref[:1], 2)
 		},
-		want: []string{"busy:0+8/1", "busy:8+1/1", "busy:9+1/1", "resumed:0+9/1", "new:0+8/1"},
+		want: []string{"busy:0+8/1", "resumed:0+9/1", "busy:0+9/1", "busy:9+1/1", "new:0+8/1"},
 		check: func(t *testing.T, h *harness) {
 			if h.total.RecomputedTokens != 9 {
 				t.Errorf("recomputed %d tokens of the resumed request, want 9", h.total.RecomputedTokens)
