@@ -217,13 +217,9 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 		}
 		outcomes[run.name] = o
 	}
-	// A window holds at least 100 arrivals, so that one long prompt does
-	// not move its mean TTFT by 10% on its own.
-	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
-	if w := time.Duration(100 / rate * float64(time.Second)); w > rule.Window {
-		rule.Window = w.Round(time.Second)
-	}
+	rule := servingstats.DefaultRecoveryRule(rate, prof.StepTime(batch, 0))
 	rule.Window = time.Duration(float64(rule.Window) * scale)
+	rule.TTFTSlack = time.Duration(float64(rule.TTFTSlack) * scale)
 	nominalFail := time.Duration(float64(tm.failAt) * scale)
 	end := time.Duration(float64(tm.duration) * scale)
 	for _, run := range recoveryRuns {
@@ -682,6 +678,6 @@ func printRecoveryTable(w io.Writer, s recoverySetup, figs map[string]*recoveryF
 	fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
 		gain(a.TTFTMeanMs, b.TTFTMeanMs), gain(a.TPOTMeanMs, b.TPOTMeanMs))
 	fmt.Fprintf(w, "recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
-		"is within %.0f%% and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
-		rule.Window, rule.Step, 100*rule.Tolerance, 100*rule.Tolerance, rule.QueueSlack)
+		"is within %.0f%% + %s and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
+		rule.Window, rule.Step, 100*rule.Tolerance, rule.TTFTSlack.Round(time.Millisecond), 100*rule.Tolerance, rule.QueueSlack)
 }

@@ -108,3 +108,21 @@ func TestRecoveryTime(t *testing.T) {
 		t.Fatal("a queue twice the reference's counted as recovered")
 	}
 }
+
+// TestRecoveryTTFTSlack checks that a window within the TTFT slack of the
+// reference counts as normal, and one beyond it does not.
+func TestRecoveryTTFTSlack(t *testing.T) {
+	ref := []Level{{TTFT: 100, Requests: 10}, {TTFT: 110, Requests: 10}, {TTFT: 100, Requests: 10}}
+	run := []Level{{TTFT: 400, Requests: 10}, {TTFT: 135, Requests: 10}, {TTFT: 105, Requests: 10}}
+	rule := RecoveryRule{Step: time.Second, Window: time.Second, Tolerance: 0.10, QueueSlack: 1}
+	if d, ok := RecoveryTime(run, ref, rule); !ok || d != 2*time.Second {
+		t.Errorf("without slack: %v %v, want 2s (135 ms is beyond 110 ms + 10%%)", d, ok)
+	}
+	rule.TTFTSlack = 20 * time.Millisecond
+	if d, ok := RecoveryTime(run, ref, rule); !ok || d != time.Second {
+		t.Errorf("with 20 ms slack: %v %v, want 1s (135 <= 121 + 20; 400 > 130)", d, ok)
+	}
+	if r := DefaultRecoveryRule(10, 15*time.Millisecond); r.Window != 10*time.Second || r.TTFTSlack != 30*time.Millisecond {
+		t.Errorf("DefaultRecoveryRule(10/s, 15 ms) = %+v, want a 10 s window (100 arrivals) and 30 ms slack", r)
+	}
+}
