@@ -188,7 +188,7 @@ func (f *Figure) Print(out io.Writer) {
 func MeanFigures(runs []*Figures) *Figures {
 	m := &Figures{Recovered: true}
 	n := float64(len(runs))
-	var requests, failed, interrupted float64
+	var requests, failed, interrupted, draft, accepted, verif, drafted float64
 	for _, f := range runs {
 		m.TTFTMeanMs += f.TTFTMeanMs / n
 		m.TTFTP99Ms += f.TTFTP99Ms / n
@@ -204,11 +204,26 @@ func MeanFigures(runs []*Figures) *Figures {
 		m.SaturatedPerSec += f.SaturatedPerSec / n
 		m.ApplyMarkFailedP99Ms += f.ApplyMarkFailedP99Ms / n
 		m.ApplyDispatchP99Ms += f.ApplyDispatchP99Ms / n
+		m.AcceptRate += f.AcceptRate / n
+		m.AssistS += f.AssistS / n
+		m.SpecKMean += f.SpecKMean / n
+		m.PhaseLoadingDraftS += f.PhaseLoadingDraftS / n
+		m.PhaseAssistS += f.PhaseAssistS / n
+		m.PhaseHotswapS += f.PhaseHotswapS / n
+		m.PairedDecodeTokS += f.PairedDecodeTokS / n
+		m.PairedDecodeBeforeTokS += f.PairedDecodeBeforeTokS / n
+		m.PairedDecodeNoSpecTokS += f.PairedDecodeNoSpecTokS / n
+		draft += float64(f.DraftTokens) / n
+		accepted += float64(f.AcceptedTokens) / n
+		verif += float64(f.Verifications) / n
+		drafted += float64(f.Drafted) / n
 		requests += float64(f.Requests) / n
 		failed += float64(f.FailedRequests) / n
 		interrupted += float64(f.Interrupted) / n
 		m.Recovered = m.Recovered && f.Recovered
 	}
 	m.Requests, m.FailedRequests, m.Interrupted = int(math.Round(requests)), int(math.Round(failed)), int(math.Round(interrupted))
+	m.DraftTokens, m.AcceptedTokens = int(math.Round(draft)), int(math.Round(accepted))
+	m.Verifications, m.Drafted = int(math.Round(verif)), int(math.Round(drafted))
 	return m
 }
