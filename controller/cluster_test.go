@@ -298,6 +298,23 @@ func TestWritesAndLinearizableReadsOnEveryReplica(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	c := newCluster(t, 1, func(cfg *Config) { cfg.BootstrapExpect = 1 })
 	cl := c.client(c.nodes[0])
+	// A restarted worker on its way back: not in full service, so "no
+	// worker" below holds with it registered.
+	reg := func(phase pb.WorkerPhase) error {
+		_, err := cl.RegisterWorker(ctxT(t, 5*time.Second), &pb.RegisterWorkerRequest{Worker: &pb.Worker{
+			Id: "d", Incarnation: 1, GrpcAddr: "127.0.0.1:1", Phase: phase,
+			Capacity: &pb.Capacity{KvPagesTotal: 1000, KvBytesPerToken: 1024}}})
+		return err
+	}
+	if err := reg(pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT); err != nil {
+		t.Fatal(err)
+	}
+	setPhase := func(phase pb.WorkerPhase) (*pb.SetWorkerPhaseResponse, error) {
+		return cl.SetWorkerPhase(ctxT(t, 5*time.Second), &pb.SetWorkerPhaseRequest{WorkerId: "d", Incarnation: 1, Phase: phase})
+	}
+	if r, err := setPhase(pb.WorkerPhase_WORKER_PHASE_ASSIST); err != nil || r.Worker.Phase != pb.WorkerPhase_WORKER_PHASE_ASSIST {
+		t.Fatalf("SetWorkerPhase ASSIST: %v %v", r, err)
+	}
 	long := make([]byte, MaxRequestIDBytes+1)
 	for i := range long {
 		long[i] = 'x'
@@ -348,6 +365,13 @@ func TestBadInput(t *testing.T) {
 			_, err := cl.RegisterWorker(ctxT(t, time.Second), &pb.RegisterWorkerRequest{Worker: &pb.Worker{Id: "a/b", Incarnation: 1}})
 			return err
 		}, codes.InvalidArgument, "worker id \"a/b\""},
+		{"register in ASSIST", func() error {
+			return reg(pb.WorkerPhase_WORKER_PHASE_ASSIST)
+		}, codes.InvalidArgument, "worker.phase WORKER_PHASE_ASSIST"},
+		{"recovery phase backward", func() error {
+			_, err := setPhase(pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT)
+			return err
+		}, codes.InvalidArgument, "cannot go back from ASSIST to LOADING_DRAFT"},
 		{"bad strategy", func() error {
 			_, err := pb.NewOperatorClient(c.conn(c.nodes[0])).SetStrategy(ctxT(t, time.Second), &pb.SetStrategyRequest{Strategy: 7})
 			return err

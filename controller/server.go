@@ -110,6 +110,12 @@ func (s *server) RegisterWorker(ctx context.Context, req *pb.RegisterWorkerReque
 	if math.IsNaN(c.H2DBytesPerSec) || c.H2DBytesPerSec < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "worker.capacity.h2d_bytes_per_sec %v must be >= 0", c.H2DBytesPerSec)
 	}
+	switch w.Phase {
+	case pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT:
+	default:
+		// The fsm refuses these too; refusing here keeps them out of the log.
+		return nil, status.Errorf(codes.InvalidArgument, "worker.phase %s: a worker registers in FULL_SERVICE, or in LOADING_DRAFT when it restarts after a failure", w.Phase)
+	}
 	cmd := &pb.Command{Body: &pb.Command_RegisterWorker{RegisterWorker: &pb.RegisterWorkerCmd{Worker: w}}}
 	return write(ctx, s.n, "RegisterWorker", cmd, func(r proposalResult) *pb.RegisterWorkerResponse {
 		return &pb.RegisterWorkerResponse{Worker: r.res.Worker, Index: r.index}
@@ -179,6 +185,9 @@ func (s *server) SetWorkerPhase(ctx context.Context, req *pb.SetWorkerPhaseReque
 	if err := validateWorkerID(req.WorkerId); err != nil {
 		return nil, err
 	}
+	// Every named phase goes through, the recovery phases included (a
+	// restarted worker reports LOADING_DRAFT → ASSIST → HOTSWAP →
+	// FULL_SERVICE itself); the fsm refuses steps backward.
 	if _, ok := pb.WorkerPhase_name[int32(req.Phase)]; !ok || req.Phase == pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
 		return nil, status.Errorf(codes.InvalidArgument, "phase %d unknown", req.Phase)
 	}

@@ -388,6 +388,7 @@ func TestUndecodableEntryPanics(t *testing.T) {
 func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 	var log [][]*pb.Command
 	inc := map[string]uint64{}
+	phase := map[string]pb.WorkerPhase{} // as the log last asked; lookups only
 	var live []string
 	nextReq, nextSession := 0, 0
 	session := func() string { return fmt.Sprintf("s%03d", rng.Intn(nextSession)) }
@@ -395,7 +396,34 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 	for len(log) < n {
 		var batch []*pb.Command
 		for k := 0; k < 1+rng.Intn(8); k++ {
-			switch op := rng.Intn(112); {
+			switch op := rng.Intn(124); {
+			case op >= 112 && len(live) > 0:
+				// Progressive recovery. Mostly a restarted worker's next
+				// step (the phase the log last asked of it says which), so
+				// that pairings form and break; else any phase: backward
+				// (refused), skipping ahead, draining, leaving.
+				var restarted []string
+				for w := 0; w < 12; w++ {
+					if id := fmt.Sprintf("w%02d", w); phase[id] == loadingDraft || phase[id] == assist || phase[id] == hotswap {
+						restarted = append(restarted, id)
+					}
+				}
+				id, to := live[rng.Intn(len(live))], pb.WorkerPhase(1+rng.Intn(8))
+				if len(restarted) > 0 && rng.Intn(4) != 0 {
+					id = restarted[rng.Intn(len(restarted))]
+					to = map[pb.WorkerPhase]pb.WorkerPhase{loadingDraft: assist, assist: hotswap, hotswap: fullService}[phase[id]]
+					if rng.Intn(4) == 0 {
+						to = fullService
+					}
+				}
+				if to == left {
+					batch = append(batch, leave(id, inc[id]))
+				} else {
+					batch = append(batch, setPhase(id, inc[id], to))
+				}
+				if checkStep(&pb.Worker{Phase: phase[id]}, to) == nil {
+					phase[id] = to
+				}
 			case op >= 100 && op < 104:
 				batch = append(batch, createSession(fmt.Sprintf("s%03d", nextSession), time.Duration(1+rng.Intn(3))*time.Second))
 				nextSession++
@@ -416,6 +444,11 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 				inc[id]++
 				c := worker(id, uint64(rng.Intn(1<<20)))
 				c.GetRegisterWorker().Worker.Incarnation = inc[id]
+				phase[id] = fullService
+				if rng.Intn(3) == 0 {
+					c.GetRegisterWorker().Worker.Phase = loadingDraft
+					phase[id] = loadingDraft
+				}
 				batch = append(batch, c)
 				live = append(live, id)
 			case op < 50:
@@ -433,6 +466,7 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 			case op < 96 && len(live) > 0:
 				id := live[rng.Intn(len(live))]
 				batch = append(batch, markFailed(id, inc[id]))
+				phase[id] = failed
 			case op < 100:
 				batch = append(batch, strategy(pb.Strategy(1+rng.Intn(3))))
 			default:
@@ -488,10 +522,32 @@ func TestDeterminism(t *testing.T) {
 		}
 		prevHash = ha
 		checkHolderIndex(t, a.f.st, rng)
+		checkPairing(t, a.f.st)
 	}
 	if w, p := a.f.Counts(); w == 0 || p == 0 {
 		t.Fatalf("random log left %d workers, %d placements: not exercising the tables", w, p)
 	}
+	// The replicas derived the same events, pairings among them.
+	ea, _, _ := a.f.Events().Since(0)
+	eb, _, _ := b.f.Events().Since(0)
+	if len(ea) != len(eb) {
+		t.Fatalf("seed %d: %d events vs %d", seed, len(ea), len(eb))
+	}
+	pairs, unpairs := 0, 0
+	for i := range ea {
+		if !proto.Equal(ea[i], eb[i]) {
+			t.Fatalf("seed %d: event %d: %v vs %v", seed, i, ea[i], eb[i])
+		}
+		if p := ea[i].GetPaired(); p != nil && p.Paired {
+			pairs++
+		} else if p != nil {
+			unpairs++
+		}
+	}
+	if pairs == 0 || unpairs == 0 {
+		t.Fatalf("seed %d: %d pairings, %d ended: not exercising the pairing", seed, pairs, unpairs)
+	}
+	t.Logf("%d pairings, %d ended", pairs, unpairs)
 	if endedWithPlacements == 0 {
 		t.Fatalf("seed %d: no session ended holding placements: not exercising the sessions table", seed)
 	}

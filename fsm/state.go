@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -46,6 +47,12 @@ type state struct {
 	nextExpiry int64
 
 	lastStamp int64
+
+	// pairDirty is set, while one command applies, by every change that
+	// may let a drafter pair (a worker entered ASSIST or FULL_SERVICE, a
+	// pairing ended); apply then runs the pairing. Always false between
+	// commands: never snapshotted.
+	pairDirty bool
 }
 
 func newState() *state {
@@ -101,6 +108,20 @@ func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
 		s.renewAllSessions()
 	}
 	s.expireSessions()
+	res := s.applyBody(c, idx, evs)
+	if s.pairDirty {
+		s.pairDrafters(idx, evs)
+		// The caller gets the row as the command left it, partner included.
+		if w := res.Worker; w != nil {
+			if cur := s.workers[w.Id]; cur != nil && cur.Incarnation == w.Incarnation {
+				res.Worker = cur
+			}
+		}
+	}
+	return res
+}
+
+func (s *state) applyBody(c *pb.Command, idx uint64, evs eventSink) Result {
 	switch b := c.Body.(type) {
 	case *pb.Command_Dispatch:
 		return s.dispatch(b.Dispatch, idx)
@@ -138,6 +159,53 @@ func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
 
 func eligible(w *pb.Worker) bool { return w.Phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE }
 
+// recoveryRank orders the phases of progressive recovery, which a restarted
+// worker walks forward only: LOADING_DRAFT 1, ASSIST 2, HOTSWAP 3,
+// FULL_SERVICE 4; 0 for every other phase.
+func recoveryRank(p pb.WorkerPhase) int {
+	switch p {
+	case pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT:
+		return 1
+	case pb.WorkerPhase_WORKER_PHASE_ASSIST:
+		return 2
+	case pb.WorkerPhase_WORKER_PHASE_HOTSWAP:
+		return 3
+	case pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE:
+		return 4
+	}
+	return 0
+}
+
+// recovering: the worker is a new incarnation on its way to FULL_SERVICE,
+// not eligible to serve or hold.
+func recovering(p pb.WorkerPhase) bool {
+	r := recoveryRank(p)
+	return r > 0 && r < recoveryRank(pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE)
+}
+
+func phaseName(p pb.WorkerPhase) string { return strings.TrimPrefix(p.String(), "WORKER_PHASE_") }
+
+// checkStep refuses a phase change that walks progressive recovery backward
+// (HOTSWAP to ASSIST, FULL_SERVICE to LOADING_DRAFT, …) or enters it from
+// outside: only a new incarnation, registering in LOADING_DRAFT, starts it.
+// Skipping forward (LOADING_DRAFT to FULL_SERVICE) is allowed; changes to
+// and from DRAINING, FAILED and LEFT are not its business.
+func checkStep(w *pb.Worker, to pb.WorkerPhase) error {
+	if to == w.Phase || !recovering(to) {
+		return nil
+	}
+	from, toRank := recoveryRank(w.Phase), recoveryRank(to)
+	switch {
+	case from == 0:
+		return fmt.Errorf("%w: %s incarnation %d cannot go from %s to %s: only a new incarnation enters recovery, registering in LOADING_DRAFT",
+			ErrInvalid, w.Id, w.Incarnation, phaseName(w.Phase), phaseName(to))
+	case toRank < from:
+		return fmt.Errorf("%w: %s incarnation %d cannot go back from %s to %s: recovery goes LOADING_DRAFT, ASSIST, HOTSWAP, FULL_SERVICE",
+			ErrInvalid, w.Id, w.Incarnation, phaseName(w.Phase), phaseName(to))
+	}
+	return nil
+}
+
 func (s *state) view(id string) *policy.Worker {
 	i := sort.SearchStrings(s.ids, id)
 	if i < len(s.ids) && s.ids[i] == id {
@@ -173,6 +241,9 @@ func (s *state) putWorker(w *pb.Worker) {
 	}
 }
 
+// setWorkerPhase stores w in a new phase. A pairing holds only while its
+// drafter is in ASSIST and its target in FULL_SERVICE, so any phase change of
+// a paired worker ends its pairing.
 func (s *state) setWorkerPhase(w *pb.Worker, phase pb.WorkerPhase, reason string, idx uint64, evs eventSink) *pb.Worker {
 	if w.Phase == phase {
 		return w
@@ -180,15 +251,93 @@ func (s *state) setWorkerPhase(w *pb.Worker, phase pb.WorkerPhase, reason string
 	nw := proto.Clone(w).(*pb.Worker)
 	nw.Phase = phase
 	nw.PhaseChangedUnixNano = s.lastStamp
+	nw.PairedWorker = ""
 	s.putWorker(nw)
 	s.emit(evs, idx, &pb.Event{Body: &pb.Event_PhaseChanged{PhaseChanged: &pb.WorkerPhaseChanged{
 		WorkerId: w.Id, Incarnation: w.Incarnation, From: w.Phase, To: phase, Reason: reason}}})
+	if w.PairedWorker != "" {
+		why := fmt.Sprintf("went %s", phaseName(phase))
+		if reason != "" {
+			why += ": " + reason
+		}
+		s.endPairing(w, why, idx, evs)
+	}
+	if phase == pb.WorkerPhase_WORKER_PHASE_ASSIST || phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+		s.pairDirty = true
+	}
 	return nw
+}
+
+// --- drafter pairing (progressive recovery) ---
+
+// endPairing ends the pairing of w (the row as it was while paired, so its
+// phase says its role), whose own new row already has no partner: the
+// partner's row loses w, and a WorkerPaired event with paired=false says
+// why (what w did).
+func (s *state) endPairing(w *pb.Worker, why string, idx uint64, evs eventSink) {
+	partner := s.workers[w.PairedWorker]
+	if partner != nil && partner.PairedWorker == w.Id {
+		np := proto.Clone(partner).(*pb.Worker)
+		np.PairedWorker = ""
+		s.putWorker(np)
+	} else {
+		// Pairings are symmetric; a row that says otherwise is a bug, and
+		// the partner's row is left as it is.
+		partner = &pb.Worker{Id: w.PairedWorker}
+	}
+	ev := &pb.WorkerPaired{Paired: false}
+	if w.Phase == pb.WorkerPhase_WORKER_PHASE_ASSIST {
+		ev.DrafterId, ev.DrafterIncarnation, ev.TargetId, ev.TargetIncarnation = w.Id, w.Incarnation, partner.Id, partner.Incarnation
+		ev.Reason = "drafter " + w.Id + " " + why
+	} else {
+		ev.DrafterId, ev.DrafterIncarnation, ev.TargetId, ev.TargetIncarnation = partner.Id, partner.Incarnation, w.Id, w.Incarnation
+		ev.Reason = "target " + w.Id + " " + why
+	}
+	s.emit(evs, idx, &pb.Event{Body: &pb.Event_Paired{Paired: ev}})
+	// The drafter may pair again, the target take another drafter.
+	s.pairDirty = true
+}
+
+// pairDrafters pairs every unpaired worker in ASSIST with a full-service
+// worker that has no drafter, by policy.PairDrafters, and records each
+// pairing on both rows.
+func (s *state) pairDrafters(idx uint64, evs eventSink) {
+	s.pairDirty = false
+	var drafters []string
+	var paired map[string]bool
+	for _, id := range s.ids {
+		w := s.workers[id]
+		switch {
+		case w.Phase == pb.WorkerPhase_WORKER_PHASE_ASSIST && w.PairedWorker == "":
+			drafters = append(drafters, id)
+		case w.Phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE && w.PairedWorker != "":
+			if paired == nil {
+				paired = map[string]bool{}
+			}
+			paired[id] = true
+		}
+	}
+	for _, p := range policy.PairDrafters(drafters, s.views, paired) {
+		d := proto.Clone(s.workers[p.Drafter]).(*pb.Worker)
+		t := proto.Clone(s.workers[p.Target]).(*pb.Worker)
+		d.PairedWorker, t.PairedWorker = t.Id, d.Id
+		s.putWorker(d)
+		s.putWorker(t)
+		s.emit(evs, idx, &pb.Event{Body: &pb.Event_Paired{Paired: &pb.WorkerPaired{
+			DrafterId: d.Id, DrafterIncarnation: d.Incarnation, TargetId: t.Id, TargetIncarnation: t.Incarnation, Paired: true,
+			Reason: fmt.Sprintf("highest q_w of the full-service workers without a drafter (%.1f ms)", p.TargetQueueWaitMs)}}})
+	}
 }
 
 func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 	if w == nil || w.Id == "" {
 		return Result{Err: fmt.Errorf("%w: worker id is empty", ErrInvalid)}
+	}
+	switch w.Phase {
+	case pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT:
+	default:
+		return Result{Err: fmt.Errorf("%w: worker %s registers in %s: a worker registers in FULL_SERVICE, or in LOADING_DRAFT when it restarts after a failure",
+			ErrInvalid, w.Id, phaseName(w.Phase))}
 	}
 	old, ok := s.workers[w.Id]
 	if ok {
@@ -205,11 +354,18 @@ func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 		}
 	}
 	// Requests the old incarnation still has (RECOVERING: no worker could
-	// take them when it failed) are planned once the new row is in.
+	// take them when it failed) are planned once the new row is in, if it
+	// is eligible; if it is recovering (LOADING_DRAFT), when some worker is
+	// (recoverOrphans, or setPhase when this one gets to FULL_SERVICE).
 	leftover := ok && len(s.serving[w.Id]) > 0
 	nw := proto.Clone(w).(*pb.Worker)
 	if nw.Phase == pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
 		nw.Phase = pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE
+	}
+	// Pairing is the controller's to decide.
+	nw.PairedWorker = ""
+	if eligible(nw) {
+		s.pairDirty = true
 	}
 	nw.RegisteredUnixNano = s.lastStamp
 	nw.PhaseChangedUnixNano = s.lastStamp
@@ -291,8 +447,15 @@ func (s *state) setPhase(c *pb.SetPhaseCmd, idx uint64, evs eventSink) Result {
 		}
 		return Result{Worker: nw}
 	}
+	if err := checkStep(w, c.Phase); err != nil {
+		return Result{Err: err}
+	}
+	inc, left := s.leftover(w)
 	nw := s.setWorkerPhase(w, c.Phase, c.Reason, idx, evs)
 	if eligible(nw) {
+		if left {
+			s.recover(nw.Id, inc, idx, evs)
+		}
 		s.recoverOrphans(idx, evs)
 	}
 	return Result{Worker: nw}
@@ -564,14 +727,43 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 }
 
 // recoverOrphans plans the requests left on out-of-service workers when no
-// worker was eligible to take them.
+// worker was eligible to take them: on FAILED and LEFT rows, and on the rows
+// of new incarnations not yet eligible (a restart in LOADING_DRAFT).
 func (s *state) recoverOrphans(idx uint64, evs eventSink) {
 	for _, id := range s.ids {
+		if len(s.serving[id]) == 0 {
+			continue
+		}
 		w := s.workers[id]
-		if (w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT) && len(s.serving[id]) > 0 {
+		switch {
+		case w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT:
 			s.recover(id, w.Incarnation, idx, evs)
+		case !eligible(w):
+			if inc, ok := s.leftover(w); ok {
+				s.recover(id, inc, idx, evs)
+			}
 		}
 	}
+}
+
+// leftover says whether requests still placed on w's id belong to an earlier
+// incarnation (RECOVERING: nothing was eligible when it failed), and which.
+// A row is never eligible while it has such requests (becoming eligible
+// plans them), and nothing is placed on a row before it is eligible, so the
+// requests on a row are all left over or all its own: one tells.
+func (s *state) leftover(w *pb.Worker) (uint64, bool) {
+	first := ""
+	for rid := range s.serving[w.Id] {
+		// The smallest id, whatever the iteration order.
+		if first == "" || rid < first {
+			first = rid
+		}
+	}
+	if first == "" {
+		return 0, false
+	}
+	inc := s.placements[first].WorkerIncarnation
+	return inc, inc != w.Incarnation
 }
 
 // --- snapshot ---

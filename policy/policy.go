@@ -1,7 +1,8 @@
 // Package policy holds lumen's pure decision functions: which worker serves a
 // new request (Llumnix freeness), which worker holds its KV checkpoint (h(r)
-// for the LUMEN strategy, a fixed ring for fixed checkpointing), and where the
-// requests of a failed worker resume (the recovery plan).
+// for the LUMEN strategy, a fixed ring for fixed checkpointing), where the
+// requests of a failed worker resume (the recovery plan), and which
+// full-service worker a restarted worker in ASSIST drafts for (pairing).
 //
 // Everything here is deterministic: no I/O, no clock, no randomness, no map
 // iteration. The fsm package calls these functions inside Raft's Apply, so

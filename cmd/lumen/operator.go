@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,7 +24,8 @@ func init() {
 	register("status", "show the controller quorum's leader, term and tables", runStatus)
 	register("operator raft", "list-peers | remove-peer ID | transfer-leader [ID]", runOperatorRaft)
 	register("placement get", "show where a request runs and who holds its checkpoint", runPlacementGet)
-	register("workers", "list workers, their phase and load", runWorkers)
+	register("workers", "list workers, their phase, drafter pairing and load", runWorkers)
+	register("events", "stream the cluster's events (phases, pairings, recovery plans, moves)", runEvents)
 	register("strategy set", "set the recovery strategy: lumen, fixed-checkpoint, stop-and-restart", runStrategySet)
 }
 
@@ -232,14 +234,14 @@ func runWorkers(args []string) error {
 		loads[l.WorkerId] = l
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tINC\tPHASE\tADDRESS\tQ_W(ms)\tRUNNING\tWAITING\tKV PAGES\tCKPT FREE")
+	fmt.Fprintln(tw, "ID\tINC\tPHASE\tPAIRED\tADDRESS\tQ_W(ms)\tRUNNING\tWAITING\tKV PAGES\tCKPT FREE")
 	for _, w := range resp.Workers {
 		l := loads[w.Id]
 		if l == nil {
 			l = &pb.LoadRecord{}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.1f\t%d\t%d\t%d/%d\t%d\n", w.Id, w.Incarnation,
-			strings.TrimPrefix(w.Phase.String(), "WORKER_PHASE_"), w.GrpcAddr, l.QueueWaitMs, l.Running, l.Waiting,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%.1f\t%d\t%d\t%d/%d\t%d\n", w.Id, w.Incarnation,
+			phaseName(w.Phase), pairedColumn(w), w.GrpcAddr, l.QueueWaitMs, l.Running, l.Waiting,
 			l.KvPagesUsed, l.KvPagesTotal, l.FreeCheckpointBytes)
 	}
 	tw.Flush()
@@ -274,4 +276,110 @@ func runStrategySet(args []string) error {
 	}
 	fmt.Printf("strategy %s (was %s), at index %d\n", s, policy.Strategy(resp.Previous), resp.Index)
 	return nil
+}
+
+func phaseName(p pb.WorkerPhase) string { return strings.TrimPrefix(p.String(), "WORKER_PHASE_") }
+
+// pairedColumn says whom a worker is paired with in progressive recovery,
+// and as what: a drafter (in ASSIST) drafts for its target; a target (in
+// full service) verifies its drafter's tokens.
+func pairedColumn(w *pb.Worker) string {
+	switch {
+	case w.PairedWorker == "":
+		return "-"
+	case w.Phase == pb.WorkerPhase_WORKER_PHASE_ASSIST:
+		return "drafts for " + w.PairedWorker
+	default:
+		return "drafter " + w.PairedWorker
+	}
+}
+
+func runEvents(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("events", flag.ContinueOnError)
+	cf.register(fs)
+	from := fs.Int64("from", -1, "print the events after this log index (the replica keeps the last 65,536); -1: only events from now on")
+	count := fs.Int("n", 0, "exit after this many events (0: stream until interrupted)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	start := uint64(*from)
+	if *from < 0 {
+		st, err := cl.ClusterStatus(ctx)
+		if err != nil {
+			return explain(err, cf.addr)
+		}
+		start = st.AppliedIndex
+	}
+	// The stream outlives -timeout, which bounds connecting only.
+	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	stream, err := cl.WatchEvents(sctx, start)
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	for n := 0; *count == 0 || n < *count; n++ {
+		ev, err := stream.Recv()
+		if err != nil {
+			if sctx.Err() != nil {
+				return nil
+			}
+			if status.Code(err) == codes.OutOfRange {
+				return fmt.Errorf("%s: start later (-from) or from now on (-from -1)", status.Convert(err).Message())
+			}
+			return explain(err, cf.addr)
+		}
+		fmt.Println(formatEvent(ev))
+	}
+	return nil
+}
+
+// formatEvent is one event in a line: its log index and sequence, the time
+// its command was stamped, and what happened.
+func formatEvent(ev *pb.Event) string {
+	head := fmt.Sprintf("%d.%d  %s  ", ev.Index, ev.Seq, time.Unix(0, ev.UnixNano).UTC().Format("2006-01-02T15:04:05.000Z"))
+	why := func(reason string) string {
+		if reason == "" {
+			return ""
+		}
+		return " (" + reason + ")"
+	}
+	switch b := ev.Body.(type) {
+	case *pb.Event_PhaseChanged:
+		e := b.PhaseChanged
+		return head + fmt.Sprintf("phase    %s/%d %s -> %s%s", e.WorkerId, e.Incarnation, phaseName(e.From), phaseName(e.To), why(e.Reason))
+	case *pb.Event_Paired:
+		e := b.Paired
+		if e.Paired {
+			return head + fmt.Sprintf("paired   drafter %s/%d drafts for %s/%d%s", e.DrafterId, e.DrafterIncarnation, e.TargetId, e.TargetIncarnation, why(e.Reason))
+		}
+		return head + fmt.Sprintf("unpaired drafter %s/%d no longer drafts for %s/%d%s", e.DrafterId, e.DrafterIncarnation, e.TargetId, e.TargetIncarnation, why(e.Reason))
+	case *pb.Event_RecoveryPlan:
+		e := b.RecoveryPlan
+		reuse := 0
+		for _, a := range e.Assignments {
+			if a.Mode == pb.RecoveryMode_RECOVERY_MODE_REUSE {
+				reuse++
+			}
+		}
+		return head + fmt.Sprintf("recovery plan %d for %s/%d: %d requests, %d reuse a checkpoint, %d recompute",
+			e.Id, e.FailedWorker, e.FailedIncarnation, len(e.Assignments), reuse, len(e.Assignments)-reuse)
+	case *pb.Event_PlacementMoved:
+		e := b.PlacementMoved
+		p := e.GetPlacement()
+		holder := p.GetHolderId()
+		if holder == "" {
+			holder = "none"
+		}
+		return head + fmt.Sprintf("moved    %s %s -> %s/%d, holder %s%s", p.GetRequestId(), e.FromWorker, p.GetWorkerId(), p.GetWorkerIncarnation(), holder, why(e.Reason))
+	case *pb.Event_StrategyChanged:
+		e := b.StrategyChanged
+		return head + fmt.Sprintf("strategy %s -> %s", policy.Strategy(e.From), policy.Strategy(e.To))
+	}
+	return head + fmt.Sprintf("%v", ev.Body)
 }
