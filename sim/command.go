@@ -39,7 +39,9 @@ type Options struct {
 	// TracePath, when set, is a CSV trace in the Azure 2023 format that
 	// replaces the generator (ReadAzureTrace).
 	TracePath string
-	Log       io.Writer
+	// Spec is the lumen column's speculation.
+	Spec SpecOptions
+	Log  io.Writer
 }
 
 // CustomSetup is a setup outside the prototype's, named "custom" in the
@@ -96,7 +98,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
-			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace}
+			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err

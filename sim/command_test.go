@@ -44,6 +44,16 @@ func TestPrototypeSetupsQuick(t *testing.T) {
 		if got[s]["lumen"]["failed_requests"].(float64) != 0 || got[s]["lumen"]["interrupted"].(float64) == 0 {
 			t.Errorf("%s/lumen: %v", s, got[s]["lumen"])
 		}
+		// The lumen column says what its assist did; the ablation has none.
+		for _, k := range []string{"accept_rate", "draft_tokens", "accepted_tokens", "assist_s", "spec_k_mean",
+			"phase_loading_draft_s", "phase_assist_s", "phase_hotswap_s", "paired_decode_tok_s", "paired_decode_before_tok_s", "paired_decode_no_spec_tok_s"} {
+			if v, ok := got[s]["lumen"][k].(float64); !ok || v <= 0 {
+				t.Errorf("%s/lumen: %s = %v", s, k, got[s]["lumen"][k])
+			}
+			if _, ok := got[s]["lumen-no-spec"][k]; ok {
+				t.Errorf("%s/lumen-no-spec has %s", s, k)
+			}
+		}
 	}
 	csv, err := os.ReadFile(csvPath)
 	if err != nil {

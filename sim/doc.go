@@ -8,7 +8,7 @@
 // Raft log entries. Nothing that decides is re-implemented here.
 //
 // What is modelled rather than run: the engine (a step takes the profile's
-// StepTime, a restore its ImportTime, a reload its LoadTime; tokens are a
+// StepTimeK, a restore its ImportTime, a reload its LoadTime; tokens are a
 // deterministic function of the request and the output index), the network
 // (checkpoint pages cross a link of a given bandwidth, behind a bounded
 // queue, as the worker's sender does), Raft's commit latency, failure
@@ -16,6 +16,59 @@
 // journal, its placement polling after a broken stream, the resume with
 // the token history at the plan's target, the re-dispatch of a request that
 // had streamed nothing). Each parameter says where its default comes from.
+//
+// # Progressive recovery with speculation assist
+//
+// With Config.Speculation (the lumen column; lumen-no-spec is the same
+// strategy with the plain reload, the ablation), a killed worker that
+// restarts walks its new incarnation through the phases, each a command
+// the fsm applies. From the kill, every duration × Timing.ReloadScale
+// (ReloadTimeline):
+//
+//   - at DetectDelay, once MarkFailed is applied, it registers in
+//     LOADING_DRAFT (not dispatchable, not a holder);
+//   - the draft model (profile qwen3-0.6b-h100) loads in its LoadTime,
+//     5.35 s; meanwhile, from the restart, the target's weights are read
+//     from disk into host memory (WeightBytes / DiskBytesPerSec: 7.76 s
+//     for Qwen3-14B, 17.2 s for 32B);
+//   - ASSIST when the draft is loaded: the fsm pairs it with a worker in
+//     full service (policy.PairDrafters) and the simulator links the two
+//     as the worker's Assist stream does (below); the target's EngineInit
+//     (15 s) runs after the disk read;
+//   - HOTSWAP at max(draft load, disk + init): only the host-to-GPU copy
+//     (WeightBytes / H2DBytesPerSec, 0.84 s for 14B), unpaired;
+//   - FULL_SERVICE at max(draft load, disk + init) + H2D, which is
+//     Profile.LoadTime (23.6 s for 14B, 34.1 s for 32B): the moment the
+//     plain reload serves again. Nothing comes back sooner; the gain is the
+//     assist.
+//
+// The pairing is the fsm's: after every registration, phase change and
+// MarkFailed the simulator reads each drafter's row (PairedWorker) and
+// links or unlinks; a drafter whose target dies is paired again once the
+// failure is applied. While linked, the target's core verifies drafts
+// (core.Core.SetSpec: adaptive K by default, its Cost made aware of the
+// pipeline by PipelinedCost; Spec.K fixes it) and, after every step, its
+// core.Mirror's updates and its K reach the drafter's core.Drafter
+// Timing.LinkLatency (100 µs) later; the drafter runs draft steps back to
+// back while it has work, each taking the draft profile's StepTime for its
+// shape, and its drafts reach the target LinkLatency later
+// (core.Core.OfferDrafts). A target step costs Profile.StepTimeK of its
+// shape (every decoding row at K+1 positions when any row verifies).
+// Unpairing turns speculation off at the target and drops the drafter's
+// state.
+//
+// Draft tokens: the draft model's token at history position pos of request
+// r is the true token, token(r, pos − prompt), when a hash of (seed,
+// request, pos) falls below α (Spec.Alpha, `lumen sim -spec-alpha`,
+// default core.PriorAcceptance = 0.7, CALIBRATION.md), else another token:
+// deterministic, so a replay of a position never gets a second chance.
+// The target samples the true tokens at every verified position, and every
+// token a client receives is checked against token(r, index): speculation
+// (like failures) provably changes no output.
+//
+// The spec-k figure (RunSpecK, `lumen sim -figure spec-k`) runs one target
+// saturated with long decoding requests and one drafter (Spec.AssistOnly)
+// for each α, batch and fixed K, and adaptive K.
 //
 // A run is a function of its Config: the same Config gives the same events
 // in the same order, and the same figures, byte for byte (a test checks

@@ -34,7 +34,9 @@ type FigureOptions struct {
 	Seeds  int
 	Load   float64 // for the figures that do not sweep it
 	Timing Timing
-	Log    io.Writer
+	// Spec is the lumen column's speculation.
+	Spec SpecOptions
+	Log  io.Writer
 }
 
 // DefaultFigureOptions are the paper's simulation: 64 Qwen3-14B/H100
@@ -131,7 +133,7 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 			seed := o.Seed + uint64(k)
 			key := fmt.Sprintf("%d/%d/%d", pt.setup.Workers, pt.setup.MaxRunning, seed)
 			st := Study{Setup: pt.setup, Timeline: o.Timeline, Seed: seed, Load: pt.load, Lambda: pt.lam, Timing: o.Timing,
-				Saturated: saturated[key]}
+				Saturated: saturated[key], Spec: o.Spec}
 			if st.Saturated == 0 {
 				sat, _, err := st.Calibrate()
 				if err != nil {
@@ -171,14 +173,18 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 // gain over each baseline.
 func (f *Figure) Print(out io.Writer) {
 	fmt.Fprintf(out, "\nfigure %s: TTFT mean (ms) against %s\n", f.Name, f.XLabel)
-	fmt.Fprintf(out, "%10s %12s %12s %12s %12s %14s %14s %12s\n", "x", "stop-restart", "fixed-ckpt", "lumen", "no-failure",
+	fmt.Fprintf(out, "%10s %12s %12s %13s %12s %12s %14s %14s %17s\n", "x", "stop-restart", "fixed-ckpt", "lumen-no-spec", "lumen", "no-failure",
 		"lumen vs S&R", "lumen vs FC", "recovery s")
 	for _, p := range f.Points {
 		c := p.Columns
 		l, sr, fc := c["lumen"], c["stop-and-restart"], c["fixed-checkpoint"]
-		fmt.Fprintf(out, "%10g %12.1f %12.1f %12.1f %12.1f %14s %14s %12s\n", p.X, sr.TTFTMeanMs, fc.TTFTMeanMs, l.TTFTMeanMs,
+		ns := c["lumen-no-spec"]
+		if ns == nil { // a figure's JSON from before the ablation
+			ns = &Figures{}
+		}
+		fmt.Fprintf(out, "%10g %12.1f %12.1f %13.1f %12.1f %12.1f %14s %14s %17s\n", p.X, sr.TTFTMeanMs, fc.TTFTMeanMs, ns.TTFTMeanMs, l.TTFTMeanMs,
 			c["lumen-no-failure"].TTFTMeanMs, Gain(l.TTFTMeanMs, sr.TTFTMeanMs), Gain(l.TTFTMeanMs, fc.TTFTMeanMs),
-			fmt.Sprintf("%.1f/%.1f/%.1f", sr.RecoveryS, fc.RecoveryS, l.RecoveryS))
+			fmt.Sprintf("%.1f/%.1f/%.1f/%.1f", sr.RecoveryS, fc.RecoveryS, ns.RecoveryS, l.RecoveryS))
 	}
 	fmt.Fprintln(out)
 }
@@ -188,7 +194,7 @@ func (f *Figure) Print(out io.Writer) {
 func MeanFigures(runs []*Figures) *Figures {
 	m := &Figures{Recovered: true}
 	n := float64(len(runs))
-	var requests, failed, interrupted float64
+	var requests, failed, interrupted, draft, accepted, verif, drafted float64
 	for _, f := range runs {
 		m.TTFTMeanMs += f.TTFTMeanMs / n
 		m.TTFTP99Ms += f.TTFTP99Ms / n
@@ -204,11 +210,26 @@ func MeanFigures(runs []*Figures) *Figures {
 		m.SaturatedPerSec += f.SaturatedPerSec / n
 		m.ApplyMarkFailedP99Ms += f.ApplyMarkFailedP99Ms / n
 		m.ApplyDispatchP99Ms += f.ApplyDispatchP99Ms / n
+		m.AcceptRate += f.AcceptRate / n
+		m.AssistS += f.AssistS / n
+		m.SpecKMean += f.SpecKMean / n
+		m.PhaseLoadingDraftS += f.PhaseLoadingDraftS / n
+		m.PhaseAssistS += f.PhaseAssistS / n
+		m.PhaseHotswapS += f.PhaseHotswapS / n
+		m.PairedDecodeTokS += f.PairedDecodeTokS / n
+		m.PairedDecodeBeforeTokS += f.PairedDecodeBeforeTokS / n
+		m.PairedDecodeNoSpecTokS += f.PairedDecodeNoSpecTokS / n
+		draft += float64(f.DraftTokens) / n
+		accepted += float64(f.AcceptedTokens) / n
+		verif += float64(f.Verifications) / n
+		drafted += float64(f.Drafted) / n
 		requests += float64(f.Requests) / n
 		failed += float64(f.FailedRequests) / n
 		interrupted += float64(f.Interrupted) / n
 		m.Recovered = m.Recovered && f.Recovered
 	}
 	m.Requests, m.FailedRequests, m.Interrupted = int(math.Round(requests)), int(math.Round(failed)), int(math.Round(interrupted))
+	m.DraftTokens, m.AcceptedTokens = int(math.Round(draft)), int(math.Round(accepted))
+	m.Verifications, m.Drafted = int(math.Round(verif)), int(math.Round(drafted))
 	return m
 }

@@ -37,6 +37,15 @@ type Result struct {
 	Records     []*servingstats.Record
 	Interrupted int
 	Resumes     []time.Duration
+
+	// Speculation (Config.Speculation): the counters, every pairing, and
+	// every restart's phases.
+	Spec     SpecStats
+	Pairings []Pairing
+	Phases   []PhaseSpan
+	// WorkerTokens (Config.TokenSeries) is, at each queue sample, each
+	// worker's committed tokens so far (by worker index).
+	WorkerTokens [][]int
 }
 
 // finish builds the per-request records.

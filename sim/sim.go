@@ -56,6 +56,18 @@ type Config struct {
 
 	Timing Timing
 
+	// Speculation is progressive recovery with speculation assist
+	// (strategy Lumen only): a restarted worker registers its new
+	// incarnation in LOADING_DRAFT, drafts for the worker the fsm pairs it
+	// with while in ASSIST, copies its weights to the GPU in HOTSWAP, then
+	// serves (doc.go says the timeline). Off, a restarted worker registers
+	// in FULL_SERVICE after the plain reload (Profile.LoadTime).
+	Speculation bool
+	Spec        SpecOptions
+	// TokenSeries records every worker's committed tokens at each queue
+	// sample (Result.WorkerTokens), for decode rates over any interval.
+	TokenSeries bool
+
 	// MeasureApply times fsm.Apply of every Dispatch and MarkFailed on the
 	// wall clock (the only nondeterministic figures; off in tests).
 	MeasureApply bool
@@ -90,6 +102,9 @@ type Timing struct {
 	ReloadScale float64
 	// SampleEvery is the queue-length sampling period (recovery time).
 	SampleEvery time.Duration
+	// LinkLatency is the Assist stream's one-way latency between a
+	// drafter and its target (mirror updates one way, drafts the other).
+	LinkLatency time.Duration
 }
 
 // DefaultTiming returns the values measured on, or configured in, the real
@@ -106,11 +121,16 @@ type Timing struct {
 //     1024 (the worker's ckptQueue).
 //   - ReloadScale 1: the profile's disk + host-to-GPU + engine init.
 //   - SampleEvery 250 ms: the benchmark's queue sampler.
+//   - LinkLatency 100 µs: one gRPC message on an open stream inside a
+//     datacenter network (a few tens of µs of wire and switch latency plus
+//     the stack on both ends); the batches are a few KB, so bandwidth adds
+//     nothing that matters at 12.5 GB/s.
 func DefaultTiming() Timing {
 	return Timing{CommitDelay: 3 * time.Millisecond, DetectDelay: 45 * time.Millisecond,
 		PollFirst: 20 * time.Millisecond, PollMax: 250 * time.Millisecond, RedispatchAfter: time.Second,
 		LoadInterval: 250 * time.Millisecond, QueueWindow: 10 * time.Second, ReconcileInterval: 2 * time.Second,
-		NetBytesPerSec: 12.5e9, SendQueuePages: 1024, ReloadScale: 1, SampleEvery: 250 * time.Millisecond}
+		NetBytesPerSec: 12.5e9, SendQueuePages: 1024, ReloadScale: 1, SampleEvery: 250 * time.Millisecond,
+		LinkLatency: 100 * time.Microsecond}
 }
 
 // Validate says what is wrong with the Config.
@@ -140,6 +160,10 @@ func (c *Config) Validate() error {
 	if t.NetBytesPerSec <= 0 || t.SendQueuePages < 1 {
 		errs = append(errs, errors.New("Timing: NetBytesPerSec and SendQueuePages must be positive"))
 	}
+	if t.LinkLatency < 0 {
+		errs = append(errs, fmt.Errorf("Timing: LinkLatency (%s) must be >= 0", t.LinkLatency))
+	}
+	errs = append(errs, c.validateSpec()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
@@ -185,10 +209,11 @@ type Sim struct {
 	fsm      *fsm.FSM
 	logIndex uint64
 
-	workers  []*simWorker
-	byWorker map[string]*simWorker
-	reqs     []*simRequest          // by arrival index; nil until it arrives
-	byID     map[string]*simRequest // dispatch id → request
+	workers   []*simWorker
+	byWorker  map[string]*simWorker
+	draftProf engine.Profile         // the draft model's (Speculation)
+	reqs      []*simRequest          // by arrival index; nil until it arrives
+	byID      map[string]*simRequest // dispatch id → request
 
 	pageBytes uint64
 	marks     map[time.Duration][]*pb.Command // MarkFailed commands by the time detection ends
@@ -225,6 +250,14 @@ type simWorker struct {
 
 	outBuf [][]int32 // a step's sampled tokens, reused
 	tokBuf []int32
+
+	// Progressive recovery (spec.go): the incarnation's phase, the
+	// pairing it is in (either side), the restart's phase times, and the
+	// tokens its core has committed.
+	phase  pb.WorkerPhase
+	as     *assist
+	span   *PhaseSpan
+	tokens int
 }
 
 // simRequest is a client request as the gateway sees it.
@@ -283,11 +316,20 @@ func New(cfg Config) (*Sim, error) {
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens}
 	s.res.Requests = len(cfg.Arrivals)
 	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda}}})
+	s.draftProf = cfg.Spec.Draft
+	if s.draftProf.DecodeBaseMs == 0 {
+		s.draftProf = engine.Profiles[DefaultDraftProfile]
+	}
 	for i := range cfg.Workers {
 		w := &simWorker{id: fmt.Sprintf("worker-%d", i+1)}
 		s.workers = append(s.workers, w)
 		s.byWorker[w.id] = w
-		s.register(w)
+		if i >= cfg.Workers-cfg.Spec.AssistOnly {
+			s.register(w, pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT)
+			s.setPhase(w, pb.WorkerPhase_WORKER_PHASE_ASSIST)
+			continue
+		}
+		s.register(w, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE)
 	}
 	s.reqs = make([]*simRequest, len(cfg.Arrivals))
 	s.arrSeq = s.seq
@@ -449,8 +491,8 @@ func (s *Sim) capacity() *pb.Capacity {
 }
 
 // register starts a worker's new incarnation: an empty core and store, in
-// full service.
-func (s *Sim) register(w *simWorker) {
+// full service or, after a failure with Speculation, in LOADING_DRAFT.
+func (s *Sim) register(w *simWorker, phase pb.WorkerPhase) {
 	w.inc++
 	w.alive = true
 	w.store = newSimStore(s.cfg.CheckpointBudget)
@@ -458,11 +500,16 @@ func (s *Sim) register(w *simWorker) {
 		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages}, w.store)
 	w.waits = core.WaitWindow{}
 	w.busy, w.kick, w.linkFree, w.published = false, false, s.now, 0
-	res := s.apply(&pb.Command{Body: &pb.Command_RegisterWorker{RegisterWorker: &pb.RegisterWorkerCmd{Worker: &pb.Worker{
-		Id: w.id, Incarnation: w.inc, Phase: pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, Capacity: s.capacity(), ModelId: s.cfg.Profile.Model}}}})
+	w.phase = phase
+	row := &pb.Worker{Id: w.id, Incarnation: w.inc, Phase: phase, Capacity: s.capacity(), ModelId: s.cfg.Profile.Model}
+	if s.cfg.Speculation {
+		row.DraftId = s.draftProf.Model
+	}
+	res := s.apply(&pb.Command{Body: &pb.Command_RegisterWorker{RegisterWorker: &pb.RegisterWorkerCmd{Worker: row}}})
 	if res.Err != nil {
 		s.fail("register %s: %v", w.id, res.Err)
 	}
+	s.relink()
 	s.report(w)
 }
 
@@ -633,6 +680,12 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 		s.fail("request %s: token %d arrived, the journal has %d", r.id, ev.Index, r.out)
 		return
 	}
+	// Whatever happened (failures, resumes, speculation), the client gets
+	// the tokens of a failure-free run without speculation.
+	if want := token(r.idx, ev.Index); ev.Token != want {
+		s.fail("request %s: output token %d is %d, the reference has %d", r.id, ev.Index, ev.Token, want)
+		return
+	}
 	r.out++
 	if r.first < 0 {
 		r.first = s.now
@@ -703,15 +756,18 @@ func (s *Sim) step(w *simWorker) {
 		dur += p.ImportTime(len(rs.Pages))
 		w.store.release(rs.Req.ID) // consumed: the request runs here now
 	}
-	decode, prefill := 0, 0
-	for _, ch := range st.Batch {
-		if ch.Sample > 1 || len(ch.Tokens) == 1 {
-			decode += len(ch.Tokens)
-		} else {
-			prefill += len(ch.Tokens)
+	// One fused pass: every decoding row at K+1 positions when any row
+	// verifies drafts (StepTimeK; K = 0 is StepTime).
+	rows, k, prefill := st.Shape()
+	dur += p.StepTimeK(rows, k, prefill)
+	if k > 0 {
+		for _, ch := range st.Batch {
+			if ch.Sample > 1 {
+				s.res.Spec.KRows++
+				s.res.Spec.KSum += w.core.SpecK()
+			}
 		}
 	}
-	dur += p.StepTime(decode, prefill)
 	s.res.Steps++
 	w.busy = true
 	gen := w.gen
@@ -725,23 +781,37 @@ func (s *Sim) step(w *simWorker) {
 
 func (s *Sim) stepDone(w *simWorker, st core.Step) {
 	// Done reads the tokens and keeps nothing: the buffers are the worker's.
-	n := len(st.Batch)
-	if cap(w.outBuf) < n {
-		w.outBuf, w.tokBuf = make([][]int32, n), make([]int32, n)
+	// A chunk sampling at n positions (a verification: the last token and
+	// n−1 drafts) gets the target's tokens at output indices OutIndex …
+	// OutIndex+n−1, whatever the drafts were.
+	n, sampled := len(st.Batch), 0
+	for _, ch := range st.Batch {
+		sampled += ch.Sample
 	}
-	out, toks := w.outBuf[:n], w.tokBuf[:n]
+	if cap(w.outBuf) < n {
+		w.outBuf = make([][]int32, n)
+	}
+	if cap(w.tokBuf) < sampled {
+		w.tokBuf = make([]int32, sampled)
+	}
+	out, toks := w.outBuf[:n], w.tokBuf[:sampled]
 	for i, ch := range st.Batch {
 		out[i] = nil
-		if ch.Sample == 1 {
+		if ch.Sample > 0 {
 			r := st.Reqs[i].Sink.(*simRequest)
-			toks[i] = token(r.idx, ch.OutIndex)
-			out[i] = toks[i : i+1]
+			for j := range ch.Sample {
+				toks[j] = token(r.idx, ch.OutIndex+j)
+			}
+			out[i], toks = toks[:ch.Sample:ch.Sample], toks[ch.Sample:]
 		}
 	}
 	w.core.Done(s.clock(), out)
 	w.busy = false
 	s.flush(w)
 	s.publish(w)
+	if a := w.as; a != nil && a.target == w {
+		s.mirror(a) // the step's progress to the drafter
+	}
 	s.step(w)
 }
 
@@ -751,8 +821,14 @@ func (s *Sim) flush(w *simWorker) {
 	s.res.RestoredPages += o.RestoredPages
 	s.res.RecomputedTokens += o.RecomputedTokens
 	s.res.Preemptions += o.Preemptions
+	s.res.Spec.DraftTokens += o.DraftTokens
+	s.res.Spec.AcceptedTokens += o.AcceptedTokens
+	s.res.Spec.Verifications += o.Verifications
 	w.waits.Add(o.Waits...)
 	for _, ev := range o.Events {
+		if ev.Err == nil {
+			w.tokens++
+		}
 		r := ev.Req.Sink.(*simRequest)
 		if r.call != ev.Req {
 			continue // a call the gateway gave up on
@@ -847,6 +923,13 @@ func (s *Sim) sample() {
 		}
 	}
 	s.res.Queue = append(s.res.Queue, queueSample{At: s.now, Waiting: float64(waiting)})
+	if s.cfg.TokenSeries {
+		row := make([]int, len(s.workers))
+		for i, w := range s.workers {
+			row[i] = w.tokens
+		}
+		s.res.WorkerTokens = append(s.res.WorkerTokens, row)
+	}
 }
 
 // markFailed applies the MarkFailed commands pending, and notes the
@@ -855,6 +938,7 @@ func (s *Sim) markFailed(at time.Duration) {
 	cmds := s.marks[at]
 	delete(s.marks, at)
 	res := s.applyEntry(cmds)
+	s.relink() // a drafter whose target failed is paired again
 	if s.res.PlanAt == 0 {
 		s.res.PlanAt = s.now
 	}
@@ -891,6 +975,11 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	}
 	w.alive = false
 	w.gen++
+	if w.as != nil {
+		s.unpair(w.as)
+	}
+	s.endSpan(w)
+	w.phase = pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
 	for _, r := range w.core.Requests() {
 		sr := r.Sink.(*simRequest)
 		if sr.call == r {
@@ -907,10 +996,13 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 		s.at(at, func() { s.markFailed(at) })
 	}
 	s.marks[at] = append(s.marks[at], &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: w.inc, Reason: "probe failed"}}})
-	if restart {
+	switch {
+	case restart && s.cfg.Speculation:
+		s.restart(w, at)
+	case restart:
 		s.at(s.now+time.Duration(float64(s.cfg.Profile.LoadTime())*s.cfg.Timing.ReloadScale), func() {
 			if !w.alive {
-				s.register(w)
+				s.register(w, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE)
 			}
 		})
 	}

@@ -48,15 +48,21 @@ type Column struct {
 	Strategy policy.Strategy
 	Fail     bool
 	Ref      string // the failure-free column recovery is measured against
+	// Spec: progressive recovery with speculation assist
+	// (Config.Speculation); the other columns reload plainly.
+	Spec bool
 }
 
 // Columns are the benchmark's columns, in the order they run.
+// lumen-no-spec is lumen with the plain reload: the ablation of the
+// speculation assist.
 var Columns = []Column{
-	{"no-checkpoint-no-failure", policy.StopAndRestart, false, ""},
-	{"lumen-no-failure", policy.Lumen, false, ""},
-	{"stop-and-restart", policy.StopAndRestart, true, "no-checkpoint-no-failure"},
-	{"fixed-checkpoint", policy.FixedCheckpoint, true, "lumen-no-failure"},
-	{"lumen", policy.Lumen, true, "lumen-no-failure"},
+	{Name: "no-checkpoint-no-failure", Strategy: policy.StopAndRestart},
+	{Name: "lumen-no-failure", Strategy: policy.Lumen},
+	{Name: "stop-and-restart", Strategy: policy.StopAndRestart, Fail: true, Ref: "no-checkpoint-no-failure"},
+	{Name: "fixed-checkpoint", Strategy: policy.FixedCheckpoint, Fail: true, Ref: "lumen-no-failure"},
+	{Name: "lumen-no-spec", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure"},
+	{Name: "lumen", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure", Spec: true},
 }
 
 // Timeline is a run's schedule.
@@ -100,6 +106,32 @@ type Figures struct {
 	// Wall-clock p99 of fsm.Apply (0 unless measured).
 	ApplyMarkFailedP99Ms float64 `json:"apply_markfailed_p99_ms"`
 	ApplyDispatchP99Ms   float64 `json:"apply_dispatch_p99_ms"`
+
+	// Speculation, in the lumen column (absent where nothing was
+	// drafted). AcceptRate is accepted / verified draft tokens; AssistS
+	// the seconds drafters were paired, summed over them; SpecKMean the
+	// K of its step per verification row; Verifications the rows that
+	// verified drafts.
+	AcceptRate     float64 `json:"accept_rate,omitempty"`
+	DraftTokens    int     `json:"draft_tokens,omitempty"`
+	AcceptedTokens int     `json:"accepted_tokens,omitempty"`
+	AssistS        float64 `json:"assist_s,omitempty"`
+	Verifications  int     `json:"verifications,omitempty"`
+	SpecKMean      float64 `json:"spec_k_mean,omitempty"`
+	Drafted        int     `json:"drafted_tokens,omitempty"`
+	// The phases of a restart, mean seconds over the restarts that
+	// reached full service: LOADING_DRAFT from the registration, ASSIST,
+	// HOTSWAP.
+	PhaseLoadingDraftS float64 `json:"phase_loading_draft_s,omitempty"`
+	PhaseAssistS       float64 `json:"phase_assist_s,omitempty"`
+	PhaseHotswapS      float64 `json:"phase_hotswap_s,omitempty"`
+	// The paired workers' decode rate, committed tokens/s: while paired;
+	// the same workers over the 10 s before the failure; the same
+	// workers over the same spans in lumen-no-spec (weighted by the
+	// pairings' lengths).
+	PairedDecodeTokS       float64 `json:"paired_decode_tok_s,omitempty"`
+	PairedDecodeBeforeTokS float64 `json:"paired_decode_before_tok_s,omitempty"`
+	PairedDecodeNoSpecTokS float64 `json:"paired_decode_no_spec_tok_s,omitempty"`
 }
 
 // Study is a side-by-side comparison on one setup: a calibration run, then
@@ -127,6 +159,8 @@ type Study struct {
 	// Trace, when set, replaces the Azure-shaped generator: its arrivals,
 	// rescaled in time to the offered rate (ReadAzureTrace, Rescale).
 	Trace []workload.Request
+	// Spec is the lumen column's speculation (its Seed is the study's).
+	Spec SpecOptions
 }
 
 // arrivals returns the requests of a run at rate for d: from the trace
@@ -151,9 +185,11 @@ func (st *Study) logf(format string, args ...any) {
 func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workload.Request) Config {
 	timing := st.Timing
 	timing.ReloadScale *= st.Timeline.ReloadScale
+	spec := st.Spec
+	spec.Seed = st.Seed
 	return Config{Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
 		TokenBudget: 2048, MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget,
-		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply}
+		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec}
 }
 
 // Calibrate measures the setup's saturated throughput in requests per
@@ -221,6 +257,10 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	results := map[string]*Result{}
 	for _, col := range Columns {
 		cfg := st.config(p, col.Strategy, reqs)
+		cfg.Speculation = col.Spec
+		// The decode rates of the paired workers, with and without
+		// speculation, come from the token series.
+		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail
 		if col.Fail {
 			for i := range st.Setup.Failures {
 				cfg.Failures = append(cfg.Failures, Failure{Worker: i, At: tm.FailAt, Restart: !st.NoRestart})
@@ -289,6 +329,9 @@ func (st *Study) Run() (map[string]*Figures, error) {
 				servingstats.Levels(ref.Records, ref.Queue, res.FailAt, end, rule), rule)
 			f.RecoveryS, f.Recovered = d.Seconds(), ok
 		}
+		if col.Spec {
+			specFigures(f, res, results["lumen-no-spec"], tm.FailAt)
+		}
 		figs[col.Name] = f
 	}
 	if st.Series != nil {
@@ -300,6 +343,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	}
 	if st.Log != nil {
 		PrintTable(st.Log, st.Setup, figs)
+		PrintSpec(st.Log, figs["lumen"])
 		rejoin := time.Duration(-1)
 		if !st.NoRestart {
 			rejoin = tm.FailAt + time.Duration(float64(p.LoadTime())*st.Timing.ReloadScale*tm.ReloadScale)
@@ -369,7 +413,7 @@ func Attribute(run, ref *Result, warmup, failAt, rejoin time.Duration) Attributi
 
 // PrintTable writes the figures as `lumen bench recovery` prints them.
 func PrintTable(out io.Writer, s Setup, figs map[string]*Figures) {
-	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
 	fmt.Fprintf(out, "\n%s (%d workers, %s, %d failed; simulated)\n", s.Name, s.Workers, s.Profile, s.Failures)
 	fmt.Fprintf(out, "%-24s", "")
 	for _, c := range cols {
@@ -402,11 +446,16 @@ func PrintTable(out io.Writer, s Setup, figs map[string]*Figures) {
 	row("requests / failed", func(f *Figures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) })
 	row("Apply(MarkFailed) p99 ms", func(f *Figures) string { return fmt.Sprintf("%.3f", f.ApplyMarkFailedP99Ms) })
 	row("Apply(Dispatch) p99 ms", func(f *Figures) string { return fmt.Sprintf("%.3f", f.ApplyDispatchP99Ms) })
-	l, sr, fc := figs["lumen"], figs["stop-and-restart"], figs["fixed-checkpoint"]
-	fmt.Fprintf(out, "lumen vs stop-and-restart: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
-		Gain(l.TTFTMeanMs, sr.TTFTMeanMs), Gain(l.TTFTP99Ms, sr.TTFTP99Ms), Gain(l.TPOTMeanMs, sr.TPOTMeanMs), Gain(l.RecoveryS, sr.RecoveryS))
-	fmt.Fprintf(out, "lumen vs fixed-checkpoint: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
-		Gain(l.TTFTMeanMs, fc.TTFTMeanMs), Gain(l.TTFTP99Ms, fc.TTFTP99Ms), Gain(l.TPOTMeanMs, fc.TPOTMeanMs), Gain(l.RecoveryS, fc.RecoveryS))
+	vs := func(a, b string) {
+		l, o := figs[a], figs[b]
+		fmt.Fprintf(out, "%s vs %s: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n", a, b,
+			Gain(l.TTFTMeanMs, o.TTFTMeanMs), Gain(l.TTFTP99Ms, o.TTFTP99Ms), Gain(l.TPOTMeanMs, o.TPOTMeanMs), Gain(l.RecoveryS, o.RecoveryS))
+	}
+	vs("lumen", "stop-and-restart")
+	vs("lumen", "fixed-checkpoint")
+	vs("lumen", "lumen-no-spec")
+	vs("lumen-no-spec", "stop-and-restart")
+	vs("lumen-no-spec", "fixed-checkpoint")
 	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
 	fmt.Fprintf(out, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s\n\n",
 		Gain(a.TTFTMeanMs, b.TTFTMeanMs), Gain(a.TPOTMeanMs, b.TPOTMeanMs))

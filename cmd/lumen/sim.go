@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lumen-project/lumen/sim"
+	"github.com/lumen-project/lumen/worker/core"
 )
 
 func init() {
@@ -38,13 +39,22 @@ func runSim(args []string) error {
 	svgPath := fs.String("svg", "", "with -figure or -replot: plot the figure as SVG")
 	replot := fs.String("replot", "", "plot a figure's JSON written by -figure -json (with -svg), running nothing")
 	seeds := fs.Int("seeds", 1, "with -figure: run every point with this many seeds (from -seed) and report the means")
-	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens)")
+	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens), or spec-k (adaptive K against fixed K = 0 … 8, one target and its drafter)")
+	specAlpha := fs.Float64("spec-alpha", core.PriorAcceptance, "lumen's speculation: the probability that a draft token equals the target's (CALIBRATION.md)")
+	specK := fs.Int("spec-k", 0, "lumen's speculation: drafts verified per request per step; 0 = adaptive (chosen each step from the measured acceptance and the step-cost model)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *specAlpha <= 0 || *specAlpha > 1 {
+		return fmt.Errorf("-spec-alpha %g: must be in (0, 1]", *specAlpha)
+	}
+	if *specK < 0 || *specK > 64 {
+		return fmt.Errorf("-spec-k %d: must be in [0, 64] (0: adaptive)", *specK)
 	}
 	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart, FailAt: *failAt,
 		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, TracePath: *tracePath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
+	o.Spec = sim.SpecOptions{Alpha: *specAlpha, K: *specK}
 	if *replot != "" {
 		data, err := os.ReadFile(*replot)
 		if err != nil {
@@ -60,9 +70,31 @@ func runSim(args []string) error {
 		}
 		return writeSVG(&f, *svgPath)
 	}
+	if *figure == "spec-k" {
+		ko := sim.DefaultSpecKOptions()
+		ko.Seed, ko.Timing, ko.Log = *seed, o.Timing, os.Stdout
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if set["spec-k"] || set["spec-alpha"] {
+			return fmt.Errorf("-figure spec-k runs every K at alpha 0.5, 0.7 and 0.9: -spec-k and -spec-alpha do not apply")
+		}
+		f, err := sim.RunSpecK(ko)
+		if err != nil {
+			return err
+		}
+		if *jsonPath != "" {
+			data, err := json.MarshalIndent(f, "", "  ")
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
+		}
+		return nil
+	}
 	if *figure != "" {
 		fo := sim.DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning = *seed, *seeds, *load, o.Timing, os.Stdout, *profile, *maxRunning
+		fo.Spec = o.Spec
 		if *workers > 0 {
 			fo.Workers = *workers
 		}
