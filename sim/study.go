@@ -284,10 +284,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 			res.Events, wall.Seconds(), float64(res.Events)/wall.Seconds(), res.End.Round(time.Millisecond))
 		results[col.Name] = res
 	}
-	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
-	if w := time.Duration(100 / rate * float64(time.Second)); w > rule.Window {
-		rule.Window = w.Round(time.Second)
-	}
+	rule := servingstats.DefaultRecoveryRule(rate, p.StepTime(batch, 0))
 	figs := map[string]*Figures{}
 	for _, col := range Columns {
 		res := results[col.Name]
