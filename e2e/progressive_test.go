@@ -6,7 +6,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ import (
 // (ASSIST) about 4.5 s, the copy to the GPU (HOTSWAP) 0.17 s.
 
 // restartScale scales the restarted worker's load times.
-const restartScale = "0.2"
+const restartScale = 0.2
 
 // progEnv is a quorum, workers of one engine and a gateway.
 type progEnv struct {
@@ -95,12 +96,17 @@ func startProgressive(t *testing.T, backend string, workers int) *progEnv {
 }
 
 // restart starts a killed worker again, with the profiles' load times
-// (scaled): it is a restart after a failure, so it recovers progressively.
-func (env *progEnv) restart(t *testing.T, w *devcluster.Worker) {
+// scaled by restartScale: it is a restart after a failure, so it recovers
+// progressively.
+func (env *progEnv) restart(t *testing.T, w *devcluster.Worker) { env.restartScaled(t, w, restartScale) }
+
+// restartScaled is restart with the load times scaled by scale.
+func (env *progEnv) restartScaled(t *testing.T, w *devcluster.Worker, scale float64) {
 	t.Helper()
-	if !strings.Contains(strings.Join(w.Args, " "), "-emulate-load=true") {
-		w.Args = append(w.Args, "-emulate-load=true", "-load-scale", restartScale)
+	if i := slices.Index(w.Args, "-emulate-load=true"); i >= 0 {
+		w.Args = w.Args[:i]
 	}
+	w.Args = append(w.Args, "-emulate-load=true", "-load-scale", strconv.FormatFloat(scale, 'g', -1, 64))
 	if err := env.cl.StartWorker(w); err != nil {
 		t.Fatal(err)
 	}
@@ -337,9 +343,9 @@ func assistFigures(t *testing.T, target, drafter *devcluster.Worker) (verified, 
 	verified = metric(t, target, "lumen_worker_spec_draft_tokens_total")
 	accepted = metric(t, target, "lumen_worker_spec_accepted_tokens_total")
 	verifications := metric(t, target, "lumen_worker_spec_verifications_total")
-	proposed := -1.0
+	proposed := "? (it is dead)"
 	if drafter.Running() {
-		proposed = metric(t, drafter, "lumen_worker_drafted_tokens_total")
+		proposed = fmt.Sprint(metric(t, drafter, "lumen_worker_drafted_tokens_total"))
 	}
 	rate := 0.0
 	if verified > 0 {
@@ -384,4 +390,157 @@ func TestProgressiveRecoveryAssists(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitMetric polls a worker's metric until ok accepts it.
+func waitMetric(t *testing.T, w *devcluster.Worker, name, what string, ok func(float64) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if v, err := w.Metric(context.Background(), name); err == nil && ok(v) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (%s on %s)", what, name, w.ID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// assisting waits until the drafter's partner has accepted drafts: the
+// assist runs.
+func (env *progEnv) assisting(t *testing.T, drafter string, after int) (*devcluster.Worker, int) {
+	t.Helper()
+	ev, i := env.events.waitFor(t, 30*time.Second, drafter+" paired", after, pairedEvent(drafter, true))
+	target := env.byID(ev.GetPaired().TargetId)
+	t.Logf("%s paired with %s: %s", drafter, target.ID, ev.GetPaired().Reason)
+	waitMetric(t, target, "lumen_worker_spec_accepted_tokens_total", target.ID+" accepting drafts", func(v float64) bool { return v > 0 })
+	return target, i
+}
+
+// TestDrafterDiesDuringAssist: the restarted worker is killed again while
+// it drafts. Its partner runs on without drafts (its Assist stream ends,
+// the controller ends the pairing when it marks the drafter failed), and no
+// output changes.
+func TestDrafterDiesDuringAssist(t *testing.T) {
+	env := startProgressive(t, "synthetic", 3)
+	c := env.stream(t, "drafter dies", 24, 640)
+	v, inc := env.killBusiest(t)
+	env.restart(t, v)
+	_, assist := env.events.waitFor(t, 30*time.Second, v.ID+" in ASSIST", -1, phase(v.ID, inc, pb.WorkerPhase_WORKER_PHASE_ASSIST))
+	target, paired := env.assisting(t, v.ID, assist)
+	t.Logf("kill -9 the drafter %s while %s verifies its drafts", v.ID, target.ID)
+	env.cl.KillWorker(v)
+	waitMetric(t, target, "lumen_worker_assist_streams", "the end of the Assist stream", func(v float64) bool { return v == 0 })
+	ev, _ := env.events.waitFor(t, 30*time.Second, "the end of "+v.ID+"'s pairing", paired, pairedEvent(v.ID, false))
+	t.Logf("pairing ended: %s", ev.GetPaired().Reason)
+	c.check(t)
+	assistFigures(t, target, v)
+}
+
+// TestPartnerDiesDuringAssist: the drafter's partner is killed while it
+// verifies drafts. Its requests recover as usual, on the other survivor;
+// the drafter is paired again, with that survivor, still in ASSIST, and
+// every output equals the reference.
+func TestPartnerDiesDuringAssist(t *testing.T) {
+	env := startProgressive(t, "synthetic", 3)
+	c := env.stream(t, "partner dies", 24, 800)
+	v, inc := env.killBusiest(t)
+	// A longer ASSIST (about 9 s): it outlasts the partner's failure
+	// detection and the new pairing.
+	env.restartScaled(t, v, 0.4)
+	_, assist := env.events.waitFor(t, 30*time.Second, v.ID+" in ASSIST", -1, phase(v.ID, inc, pb.WorkerPhase_WORKER_PHASE_ASSIST))
+	partner, paired := env.assisting(t, v.ID, assist)
+	_, pinc := workerPhase(t, env.ctl, partner.ID)
+	t.Logf("kill -9 the partner %s", partner.ID)
+	env.cl.KillWorker(partner)
+	_, failed := env.events.waitFor(t, 30*time.Second, partner.ID+" marked FAILED", paired, phase(partner.ID, 0, pb.WorkerPhase_WORKER_PHASE_FAILED))
+	env.events.waitFor(t, 30*time.Second, "a recovery plan for "+partner.ID+"'s requests", paired, func(ev *pb.Event) bool {
+		rp := ev.GetRecoveryPlan()
+		return rp != nil && rp.FailedWorker == partner.ID && rp.FailedIncarnation == pinc
+	})
+	ev, again := env.events.waitFor(t, 30*time.Second, v.ID+" paired again", failed, pairedEvent(v.ID, true))
+	if ev.GetPaired().TargetId == partner.ID {
+		t.Fatalf("%s paired again with the dead %s", v.ID, partner.ID)
+	}
+	t.Logf("%s paired again with %s: %s", v.ID, ev.GetPaired().TargetId, ev.GetPaired().Reason)
+	_, hotswap, _ := env.walk(t, v.ID, inc, -1)
+	if hotswap < again {
+		t.Errorf("%s left ASSIST before it was paired again", v.ID)
+	}
+	c.check(t)
+	survivor := env.byID(ev.GetPaired().TargetId)
+	if _, accepted := assistFigures(t, survivor, v); accepted == 0 {
+		t.Errorf("%s accepted no draft from %s after the new pairing", survivor.ID, v.ID)
+	}
+}
+
+// TestFailureDuringHotswap: the restarted worker is killed again while it
+// copies its weights to the device (HOTSWAP). The controller marks that
+// incarnation failed from HOTSWAP; restarted once more it recovers
+// progressively again, and no output changes.
+func TestFailureDuringHotswap(t *testing.T) {
+	env := startProgressive(t, "synthetic", 3)
+	c := env.stream(t, "hotswap", 24, 800)
+	v, inc := env.killBusiest(t)
+	// HOTSWAP takes 0.25 s at this scale: long enough to be killed in.
+	env.restartScaled(t, v, 0.3)
+	ev, hot := env.events.waitFor(t, 60*time.Second, v.ID+" in HOTSWAP", -1, phase(v.ID, inc, pb.WorkerPhase_WORKER_PHASE_HOTSWAP))
+	inc2 := ev.GetPhaseChanged().Incarnation
+	t.Logf("kill -9 %s in HOTSWAP", v.ID)
+	env.cl.KillWorker(v)
+	ev, _ = env.events.waitFor(t, 30*time.Second, v.ID+" marked FAILED", hot, func(ev *pb.Event) bool {
+		pc := ev.GetPhaseChanged()
+		return pc != nil && pc.WorkerId == v.ID && pc.Incarnation == inc2 && pc.To != pb.WorkerPhase_WORKER_PHASE_HOTSWAP
+	})
+	if pc := ev.GetPhaseChanged(); pc.From != pb.WorkerPhase_WORKER_PHASE_HOTSWAP || pc.To != pb.WorkerPhase_WORKER_PHASE_FAILED {
+		t.Fatalf("%s incarnation %d went from %s to %s after the kill in HOTSWAP", v.ID, inc2, pc.From, pc.To)
+	}
+	env.restart(t, v)
+	env.walk(t, v.ID, inc2, hot)
+	c.check(t)
+}
+
+// TestLeaderDiesDuringPhaseChange: the controller leader is killed as the
+// restarted worker enters HOTSWAP, so its next phase change (to
+// FULL_SERVICE, a fraction of a second later) meets an election. The
+// worker retries the change until the new leader commits it, once, and no
+// output changes.
+func TestLeaderDiesDuringPhaseChange(t *testing.T) {
+	env := startProgressive(t, "synthetic", 3)
+	c := env.stream(t, "leader dies", 24, 640)
+	v, inc := env.killBusiest(t)
+	env.restart(t, v)
+	_, hot := env.events.waitFor(t, 60*time.Second, v.ID+" in HOTSWAP", -1, phase(v.ID, inc, pb.WorkerPhase_WORKER_PHASE_HOTSWAP))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	leader, err := env.cl.WaitLeader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kill -9 the leader %s", env.cl.Controllers[leader].ID)
+	env.cl.Kill(leader)
+	t.Cleanup(func() { _ = env.cl.Restart(leader) })
+	_, full := env.events.waitFor(t, 30*time.Second, v.ID+" in FULL_SERVICE", hot, phase(v.ID, inc, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE))
+	c.check(t)
+	// Exactly one commit of each phase.
+	env.events.mu.Lock()
+	counts := map[pb.WorkerPhase]int{}
+	for _, ev := range env.events.evs[:full+1] {
+		if pc := ev.GetPhaseChanged(); pc != nil && pc.WorkerId == v.ID && pc.Incarnation != inc {
+			counts[pc.To]++
+		}
+	}
+	env.events.mu.Unlock()
+	for _, p := range []pb.WorkerPhase{pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT, pb.WorkerPhase_WORKER_PHASE_ASSIST,
+		pb.WorkerPhase_WORKER_PHASE_HOTSWAP, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE} {
+		if counts[p] != 1 {
+			t.Errorf("%s entered %s %d times", v.ID, p, counts[p])
+		}
+	}
+	env.events.mu.Lock()
+	gap := time.Duration(env.events.evs[full].UnixNano - env.events.evs[hot].UnixNano)
+	env.events.mu.Unlock()
+	t.Logf("HOTSWAP to FULL_SERVICE across the election: %s between the commits (the copy itself takes %s)", gap.Round(time.Millisecond),
+		time.Duration(float64(engine.Profiles["qwen3-14b-h100"].HotswapTime())*restartScale).Round(time.Millisecond))
 }
