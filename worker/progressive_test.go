@@ -185,3 +185,23 @@ func TestProgressiveRecovery(t *testing.T) {
 		t.Fatalf("after a clean shutdown: restarted %v, %v", restarted, err)
 	}
 }
+
+// TestRunMarker: a start finds the marker of a run that did not shut down
+// cleanly; a clean shutdown removes it; no data directory, no marker.
+func TestRunMarker(t *testing.T) {
+	dir := t.TempDir()
+	for i, want := range []bool{false, true, true} {
+		if got, err := markRunning(dir); err != nil || got != want {
+			t.Fatalf("start %d: restarted %v (%v), want %v", i, got, err, want)
+		}
+	}
+	if err := clearRunning(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := markRunning(dir); got {
+		t.Fatal("restarted after a clean shutdown")
+	}
+	if got, err := markRunning(""); got || err != nil {
+		t.Fatalf("no data directory: restarted %v, %v", got, err)
+	}
+}

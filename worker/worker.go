@@ -61,8 +61,8 @@ type Worker struct {
 	registered chan struct{}
 	regOnce    sync.Once
 	// restarted: the last run of this data directory did not shut down
-	// cleanly (progressive.go).
-	restarted bool
+	// cleanly (progressive.go); started: New returned this worker.
+	restarted, started bool
 
 	loadKick chan struct{}
 	stop     chan struct{}
@@ -167,6 +167,7 @@ func New(cfg Config) (w *Worker, err error) {
 	if progressive {
 		w.goFunc(w.recoverProgressively)
 	}
+	w.started = true
 	return w, nil
 }
 
@@ -430,8 +431,11 @@ func (w *Worker) Shutdown(ctx context.Context) {
 			w.ctl.Close()
 		}
 		// A clean shutdown: the next start is not a restart after a failure.
-		if err := clearRunning(w.cfg.DataDir); err != nil {
-			w.log.Warn("could not remove the run marker; the next start will recover progressively", "error", err)
+		// (A start that failed leaves a failed run's marker in place.)
+		if w.started || !w.restarted {
+			if err := clearRunning(w.cfg.DataDir); err != nil {
+				w.log.Warn("could not remove the run marker; the next start will recover progressively", "error", err)
+			}
 		}
 	})
 }
