@@ -98,7 +98,9 @@ func startProgressive(t *testing.T, backend string, workers int) *progEnv {
 // restart starts a killed worker again, with the profiles' load times
 // scaled by restartScale: it is a restart after a failure, so it recovers
 // progressively.
-func (env *progEnv) restart(t *testing.T, w *devcluster.Worker) { env.restartScaled(t, w, restartScale) }
+func (env *progEnv) restart(t *testing.T, w *devcluster.Worker) {
+	env.restartScaled(t, w, restartScale)
+}
 
 // restartScaled is restart with the load times scaled by scale.
 func (env *progEnv) restartScaled(t *testing.T, w *devcluster.Worker, scale float64) {
