@@ -30,8 +30,9 @@ import (
 // The workers are paced as Qwen3-14B on an H100 (-profile); they start
 // with -emulate-load=false, so the cluster comes up at once, and the
 // restarted worker takes the profiles' load times scaled by restartScale:
-// the draft (Qwen3-0.6B) about 1 s, the target's weights into host memory
-// (ASSIST) about 4.5 s, the copy to the GPU (HOTSWAP) 0.17 s.
+// the draft (Qwen3-0.6B) about 1 s (LOADING_DRAFT), the target's weights
+// into host memory about 4.5 s from the start (ASSIST is the 3.5 s after
+// the draft), the copy to the GPU (HOTSWAP) 0.17 s.
 
 // restartScale scales the restarted worker's load times.
 const restartScale = 0.2
@@ -448,7 +449,7 @@ func TestPartnerDiesDuringAssist(t *testing.T) {
 	env := startProgressive(t, "synthetic", 3)
 	c := env.stream(t, "partner dies", 24, 800)
 	v, inc := env.killBusiest(t)
-	// A longer ASSIST (about 9 s): it outlasts the partner's failure
+	// A longer ASSIST (about 7 s): it outlasts the partner's failure
 	// detection and the new pairing.
 	env.restartScaled(t, v, 0.4)
 	_, assist := env.events.waitFor(t, 30*time.Second, v.ID+" in ASSIST", -1, phase(v.ID, inc, pb.WorkerPhase_WORKER_PHASE_ASSIST))

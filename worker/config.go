@@ -91,9 +91,12 @@ type Recovery struct {
 	// Draft; it is unloaded at HOTSWAP.
 	Draft     engine.Engine
 	LoadDraft func(ctx context.Context) error
-	// Target loads Config.Engine: ToHost in the background during ASSIST,
-	// ToDevice in HOTSWAP.
+	// Target loads Config.Engine: ToHost in the background from the start
+	// (through LOADING_DRAFT and ASSIST), ToDevice in HOTSWAP.
 	Target engine.Stages
+	// Direct loads the target at once after a failure too, as on a fresh
+	// start: no draft, no assist (the ablation of progressive recovery).
+	Direct bool
 }
 
 // DefaultConfig returns a Config with the optional fields at their defaults.

@@ -107,7 +107,10 @@ func New(cfg Config) (w *Worker, err error) {
 		return nil, err
 	}
 	w.incarnation.Store(inc)
-	progressive := cfg.Recovery != nil && w.restarted
+	progressive := cfg.Recovery != nil && w.restarted && !cfg.Recovery.Direct
+	if w.restarted && !progressive {
+		w.log.Info("restarted after a failure; progressive recovery is off: loading the model at once")
+	}
 	if progressive {
 		w.setLocalPhase(pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT)
 	} else {

@@ -49,6 +49,7 @@ func runWorker(args []string) error {
 	fs.IntVar(&cfg.SpecK, "spec-k", cfg.SpecK, "drafts verified per request per step while a drafter assists, without a -profile (with one, K adapts); 0 refuses drafts")
 	draftAlpha := fs.Float64("draft-alpha", core.PriorAcceptance, "synthetic engine: the probability that the draft proposes the target's next token, per position")
 	draftSeed := fs.Uint64("draft-seed", 1, "synthetic engine: the seed of the draft's agreement")
+	progressive := fs.Bool("progressive", true, "after a failure, recover progressively: load the draft, assist a survivor while the model loads, then hot-swap it in (false: load the model at once, as on a fresh start)")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -168,7 +169,7 @@ func runWorker(args []string) error {
 		eng = engine.NewPaced(eng, profile, *timeScale)
 		draft = engine.NewPaced(draft, dp, *timeScale)
 	}
-	cfg.Recovery = &worker.Recovery{Draft: draft, LoadDraft: loadDraft, Target: stages}
+	cfg.Recovery = &worker.Recovery{Draft: draft, LoadDraft: loadDraft, Target: stages, Direct: !*progressive}
 	cfg.Engine = eng
 	w, err := worker.New(cfg)
 	if err != nil {
