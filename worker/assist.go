@@ -121,6 +121,9 @@ func (s *inferenceServer) Assist(stream grpc.BidiStreamingServer[pb.DraftBatch, 
 	if w.cfg.Profile == nil && w.cfg.SpecK == 0 {
 		return status.Errorf(codes.FailedPrecondition, "worker %s verifies no drafts (SpecK 0, no profile to choose K by)", w.cfg.ID)
 	}
+	if err := w.checkPairing(stream.Context(), first.DrafterId, first.DrafterIncarnation); err != nil {
+		return err
+	}
 	sess := &assistSession{drafter: first.DrafterId, incarnation: first.DrafterIncarnation, notify: make(chan struct{}, 1), kSent: -1}
 	w.mu.Lock()
 	if w.assisting != nil {
@@ -172,6 +175,39 @@ func (s *inferenceServer) Assist(stream grpc.BidiStreamingServer[pb.DraftBatch, 
 			return status.Error(codes.Unavailable, errShutdown.Error())
 		}
 	}
+}
+
+// checkPairing refuses a drafter the controller has not paired with this
+// worker: the worker table must name it as this worker's partner, in the
+// incarnation it claims. (A worker without controllers takes any drafter.)
+func (w *Worker) checkPairing(ctx context.Context, drafter string, incarnation uint64) error {
+	if w.ctl == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := w.ctl.ListWorkers(cctx, &pb.ListWorkersRequest{})
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "worker %s could not read the worker table to check the pairing: %v", w.cfg.ID, err)
+	}
+	var self, d *pb.Worker
+	for _, r := range resp.Workers {
+		switch r.Id {
+		case w.cfg.ID:
+			self = r
+		case drafter:
+			d = r
+		}
+	}
+	if self == nil || d == nil || self.PairedWorker != drafter || d.PairedWorker != w.cfg.ID || d.Incarnation != incarnation {
+		partner := ""
+		if self != nil {
+			partner = self.PairedWorker
+		}
+		return status.Errorf(codes.FailedPrecondition, "the controller has not paired drafter %s (incarnation %d) with worker %s (its partner: %q)",
+			drafter, incarnation, w.cfg.ID, partner)
+	}
+	return nil
 }
 
 // recvDrafts reads the drafter's batches (first already read) and hands

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -343,6 +344,8 @@ var errPairingEnded = errors.New("worker: the controller ended the pairing")
 // assistSession drafts for p over one Assist stream until it breaks, the
 // pairing ends or ctx ends.
 func (w *Worker) assistSession(ctx context.Context, p partner, d *core.Drafter, eng engine.Engine) error {
+	var wg sync.WaitGroup
+	defer wg.Wait() // the stream's reader and the pairing's watcher, once cancelled and closed
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	cc, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -360,7 +363,7 @@ func (w *Worker) assistSession(ctx context.Context, p partner, d *core.Drafter, 
 	}
 	mirror := make(chan *pb.MirrorBatch, 64)
 	recvErr := make(chan error, 1)
-	go func() {
+	wg.Go(func() {
 		for {
 			mb, err := stream.Recv()
 			if err != nil {
@@ -373,10 +376,10 @@ func (w *Worker) assistSession(ctx context.Context, p partner, d *core.Drafter, 
 				return
 			}
 		}
-	}()
+	})
 	// The pairing ends in the table when the partner fails or leaves (its
 	// stream may hang, not break, when it is only paused).
-	go func() {
+	wg.Go(func() {
 		for w.ctl != nil {
 			select {
 			case <-sctx.Done():
@@ -390,7 +393,7 @@ func (w *Worker) assistSession(ctx context.Context, p partner, d *core.Drafter, 
 				return
 			}
 		}
-	}()
+	})
 	apply := func(mb *pb.MirrorBatch) {
 		for _, u := range mb.Updates {
 			d.Apply(core.MirrorUpdate{ID: u.RequestId, From: int(u.From), Tokens: u.Tokens, Ended: u.Ended})

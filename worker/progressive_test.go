@@ -7,13 +7,16 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/controller"
 	"github.com/lumen-project/lumen/internal/ctlclient"
@@ -124,6 +127,26 @@ func TestProgressiveRecovery(t *testing.T) {
 	if w2.cfg.Engine.Loaded() {
 		t.Fatal("w2's target is loaded in ASSIST")
 	}
+	cc, err := grpc.NewClient(w2.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	h2 := &harness{t: t, w: w2, cc: cc, cl: pb.NewInferenceClient(cc)}
+	if _, _, err := h2.generate(context.Background(), &pb.GenerateRequest{RequestId: "early", Prompt: []int32{1, 2}, MaxTokens: 2}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Generate on w2 in ASSIST: %v, want Unavailable", err)
+	}
+	// A drafter the controller did not pair with w1 is refused.
+	st, err := h.cl.Assist(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&pb.DraftBatch{DrafterId: "w9", DrafterIncarnation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "has not paired") {
+		t.Fatalf("an unpaired drafter: %v, want FailedPrecondition", err)
+	}
 
 	var wg sync.WaitGroup
 	prompts := make([][]int32, 8)
@@ -161,12 +184,6 @@ func TestProgressiveRecovery(t *testing.T) {
 	for _, p := range []pb.WorkerPhase{pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT, pb.WorkerPhase_WORKER_PHASE_ASSIST, pb.WorkerPhase_WORKER_PHASE_HOTSWAP} {
 		t.Logf("w2 spent %.3f s in %s", gaugeVecValue(w2.metrics.phaseSeconds, phaseName(p)), phaseName(p))
 	}
-	cc, err := grpc.NewClient(w2.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	h2 := &harness{t: t, w: w2, cc: cc, cl: pb.NewInferenceClient(cc)}
 	prompt := randomPrompt(rng, 30)
 	out, _, err := h2.generate(context.Background(), &pb.GenerateRequest{RequestId: "on-w2", Prompt: prompt, MaxTokens: 20})
 	if err != nil {
