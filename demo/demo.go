@@ -1,7 +1,9 @@
 // Package demo is `lumen demo`, the README's first command: a local cluster
 // of real processes, 24 client streams through the gateway, kill -9 of the
-// controller leader and of the busiest worker mid-stream, and a check that
-// every client got exactly the failure-free reference output.
+// controller leader and of the busiest worker mid-stream, the killed
+// worker's progressive recovery (its draft assisting a survivor while more
+// clients stream), and a check that every client got exactly the
+// failure-free reference output.
 package demo
 
 import (
@@ -15,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/ctlclient"
@@ -202,7 +206,7 @@ func Run(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	stream, err := client.WatchEvents(ctx, st.AppliedIndex)
+	events, err := client.WatchEvents(ctx, st.AppliedIndex)
 	if err != nil {
 		return err
 	}
@@ -212,7 +216,7 @@ func Run(cfg Config) error {
 	var plan *pb.RecoveryPlan
 	reason := ""
 	for plan == nil {
-		ev, err := stream.Recv()
+		ev, err := events.Recv()
 		if err != nil {
 			return fmt.Errorf("watch events: %w", err)
 		}
@@ -228,8 +232,37 @@ func Run(cfg Config) error {
 	reuse := printPlan(out, plan)
 	wg.Wait()
 
-	step(out, "6. check every client's output against the reference")
-	ok := checkStreams(out, streams, wants)
+	step(out, fmt.Sprintf("6. restart %s: it recovers progressively, drafting for a survivor while its model loads", busiest.ID))
+	// Its load now takes the profiles' times, scaled to a few seconds:
+	// the draft (Qwen3-0.6B), the 14B weights into host memory (ASSIST),
+	// their copy to the GPU (HOTSWAP).
+	busiest.Args = append(busiest.Args, "-emulate-load=true", "-load-scale", "0.2")
+	wave := make([]*stream, cfg.Streams)
+	waveWants := make([]string, cfg.Streams)
+	for i := range wave {
+		wave[i] = &stream{prompt: fmt.Sprintf("Request %d arrives while a worker recovers.", i)}
+		waveWants[i] = engine.GreedyText(ref, tk.Encode(wave[i].prompt), cfg.MaxTokens)
+	}
+	var waveWG sync.WaitGroup
+	as, err := recoverProgressively(ctx, out, cl, busiest, events, func() {
+		// New clients arrive while it assists: the survivor it drafts
+		// for verifies its drafts in their decode steps.
+		waveFirst := make(chan struct{}, len(wave))
+		for _, s := range wave {
+			waveWG.Go(func() { s.run(ctx, gw.Addr, cfg.MaxTokens, waveFirst) })
+		}
+		fmt.Fprintf(out, "           %d more clients stream completions while it assists\n", len(wave))
+	})
+	if err != nil {
+		return err
+	}
+	waveWG.Wait()
+	fmt.Fprintf(out, "   %s verified %.0f draft tokens of %s in %.0f fused steps and accepted %.0f (%.0f%%; %.2f tokens per step beyond its own);\n"+
+		"   %s's draft model proposed %.0f tokens\n", as.target, as.verified, busiest.ID, as.verifications, as.accepted,
+		100*as.accepted/max(as.verified, 1), as.accepted/max(as.verifications, 1), busiest.ID, as.proposed)
+
+	step(out, "7. check every client's output against the reference")
+	ok := checkStreams(out, append(streams, wave...), append(wants, waveWants...))
 	var restored, recomputed, sent float64
 	for _, w := range cl.Workers {
 		if w == busiest {
@@ -255,10 +288,87 @@ func Run(cfg Config) error {
 		fmt.Fprintf(out, "; logs in %s", cfg.Dir)
 	}
 	fmt.Fprintln(out)
-	if ok != len(streams) {
-		return fmt.Errorf("%d streams did not match the reference", len(streams)-ok)
+	if total := len(streams) + len(wave); ok != total {
+		return fmt.Errorf("%d streams did not match the reference", total-ok)
 	}
 	return nil
+}
+
+// assistFigures are what a drafter's partner verified and accepted.
+type assistFigures struct {
+	target                                      string
+	verified, accepted, verifications, proposed float64
+}
+
+// recoverProgressively restarts w, a worker killed with SIGKILL, and
+// prints its phases and pairings from the event stream as the controller
+// commits them; onAssist runs when it is first paired (it drafts from
+// then on). It returns when w is in FULL_SERVICE.
+func recoverProgressively(ctx context.Context, out io.Writer, cl *devcluster.Cluster, w *devcluster.Worker,
+	events grpc.ServerStreamingClient[pb.Event], onAssist func()) (assistFigures, error) {
+	var as assistFigures
+	restarted := time.Now()
+	if err := cl.StartWorker(w); err != nil {
+		return as, err
+	}
+	fmt.Fprintf(out, "   %s restarted; its data directory says the last run did not shut down cleanly\n", w.ID)
+	var inc uint64
+	for {
+		ev, err := events.Recv()
+		if err != nil {
+			return as, fmt.Errorf("watch events: %w", err)
+		}
+		at := time.Since(restarted).Seconds()
+		if p := ev.GetPaired(); p != nil && p.DrafterId == w.ID && p.DrafterIncarnation == inc {
+			if p.Paired {
+				as.target = p.TargetId
+				fmt.Fprintf(out, "   %5.1f s  paired with %s (%s)\n", at, p.TargetId, p.Reason)
+				if onAssist != nil {
+					onAssist()
+					onAssist = nil
+				}
+			} else {
+				fmt.Fprintf(out, "   %5.1f s  pairing with %s ended (%s)\n", at, p.TargetId, p.Reason)
+			}
+			continue
+		}
+		pc := ev.GetPhaseChanged()
+		if pc == nil || pc.WorkerId != w.ID || pc.To == pb.WorkerPhase_WORKER_PHASE_FAILED {
+			continue
+		}
+		inc = pc.Incarnation
+		fmt.Fprintf(out, "   %5.1f s  %-13s %s\n", at, strings.TrimPrefix(pc.To.String(), "WORKER_PHASE_"), phaseStory[pc.To])
+		switch pc.To {
+		case pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE:
+			if as.target == "" {
+				return as, fmt.Errorf("%s was never paired with a survivor", w.ID)
+			}
+			for _, t := range cl.Workers {
+				if t.ID != as.target {
+					continue
+				}
+				for _, m := range []struct {
+					v    *float64
+					name string
+				}{{&as.verified, "lumen_worker_spec_draft_tokens_total"}, {&as.accepted, "lumen_worker_spec_accepted_tokens_total"},
+					{&as.verifications, "lumen_worker_spec_verifications_total"}} {
+					if *m.v, err = t.Metric(ctx, m.name); err != nil {
+						return as, err
+					}
+				}
+			}
+			as.proposed, err = w.Metric(ctx, "lumen_worker_drafted_tokens_total")
+			return as, err
+		}
+	}
+}
+
+// phaseStory says what a worker does in each phase of progressive recovery.
+var phaseStory = map[pb.WorkerPhase]string{
+	pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT: "registered; loading its draft model (the real early-exit draft)",
+	pb.WorkerPhase_WORKER_PHASE_ASSIST:        "draft loaded; drafting tokens for a survivor while its own weights load into host memory",
+	pb.WorkerPhase_WORKER_PHASE_HOTSWAP:       "weights in host memory; copying them to the GPU",
+	pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE:  "serving again: placements and checkpoints come to it",
 }
 
 // run streams one completion, signalling first when the first token came

@@ -7,13 +7,18 @@ import (
 )
 
 // TestDemo runs the README's first command, `lumen demo`, and requires it
-// to succeed with every stream identical to the reference.
+// to succeed with every stream identical to the reference, and to show the
+// killed worker's progressive recovery.
 func TestDemo(t *testing.T) {
 	out, err := exec.Command(lumenBin, "demo", "-streams", "12").CombinedOutput()
 	if err != nil {
 		t.Fatalf("lumen demo: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "12 of 12 streams complete and identical") {
-		t.Fatalf("demo output:\n%s", out)
+	// 12 streams through the failures, 12 more during the progressive
+	// recovery, whose phases and assist the story shows.
+	for _, want := range []string{"24 of 24 streams complete and identical", "LOADING_DRAFT", "ASSIST", "HOTSWAP", "FULL_SERVICE", "draft tokens of worker-"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("no %q in the demo's output:\n%s", want, out)
+		}
 	}
 }

@@ -9,6 +9,7 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -36,8 +37,23 @@ type Config struct {
 	// registration, no load reports).
 	Controllers []string
 
-	// Engine serves the tokens. Required.
+	// Engine serves the tokens. Required. Loaded already when Recovery is
+	// nil; otherwise the worker loads it (Recovery.Target).
 	Engine engine.Engine
+	// Recovery, when set, is how the worker loads Engine: at once on a
+	// fresh start, and, on a restart after a failure (the data directory's
+	// run marker survived the last run: see progressive.go), by progressive
+	// recovery — register in LOADING_DRAFT, load the draft, ASSIST the
+	// partner the controller pairs it with while the target's weights load
+	// into host memory, HOTSWAP them onto the device, then FULL_SERVICE.
+	Recovery *Recovery
+	// SpecK is the drafts per request this worker verifies per step while a
+	// drafter assists it, when it has no Profile (default 4; 0 refuses
+	// drafts). With a Profile, K is chosen each step (adaptive, up to
+	// core.DefaultKMax) from the measured acceptance and the profile's cost
+	// of the fused verification step: the CPU transformer has no GPU cost
+	// model to choose by.
+	SpecK int
 	// Profile, when set, is the emulated GPU and model: it sets the KV bytes
 	// per token and host-to-GPU bandwidth the controller accounts with.
 	Profile *engine.Profile
@@ -68,11 +84,26 @@ type Config struct {
 	Logger hclog.Logger
 }
 
+// Recovery is what progressive recovery loads, and how.
+type Recovery struct {
+	// Draft is the draft engine, not loaded; LoadDraft loads it (the
+	// LOADING_DRAFT phase). While the worker assists, the Drafter drives
+	// Draft; it is unloaded at HOTSWAP.
+	Draft     engine.Engine
+	LoadDraft func(ctx context.Context) error
+	// Target loads Config.Engine: ToHost in the background from the start
+	// (through LOADING_DRAFT and ASSIST), ToDevice in HOTSWAP.
+	Target engine.Stages
+	// Direct loads the target at once after a failure too, as on a fresh
+	// start: no draft, no assist (the ablation of progressive recovery).
+	Direct bool
+}
+
 // DefaultConfig returns a Config with the optional fields at their defaults.
 func DefaultConfig() Config {
 	return Config{TokenBudget: 512, MaxRunning: 256, MaxWaiting: 4096, LoadInterval: 250 * time.Millisecond,
 		QueueWindow: 10 * time.Second, DrainTimeout: 30 * time.Second, ReconcileInterval: 2 * time.Second,
-		CheckpointBudget: 1 << 30}
+		CheckpointBudget: 1 << 30, SpecK: 4}
 }
 
 // Validate says what is wrong with the configuration.
@@ -89,6 +120,12 @@ func (c *Config) Validate() error {
 	}
 	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
 		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
+	}
+	if c.SpecK < 0 {
+		errs = append(errs, fmt.Errorf("SpecK (%d) must be >= 0", c.SpecK))
+	}
+	if r := c.Recovery; r != nil && (r.Draft == nil || r.LoadDraft == nil || r.Target.ToHost == nil || r.Target.ToDevice == nil) {
+		errs = append(errs, errors.New("Recovery needs a Draft engine, LoadDraft and both Target stages"))
 	}
 	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 || c.ReconcileInterval <= 0 {
 		errs = append(errs, fmt.Errorf("LoadInterval (%s), QueueWindow (%s), DrainTimeout (%s) and ReconcileInterval (%s) must be positive",

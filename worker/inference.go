@@ -28,6 +28,8 @@ var (
 	// moved by a recovery plan.
 	errRejoined = errors.New("worker: this incarnation was marked failed and its requests moved; resume where the controller placed them")
 	errDraining = errors.New("worker: draining; not taking new requests")
+	// errLoading refuses a call while a restarted worker loads its model.
+	errLoading = errors.New("the model is still loading after a restart; not serving yet")
 	// The scheduling core's refusals (see package core).
 	errQueueFull  = core.ErrQueueFull
 	errTooLarge   = core.ErrTooLarge
@@ -51,6 +53,11 @@ func (s *inferenceServer) Generate(req *pb.GenerateRequest, stream grpc.ServerSt
 	}
 	if w.isDraining() {
 		return status.Error(codes.Unavailable, errDraining.Error())
+	}
+	if !w.cfg.Engine.Loaded() {
+		// Recovering after a restart: the controller places nothing here
+		// before FULL_SERVICE; a stale placement resumes elsewhere.
+		return status.Errorf(codes.Unavailable, "worker %s: %v (phase %s)", w.cfg.ID, errLoading, phaseName(w.Phase()))
 	}
 	select {
 	case w.sched.submit <- r:

@@ -1,6 +1,9 @@
 package worker
 
 import (
+	"strings"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -29,6 +32,19 @@ type metrics struct {
 	ckptPasses    prometheus.Counter
 	restoredPages prometheus.Counter
 	recomputed    prometheus.Counter
+
+	// Progressive recovery: the phase, and each side of an assist.
+	phase         *prometheus.GaugeVec
+	specDrafts    prometheus.Counter
+	specAccepted  prometheus.Counter
+	specVerifies  prometheus.Counter
+	specAccept    prometheus.Gauge
+	specK         prometheus.Gauge
+	assistStreams prometheus.Gauge
+	drafted       prometheus.Counter
+	draftSteps    prometheus.Counter
+	assistSecs    prometheus.Counter
+	phaseSeconds  *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -71,6 +87,31 @@ func newMetrics() *metrics {
 		Help: "KV pages imported from the checkpoint store when a request resumed here."})
 	m.recomputed = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_resume_recomputed_tokens_total",
 		Help: "Tokens of resumed requests prefilled again (not covered by checkpoint pages)."})
+	m.phase = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lumen_worker_phase",
+		Help: "1 for the phase this worker is in (FULL_SERVICE; LOADING_DRAFT, ASSIST, HOTSWAP while it recovers after a failure; DRAINING, LEFT), 0 for the others."},
+		[]string{"phase"})
+	m.phaseSeconds = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lumen_worker_recovery_phase_seconds",
+		Help: "How long this run's progressive recovery spent in each phase (set when the phase ends)."}, []string{"phase"})
+	m.specDrafts = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_spec_draft_tokens_total",
+		Help: "Draft tokens this worker verified for a drafter that assists it."})
+	m.specAccepted = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_spec_accepted_tokens_total",
+		Help: "Draft tokens this worker verified and committed (equal to its own next tokens)."})
+	m.specVerifies = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_spec_verifications_total",
+		Help: "Decode chunks that verified drafts (a request's K+1 positions in one fused step)."})
+	m.specAccept = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_spec_acceptance",
+		Help: "Estimated probability that a draft token is accepted given the one before it was (what adaptive K chooses by)."})
+	m.specK = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_spec_k",
+		Help: "Drafts per request the last step verified (0: none, or no drafter)."})
+	m.assistStreams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_assist_streams",
+		Help: "Open Assist streams (a drafter assisting this worker): 0 or 1."})
+	m.drafted = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_drafted_tokens_total",
+		Help: "Draft tokens this worker's draft model proposed to its partner while it assisted (ASSIST)."})
+	m.draftSteps = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_draft_steps_total",
+		Help: "Draft-engine steps this worker ran while it assisted."})
+	m.assistSecs = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_assist_seconds_total",
+		Help: "Time this worker spent with an open Assist stream to a partner, as the drafter."})
+	m.reg.MustRegister(m.phase, m.phaseSeconds, m.specDrafts, m.specAccepted, m.specVerifies, m.specAccept, m.specK,
+		m.assistStreams, m.drafted, m.draftSteps, m.assistSecs)
 	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptFreed, m.ckptPasses, m.restoredPages, m.recomputed)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
 		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins,
@@ -110,3 +151,19 @@ func (m *metrics) watchStore(st *ckptStore) {
 			Help: "Requests this holder stores checkpoint pages of."},
 			func() float64 { _, _, n := st.usage(); return float64(n) }))
 }
+
+// setPhase shows phase as the worker's current phase.
+func (m *metrics) setPhase(phase pb.WorkerPhase) {
+	for _, p := range []pb.WorkerPhase{pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT, pb.WorkerPhase_WORKER_PHASE_ASSIST,
+		pb.WorkerPhase_WORKER_PHASE_HOTSWAP, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, pb.WorkerPhase_WORKER_PHASE_DRAINING,
+		pb.WorkerPhase_WORKER_PHASE_LEFT} {
+		v := 0.0
+		if p == phase {
+			v = 1
+		}
+		m.phase.WithLabelValues(phaseName(p)).Set(v)
+	}
+}
+
+// phaseName is a phase without its enum prefix: ASSIST, FULL_SERVICE.
+func phaseName(p pb.WorkerPhase) string { return strings.TrimPrefix(p.String(), "WORKER_PHASE_") }

@@ -80,9 +80,15 @@ type scheduler struct {
 	reset  chan error    // end every request with this error (the worker rejoined)
 	stop   chan struct{}
 	done   chan struct{}
+	// assist attaches and detaches a drafter's stream; drafts carries its
+	// drafts (assist.go).
+	assist chan assistCtl
+	drafts chan draftOffer
 
-	// core is owned by run.
-	core *core.Core
+	// core, sess and mirror are owned by run.
+	core   *core.Core
+	sess   *assistSession // the drafter assisting, or nil
+	mirror core.Mirror    // what sess has been sent
 
 	// stats is read by the load reporter.
 	statsMu sync.Mutex // guards stats
@@ -104,7 +110,8 @@ func newScheduler(w *Worker) *scheduler {
 	c := core.New(core.Config{Self: w.cfg.ID, TokenBudget: w.cfg.TokenBudget, MaxRunning: w.cfg.MaxRunning,
 		MaxWaiting: w.cfg.MaxWaiting, TotalPages: w.cfg.Engine.Info().TotalPages}, storeView{w.store})
 	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan *request, 256),
-		reset: make(chan error), stop: make(chan struct{}), done: make(chan struct{}), core: c}
+		reset: make(chan error), stop: make(chan struct{}), done: make(chan struct{}), assist: make(chan assistCtl),
+		drafts: make(chan draftOffer, 64), core: c}
 }
 
 func (s *scheduler) run() {
@@ -119,6 +126,10 @@ func (s *scheduler) run() {
 				s.dropIfCurrent(r)
 			case err := <-s.reset:
 				s.failAll(err)
+			case c := <-s.assist:
+				s.assistControl(c)
+			case o := <-s.drafts:
+				s.offerDrafts(o)
 			case <-s.stop:
 				s.failAll(errShutdown)
 				return
@@ -149,6 +160,10 @@ func (s *scheduler) drainIntake() {
 			s.dropIfCurrent(r)
 		case err := <-s.reset:
 			s.failAll(err)
+		case c := <-s.assist:
+			s.assistControl(c)
+		case o := <-s.drafts:
+			s.offerDrafts(o)
 		default:
 			return
 		}
@@ -203,6 +218,7 @@ func (s *scheduler) step(ctx context.Context) {
 		s.w.metrics.batchRows.Observe(float64(rows(st.Batch)))
 		s.core.Done(time.Now(), out)
 		s.apply()
+		s.afterStep()
 		return
 	}
 }
@@ -234,6 +250,13 @@ func (s *scheduler) apply() {
 	o := s.core.Output()
 	for _, seq := range o.Release {
 		s.eng.Release(seq)
+	}
+	// A verification's rejected drafts leave the cache before any of its
+	// pages is exported to a holder.
+	for _, tr := range o.Truncates {
+		if err := s.eng.Truncate(tr.Seq, tr.Len); err != nil {
+			s.w.log.Error("could not truncate a sequence after a verification", "seq", tr.Seq, "len", tr.Len, "error", err)
+		}
 	}
 	for _, ev := range o.Events {
 		s.deliver(ev)
@@ -267,6 +290,11 @@ func (s *scheduler) apply() {
 	s.w.metrics.completed.Add(float64(o.Completed))
 	s.w.metrics.restoredPages.Add(float64(o.RestoredPages))
 	s.w.metrics.recomputed.Add(float64(o.RecomputedTokens))
+	if o.Verifications > 0 {
+		s.w.metrics.specDrafts.Add(float64(o.DraftTokens))
+		s.w.metrics.specAccepted.Add(float64(o.AcceptedTokens))
+		s.w.metrics.specVerifies.Add(float64(o.Verifications))
+	}
 }
 
 // deliver puts one core event into its request's mailbox.

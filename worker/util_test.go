@@ -20,3 +20,7 @@ func gaugeValue(g prometheus.Gauge) float64 {
 	}
 	return m.GetGauge().GetValue()
 }
+
+func gaugeVecValue(v *prometheus.GaugeVec, label string) float64 {
+	return gaugeValue(v.WithLabelValues(label))
+}

@@ -48,9 +48,21 @@ type Worker struct {
 	store *ckptStore
 	peers *workerdir.Directory // checkpoint holders, by id
 
-	mu       sync.Mutex // guards draining, senders
-	draining bool
-	senders  map[string]*ckptSender
+	mu        sync.Mutex // guards draining, senders, assisting
+	draining  bool
+	senders   map[string]*ckptSender
+	assisting *assistSession // the drafter's open Assist stream (assist.go)
+
+	// phase is the phase this process is in or entering (a pb.WorkerPhase);
+	// phaseMu serialises its commits with registrations (progressive.go).
+	phase   atomic.Int32
+	phaseMu sync.Mutex
+	// registered closes at the first registration.
+	registered chan struct{}
+	regOnce    sync.Once
+	// restarted: the last run of this data directory did not shut down
+	// cleanly (progressive.go); started: New returned this worker.
+	restarted, started bool
 
 	loadKick chan struct{}
 	stop     chan struct{}
@@ -58,8 +70,12 @@ type Worker struct {
 	// worker stops.
 	stopCtx    context.Context
 	cancelStop context.CancelFunc
-	wg         sync.WaitGroup
-	once       sync.Once
+	// recoverCtx is cancelled when Shutdown starts: a progressive recovery
+	// stops there.
+	recoverCtx    context.Context
+	cancelRecover context.CancelFunc
+	wg            sync.WaitGroup
+	once          sync.Once
 }
 
 // New starts a worker: the scheduler, the gRPC server, Serf, registration
@@ -73,8 +89,9 @@ func New(cfg Config) (w *Worker, err error) {
 	}
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(),
 		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
-		senders: map[string]*ckptSender{}}
+		senders: map[string]*ckptSender{}, registered: make(chan struct{})}
 	w.stopCtx, w.cancelStop = context.WithCancel(context.Background())
+	w.recoverCtx, w.cancelRecover = context.WithCancel(context.Background())
 	w.metrics.watchPacing(cfg.Engine)
 	w.metrics.watchStore(w.store)
 	defer func() {
@@ -82,11 +99,28 @@ func New(cfg Config) (w *Worker, err error) {
 			w.Shutdown(context.Background())
 		}
 	}()
+	if w.restarted, err = markRunning(cfg.DataDir); err != nil {
+		return nil, err
+	}
 	inc, err := nextIncarnation(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
 	w.incarnation.Store(inc)
+	progressive := cfg.Recovery != nil && w.restarted && !cfg.Recovery.Direct
+	if w.restarted && !progressive {
+		w.log.Info("restarted after a failure; progressive recovery is off: loading the model at once")
+	}
+	if progressive {
+		w.setLocalPhase(pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT)
+	} else {
+		if cfg.Recovery != nil {
+			if err := w.loadTarget(); err != nil {
+				return nil, err
+			}
+		}
+		w.setLocalPhase(pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE)
+	}
 	var table workerdir.Lister // none standalone: no holder can be found
 	if len(cfg.Controllers) > 0 {
 		if w.ctl, err = ctlclient.New(cfg.Controllers, nil); err != nil {
@@ -132,7 +166,11 @@ func New(cfg Config) (w *Worker, err error) {
 		w.goFunc(w.reconcileHolds)
 	}
 	w.log.Info("worker running", "grpc", w.cfg.GRPCAddr, "incarnation", inc, "engine", info.Backend,
-		"model", info.Model, "kv_pages", info.TotalPages)
+		"model", info.Model, "kv_pages", info.TotalPages, "phase", phaseName(w.Phase()))
+	if progressive {
+		w.goFunc(w.recoverProgressively)
+	}
+	w.started = true
 	return w, nil
 }
 
@@ -264,15 +302,28 @@ func (w *Worker) register() bool {
 	if w.serf != nil {
 		serfAddr = gossip.Addr(w.serf)
 	}
+	w.phaseMu.Lock()
+	defer w.phaseMu.Unlock()
 	inc := w.incarnation.Load()
+	// A worker still loading its model registers in LOADING_DRAFT (the only
+	// recovery phase a registration may name), then commits the phase it
+	// is in.
+	phase, regPhase := w.Phase(), pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE
+	if recovering(phase) {
+		regPhase = pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT
+	}
 	reg := &pb.RegisterWorkerRequest{Worker: &pb.Worker{Id: w.cfg.ID, Incarnation: inc, GrpcAddr: w.cfg.GRPCAddr,
-		SerfAddr: serfAddr, ModelId: info.Model, Capacity: w.capacity()}}
+		SerfAddr: serfAddr, ModelId: info.Model, Capacity: w.capacity(), Phase: regPhase}}
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := w.ctl.RegisterWorker(ctx, reg)
 		cancel()
 		if err == nil {
-			w.log.Info("registered with the controller", "incarnation", inc)
+			w.log.Info("registered with the controller", "incarnation", inc, "phase", phaseName(regPhase))
+			if phase != regPhase && recovering(phase) && !w.commitPhaseLocked(phase, "re-registered while recovering") {
+				return false
+			}
+			w.regOnce.Do(func() { close(w.registered) })
 			return true
 		}
 		w.log.Warn("registration failed; retrying", "error", err)
@@ -344,6 +395,9 @@ func (w *Worker) Shutdown(ctx context.Context) {
 		if w.health != nil {
 			w.health.SetServingStatus(pb.Inference_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 		}
+		// A recovery in progress stops: its phase changes would be refused
+		// from DRAINING.
+		w.cancelRecover()
 		w.setPhase(pb.WorkerPhase_WORKER_PHASE_DRAINING, "graceful shutdown")
 		if w.sched != nil {
 			drain, cancel := context.WithTimeout(ctx, w.cfg.DrainTimeout)
@@ -379,6 +433,13 @@ func (w *Worker) Shutdown(ctx context.Context) {
 		if w.ctl != nil {
 			w.ctl.Close()
 		}
+		// A clean shutdown: the next start is not a restart after a failure.
+		// (A start that failed leaves a failed run's marker in place.)
+		if w.started || !w.restarted {
+			if err := clearRunning(w.cfg.DataDir); err != nil {
+				w.log.Warn("could not remove the run marker; the next start will recover progressively", "error", err)
+			}
+		}
 	})
 }
 
@@ -388,6 +449,7 @@ func (w *Worker) inFlight() int {
 }
 
 func (w *Worker) setPhase(phase pb.WorkerPhase, reason string) {
+	w.setLocalPhase(phase)
 	if w.ctl == nil {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -14,8 +15,12 @@ import (
 
 	"github.com/lumen-project/lumen/gpu"
 	"github.com/lumen-project/lumen/worker"
+	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 )
+
+// draftProfile times the draft model when the target is paced.
+const draftProfile = "qwen3-0.6b-h100"
 
 func init() {
 	register("worker", "run a worker: an inference engine serving Generate, registered with the controllers", runWorker)
@@ -41,6 +46,10 @@ func runWorker(args []string) error {
 	budget := fs.String("checkpoint-budget", "1GiB", "host memory for other workers' checkpoints (e.g. 80GB, 512MiB)")
 	fs.IntVar(&cfg.TokenBudget, "token-budget", cfg.TokenBudget, "tokens one engine step may compute")
 	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "most requests in the running batch")
+	fs.IntVar(&cfg.SpecK, "spec-k", cfg.SpecK, "drafts verified per request per step while a drafter assists, without a -profile (with one, K adapts); 0 refuses drafts")
+	draftAlpha := fs.Float64("draft-alpha", core.PriorAcceptance, "synthetic engine: the probability that the draft proposes the target's next token, per position")
+	draftSeed := fs.Uint64("draft-seed", 1, "synthetic engine: the seed of the draft's agreement")
+	progressive := fs.Bool("progressive", true, "after a failure, recover progressively: load the draft, assist a survivor while the model loads, then hot-swap it in (false: load the model at once, as on a fresh start)")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -82,7 +91,16 @@ func runWorker(args []string) error {
 			cfg.Profile = &profile
 		}
 	}
-	var eng engine.Engine
+	if *timeScale <= 0 || *loadScale < 0 {
+		return fmt.Errorf("-time-scale (%g) must be > 0 and -load-scale (%g) >= 0", *timeScale, *loadScale)
+	}
+	if *loadScale == 0 {
+		*loadScale = *timeScale
+	}
+	// The engine starts unloaded: the worker loads it, at once on a fresh
+	// start, progressively after a failure (worker.Recovery).
+	var eng, draft engine.Engine
+	var stages engine.Stages
 	switch *backend {
 	case "transformer":
 		path, err := engine.EnsureModel(*modelDir)
@@ -93,10 +111,17 @@ func runWorker(args []string) error {
 		if n == 0 {
 			n = 4096
 		}
-		if eng, err = engine.NewTransformer(engine.TransformerConfig{Path: path, Pages: n}); err != nil {
+		t, err := engine.NewTransformer(engine.TransformerConfig{Path: path, Pages: n})
+		if err != nil {
 			return err
 		}
-		logger.Info("model loaded", "path", path)
+		d, err := engine.NewTransformer(engine.TransformerConfig{Path: filepath.Join(filepath.Dir(path), engine.DraftFile), Pages: n})
+		if err != nil {
+			return fmt.Errorf("the draft model (run lumen model init to write it): %w", err)
+		}
+		t.Unload()
+		d.Unload()
+		eng, draft, stages = t, d, engine.TransformerStages(t)
 	case "synthetic":
 		n := *pages
 		if n == 0 {
@@ -109,29 +134,42 @@ func runWorker(args []string) error {
 		if paced {
 			sc.KVBytesPerToken, sc.WeightBytes, sc.Model, sc.MaxContext = profile.KVBytesPerToken(), profile.WeightBytes, profile.Model, profile.MaxContext
 		}
-		if eng, err = engine.NewSynthetic(sc); err != nil {
+		s, err := engine.NewSynthetic(sc)
+		if err != nil {
 			return err
 		}
+		dc := sc
+		dc.Model = ""
+		if paced {
+			dp := engine.Profiles[draftProfile]
+			dc.KVBytesPerToken, dc.WeightBytes, dc.Model = dp.KVBytesPerToken(), dp.WeightBytes, dp.Model+" (synthetic draft)"
+		}
+		d, err := engine.NewSyntheticDraft(dc, *draftAlpha, *draftSeed)
+		if err != nil {
+			return fmt.Errorf("-draft-alpha: %w", err)
+		}
+		s.Unload()
+		d.Unload()
+		eng, draft, stages = s, d, engine.LoadStages(s)
 	default:
 		return fmt.Errorf("-engine %q: use transformer or synthetic", *backend)
 	}
-	if *timeScale <= 0 || *loadScale < 0 {
-		return fmt.Errorf("-time-scale (%g) must be > 0 and -load-scale (%g) >= 0", *timeScale, *loadScale)
-	}
-	if *loadScale == 0 {
-		*loadScale = *timeScale
-	}
-	if paced && !*emulateLoad {
-		eng = engine.NewPaced(eng, profile, *timeScale)
-	} else if paced {
-		start := time.Now()
-		logger.Info("loading weights as the profile says", "profile", profile.Name, "emulated", time.Duration(float64(profile.LoadTime())**loadScale))
-		if err := engine.NewPaced(eng, profile, *loadScale).Load(context.Background()); err != nil {
-			return err
+	loadDraft := draft.Load
+	if paced {
+		// The profile's times: the draft's load (LOADING_DRAFT) and steps,
+		// the target's disk read and initialisation (ToHost), its copy to
+		// the device (HOTSWAP).
+		dp := engine.Profiles[draftProfile]
+		if *emulateLoad {
+			stages = stages.Paced(profile, *loadScale)
+			loadDraft = engine.NewPaced(draft, dp, *loadScale).Load
+			logger.Info("loads take the profile's times", "profile", profile.Name, "load", time.Duration(float64(profile.LoadTime())**loadScale),
+				"draft", dp.Name, "draft_load", time.Duration(float64(dp.LoadTime())**loadScale))
 		}
-		logger.Info("weights loaded", "took", time.Since(start).Round(time.Millisecond))
 		eng = engine.NewPaced(eng, profile, *timeScale)
+		draft = engine.NewPaced(draft, dp, *timeScale)
 	}
+	cfg.Recovery = &worker.Recovery{Draft: draft, LoadDraft: loadDraft, Target: stages, Direct: !*progressive}
 	cfg.Engine = eng
 	w, err := worker.New(cfg)
 	if err != nil {

@@ -29,6 +29,11 @@ type SyntheticConfig struct {
 type Synthetic struct {
 	cfg SyntheticConfig
 
+	// token is the next token after a prefix with hash h (synthToken; a
+	// synthetic draft's agrees with it only some of the time). Fixed at
+	// construction.
+	token func(h uint64, p Sampling, outIndex int) int32
+
 	mu     sync.Mutex // guards everything below
 	loaded bool
 	free   int
@@ -55,7 +60,7 @@ func NewSynthetic(cfg SyntheticConfig) (*Synthetic, error) {
 	if cfg.Model == "" {
 		cfg.Model = "synthetic"
 	}
-	return &Synthetic{cfg: cfg, loaded: true, free: cfg.Pages, seqs: map[SeqID]*synthSeq{}}, nil
+	return &Synthetic{cfg: cfg, token: synthToken, loaded: true, free: cfg.Pages, seqs: map[SeqID]*synthSeq{}}, nil
 }
 
 // Info implements Engine.
@@ -165,7 +170,7 @@ func (s *Synthetic) Forward(_ context.Context, batch []Chunk) ([][]int32, error)
 			h = mix(h, tok)
 			q.tokens, q.hashes = append(q.tokens, tok), append(q.hashes, h)
 			if k := j - (len(ch.Tokens) - ch.Sample); k >= 0 {
-				out[i] = append(out[i], synthToken(h, ch.Params, ch.OutIndex+k))
+				out[i] = append(out[i], s.token(h, ch.Params, ch.OutIndex+k))
 			}
 		}
 		pages := (len(q.tokens) + PageTokens - 1) / PageTokens

@@ -100,6 +100,22 @@ func (t *Transformer) Load(ctx context.Context) error {
 	return nil
 }
 
+// Install loads weights already read into host memory (LoadWeights of this
+// engine's file): the CPU engine's counterpart of the host-to-GPU copy, the
+// second stage of a staged load (TransformerStages).
+func (t *Transformer) Install(w *Weights) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if w.Config != t.mc {
+		return fmt.Errorf("%w: weights of model %s, this engine runs %s", ErrBadWeights, w.Config.Name, t.mc.Name)
+	}
+	t.w = w
+	return nil
+}
+
+// Path is the safetensors file the engine loads.
+func (t *Transformer) Path() string { return t.cfg.Path }
+
 // Unload implements Engine.
 func (t *Transformer) Unload() {
 	t.mu.Lock()
