@@ -71,14 +71,19 @@ type recoveryRun struct {
 	strategy policy.Strategy
 	fail     bool
 	ref      string // the failure-free run recovery is measured against
+	// progressive: the restarted workers recover progressively (draft
+	// first, assisting the busiest survivor while the model reloads);
+	// otherwise they reload before serving, as the baselines do.
+	progressive bool
 }
 
 var recoveryRuns = []recoveryRun{
-	{"no-checkpoint-no-failure", policy.StopAndRestart, false, ""},
-	{"lumen-no-failure", policy.Lumen, false, ""},
-	{"stop-and-restart", policy.StopAndRestart, true, "no-checkpoint-no-failure"},
-	{"fixed-checkpoint", policy.FixedCheckpoint, true, "lumen-no-failure"},
-	{"lumen", policy.Lumen, true, "lumen-no-failure"},
+	{"no-checkpoint-no-failure", policy.StopAndRestart, false, "", false},
+	{"lumen-no-failure", policy.Lumen, false, "", false},
+	{"stop-and-restart", policy.StopAndRestart, true, "no-checkpoint-no-failure", false},
+	{"fixed-checkpoint", policy.FixedCheckpoint, true, "lumen-no-failure", false},
+	{"lumen-no-spec", policy.Lumen, true, "lumen-no-failure", false},
+	{"lumen", policy.Lumen, true, "lumen-no-failure", true},
 }
 
 // benchTiming is a run's timeline.
@@ -96,6 +101,9 @@ type runOutcome struct {
 	failAt      time.Duration // offset of the kill (0: none)
 	planAt      time.Duration // offset of the first recovery plan
 	restored    float64
+	// Speculation: drafts verified and accepted at the targets, seconds
+	// the drafters assisted.
+	draftTokens, acceptedTokens, assistS float64
 	recomputed  float64
 	emulated    float64
 	paced       float64
@@ -121,6 +129,13 @@ type recoveryFigures struct {
 	PacingOverrunPct  float64 `json:"pacing_overrun_pct"`
 	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
 	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
+	// Progressive recovery (the lumen column): drafts verified and
+	// accepted at the assisted workers, their ratio, the drafters' seconds
+	// of assist (summed).
+	AcceptRate     float64 `json:"accept_rate,omitempty"`
+	DraftTokens    float64 `json:"draft_tokens,omitempty"`
+	AcceptedTokens float64 `json:"accepted_tokens,omitempty"`
+	AssistS        float64 `json:"assist_s,omitempty"`
 }
 
 // Recovery runs the recovery strategies side by side on real processes:
@@ -283,6 +298,10 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 	f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(resume), servingstats.Percentile(resume, 0.99)
 	f.Interrupted = len(o.interrupted)
 	f.PagesReused, f.TokensRecomputed = o.restored, o.recomputed
+	f.DraftTokens, f.AcceptedTokens, f.AssistS = o.draftTokens, o.acceptedTokens, o.assistS
+	if o.draftTokens > 0 {
+		f.AcceptRate = o.acceptedTokens / o.draftTokens
+	}
 	if o.emulated > 0 {
 		f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
 	}
@@ -452,7 +471,7 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 			fmt.Printf("   t=%4.1fs  kill -9 %d worker(s); they restart and reload\n", o.failAt.Seconds(), s.failures)
 			for _, w := range cl.Workers {
 				if victims[w.ID] {
-					w.Args = append(w.Args, "-emulate-load=true")
+					w.Args = append(w.Args, "-emulate-load=true", fmt.Sprintf("-progressive=%v", run.progressive))
 					if err := cl.StartWorker(w); err != nil {
 						fmt.Printf("   restart %s: %v\n", w.ID, err)
 					}
@@ -530,7 +549,9 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 			sum  *float64
 			name string
 		}{{&o.restored, "lumen_worker_restored_pages_total"}, {&o.recomputed, "lumen_worker_resume_recomputed_tokens_total"},
-			{&o.emulated, "lumen_worker_emulated_seconds_total"}, {&o.paced, "lumen_worker_paced_seconds_total"}} {
+			{&o.emulated, "lumen_worker_emulated_seconds_total"}, {&o.paced, "lumen_worker_paced_seconds_total"},
+			{&o.draftTokens, "lumen_worker_spec_draft_tokens_total"}, {&o.acceptedTokens, "lumen_worker_spec_accepted_tokens_total"},
+			{&o.assistS, "lumen_worker_assist_seconds_total"}} {
 			v, err := w.Metric(ctx, m.name)
 			if err != nil {
 				// Counted as nothing, and said so: the figures of this
@@ -637,7 +658,7 @@ func gain(a, b float64) string {
 
 // printRecoveryTable prints one setup's comparison of the strategies.
 func printRecoveryTable(w io.Writer, s recoverySetup, figs map[string]*recoveryFigures, rule servingstats.RecoveryRule) {
-	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
 	fmt.Fprintf(w, "\n%s (%d workers, %s, %d failed)\n", s.name, s.workers, s.profile, s.failures)
 	fmt.Fprintf(w, "%-24s", "")
 	for _, c := range cols {
@@ -669,11 +690,18 @@ func printRecoveryTable(w io.Writer, s recoverySetup, figs map[string]*recoveryF
 	row("requests / failed", func(f *recoveryFigures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) })
 	row("outputs != reference", func(f *recoveryFigures) string { return fmt.Sprint(f.WrongOutputs) })
 	row("pacing overrun (%)", func(f *recoveryFigures) string { return f1(f.PacingOverrunPct) })
+	row("drafts accepted/verified", func(f *recoveryFigures) string {
+		return fmt.Sprintf("%.0f/%.0f", f.AcceptedTokens, f.DraftTokens)
+	})
+	row("assist (s)", func(f *recoveryFigures) string { return f1(f.AssistS) })
 	l, sr, fc := figs["lumen"], figs["stop-and-restart"], figs["fixed-checkpoint"]
 	fmt.Fprintf(w, "lumen vs stop-and-restart: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
 		gain(l.TTFTMeanMs, sr.TTFTMeanMs), gain(l.TTFTP99Ms, sr.TTFTP99Ms), gain(l.TPOTMeanMs, sr.TPOTMeanMs), gain(l.RecoveryS, sr.RecoveryS))
 	fmt.Fprintf(w, "lumen vs fixed-checkpoint: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
 		gain(l.TTFTMeanMs, fc.TTFTMeanMs), gain(l.TTFTP99Ms, fc.TTFTP99Ms), gain(l.TPOTMeanMs, fc.TPOTMeanMs), gain(l.RecoveryS, fc.RecoveryS))
+	ns := figs["lumen-no-spec"]
+	fmt.Fprintf(w, "lumen vs lumen-no-spec (the assist's share): TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
+		gain(l.TTFTMeanMs, ns.TTFTMeanMs), gain(l.TTFTP99Ms, ns.TTFTP99Ms), gain(l.TPOTMeanMs, ns.TPOTMeanMs), gain(l.RecoveryS, ns.RecoveryS))
 	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
 	fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
 		gain(a.TTFTMeanMs, b.TTFTMeanMs), gain(a.TPOTMeanMs, b.TPOTMeanMs))
