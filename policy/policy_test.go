@@ -202,6 +202,27 @@ func TestPlanRecovery(t *testing.T) {
 			// 4 requests, 3 eligible workers: average rounds up to 2.
 			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
 			"r1->b:reuse r2->c:recompute* r3->b:reuse r4->d:recompute* "},
+		{"a holder keeps the restores it can start at once (as many as it runs)", Lumen, func() []Worker {
+			ws := cluster()
+			ws[1].Running = 4
+			return ws
+		}(),
+			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
+			"r1->b:reuse r2->b:reuse r3->b:reuse r4->b:reuse "},
+		{"a holder sheds, smallest prefix first, only the restores beyond what it runs", Lumen, func() []Worker {
+			ws := cluster()
+			ws[1].Running = 3
+			return ws
+		}(),
+			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
+			"r1->b:reuse r2->c:recompute* r3->b:reuse r4->b:reuse "},
+		{"dispatches since the holder's report count against what it can start", Lumen, func() []Worker {
+			ws := cluster()
+			ws[1].Running, ws[1].PendingRequests = 4, 2
+			return ws
+		}(),
+			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
+			"r1->b:reuse r2->c:recompute* r3->b:reuse r4->d:recompute* "},
 		{"lumen recomputes elsewhere when the holder has no KV room", Lumen, func() []Worker {
 			ws := cluster()
 			ws[1].KVPagesUsed = 995 // b: 5 pages free, r1 needs 7
@@ -231,9 +252,35 @@ func TestPlanRecovery(t *testing.T) {
 	}
 }
 
+// TestPlanRecoverySuccessivePlans: the fsm plans each failed worker's
+// requests in turn, with the restores of the earlier plans pending on the
+// holders. A holder that took as many restores as it runs from the first
+// plan keeps them; the second plan's restores at it are beyond what it can
+// start at once and are rebalanced, down to what it runs.
+func TestPlanRecoverySuccessivePlans(t *testing.T) {
+	dead := func(id string) Worker { x := w(id, 0); x.Eligible = false; return x }
+	ws := []Worker{dead("a"), w("b", 0), w("c", 0), w("d", 0), dead("e")}
+	ws[1].Running = 4
+	req := func(id string, prompt uint32) Interrupted {
+		return Interrupted{RequestID: id, Holder: "b", PromptTokens: prompt, MaxTokens: 64}
+	}
+	first := planString(ws, PlanRecovery(Lumen, ws, []Interrupted{req("a1", 300), req("a2", 10), req("a3", 200)}))
+	if want := "a1->b:reuse a2->b:reuse a3->b:reuse "; first != want {
+		t.Errorf("first plan:\n got  %s\n want %s", first, want)
+	}
+	second := planString(ws, PlanRecovery(Lumen, ws, []Interrupted{req("e1", 400), req("e2", 20), req("e3", 100)}))
+	if want := "e1->b:reuse e2->c:recompute* e3->d:recompute* "; second != want {
+		t.Errorf("second plan:\n got  %s\n want %s", second, want)
+	}
+	if ws[1].PendingRequests != 4 {
+		t.Errorf("b has %d restores on their way, want 4 (what it runs)", ws[1].PendingRequests)
+	}
+}
+
 // TestPlanRecoveryBalanced checks, over random clusters, that every request
 // gets an eligible target, that reuse only happens at the request's own
-// eligible holder, and that no holder keeps more than the average.
+// eligible holder, and that no holder keeps more than the average unless it
+// can start them all at once (no more on their way to it than it runs).
 func TestPlanRecoveryBalanced(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -245,6 +292,8 @@ func TestPlanRecoveryBalanced(t *testing.T) {
 			ws[i] = w(fmt.Sprintf("w%02d", i), rng.Float64()*10)
 			ws[i].Eligible = rng.Intn(4) != 0
 			ws[i].KVPagesUsed = uint64(rng.Intn(1000))
+			ws[i].Running = uint32(rng.Intn(8))
+			ws[i].PendingRequests = uint32(rng.Intn(3))
 		}
 		reqs := make([]Interrupted, rng.Intn(40))
 		for i := range reqs {
@@ -279,14 +328,15 @@ func TestPlanRecoveryBalanced(t *testing.T) {
 				reuse[a.Target]++
 			}
 		}
-		// A holder keeps more than the average only when every other
-		// eligible worker already has the average.
+		// A holder keeps more than the average only when it can start
+		// them all at once, or every other eligible worker already has
+		// the average.
 		count := map[int]int{}
 		for _, a := range plan {
 			count[a.Target]++
 		}
 		for h, c := range reuse {
-			if c <= avg {
+			if c <= avg || ws[h].PendingRequests <= ws[h].Running {
 				continue
 			}
 			for i := range ws {

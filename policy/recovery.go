@@ -36,11 +36,25 @@ type Assignment struct {
 //     has more: otherwise it is recomputed on the freest worker;
 //  2. any other request is recomputed on the least-loaded eligible worker;
 //  3. under lumen only, rebalance: while a holder has more recovered requests
-//     than the cluster average (rounded up), its request with the smallest
-//     checkpointed prefix is recomputed on the least-loaded worker instead.
-//     fixed-checkpoint is DéjàVu's: every request restores at its ring
-//     successor however many there are, the baseline lumen is measured
-//     against.
+//     than the cluster average (rounded up) and more requests on their way
+//     to it than it runs, its request with the smallest checkpointed prefix
+//     is recomputed on the least-loaded worker instead. fixed-checkpoint is
+//     DéjàVu's: every request restores at its ring successor however many
+//     there are, the baseline lumen is measured against.
+//
+// Why "more than it runs": a holder with the KV room (rule 1) starts a
+// resumed request at once when its batch has a free slot, or else by
+// displacing a running new request (worker/core: Core.makeRoom), so it can
+// start about as many restores as it runs requests whatever its batch cap,
+// which the plan does not know. The requests on their way to it are its
+// PendingRequests: this plan's, those of earlier plans of the same log
+// entry (workers failing together) and the dispatches since its last
+// report. Below that bound rebalancing only adds prefill: in the
+// simulator's w4 (one of four Qwen3-32B workers fails) it recomputed 2–5
+// histories per failure on survivors at 93% of their capacity, and the
+// requests it moved resumed no sooner than those that stayed. Above it,
+// restores wait for the holder's running requests to end (w8_f4: four
+// failed workers' restores on four survivors whose batches are capped).
 //
 // The checkpointed prefix of a request is not replicated; its prompt length,
 // which is checkpointed once prefill is done, stands for it. Load is the
@@ -102,7 +116,8 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	if s != Lumen {
 		return plan
 	}
-	// Rebalance the holders that took more than their share.
+	// Rebalance the holders that took more than their share and more
+	// than they can start at once.
 	avg := (len(reqs) + eligible - 1) / eligible
 	order := make([]int, len(reqs)) // reuse assignments, smallest prefix first
 	for k := range order {
@@ -113,7 +128,7 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	})
 	for _, k := range order {
 		a := &plan[k]
-		if a.Mode != Reuse || count[a.Target] <= avg {
+		if a.Mode != Reuse || count[a.Target] <= avg || ws[a.Target].PendingRequests <= ws[a.Target].Running {
 			continue
 		}
 		src := a.Target
