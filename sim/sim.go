@@ -279,8 +279,8 @@ type simRequest struct {
 	pollWait time.Duration
 	polling  bool
 
-	resumeBest, resumeEnd time.Duration
-	interrupted           bool
+	resumeEnd   time.Duration
+	interrupted bool
 }
 
 // Run simulates cfg to its end and returns the result, after checking
@@ -690,14 +690,11 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 	if r.first < 0 {
 		r.first = s.now
 	}
-	if ff := s.firstFail; ff >= 0 && s.now > ff {
-		prev := ff
-		if r.last > ff {
-			prev = r.last
-		}
-		if gap := s.now - prev; gap > r.resumeBest {
-			r.resumeBest, r.resumeEnd = gap, s.now
-		}
+	// The resume is exact here: the first token of the first call made
+	// after the failure (the client-side estimate of the bench,
+	// servingstats.Record.Resume, cannot see calls).
+	if ff := s.firstFail; ff >= 0 && r.resumeEnd == 0 && ev.First && ev.Req.Arrived.After(epoch.Add(ff)) {
+		r.resumeEnd = s.now
 	}
 	r.last = s.now
 	if s.cfg.StopAt > 0 && s.now >= s.cfg.StopAt/2 {

@@ -38,12 +38,19 @@ func (r *Record) TPOT() (time.Duration, bool) {
 	return (r.Chunks[len(r.Chunks)-1] - r.Chunks[0]) / time.Duration(r.Tokens-1), true
 }
 
+// ResumeGrace bounds when the pause a failure causes can start: tokens
+// already in flight when the worker died still arrive just after it, then
+// the stream pauses until the resume.
+const ResumeGrace = 500 * time.Millisecond
+
 // Resume is how long after a failure at `at` the request got its next token
-// once resumed: the end of the longest pause between tokens that ends after
-// the failure (the pause the failure caused; chunks already in flight when
-// the worker died arrive just after it without a resume). A request with no
-// token before the failure resumes at its first token. ok is false when no
-// token came after the failure.
+// once resumed: the end of the longest pause between tokens that starts
+// within ResumeGrace of the failure (the pause the failure caused; chunks
+// already in flight when the worker died arrive just after it without a
+// resume). Later pauses are the resumed request's ordinary stalls (a long
+// prefill in its new batch) and are not the resume: with a fast resume they
+// can be longer than it. A request with no token before the failure resumes
+// at its first token. ok is false when no token came after the failure.
 func (r *Record) Resume(at time.Duration) (time.Duration, bool) {
 	prev := at
 	best, bestEnd := time.Duration(-1), time.Duration(0)
@@ -53,6 +60,9 @@ func (r *Record) Resume(at time.Duration) (time.Duration, bool) {
 		}
 		if i > 0 && r.Chunks[i-1] > at {
 			prev = r.Chunks[i-1]
+		}
+		if prev > at+ResumeGrace {
+			break
 		}
 		if gap := c - prev; gap > best {
 			best, bestEnd = gap, c

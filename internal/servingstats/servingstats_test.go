@@ -126,3 +126,20 @@ func TestRecoveryTTFTSlack(t *testing.T) {
 		t.Errorf("DefaultRecoveryRule(10/s, 15 ms) = %+v, want a 10 s window (100 arrivals) and 30 ms slack", r)
 	}
 }
+
+// TestResumeIgnoresLaterStalls checks that a pause starting well after the
+// failure (an ordinary stall of the resumed request) is not taken for its
+// resume, while a token in flight at the failure does not end the resume.
+func TestResumeIgnoresLaterStalls(t *testing.T) {
+	s := func(ms int) time.Duration { return time.Duration(ms) * time.Millisecond }
+	// Failure at 2000 ms: a chunk in flight lands at 2002, the resume at
+	// 2100, then decoding every 20 ms, then a 300 ms stall at 3000.
+	r := &Record{Chunks: []time.Duration{s(1000), s(1990), s(2002), s(2100)}}
+	for c := 2120; c <= 3000; c += 20 {
+		r.Chunks = append(r.Chunks, s(c))
+	}
+	r.Chunks = append(r.Chunks, s(3300))
+	if d, ok := r.Resume(s(2000)); !ok || d != s(100) {
+		t.Errorf("Resume = %v %v, want 100ms (the pause from the in-flight chunk to 2100)", d, ok)
+	}
+}
