@@ -110,6 +110,13 @@ func (d *Drafter) Apply(u MirrorUpdate) {
 		}
 		return
 	}
+	known := 0
+	if r != nil {
+		known = len(r.hist)
+	}
+	if u.From > known {
+		return // a gap: cannot happen on one ordered stream; ignore
+	}
 	if r == nil {
 		d.nextSeq++
 		r = &draftReq{id: u.ID, seq: d.nextSeq}
@@ -117,25 +124,27 @@ func (d *Drafter) Apply(u MirrorUpdate) {
 		i, _ := slices.BinarySearch(d.ids, u.ID)
 		d.ids = slices.Insert(d.ids, i, u.ID)
 	}
-	if u.From > len(r.hist) {
-		return // a gap: cannot happen on one ordered stream; ignore
-	}
-	line := append(r.hist, r.drafts...)
+	line := slices.Concat(r.hist, r.drafts)
 	hist := append(slices.Clone(r.hist[:u.From]), u.Tokens...)
 	// The longest prefix of the old line the target committed.
 	p := 0
 	for p < len(hist) && p < len(line) && hist[p] == line[p] {
 		p++
 	}
-	if p == len(hist) && len(hist) <= len(line) {
-		r.drafts = slices.Clone(line[len(hist):]) // the drafts past it stand
+	// What of the cache stays valid: all of the old line when the target
+	// committed a prefix of it (the drafts past it stand), else the tokens
+	// up to the first the target did not commit.
+	valid := p
+	if p == len(hist) {
+		r.drafts = slices.Clone(line[len(hist):])
+		valid = len(line)
 	} else {
 		r.drafts = nil
 	}
 	r.hist = hist
-	if r.fed > p {
-		r.fed = p
-		d.out.Truncates = append(d.out.Truncates, Truncate{Seq: r.seq, Len: p})
+	if r.fed > valid {
+		r.fed = valid
+		d.out.Truncates = append(d.out.Truncates, Truncate{Seq: r.seq, Len: valid})
 	}
 }
 
@@ -147,11 +156,15 @@ func (d *Drafter) drop(r *draftReq) {
 	d.out.Release = append(d.out.Release, r.seq)
 }
 
-// Reset drops every request (the pairing ended).
+// Reset drops every request (the pairing ended), with the updates of the
+// old pairing's stream still queued behind a running step. Called between
+// Next and Done, the step's sequences are released too: apply Output after
+// Done, when the engine has run the step.
 func (d *Drafter) Reset() {
 	for _, id := range slices.Clone(d.ids) {
 		d.drop(d.reqs[id])
 	}
+	d.queued = nil
 }
 
 // lookahead is the drafts kept beyond the committed history.
