@@ -154,6 +154,8 @@ func (d *Drafter) drop(r *draftReq) {
 		d.ids = slices.Delete(d.ids, i, i+1)
 	}
 	d.out.Release = append(d.out.Release, r.seq)
+	// A cut queued for it names a sequence the release frees first.
+	d.out.Truncates = slices.DeleteFunc(d.out.Truncates, func(t Truncate) bool { return t.Seq == r.seq })
 }
 
 // Reset drops every request (the pairing ended), with the updates of the

@@ -305,3 +305,20 @@ func TestDrafterPageLimit(t *testing.T) {
 		t.Fatalf("b drafted %d after a left, want 5", n)
 	}
 }
+
+// TestDrafterTruncateThenEnd: a request cut back and then ended before the
+// caller collects Output is only released (its truncation would name a
+// sequence the release already freed).
+func TestDrafterTruncateThenEnd(t *testing.T) {
+	g := newDraftRig(t, 2, 16)
+	g.d.Apply(MirrorUpdate{ID: "a", Tokens: []int32{40, 41, 42}})
+	g.until()
+	g.d.Apply(MirrorUpdate{ID: "a", From: 3, Tokens: []int32{(g.drafts["a"].Tokens[0]-32+1)%95 + 32}})
+	g.d.Apply(MirrorUpdate{ID: "a", Ended: true})
+	if o := g.apply(); len(o.Release) != 1 || len(o.Truncates) != 0 {
+		t.Fatalf("output %+v, want the release alone", o)
+	}
+	if g.eng.FreePages() != 16 {
+		t.Fatalf("%d of 16 pages free", g.eng.FreePages())
+	}
+}
