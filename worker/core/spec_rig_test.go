@@ -171,8 +171,8 @@ type specRig struct {
 	// beforeStep, when set, runs before each target step (tests that
 	// offer drafts themselves).
 	beforeStep func()
-	mirror   Mirror
-	specCfgs []SpecConfig // what changeK picks from
+	mirror     Mirror
+	specCfgs   []SpecConfig // what changeK picks from
 
 	tick      int
 	now       time.Time
