@@ -196,6 +196,16 @@ type specRig struct {
 	kChanges, supersessions int
 	comparedPages           int
 	ksum                    int // sum of the K of decode steps
+	tokens                  int // tokens streamed
+	// Decode steps alone (no prefill in the batch; with fullRows set,
+	// only those of fullRows rows): wall time, tokens committed, rows,
+	// the GPU profile's time.
+	fullRows       int
+	decodeTime     time.Duration
+	decodeTokens   int
+	decodeRows     int
+	decodeModelled time.Duration
+	rejections     int // verifications that rejected a draft
 }
 
 type mirrorBatch struct {
@@ -266,6 +276,7 @@ func (g *specRig) applyTarget() {
 			t.Fatalf("tick %d: request %s: token index %d after %d tokens", g.tick, id, ev.Index, len(g.out[id]))
 		}
 		g.out[id] = append(g.out[id], ev.Token)
+		g.tokens++
 		q := g.reqs[id]
 		if n := len(g.out[id]); n > len(q.want) || g.out[id][n-1] != q.want[n-1] {
 			t.Fatalf("tick %d: request %s: token %d is %d, the reference %v", g.tick, id, n-1, ev.Token, q.want)
@@ -304,8 +315,16 @@ func (g *specRig) applyTarget() {
 func (g *specRig) targetStep() bool {
 	t := g.t
 	t.Helper()
-	start := time.Now()
-	defer func() { g.targetTime += time.Since(start) }()
+	start, tokens := time.Now(), g.tokens
+	var decode bool
+	defer func() {
+		d := time.Since(start)
+		g.targetTime += d
+		if decode {
+			g.decodeTime += d
+			g.decodeTokens += g.tokens - tokens
+		}
+	}()
 	st := g.c.Next(g.now, g.tgt.FreePages())
 	g.applyTarget()
 	if len(st.Batch) == 0 {
@@ -315,12 +334,18 @@ func (g *specRig) targetStep() bool {
 		t.Fatal("a restore without a store")
 	}
 	rows, k, prefill := st.Shape()
-	if prefill == 0 {
+	decode = prefill == 0 && (g.fullRows == 0 || rows == g.fullRows)
+	if decode {
 		g.decodeSteps++
+		g.decodeRows += rows
 		g.ksum += k
 	}
 	if g.profile != nil {
-		g.modelled += g.profile.StepTimeK(rows, k, prefill)
+		d := g.profile.StepTimeK(rows, k, prefill)
+		g.modelled += d
+		if decode {
+			g.decodeModelled += d
+		}
 	}
 	out, err := g.tgt.Forward(context.Background(), st.Batch)
 	if err != nil {
@@ -328,6 +353,17 @@ func (g *specRig) targetStep() bool {
 		t.Fatalf("tick %d: target step: %v", g.tick, err)
 	}
 	g.steps++
+	for i, ch := range st.Batch {
+		if d := ch.Tokens[1:]; ch.Sample > 1 {
+			m := 0
+			for m < len(d) && d[m] == out[i][m] {
+				m++
+			}
+			if m < len(d) {
+				g.rejections++
+			}
+		}
+	}
 	g.now = g.now.Add(10 * time.Millisecond)
 	g.c.Done(g.now, out)
 	g.applyTarget()
