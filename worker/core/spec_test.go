@@ -463,3 +463,34 @@ func TestMirrorUpdates(t *testing.T) {
 	m.Reset()
 	want("after Reset", m.Updates(h.c), MirrorUpdate{ID: "d", From: 0, Tokens: d.History})
 }
+
+// TestSpecBadDraftsNeverFailAStep: draft tokens come from another worker
+// over the network; one outside the vocabulary must not fail the target's
+// step (which would end every request in it): the drafts from it on are
+// dropped.
+func TestSpecBadDraftsNeverFailAStep(t *testing.T) {
+	q := &specReq{id: "a", prompt: []int32{70, 71, 72}, max: 12}
+	referenceRun(t, newSynthetic(t, 16), []*specReq{q})
+	syn := newSynthetic(t, 16)
+	vocab := syn.Info().Vocab
+	c := New(Config{Self: "self", TokenBudget: 64, MaxRunning: 4, MaxWaiting: 4, TotalPages: 16}, nil)
+	c.SetSpec(SpecConfig{K: 4, Vocab: vocab})
+	g := newSpecRig(t, nil, c, syn)
+	bad := [][]int32{{-1}, {int32(vocab)}, {1 << 30}}
+	offered := 0
+	g.beforeStep = func() {
+		r := c.Lookup("a")
+		if r == nil || r.Outputs() == 0 || offered == len(bad) {
+			return
+		}
+		// One good draft, then a bad token, then good ones again.
+		i := r.Outputs()
+		c.OfferDrafts("a", len(r.History), slices.Concat([]int32{q.ref[i]}, bad[offered], q.ref[i+2:i+4]))
+		offered++
+	}
+	g.run([]*specReq{q})
+	if g.total.Verifications != len(bad) || g.total.DraftTokens != len(bad) || g.total.AcceptedTokens != len(bad) {
+		t.Fatalf("%d verifications of %d drafts, %d accepted; want each good draft before a bad token verified alone",
+			g.total.Verifications, g.total.DraftTokens, g.total.AcceptedTokens)
+	}
+}
