@@ -49,7 +49,7 @@ func TestSpecOracle(t *testing.T) {
 			if backend == "transformer" {
 				trials, n, maxPrompt, maxOut = 8, 10, 60, 48
 				if raceEnabled || testing.Short() {
-					trials, n, maxPrompt, maxOut = 2, 6, 24, 24
+					trials, n, maxPrompt, maxOut = 2, 4, 20, 20
 				}
 				ref = newTransformer(t, false, 1024)
 			}
@@ -128,7 +128,7 @@ func oracleTrial(t *testing.T, rng *rand.Rand, backend string, ref engine.Engine
 // and cuts the cache back to them; the page that filled is the plain run's,
 // byte for byte, and so is every page after it.
 func TestSpecTruncationLeavesThePlainKV(t *testing.T) {
-	q := &specReq{id: "a", prompt: []int32{72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33}, max: 40}
+	q := &specReq{id: "a", prompt: []int32{72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33}, max: 24}
 	referenceRun(t, newTransformer(t, false, 64), []*specReq{q})
 	tgt := newTransformer(t, false, 8)
 	c := New(Config{Self: "self", TokenBudget: 64, MaxRunning: 4, MaxWaiting: 4, TotalPages: 8}, nil)
@@ -151,7 +151,7 @@ func TestSpecTruncationLeavesThePlainKV(t *testing.T) {
 	if !verified || g.total.Verifications != 1 || g.total.AcceptedTokens != 2 || g.total.DraftTokens != 4 {
 		t.Fatalf("verifications %d, accepted %d of %d; want 1, 2 of 4", g.total.Verifications, g.total.AcceptedTokens, g.total.DraftTokens)
 	}
-	if want := (13 + 40 - 1) / engine.PageTokens; g.comparedPages != want {
+	if want := (13 + 24 - 1) / engine.PageTokens; g.comparedPages != want {
 		t.Fatalf("%d checkpoint pages compared with the plain run's, want %d", g.comparedPages, want)
 	}
 }
