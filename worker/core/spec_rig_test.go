@@ -167,7 +167,11 @@ type specRig struct {
 	dr       *Drafter // nil: no drafter
 	dft      engine.Engine
 	dftPages int
-	perturb  float64 // probability that a draft token is replaced by another
+	// agree, when set, overrides the draft engine (the synthetic one): a
+	// draft on the reference's path equals the target's next token with
+	// this probability, and differs from it otherwise — the same for
+	// greedy and sampled requests.
+	agree float64
 	// beforeStep, when set, runs before each target step (tests that
 	// offer drafts themselves).
 	beforeStep func()
@@ -200,12 +204,13 @@ type specRig struct {
 	// Decode steps alone (no prefill in the batch; with fullRows set,
 	// only those of fullRows rows): wall time, tokens committed, rows,
 	// the GPU profile's time.
-	fullRows       int
-	decodeTime     time.Duration
-	decodeTokens   int
-	decodeRows     int
-	decodeModelled time.Duration
-	rejections     int // verifications that rejected a draft
+	fullRows        int
+	decodeTime      time.Duration
+	decodeTokens    int
+	decodeRows      int
+	decodeModelled  time.Duration
+	rejections      int // verifications that rejected a draft
+	sampledAccepted int // drafts accepted for requests that sample
 }
 
 type mirrorBatch struct {
@@ -362,6 +367,9 @@ func (g *specRig) targetStep() bool {
 			if m < len(d) {
 				g.rejections++
 			}
+			if ch.Params.Temperature > 0 {
+				g.sampledAccepted += m
+			}
 		}
 	}
 	g.now = g.now.Add(10 * time.Millisecond)
@@ -429,6 +437,18 @@ func (g *specRig) applyDrafter() {
 	}
 }
 
+// refNext is the target's token at history position pos of request id
+// when the drafter's line up to it is the reference's.
+func (g *specRig) refNext(id string, pos int) (int32, bool) {
+	q, r := g.reqs[id], g.dr.reqs[id]
+	idx := pos - len(q.prompt)
+	if r == nil || idx < 0 || idx >= len(q.ref) || len(r.line) < pos ||
+		!slices.Equal(r.line[:len(q.prompt)], q.prompt) || !slices.Equal(r.line[len(q.prompt):pos], q.ref[:idx]) {
+		return 0, false
+	}
+	return q.ref[idx], true
+}
+
 // deliverDrafts offers the target the drafts due, in the order sent unless
 // a fault swaps two.
 func (g *specRig) deliverDrafts() {
@@ -490,9 +510,13 @@ func (g *specRig) drafterSteps() {
 		if err != nil {
 			g.t.Fatalf("tick %d: draft step: %v", g.tick, err)
 		}
-		for _, o := range out {
-			if len(o) == 1 && g.chance(g.perturb) {
-				o[0] = (o[0]-32+1+int32(g.rng.IntN(94)))%95 + 32
+		if g.agree > 0 {
+			for i, o := range out {
+				if tok, ok := g.refNext(st.IDs[i], st.Pos[i]); ok && len(o) == 1 {
+					if o[0] = tok; !g.chance(g.agree) {
+						o[0] = (tok-32+1+int32(g.rng.IntN(94)))%95 + 32
+					}
+				}
 			}
 		}
 		g.dr.Done(out)
@@ -590,8 +614,8 @@ func (g *specRig) run(reqs []*specReq) {
 }
 
 func (g *specRig) String() string {
-	return fmt.Sprintf("%d steps (%d decode), %d verifications, %d/%d drafts accepted, %d draft steps, %d preemptions, %d resets, %d K changes, %d supersessions, %d pages compared",
-		g.steps, g.decodeSteps, g.total.Verifications, g.total.AcceptedTokens, g.total.DraftTokens, g.draftSteps,
+	return fmt.Sprintf("%d steps (%d decode), %d verifications, %d/%d drafts accepted (%d sampling), %d draft steps, %d preemptions, %d resets, %d K changes, %d supersessions, %d pages compared",
+		g.steps, g.decodeSteps, g.total.Verifications, g.total.AcceptedTokens, g.total.DraftTokens, g.sampledAccepted, g.draftSteps,
 		g.total.Preemptions, g.resets, g.kChanges, g.supersessions, g.comparedPages)
 }
 
