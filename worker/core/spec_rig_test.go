@@ -163,6 +163,10 @@ type specRig struct {
 	tgt      engine.Engine
 	tgtPages int
 	holder   string // the requests' checkpoint holder ("": none)
+	// store, when set, is the holder's: the checkpoint pages exported go
+	// in, and the Core (built over it) restores a new call's prefix.
+	store     memStore
+	importing int // pages of the step's restores, not imported yet
 
 	dr       *Drafter // nil: no drafter
 	dft      engine.Engine
@@ -300,17 +304,21 @@ func (g *specRig) applyTarget() {
 			t.Fatalf("tick %d: request %s: checkpoint page %d differs from the reference run's", g.tick, q.id, p.Page)
 		}
 		g.comparedPages++
+		if g.store != nil {
+			g.store[p.Hash] = data // the holder keeps it; a new call restores it
+		}
 	}
+	g.total.RestoredPages += o.RestoredPages
 	g.total.Preemptions += o.Preemptions
 	g.total.Completed += o.Completed
 	g.total.DraftTokens += o.DraftTokens
 	g.total.AcceptedTokens += o.AcceptedTokens
 	g.total.Verifications += o.Verifications
-	if free, used := g.tgt.FreePages(), g.c.CachedPages(); free != g.tgtPages-used {
-		t.Fatalf("tick %d: target engine has %d free pages, the core counts %d of %d in use", g.tick, free, used, g.tgtPages)
+	if free, used := g.tgt.FreePages(), g.c.CachedPages(); free != g.tgtPages-used+g.importing {
+		t.Fatalf("tick %d: target engine has %d free pages, the core counts %d of %d in use (%d to import)", g.tick, free, used, g.tgtPages, g.importing)
 	}
 	for _, r := range g.c.running {
-		if n := g.tgt.Len(r.seq); n != r.fed {
+		if n := g.tgt.Len(r.seq); n != r.fed && g.importing == 0 {
 			t.Fatalf("tick %d: request %s: the target cache holds %d positions, the core counts %d", g.tick, r.ID, n, r.fed)
 		}
 	}
@@ -331,13 +339,20 @@ func (g *specRig) targetStep() bool {
 		}
 	}()
 	st := g.c.Next(g.now, g.tgt.FreePages())
+	for _, rs := range st.Restores {
+		g.importing += len(rs.Pages)
+	}
 	g.applyTarget()
 	if len(st.Batch) == 0 {
 		return false
 	}
-	if len(st.Restores) > 0 {
-		t.Fatal("a restore without a store")
+	for _, rs := range st.Restores {
+		if err := g.tgt.ImportPages(rs.Seq, rs.Pages); err != nil {
+			// The core counts the pages exactly: an import always fits.
+			t.Fatalf("tick %d: import %d pages of %s: %v", g.tick, len(rs.Pages), rs.Req.ID, err)
+		}
 	}
+	g.importing = 0
 	rows, k, prefill := st.Shape()
 	decode = prefill == 0 && (g.fullRows == 0 || rows == g.fullRows)
 	if decode {
@@ -614,9 +629,9 @@ func (g *specRig) run(reqs []*specReq) {
 }
 
 func (g *specRig) String() string {
-	return fmt.Sprintf("%d steps (%d decode), %d verifications, %d/%d drafts accepted (%d sampling), %d draft steps, %d preemptions, %d resets, %d K changes, %d supersessions, %d pages compared",
+	return fmt.Sprintf("%d steps (%d decode), %d verifications, %d/%d drafts accepted (%d sampling), %d draft steps, %d preemptions, %d resets, %d K changes, %d supersessions, %d pages compared, %d restored",
 		g.steps, g.decodeSteps, g.total.Verifications, g.total.AcceptedTokens, g.total.DraftTokens, g.sampledAccepted, g.draftSteps,
-		g.total.Preemptions, g.resets, g.kChanges, g.supersessions, g.comparedPages)
+		g.total.Preemptions, g.resets, g.kChanges, g.supersessions, g.comparedPages, g.total.RestoredPages)
 }
 
 // randomSpecReqs makes n requests with varied lengths, half of them with

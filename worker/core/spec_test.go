@@ -66,6 +66,7 @@ func TestSpecOracle(t *testing.T) {
 				sum.total.Preemptions += g.total.Preemptions
 				sum.comparedPages += g.comparedPages
 				sum.resets += g.resets
+				sum.total.RestoredPages += g.total.RestoredPages
 			}
 			if sum.total.Verifications == 0 || sum.total.AcceptedTokens == 0 || sum.comparedPages == 0 {
 				t.Fatalf("seed %d: a vacuous run: %d verifications, %d drafts accepted, %d checkpoint pages compared",
@@ -76,8 +77,9 @@ func TestSpecOracle(t *testing.T) {
 			if backend == "synthetic" && sum.sampledAccepted == 0 {
 				t.Fatalf("seed %d: no draft accepted for a request that samples", seed)
 			}
-			if sum.total.Preemptions == 0 || sum.resets == 0 {
-				t.Logf("no preemption or no reset happened (%d, %d): the mix is too easy for this seed", sum.total.Preemptions, sum.resets)
+			if sum.total.Preemptions == 0 || sum.resets == 0 || sum.total.RestoredPages == 0 {
+				t.Logf("no preemption, reset or restore happened (%d, %d, %d): the mix is too easy for this seed",
+					sum.total.Preemptions, sum.resets, sum.total.RestoredPages)
 			}
 		})
 	}
@@ -100,9 +102,12 @@ func oracleTrial(t *testing.T, rng *rand.Rand, backend string, ref engine.Engine
 	} else {
 		tgt, dft = newSynthetic(t, tgtPages), newSynthetic(t, dftPages)
 	}
-	c := New(Config{Self: "self", TokenBudget: 8 + rng.IntN(64), MaxRunning: 1 + rng.IntN(8), MaxWaiting: 64, TotalPages: tgtPages}, nil)
+	// The target holds the requests' checkpoints too: a call that takes
+	// a request over restores its pages, then prefills the rest.
+	store := memStore{}
+	c := New(Config{Self: "self", TokenBudget: 8 + rng.IntN(64), MaxRunning: 1 + rng.IntN(8), MaxWaiting: 64, TotalPages: tgtPages}, store)
 	g := newSpecRig(t, rng, c, tgt)
-	g.holder = "h"
+	g.holder, g.store = "h", store
 	k := 1 + rng.IntN(DefaultKMax)
 	g.withDrafter(NewDrafter(k), dft)
 	if backend == "synthetic" {
