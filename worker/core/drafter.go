@@ -27,6 +27,7 @@ type Drafter struct {
 	ids     []string // sorted
 	k       int
 	budget  int
+	maxCtx  int // the draft engine's context (0: unbounded)
 	nextSeq engine.SeqID
 
 	pending []*draftReq
@@ -81,6 +82,13 @@ func NewDrafter(k int) *Drafter {
 
 // SetK sets the drafts the target verifies per step (0: stop drafting).
 func (d *Drafter) SetK(k int) { d.k = max(k, 0) }
+
+// SetMaxContext sets the draft engine's context (engine.Info.MaxContext):
+// a request drafts no position beyond it. The target's requests fit its
+// own context, but the lookahead runs up to 2K+1 positions past their
+// history: a step that went past the draft's context would fail, and with
+// it the drafts of every request in it, at every retry. 0: unbounded.
+func (d *Drafter) SetMaxContext(n int) { d.maxCtx = max(n, 0) }
 
 // K is the drafts per step the target asked for.
 func (d *Drafter) K() int { return d.k }
@@ -200,8 +208,8 @@ func (d *Drafter) Next(free int) DraftStep {
 		}
 		r.line = append(append(r.line[:0], r.hist...), r.drafts...)
 		n := len(r.line) - r.fed
-		if n <= 0 {
-			continue
+		if n <= 0 || (d.maxCtx > 0 && len(r.line) > d.maxCtx) {
+			continue // drafted up to the context
 		}
 		n = min(n, budget)
 		need := PagesFor(r.fed+n) - PagesFor(r.fed)

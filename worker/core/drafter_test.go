@@ -322,3 +322,36 @@ func TestDrafterTruncateThenEnd(t *testing.T) {
 		t.Fatalf("%d of 16 pages free", g.eng.FreePages())
 	}
 }
+
+// TestDrafterStopsAtTheContext: a request whose line reaches the draft
+// engine's context drafts no further — one that did would fail the draft
+// step, and with it the drafts of every request, at every retry.
+func TestDrafterStopsAtTheContext(t *testing.T) {
+	eng, err := engine.NewSynthetic(engine.SyntheticConfig{Pages: 16, MaxContext: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &draftRig{t: t, d: NewDrafter(4), eng: eng, pages: 16, drafts: map[string]Draft{}}
+	g.d.SetMaxContext(eng.Info().MaxContext)
+	long := make([]int32, 60)
+	for i := range long {
+		long[i] = int32(32 + i)
+	}
+	g.d.Apply(MirrorUpdate{ID: "a", Tokens: long})
+	g.d.Apply(MirrorUpdate{ID: "b", Tokens: long[:10]})
+	g.until()
+	// a: positions 60..64 drafted (64 fed at most), b: the whole lookahead.
+	if na, nb := len(g.drafts["a"].Tokens), len(g.drafts["b"].Tokens); na != 5 || nb != 9 {
+		t.Fatalf("a drafted %d (want 5, up to the context), b %d (want 9)", na, nb)
+	}
+	// A history past the draft's context drafts nothing, and harms none.
+	g.d.Apply(MirrorUpdate{ID: "c", Tokens: append(slices.Clone(long), long[:10]...)})
+	g.d.Apply(MirrorUpdate{ID: "b", From: 10, Tokens: g.drafts["b"].Tokens[:3]})
+	g.until()
+	if _, ok := g.drafts["c"]; ok {
+		t.Fatal("c drafted beyond the context")
+	}
+	if nb := len(g.drafts["b"].Tokens); nb != 9 {
+		t.Fatalf("b has %d drafts after c came, want 9", nb)
+	}
+}

@@ -110,12 +110,14 @@ func oracleTrial(t *testing.T, rng *rand.Rand, backend string, ref engine.Engine
 	g.holder, g.store = "h", store
 	k := 1 + rng.IntN(DefaultKMax)
 	g.withDrafter(NewDrafter(k), dft)
+	g.dr.SetMaxContext(dft.Info().MaxContext)
 	if backend == "synthetic" {
 		g.agree = 0.3 + 0.7*rng.Float64()
 	}
-	g.specCfgs = []SpecConfig{{K: 0}, {K: 1}, {K: 2}, {K: 4}, {K: 7},
-		{Adaptive: true, KMax: 1 + rng.IntN(8), Cost: cpuishCost}, {Adaptive: true, Cost: gpuCost("qwen3-14b-h100")}}
-	c.SetSpec(SpecConfig{K: k})
+	v := tgt.Info().Vocab
+	g.specCfgs = []SpecConfig{{K: 0}, {K: 1, Vocab: v}, {K: 2}, {K: 4, Vocab: v}, {K: 7},
+		{Adaptive: true, KMax: 1 + rng.IntN(8), Cost: cpuishCost, Vocab: v}, {Adaptive: true, Cost: gpuCost("qwen3-14b-h100")}}
+	c.SetSpec(SpecConfig{K: k, Vocab: v})
 	// A third of the trials run a drafter that keeps up over a perfect
 	// link, the rest a slow drafter over a link that loses and delays.
 	switch rng.IntN(3) {
