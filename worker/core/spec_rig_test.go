@@ -209,6 +209,8 @@ type specRig struct {
 	// only those of fullRows rows): wall time, tokens committed, rows,
 	// the GPU profile's time.
 	fullRows        int
+	cpuClock        bool          // also count the target's thread CPU time
+	decodeCPU       time.Duration // the target's thread CPU time in them
 	decodeTime      time.Duration
 	decodeTokens    int
 	decodeRows      int
@@ -329,6 +331,10 @@ func (g *specRig) targetStep() bool {
 	t := g.t
 	t.Helper()
 	start, tokens := time.Now(), g.tokens
+	var cpu0 time.Duration
+	if g.cpuClock {
+		cpu0, _ = threadCPU()
+	}
 	var decode bool
 	defer func() {
 		d := time.Since(start)
@@ -336,6 +342,10 @@ func (g *specRig) targetStep() bool {
 		if decode {
 			g.decodeTime += d
 			g.decodeTokens += g.tokens - tokens
+			if g.cpuClock {
+				cpu1, _ := threadCPU()
+				g.decodeCPU += cpu1 - cpu0
+			}
 		}
 	}()
 	st := g.c.Next(g.now, g.tgt.FreePages())
