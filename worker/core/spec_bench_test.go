@@ -34,11 +34,11 @@ import (
 //   - gpu_tokens/s: tokens committed per second of the same steps costed
 //     by engine.Profile.StepTimeK for qwen3-14b-h100.
 //
-// The two rates answer different questions. On a CPU the tiny model's step
-// is compute-bound: a verification computes K+1 positions per sequence,
-// about K+1 times a decode row, and commits fewer than K+1 tokens, so on
-// the CPU speculation costs more than it gives and cpu_tokens/s with drafts
-// is below the rate without. A GPU step at these batches is memory-bound:
+// The CPU and GPU rates answer different questions. On a CPU the tiny
+// model's step is compute-bound: a verification computes K+1 positions per
+// sequence, about K+1 times a decode row, and commits fewer than K+1
+// tokens, so on the CPU speculation costs more than it gives: cpu_tokens/s
+// with drafts is the rate without times tokens/step / (K+1). A GPU step at these batches is memory-bound:
 // the weights are read once whatever K, and each draft adds 0.05 ms per
 // sequence to a 12–15 ms step; gpu_tokens/s is what the measured tokens per
 // step buy there. ns/op covers the whole loop, drafter included.
