@@ -27,6 +27,7 @@ type Drafter struct {
 	ids     []string // sorted
 	k       int
 	budget  int
+	maxCtx  int // the draft engine's context (0: unbounded)
 	nextSeq engine.SeqID
 
 	pending []*draftReq
@@ -82,6 +83,13 @@ func NewDrafter(k int) *Drafter {
 // SetK sets the drafts the target verifies per step (0: stop drafting).
 func (d *Drafter) SetK(k int) { d.k = max(k, 0) }
 
+// SetMaxContext sets the draft engine's context (engine.Info.MaxContext):
+// a request drafts no position beyond it. The target's requests fit its
+// own context, but the lookahead runs up to 2K+1 positions past their
+// history: a step that went past the draft's context would fail, and with
+// it the drafts of every request in it, at every retry. 0: unbounded.
+func (d *Drafter) SetMaxContext(n int) { d.maxCtx = max(n, 0) }
+
 // K is the drafts per step the target asked for.
 func (d *Drafter) K() int { return d.k }
 
@@ -110,6 +118,13 @@ func (d *Drafter) Apply(u MirrorUpdate) {
 		}
 		return
 	}
+	known := 0
+	if r != nil {
+		known = len(r.hist)
+	}
+	if u.From > known {
+		return // a gap: cannot happen on one ordered stream; ignore
+	}
 	if r == nil {
 		d.nextSeq++
 		r = &draftReq{id: u.ID, seq: d.nextSeq}
@@ -117,25 +132,27 @@ func (d *Drafter) Apply(u MirrorUpdate) {
 		i, _ := slices.BinarySearch(d.ids, u.ID)
 		d.ids = slices.Insert(d.ids, i, u.ID)
 	}
-	if u.From > len(r.hist) {
-		return // a gap: cannot happen on one ordered stream; ignore
-	}
-	line := append(r.hist, r.drafts...)
+	line := slices.Concat(r.hist, r.drafts)
 	hist := append(slices.Clone(r.hist[:u.From]), u.Tokens...)
 	// The longest prefix of the old line the target committed.
 	p := 0
 	for p < len(hist) && p < len(line) && hist[p] == line[p] {
 		p++
 	}
-	if p == len(hist) && len(hist) <= len(line) {
-		r.drafts = slices.Clone(line[len(hist):]) // the drafts past it stand
+	// What of the cache stays valid: all of the old line when the target
+	// committed a prefix of it (the drafts past it stand), else the tokens
+	// up to the first the target did not commit.
+	valid := p
+	if p == len(hist) {
+		r.drafts = slices.Clone(line[len(hist):])
+		valid = len(line)
 	} else {
 		r.drafts = nil
 	}
 	r.hist = hist
-	if r.fed > p {
-		r.fed = p
-		d.out.Truncates = append(d.out.Truncates, Truncate{Seq: r.seq, Len: p})
+	if r.fed > valid {
+		r.fed = valid
+		d.out.Truncates = append(d.out.Truncates, Truncate{Seq: r.seq, Len: valid})
 	}
 }
 
@@ -145,13 +162,19 @@ func (d *Drafter) drop(r *draftReq) {
 		d.ids = slices.Delete(d.ids, i, i+1)
 	}
 	d.out.Release = append(d.out.Release, r.seq)
+	// A cut queued for it names a sequence the release frees first.
+	d.out.Truncates = slices.DeleteFunc(d.out.Truncates, func(t Truncate) bool { return t.Seq == r.seq })
 }
 
-// Reset drops every request (the pairing ended).
+// Reset drops every request (the pairing ended), with the updates of the
+// old pairing's stream still queued behind a running step. Called between
+// Next and Done, the step's sequences are released too: apply Output after
+// Done, when the engine has run the step.
 func (d *Drafter) Reset() {
 	for _, id := range slices.Clone(d.ids) {
 		d.drop(d.reqs[id])
 	}
+	d.queued = nil
 }
 
 // lookahead is the drafts kept beyond the committed history.
@@ -185,8 +208,8 @@ func (d *Drafter) Next(free int) DraftStep {
 		}
 		r.line = append(append(r.line[:0], r.hist...), r.drafts...)
 		n := len(r.line) - r.fed
-		if n <= 0 {
-			continue
+		if n <= 0 || (d.maxCtx > 0 && len(r.line) > d.maxCtx) {
+			continue // drafted up to the context
 		}
 		n = min(n, budget)
 		need := PagesFor(r.fed+n) - PagesFor(r.fed)

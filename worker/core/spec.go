@@ -35,6 +35,12 @@ type SpecConfig struct {
 	// Cost is the modelled duration of a step of rows decoding rows each
 	// verifying k drafts (k = 0: a plain decode step). Required by Adaptive.
 	Cost func(rows, k int) time.Duration
+	// Vocab is the engine's vocabulary size (engine.Info.Vocab): drafts
+	// come from another worker, and a token outside [0, Vocab) would fail
+	// the engine's step and every request in it, so OfferDrafts drops the
+	// drafts from the first such token on. 0: only negative tokens are
+	// dropped.
+	Vocab int
 }
 
 // DefaultKMax bounds adaptive K.
@@ -124,11 +130,18 @@ func ChooseK(alpha float64, kmax int, cost func(k int) time.Duration) int {
 // OfferDrafts gives request id draft tokens for its history positions
 // base, base+1, …; they replace any offered before. Drafts for a request
 // that is not here, or whose committed history disagrees with them, are
-// never verified.
+// never verified, nor are those from a token outside the vocabulary on
+// (SpecConfig.Vocab).
 func (c *Core) OfferDrafts(id string, base int, tokens []int32) {
 	r := c.byID[id]
 	if r == nil || base < 0 || base > len(r.History) {
 		return
+	}
+	for i, tok := range tokens {
+		if tok < 0 || (c.spec.cfg.Vocab > 0 && int(tok) >= c.spec.cfg.Vocab) {
+			tokens = tokens[:i]
+			break
+		}
 	}
 	r.draftBase = base
 	r.drafts = append(r.drafts[:0], tokens...)
