@@ -47,7 +47,7 @@
 // links or unlinks; a drafter whose target dies is paired again once the
 // failure is applied. While linked, the target's core verifies drafts
 // (core.Core.SetSpec: adaptive K by default, its Cost made aware of the
-// pipeline by PipelinedCost; Spec.K fixes it) and, after every step, its
+// pipeline by core.PipelinedTokens; Spec.K fixes it) and, after every step, its
 // core.Mirror's updates and its K reach the drafter's core.Drafter
 // Timing.LinkLatency (100 µs) later; the drafter runs draft steps back to
 // back while it has work, each taking the draft profile's StepTime for its

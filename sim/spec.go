@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 	"io"
-	"math"
 	"slices"
 	"sort"
 	"time"
@@ -263,7 +262,7 @@ func (s *Sim) pair(d, t *simWorker) {
 }
 
 // specConfig is target c's speculation: a fixed K, or adaptive K over the
-// profile's fused step cost, made pipeline-aware (PipelinedCost).
+// profile's fused step cost (core.ChooseK is pipeline-aware).
 func (s *Sim) specConfig(c *core.Core) core.SpecConfig {
 	switch k := s.cfg.Spec.K; {
 	case k > 0:
@@ -272,59 +271,7 @@ func (s *Sim) specConfig(c *core.Core) core.SpecConfig {
 		return core.SpecConfig{}
 	}
 	p := s.cfg.Profile
-	return core.SpecConfig{Adaptive: true, KMax: core.DefaultKMax, Cost: PipelinedCost(p, c.Acceptance)}
-}
-
-// PipelinedCost is the step cost to give core.ChooseK so that it
-// maximises the committed tokens per second of a pipelined drafter rather
-// than of drafts always on time.
-//
-// ChooseK maximises ExpectedTokens(α, k) / cost(k): every row verifying k
-// drafts every step. But the drafter works one step behind: a step's
-// drafts were drafted from the history as it was when the step before
-// started, so they cover that step's tokens and K more (the drafter's
-// lookahead of 2K+1), and are usable only if the step before committed
-// what they guessed. After a verification that accepted all k drafts and
-// whose own next token equals the drafter's next draft (probability
-// α^(k+1)) the row verifies again; otherwise its next step runs a
-// placeholder, the drafter replaying from the target's token, and verifies
-// again after it only if its first new draft equals the token that step
-// committed (α). The rows that verify are then a share
-// πD = α / (α + 1 − α^(k+1)) of the row-steps, the others commit one
-// token, so a row-step commits
-//
-//	T(α, k) = πD·ExpectedTokens(α, k) + 1 − πD
-//
-// and every step pays the fused pass for k (the placeholders are padded).
-// PipelinedCost(rows, k) = StepTimeK(rows, k) · ExpectedTokens / T makes
-// ChooseK's ratio T / StepTimeK; α is the target's estimate (acceptance,
-// core.Core.Acceptance). In the spec-k figure this model predicts every
-// fixed K's rate within 3.5% and picks the best K where the plain cost
-// picks one too large at every α and batch (docs in doc.go).
-func PipelinedCost(p engine.Profile, acceptance func() float64) func(rows, k int) time.Duration {
-	return func(rows, k int) time.Duration {
-		d := p.StepTimeK(rows, k, 0)
-		if k == 0 {
-			return d
-		}
-		a := acceptance()
-		return time.Duration(float64(d) * core.ExpectedTokens(a, k) / PipelinedTokens(a, k))
-	}
-}
-
-// PipelinedTokens is T(α, k) of PipelinedCost: the tokens a row-step
-// commits on average with a drafter one step behind.
-func PipelinedTokens(alpha float64, k int) float64 {
-	if k == 0 {
-		return 1
-	}
-	e := core.ExpectedTokens(alpha, k)
-	if alpha <= 0 {
-		return 1
-	}
-	full := math.Pow(alpha, float64(k+1))
-	pd := alpha / (alpha + 1 - full)
-	return pd*e + 1 - pd
+	return core.SpecConfig{Adaptive: true, KMax: core.DefaultKMax, Cost: func(rows, k int) time.Duration { return p.StepTimeK(rows, k, 0) }}
 }
 
 // unpair ends a pairing: speculation off at the target (its Mirror goes

@@ -223,17 +223,17 @@ func TestSpecKGoals(t *testing.T) {
 // limits — K = 0 commits one token; α = 1 commits K+1 every step; at α = 0
 // nothing is accepted.
 func TestPipelinedTokens(t *testing.T) {
-	if PipelinedTokens(0.7, 0) != 1 || PipelinedTokens(0, 4) != 1 {
+	if core.PipelinedTokens(0.7, 0) != 1 || core.PipelinedTokens(0, 4) != 1 {
 		t.Fatal("K = 0 or α = 0")
 	}
-	if got := PipelinedTokens(1, 4); math.Abs(got-5) > 1e-9 {
+	if got := core.PipelinedTokens(1, 4); math.Abs(got-5) > 1e-9 {
 		t.Fatalf("α = 1, K = 4: %g", got)
 	}
 	// Always below drafts-on-time.
 	for _, a := range []float64{0.3, 0.5, 0.7, 0.9} {
 		for k := 1; k <= 8; k++ {
-			if PipelinedTokens(a, k) >= core.ExpectedTokens(a, k) {
-				t.Errorf("α %g K %d: %g ≥ %g", a, k, PipelinedTokens(a, k), core.ExpectedTokens(a, k))
+			if core.PipelinedTokens(a, k) >= core.ExpectedTokens(a, k) {
+				t.Errorf("α %g K %d: %g ≥ %g", a, k, core.PipelinedTokens(a, k), core.ExpectedTokens(a, k))
 			}
 		}
 	}

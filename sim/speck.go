@@ -59,7 +59,7 @@ type SpecKPoint struct {
 	AcceptRate float64 `json:"adaptive_accept_rate"`
 	// BestK is the best fixed K. PlainK is the K core.ChooseK picks at
 	// the true α over the profile's StepTimeK (drafts always on time);
-	// PipelinedK the one it picks over PipelinedCost, what adaptive K
+	// PipelinedK the one it picks with core.PipelinedTokens, what adaptive K
 	// aims at.
 	BestK      int `json:"best_fixed_k"`
 	PlainK     int `json:"plain_model_k"`
@@ -116,9 +116,9 @@ func RunSpecK(o SpecKOptions) (*SpecKFigure, error) {
 			if res.Spec.DraftTokens > 0 {
 				pt.AcceptRate = float64(res.Spec.AcceptedTokens) / float64(res.Spec.DraftTokens)
 			}
-			pt.PlainK = core.ChooseK(alpha, o.KMax, func(k int) time.Duration { return p.StepTimeK(b, k, 0) })
-			cost := PipelinedCost(p, func() float64 { return alpha })
-			pt.PipelinedK = core.ChooseK(alpha, o.KMax, func(k int) time.Duration { return cost(b, k) })
+			cost := func(k int) time.Duration { return p.StepTimeK(b, k, 0) }
+			pt.PlainK = core.ChooseKWith(alpha, o.KMax, cost, core.ExpectedTokens)
+			pt.PipelinedK = core.ChooseK(alpha, o.KMax, cost)
 			f.Points = append(f.Points, pt)
 		}
 	}
@@ -165,7 +165,7 @@ func (f *SpecKFigure) Print(out io.Writer) {
 	}
 	kmax := len(f.Points[0].Fixed) - 1
 	fmt.Fprintf(out, "\nfigure spec-k: the target's committed tokens/s, one drafter paired, by fixed K and adaptive\n")
-	fmt.Fprintf(out, "(best: the best fixed K; plain and piped: core.ChooseK's K at the true alpha over StepTimeK and over PipelinedCost)\n")
+	fmt.Fprintf(out, "(best: the best fixed K; plain and piped: core.ChooseK's K at the true alpha with drafts always on time (ExpectedTokens) and one step behind (PipelinedTokens))\n")
 	fmt.Fprintf(out, "%5s %5s", "alpha", "batch")
 	for k := 0; k <= kmax; k++ {
 		fmt.Fprintf(out, " %7s", fmt.Sprintf("K=%d", k))

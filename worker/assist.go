@@ -251,11 +251,12 @@ func (s *inferenceServer) recvDrafts(ctx context.Context, stream grpc.BidiStream
 // specConfig is how this worker verifies drafts: adaptive K by the
 // profile's cost of the fused step when it has one, fixed SpecK otherwise.
 func (s *scheduler) specConfig() core.SpecConfig {
+	vocab := s.eng.Info().Vocab
 	if p := s.cfg.Profile; p != nil {
-		return core.SpecConfig{Adaptive: true, KMax: core.DefaultKMax,
+		return core.SpecConfig{Adaptive: true, KMax: core.DefaultKMax, Vocab: vocab,
 			Cost: func(rows, k int) time.Duration { return p.StepTimeK(rows, k, 0) }}
 	}
-	return core.SpecConfig{K: s.cfg.SpecK}
+	return core.SpecConfig{K: s.cfg.SpecK, Vocab: vocab}
 }
 
 // initialK is the K a new drafter is told before any step verified: what

@@ -297,6 +297,7 @@ func (w *Worker) paired(ctx context.Context) (p partner, ok bool, err error) {
 func (w *Worker) assist(ctx context.Context) {
 	d := core.NewDrafter(0)
 	eng := w.cfg.Recovery.Draft
+	d.SetMaxContext(eng.Info().MaxContext)
 	for ctx.Err() == nil {
 		p, ok, _ := w.paired(ctx)
 		if !ok {

@@ -331,13 +331,14 @@ func TestChooseK(t *testing.T) {
 			prev = k
 		}
 	}
-	// The choice is the argmax of tokens per unit time.
+	// The choice is the argmax of tokens per unit time with a drafter one
+	// step behind (PipelinedTokens).
 	for _, rows := range []int{1, 32, 128} {
 		for _, a := range []float64{0.3, 0.6, 0.85} {
 			k := ChooseK(a, DefaultKMax, at(rows))
-			best := ExpectedTokens(a, k) / float64(cost(rows, k))
+			best := PipelinedTokens(a, k) / float64(cost(rows, k))
 			for j := 0; j <= DefaultKMax; j++ {
-				if r := ExpectedTokens(a, j) / float64(cost(rows, j)); r > best*(1+1e-9) {
+				if r := PipelinedTokens(a, j) / float64(cost(rows, j)); r > best*(1+1e-9) {
 					t.Errorf("B = %d, α = %.2f: K = %d gives %.4g tokens/ns, K = %d %.4g", rows, a, k, best, j, r)
 				}
 			}
