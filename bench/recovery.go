@@ -104,9 +104,9 @@ type runOutcome struct {
 	// Speculation: drafts verified and accepted at the targets, seconds
 	// the drafters assisted.
 	draftTokens, acceptedTokens, assistS float64
-	recomputed  float64
-	emulated    float64
-	paced       float64
+	recomputed                           float64
+	emulated                             float64
+	paced                                float64
 }
 
 type recoveryFigures struct {
