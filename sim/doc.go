@@ -28,7 +28,7 @@
 //   - at DetectDelay, once MarkFailed is applied, it registers in
 //     LOADING_DRAFT (not dispatchable, not a holder);
 //   - the draft model (profile qwen3-0.6b-h100) loads in its LoadTime,
-//     5.35 s; meanwhile, from the restart, the target's weights are read
+//     1.35 s; meanwhile, from the restart, the target's weights are read
 //     from disk into host memory (WeightBytes / DiskBytesPerSec: 7.76 s
 //     for Qwen3-14B, 17.2 s for 32B);
 //   - ASSIST when the draft is loaded: the fsm pairs it with a worker in

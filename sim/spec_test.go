@@ -34,9 +34,9 @@ func TestReloadTimeline(t *testing.T) {
 			}
 		}
 	}
-	// 14B: the draft at 5.35 s, HOTSWAP at 22.76 s, full service at 23.61 s.
+	// 14B: the draft at 1.35 s, HOTSWAP at 22.76 s, full service at 23.61 s.
 	tl := ReloadTimeline(engine.Profiles["qwen3-14b-h100"], draft, 1)
-	if tl.Draft.Round(10*time.Millisecond) != 5350*time.Millisecond || tl.Hotswap.Round(10*time.Millisecond) != 22760*time.Millisecond ||
+	if tl.Draft.Round(10*time.Millisecond) != 1350*time.Millisecond || tl.Hotswap.Round(10*time.Millisecond) != 22760*time.Millisecond ||
 		tl.Full.Round(10*time.Millisecond) != 23610*time.Millisecond {
 		t.Errorf("qwen3-14b-h100: %+v", tl)
 	}
