@@ -126,16 +126,19 @@ type RecoveryRule struct {
 	// moves TTFT (1 of 8 workers at 70% load) never "recovers": failure-free
 	// windows of two such runs differ by ±15% (docs/benchmarks.md).
 	TTFTSlack time.Duration
+	// MinRequests: a window with fewer arrivals (the tail of the run, as
+	// arrivals end) says nothing about TTFT; only its queue is compared.
+	MinRequests int
 }
 
 // DefaultRecoveryRule is the rule of `lumen bench recovery` and `lumen
 // sim` for a cluster offering rate requests/s whose decode step at the
 // saturated batch takes step: 5 s windows holding at least 100 arrivals (so
 // that one long prompt does not move a window's mean by 10% on its own),
-// 250 ms apart; 10% tolerance; slack of one queued request and two decode
-// steps.
+// 250 ms apart, TTFT compared only over windows of at least 50 arrivals;
+// 10% tolerance; slack of one queued request and two decode steps.
 func DefaultRecoveryRule(rate float64, step time.Duration) RecoveryRule {
-	rule := RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1, TTFTSlack: 2 * step}
+	rule := RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1, TTFTSlack: 2 * step, MinRequests: 50}
 	if w := time.Duration(100 / rate * float64(time.Second)); w > rule.Window {
 		rule.Window = w.Round(time.Second)
 	}
@@ -191,7 +194,7 @@ func RecoveryTime(run, ref []Level, rule RecoveryRule) (d time.Duration, recover
 	n := min(len(run), len(ref))
 	first := n // the first window of the final all-normal stretch
 	for i := n - 1; i >= 0; i-- {
-		ttftOK := run[i].Requests == 0 || run[i].TTFT <= (1+rule.Tolerance)*ref[i].TTFT+float64(rule.TTFTSlack)/1e6
+		ttftOK := run[i].Requests == 0 || run[i].Requests < rule.MinRequests || run[i].TTFT <= (1+rule.Tolerance)*ref[i].TTFT+float64(rule.TTFTSlack)/1e6
 		queueOK := run[i].Queue <= (1+rule.Tolerance)*ref[i].Queue+rule.QueueSlack
 		if !ttftOK || !queueOK {
 			break
