@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -28,6 +29,58 @@ import (
 //     its copy;
 //   - the request completes (Complete, or its session ends): the placement
 //     goes as any does, and Migration ABORTED tells the destination.
+
+// The reasons the tables and the leader give a migration's end, or the
+// words they start with; MigrationCause sorts reasons by them.
+const (
+	// ReasonOperator is the reason of an operator's migration.
+	ReasonOperator = "operator"
+	// ReasonTimeout starts the reason of the leader's stage-timeout abort.
+	ReasonTimeout = "stage timeout"
+	// The request ended while it migrated.
+	ReasonCompleted        = "request completed"
+	ReasonSessionExpired   = "session expired"
+	ReasonSessionDestroyed = "session destroyed"
+	// reasonDestination and reasonSource start the reasons of the aborts
+	// the tables make when a migration's destination leaves full service
+	// or its source fails.
+	reasonDestination = "destination left: "
+	reasonSource      = "source failed: "
+)
+
+// MigrationCause sorts a Migration event by its reason, for metrics.
+// STARTED: balance, drain, operator or other. COMMITTED: committed.
+// ABORTED: timeout (the leader's stage timeout), destination (it left full
+// service), source_failed, finished (the request completed or its session
+// ended), or worker (an abort a worker asked for: the destination ran out of
+// pages, the copy failed).
+func MigrationCause(m *pb.Migration) string {
+	r := m.Reason
+	switch m.Stage {
+	case pb.Migration_STAGE_STARTED:
+		for _, c := range []string{policy.ReasonBalance, policy.ReasonDrain, ReasonOperator} {
+			if strings.HasPrefix(r, c) {
+				return c
+			}
+		}
+		return "other"
+	case pb.Migration_STAGE_COMMITTED:
+		return "committed"
+	case pb.Migration_STAGE_ABORTED:
+		switch {
+		case strings.HasPrefix(r, ReasonTimeout):
+			return "timeout"
+		case strings.HasPrefix(r, reasonDestination):
+			return "destination"
+		case strings.HasPrefix(r, reasonSource):
+			return "source_failed"
+		case r == ReasonCompleted || r == ReasonSessionExpired || r == ReasonSessionDestroyed:
+			return "finished"
+		}
+		return "worker"
+	}
+	return "unknown"
+}
 
 // migrating reports whether p is MIGRATING.
 func migrating(p *pb.Placement) bool { return p.State == pb.PlacementState_PLACEMENT_STATE_MIGRATING }
@@ -184,7 +237,7 @@ func (s *state) commitMigration(p *pb.Placement, reason string, idx uint64, evs 
 // abortIncoming aborts every migration into worker w, which is leaving
 // FULL_SERVICE (going to phase): the requests stay on their sources.
 func (s *state) abortIncoming(w *pb.Worker, phase pb.WorkerPhase, reason string, idx uint64, evs eventSink) {
-	why := fmt.Sprintf("destination %s went %s", w.Id, phaseName(phase))
+	why := fmt.Sprintf("%s%s went %s", reasonDestination, w.Id, phaseName(phase))
 	if reason != "" {
 		why += ": " + reason
 	}
@@ -308,5 +361,5 @@ func (f *FSM) OperatorMigration(id, to string) (*pb.MigrateCmd, error) {
 	if w := s.workers[to]; w != nil {
 		inc = w.Incarnation
 	}
-	return &pb.MigrateCmd{RequestId: id, Epoch: p.Epoch, ToWorker: to, ToIncarnation: inc, Reason: "operator"}, nil
+	return &pb.MigrateCmd{RequestId: id, Epoch: p.Epoch, ToWorker: to, ToIncarnation: inc, Reason: ReasonOperator}, nil
 }

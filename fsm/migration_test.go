@@ -310,10 +310,10 @@ func TestDestinationLeavingAborts(t *testing.T) {
 		cmd  *pb.Command
 		want []string
 	}{
-		{"fails", markFailed("w3", 1), []string{"phase w3 FULL_SERVICE>FAILED", "ABORTED r1 w1/1>w3/1: destination w3 went FAILED: marked failed"}},
-		{"drains", setPhase("w3", 1, draining), []string{"phase w3 FULL_SERVICE>DRAINING", "ABORTED r1 w1/1>w3/1: destination w3 went DRAINING: test"}},
+		{"fails", markFailed("w3", 1), []string{"phase w3 FULL_SERVICE>FAILED", "ABORTED r1 w1/1>w3/1: destination left: w3 went FAILED: marked failed"}},
+		{"drains", setPhase("w3", 1, draining), []string{"phase w3 FULL_SERVICE>DRAINING", "ABORTED r1 w1/1>w3/1: destination left: w3 went DRAINING: test"}},
 		{"restarts", registerIn("w3", 2, fullService), []string{"phase w3 FULL_SERVICE>FAILED",
-			"ABORTED r1 w1/1>w3/1: destination w3 went FAILED: restarted with a new incarnation", "phase w3 FAILED>FULL_SERVICE"}},
+			"ABORTED r1 w1/1>w3/1: destination left: w3 went FAILED: restarted with a new incarnation", "phase w3 FAILED>FULL_SERVICE"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := migrationCluster(t)
@@ -356,7 +356,7 @@ func TestSourceFailsMidMigration(t *testing.T) {
 		h.one(strategy(pb.Strategy_STRATEGY_FIXED_CHECKPOINT))
 		h.expect(migrateCmd("r1", 0, "w3", 1), "STARTED r1 w1/1>w3/1")
 		h.expect(markFailed("w1", 1), "phase w1 FULL_SERVICE>FAILED", "plan w1", "move r1>w2",
-			"ABORTED r1 w1/1>w3/1: source w1 failed; the request recovers on w2")
+			"ABORTED r1 w1/1>w3/1: source failed: w1; the request recovers on w2")
 		a := h.f.Recoveries()[0].Assignments[0]
 		if a.TargetWorker != "w2" || a.Mode != pb.RecoveryMode_RECOVERY_MODE_REUSE || a.MigrationCopy || a.CheckpointHolder != "w2" {
 			t.Fatalf("assignment %v", a)

@@ -68,7 +68,7 @@ func (s *state) destroySession(c *pb.DestroySessionCmd, idx uint64, evs eventSin
 	if _, ok := s.sessions[c.Id]; !ok {
 		return Result{Destroyed: &pb.DestroySessionResponse{Index: idx}}
 	}
-	n := s.endSession(c.Id, "session destroyed", idx, evs)
+	n := s.endSession(c.Id, ReasonSessionDestroyed, idx, evs)
 	return Result{Destroyed: &pb.DestroySessionResponse{Destroyed: true, Completed: n, Index: idx}}
 }
 
@@ -126,7 +126,7 @@ func (s *state) expireSessions(idx uint64, evs eventSink) (expired int) {
 	}
 	sort.SliceStable(due, func(i, j int) bool { return sessionDeadline(due[i]) < sessionDeadline(due[j]) })
 	for _, ss := range due {
-		s.endSession(ss.Id, "session expired", idx, evs)
+		s.endSession(ss.Id, ReasonSessionExpired, idx, evs)
 	}
 	return len(due)
 }

@@ -625,7 +625,7 @@ func (s *state) complete(c *pb.CompleteCmd, idx uint64, evs eventSink) Result {
 			}
 			continue
 		}
-		s.finish(p, "request completed", idx, evs)
+		s.finish(p, ReasonCompleted, idx, evs)
 		resp.Completed++
 	}
 	return Result{Complete: resp}
@@ -729,7 +729,7 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 		// would take it), but a destination must always hear the end.
 		for _, p := range migrations {
 			s.migrationEvent(evs, idx, pb.Migration_STAGE_ABORTED, s.placements[p.RequestId], p.WorkerId, p.WorkerIncarnation,
-				p.MigrationTarget, p.MigrationTargetIncarnation, "source "+id+" failed; no worker can take the request")
+				p.MigrationTarget, p.MigrationTargetIncarnation, reasonSource+id+"; no worker can take the request")
 		}
 		return
 	}
@@ -771,7 +771,7 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 			np := s.placements[p.RequestId]
 			s.migrationEvent(evs, idx, pb.Migration_STAGE_ABORTED, np, p.WorkerId, p.WorkerIncarnation,
 				p.MigrationTarget, p.MigrationTargetIncarnation,
-				fmt.Sprintf("source %s failed; the request recovers on %s", id, np.WorkerId))
+				fmt.Sprintf("%s%s; the request recovers on %s", reasonSource, id, np.WorkerId))
 		}
 	}
 }
