@@ -72,12 +72,19 @@ type Migration struct {
 	FromFreeness, ToFreeness float64
 }
 
-// Reason says why the migration was planned, for its Migration event.
+// The words a planned migration's reason starts with.
+const (
+	ReasonBalance = "balance"
+	ReasonDrain   = "drain"
+)
+
+// Reason says why the migration was planned, for its Migration event: it
+// starts with ReasonDrain or ReasonBalance.
 func (m Migration) Reason(ws []Worker) string {
 	if m.Drain {
-		return fmt.Sprintf("drain: %s is draining; %s is the freest destination (freeness %.1f)", ws[m.From].ID, ws[m.To].ID, m.ToFreeness)
+		return fmt.Sprintf("%s: %s is draining; %s is the freest destination (freeness %.1f)", ReasonDrain, ws[m.From].ID, ws[m.To].ID, m.ToFreeness)
 	}
-	return fmt.Sprintf("balance: freeness %.1f at %s, %.1f at %s", m.FromFreeness, ws[m.From].ID, m.ToFreeness, ws[m.To].ID)
+	return fmt.Sprintf("%s: freeness %.1f at %s, %.1f at %s", ReasonBalance, m.FromFreeness, ws[m.From].ID, m.ToFreeness, ws[m.To].ID)
 }
 
 // PlanMigrations is one round of Llumnix's migration scheduling over the
