@@ -34,6 +34,7 @@ const (
 	Controller_CreateSession_FullMethodName     = "/lumen.v1.Controller/CreateSession"
 	Controller_RenewSession_FullMethodName      = "/lumen.v1.Controller/RenewSession"
 	Controller_DestroySession_FullMethodName    = "/lumen.v1.Controller/DestroySession"
+	Controller_FinishMigration_FullMethodName   = "/lumen.v1.Controller/FinishMigration"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -70,6 +71,11 @@ type ControllerClient interface {
 	RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error)
 	// DestroySession ends a session and completes its placements. Idempotent.
 	DestroySession(ctx context.Context, in *DestroySessionRequest, opts ...grpc.CallOption) (*DestroySessionResponse, error)
+	// FinishMigration commits a MIGRATING placement at its destination (the
+	// destination holds every page and the source has stopped the request),
+	// or aborts it (it stays on its source). A stale epoch fails
+	// FailedPrecondition.
+	FinishMigration(ctx context.Context, in *FinishMigrationRequest, opts ...grpc.CallOption) (*FinishMigrationResponse, error)
 }
 
 type controllerClient struct {
@@ -209,6 +215,16 @@ func (c *controllerClient) DestroySession(ctx context.Context, in *DestroySessio
 	return out, nil
 }
 
+func (c *controllerClient) FinishMigration(ctx context.Context, in *FinishMigrationRequest, opts ...grpc.CallOption) (*FinishMigrationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FinishMigrationResponse)
+	err := c.cc.Invoke(ctx, Controller_FinishMigration_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -243,6 +259,11 @@ type ControllerServer interface {
 	RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error)
 	// DestroySession ends a session and completes its placements. Idempotent.
 	DestroySession(context.Context, *DestroySessionRequest) (*DestroySessionResponse, error)
+	// FinishMigration commits a MIGRATING placement at its destination (the
+	// destination holds every page and the source has stopped the request),
+	// or aborts it (it stays on its source). A stale epoch fails
+	// FailedPrecondition.
+	FinishMigration(context.Context, *FinishMigrationRequest) (*FinishMigrationResponse, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -288,6 +309,9 @@ func (UnimplementedControllerServer) RenewSession(context.Context, *RenewSession
 }
 func (UnimplementedControllerServer) DestroySession(context.Context, *DestroySessionRequest) (*DestroySessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DestroySession not implemented")
+}
+func (UnimplementedControllerServer) FinishMigration(context.Context, *FinishMigrationRequest) (*FinishMigrationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FinishMigration not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -519,6 +543,24 @@ func _Controller_DestroySession_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Controller_FinishMigration_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishMigrationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).FinishMigration(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_FinishMigration_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).FinishMigration(ctx, req.(*FinishMigrationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -570,6 +612,10 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "DestroySession",
 			Handler:    _Controller_DestroySession_Handler,
 		},
+		{
+			MethodName: "FinishMigration",
+			Handler:    _Controller_FinishMigration_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -588,6 +634,7 @@ const (
 	Operator_TransferLeadership_FullMethodName = "/lumen.v1.Operator/TransferLeadership"
 	Operator_SetStrategy_FullMethodName        = "/lumen.v1.Operator/SetStrategy"
 	Operator_ClusterStatus_FullMethodName      = "/lumen.v1.Operator/ClusterStatus"
+	Operator_Migrate_FullMethodName            = "/lumen.v1.Operator/Migrate"
 )
 
 // OperatorClient is the client API for Operator service.
@@ -602,6 +649,9 @@ type OperatorClient interface {
 	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
 	SetStrategy(ctx context.Context, in *SetStrategyRequest, opts ...grpc.CallOption) (*SetStrategyResponse, error)
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
+	// Migrate starts a live migration of one running request (to_worker
+	// empty: the policy's freest destination).
+	Migrate(ctx context.Context, in *MigrateRequest, opts ...grpc.CallOption) (*MigrateResponse, error)
 }
 
 type operatorClient struct {
@@ -672,6 +722,16 @@ func (c *operatorClient) ClusterStatus(ctx context.Context, in *ClusterStatusReq
 	return out, nil
 }
 
+func (c *operatorClient) Migrate(ctx context.Context, in *MigrateRequest, opts ...grpc.CallOption) (*MigrateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MigrateResponse)
+	err := c.cc.Invoke(ctx, Operator_Migrate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServer is the server API for Operator service.
 // All implementations must embed UnimplementedOperatorServer
 // for forward compatibility.
@@ -684,6 +744,9 @@ type OperatorServer interface {
 	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
 	SetStrategy(context.Context, *SetStrategyRequest) (*SetStrategyResponse, error)
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
+	// Migrate starts a live migration of one running request (to_worker
+	// empty: the policy's freest destination).
+	Migrate(context.Context, *MigrateRequest) (*MigrateResponse, error)
 	mustEmbedUnimplementedOperatorServer()
 }
 
@@ -711,6 +774,9 @@ func (UnimplementedOperatorServer) SetStrategy(context.Context, *SetStrategyRequ
 }
 func (UnimplementedOperatorServer) ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClusterStatus not implemented")
+}
+func (UnimplementedOperatorServer) Migrate(context.Context, *MigrateRequest) (*MigrateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Migrate not implemented")
 }
 func (UnimplementedOperatorServer) mustEmbedUnimplementedOperatorServer() {}
 func (UnimplementedOperatorServer) testEmbeddedByValue()                  {}
@@ -841,6 +907,24 @@ func _Operator_ClusterStatus_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_Migrate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MigrateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).Migrate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_Migrate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).Migrate(ctx, req.(*MigrateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Operator_ServiceDesc is the grpc.ServiceDesc for Operator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -871,6 +955,10 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClusterStatus",
 			Handler:    _Operator_ClusterStatus_Handler,
+		},
+		{
+			MethodName: "Migrate",
+			Handler:    _Operator_Migrate_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -90,6 +90,8 @@ type Command struct {
 	//	*Command_CreateSession
 	//	*Command_RenewSession
 	//	*Command_DestroySession
+	//	*Command_Migrate
+	//	*Command_FinishMigration
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -247,6 +249,24 @@ func (x *Command) GetDestroySession() *DestroySessionCmd {
 	return nil
 }
 
+func (x *Command) GetMigrate() *MigrateCmd {
+	if x != nil {
+		if x, ok := x.Body.(*Command_Migrate); ok {
+			return x.Migrate
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetFinishMigration() *FinishMigrationCmd {
+	if x != nil {
+		if x, ok := x.Body.(*Command_FinishMigration); ok {
+			return x.FinishMigration
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -299,6 +319,14 @@ type Command_DestroySession struct {
 	DestroySession *DestroySessionCmd `protobuf:"bytes,21,opt,name=destroy_session,json=destroySession,proto3,oneof"`
 }
 
+type Command_Migrate struct {
+	Migrate *MigrateCmd `protobuf:"bytes,22,opt,name=migrate,proto3,oneof"`
+}
+
+type Command_FinishMigration struct {
+	FinishMigration *FinishMigrationCmd `protobuf:"bytes,23,opt,name=finish_migration,json=finishMigration,proto3,oneof"`
+}
+
 func (*Command_RegisterWorker) isCommand_Body() {}
 
 func (*Command_Dispatch) isCommand_Body() {}
@@ -323,6 +351,182 @@ func (*Command_RenewSession) isCommand_Body() {}
 
 func (*Command_DestroySession) isCommand_Body() {}
 
+func (*Command_Migrate) isCommand_Body() {}
+
+func (*Command_FinishMigration) isCommand_Body() {}
+
+// MigrateCmd starts a live migration: the placement goes MIGRATING towards
+// to_worker (its source keeps serving it until the commit). The leader's
+// migration loop proposes it (balance, drain), or an operator.
+type MigrateCmd struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The placement epoch the decision was made on; a moved placement refuses it.
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	ToWorker      string `protobuf:"bytes,3,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	ToIncarnation uint64 `protobuf:"varint,4,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateCmd) Reset() {
+	*x = MigrateCmd{}
+	mi := &file_fsm_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateCmd) ProtoMessage() {}
+
+func (x *MigrateCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateCmd.ProtoReflect.Descriptor instead.
+func (*MigrateCmd) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MigrateCmd) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *MigrateCmd) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MigrateCmd) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+func (x *MigrateCmd) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
+func (x *MigrateCmd) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// FinishMigrationCmd ends a migration: commit moves the placement to its
+// destination (epoch + 1, RUNNING there); otherwise it stays RUNNING on its
+// source (an abort: the request finished, the destination ran out of pages
+// or died, a stage timed out).
+type FinishMigrationCmd struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Commit    bool                   `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
+	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The migration's destination, as its Migration STARTED event named it.
+	// The epoch alone does not tell two migrations of the same placement
+	// apart (one aborted at epoch e, the next started at e): a late commit
+	// from the first destination must not commit the second.
+	ToWorker      string `protobuf:"bytes,5,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	ToIncarnation uint64 `protobuf:"varint,6,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishMigrationCmd) Reset() {
+	*x = FinishMigrationCmd{}
+	mi := &file_fsm_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishMigrationCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishMigrationCmd) ProtoMessage() {}
+
+func (x *FinishMigrationCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishMigrationCmd.ProtoReflect.Descriptor instead.
+func (*FinishMigrationCmd) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FinishMigrationCmd) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *FinishMigrationCmd) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *FinishMigrationCmd) GetCommit() bool {
+	if x != nil {
+		return x.Commit
+	}
+	return false
+}
+
+func (x *FinishMigrationCmd) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *FinishMigrationCmd) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+func (x *FinishMigrationCmd) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
 type RegisterWorkerCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Worker        *Worker                `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
@@ -332,7 +536,7 @@ type RegisterWorkerCmd struct {
 
 func (x *RegisterWorkerCmd) Reset() {
 	*x = RegisterWorkerCmd{}
-	mi := &file_fsm_proto_msgTypes[2]
+	mi := &file_fsm_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +548,7 @@ func (x *RegisterWorkerCmd) String() string {
 func (*RegisterWorkerCmd) ProtoMessage() {}
 
 func (x *RegisterWorkerCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[2]
+	mi := &file_fsm_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +561,7 @@ func (x *RegisterWorkerCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerCmd.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{2}
+	return file_fsm_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RegisterWorkerCmd) GetWorker() *Worker {
@@ -382,7 +586,7 @@ type DispatchCmd struct {
 
 func (x *DispatchCmd) Reset() {
 	*x = DispatchCmd{}
-	mi := &file_fsm_proto_msgTypes[3]
+	mi := &file_fsm_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +598,7 @@ func (x *DispatchCmd) String() string {
 func (*DispatchCmd) ProtoMessage() {}
 
 func (x *DispatchCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[3]
+	mi := &file_fsm_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +611,7 @@ func (x *DispatchCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchCmd.ProtoReflect.Descriptor instead.
 func (*DispatchCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{3}
+	return file_fsm_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DispatchCmd) GetRequestId() string {
@@ -447,7 +651,7 @@ type CompleteCmd struct {
 
 func (x *CompleteCmd) Reset() {
 	*x = CompleteCmd{}
-	mi := &file_fsm_proto_msgTypes[4]
+	mi := &file_fsm_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +663,7 @@ func (x *CompleteCmd) String() string {
 func (*CompleteCmd) ProtoMessage() {}
 
 func (x *CompleteCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[4]
+	mi := &file_fsm_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +676,7 @@ func (x *CompleteCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteCmd.ProtoReflect.Descriptor instead.
 func (*CompleteCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{4}
+	return file_fsm_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CompleteCmd) GetRequestIds() []string {
@@ -491,7 +695,7 @@ type ReportLoadCmd struct {
 
 func (x *ReportLoadCmd) Reset() {
 	*x = ReportLoadCmd{}
-	mi := &file_fsm_proto_msgTypes[5]
+	mi := &file_fsm_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +707,7 @@ func (x *ReportLoadCmd) String() string {
 func (*ReportLoadCmd) ProtoMessage() {}
 
 func (x *ReportLoadCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[5]
+	mi := &file_fsm_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +720,7 @@ func (x *ReportLoadCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportLoadCmd.ProtoReflect.Descriptor instead.
 func (*ReportLoadCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{5}
+	return file_fsm_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReportLoadCmd) GetLoad() *LoadRecord {
@@ -537,7 +741,7 @@ type MarkFailedCmd struct {
 
 func (x *MarkFailedCmd) Reset() {
 	*x = MarkFailedCmd{}
-	mi := &file_fsm_proto_msgTypes[6]
+	mi := &file_fsm_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +753,7 @@ func (x *MarkFailedCmd) String() string {
 func (*MarkFailedCmd) ProtoMessage() {}
 
 func (x *MarkFailedCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[6]
+	mi := &file_fsm_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +766,7 @@ func (x *MarkFailedCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkFailedCmd.ProtoReflect.Descriptor instead.
 func (*MarkFailedCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{6}
+	return file_fsm_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MarkFailedCmd) GetWorkerId() string {
@@ -587,16 +791,19 @@ func (x *MarkFailedCmd) GetReason() string {
 }
 
 type SetStrategyCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Strategy      Strategy               `protobuf:"varint,1,opt,name=strategy,proto3,enum=lumen.v1.Strategy" json:"strategy,omitempty"`
-	Lambda        float64                `protobuf:"fixed64,2,opt,name=lambda,proto3" json:"lambda,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UNSPECIFIED keeps the current strategy.
+	Strategy Strategy `protobuf:"varint,1,opt,name=strategy,proto3,enum=lumen.v1.Strategy" json:"strategy,omitempty"`
+	Lambda   float64  `protobuf:"fixed64,2,opt,name=lambda,proto3" json:"lambda,omitempty"`
+	// Live migration for balance (Llumnix); drains migrate whatever this says.
+	Migration     MigrationMode `protobuf:"varint,3,opt,name=migration,proto3,enum=lumen.v1.MigrationMode" json:"migration,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SetStrategyCmd) Reset() {
 	*x = SetStrategyCmd{}
-	mi := &file_fsm_proto_msgTypes[7]
+	mi := &file_fsm_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +815,7 @@ func (x *SetStrategyCmd) String() string {
 func (*SetStrategyCmd) ProtoMessage() {}
 
 func (x *SetStrategyCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[7]
+	mi := &file_fsm_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +828,7 @@ func (x *SetStrategyCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetStrategyCmd.ProtoReflect.Descriptor instead.
 func (*SetStrategyCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{7}
+	return file_fsm_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SetStrategyCmd) GetStrategy() Strategy {
@@ -638,6 +845,13 @@ func (x *SetStrategyCmd) GetLambda() float64 {
 	return 0
 }
 
+func (x *SetStrategyCmd) GetMigration() MigrationMode {
+	if x != nil {
+		return x.Migration
+	}
+	return MigrationMode_MIGRATION_MODE_UNCHANGED
+}
+
 type SetPhaseCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -650,7 +864,7 @@ type SetPhaseCmd struct {
 
 func (x *SetPhaseCmd) Reset() {
 	*x = SetPhaseCmd{}
-	mi := &file_fsm_proto_msgTypes[8]
+	mi := &file_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +876,7 @@ func (x *SetPhaseCmd) String() string {
 func (*SetPhaseCmd) ProtoMessage() {}
 
 func (x *SetPhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[8]
+	mi := &file_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +889,7 @@ func (x *SetPhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPhaseCmd.ProtoReflect.Descriptor instead.
 func (*SetPhaseCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{8}
+	return file_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetPhaseCmd) GetWorkerId() string {
@@ -716,7 +930,7 @@ type LeaveCmd struct {
 
 func (x *LeaveCmd) Reset() {
 	*x = LeaveCmd{}
-	mi := &file_fsm_proto_msgTypes[9]
+	mi := &file_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +942,7 @@ func (x *LeaveCmd) String() string {
 func (*LeaveCmd) ProtoMessage() {}
 
 func (x *LeaveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[9]
+	mi := &file_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +955,7 @@ func (x *LeaveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveCmd.ProtoReflect.Descriptor instead.
 func (*LeaveCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LeaveCmd) GetWorkerId() string {
@@ -771,7 +985,7 @@ type NoopCmd struct {
 
 func (x *NoopCmd) Reset() {
 	*x = NoopCmd{}
-	mi := &file_fsm_proto_msgTypes[10]
+	mi := &file_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +997,7 @@ func (x *NoopCmd) String() string {
 func (*NoopCmd) ProtoMessage() {}
 
 func (x *NoopCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[10]
+	mi := &file_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +1010,7 @@ func (x *NoopCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NoopCmd.ProtoReflect.Descriptor instead.
 func (*NoopCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NoopCmd) GetRenewSessions() bool {
@@ -819,7 +1033,7 @@ type CreateSessionCmd struct {
 
 func (x *CreateSessionCmd) Reset() {
 	*x = CreateSessionCmd{}
-	mi := &file_fsm_proto_msgTypes[11]
+	mi := &file_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +1045,7 @@ func (x *CreateSessionCmd) String() string {
 func (*CreateSessionCmd) ProtoMessage() {}
 
 func (x *CreateSessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[11]
+	mi := &file_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +1058,7 @@ func (x *CreateSessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionCmd.ProtoReflect.Descriptor instead.
 func (*CreateSessionCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateSessionCmd) GetId() string {
@@ -877,7 +1091,7 @@ type RenewSessionCmd struct {
 
 func (x *RenewSessionCmd) Reset() {
 	*x = RenewSessionCmd{}
-	mi := &file_fsm_proto_msgTypes[12]
+	mi := &file_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1103,7 @@ func (x *RenewSessionCmd) String() string {
 func (*RenewSessionCmd) ProtoMessage() {}
 
 func (x *RenewSessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[12]
+	mi := &file_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1116,7 @@ func (x *RenewSessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionCmd.ProtoReflect.Descriptor instead.
 func (*RenewSessionCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RenewSessionCmd) GetId() string {
@@ -921,7 +1135,7 @@ type DestroySessionCmd struct {
 
 func (x *DestroySessionCmd) Reset() {
 	*x = DestroySessionCmd{}
-	mi := &file_fsm_proto_msgTypes[13]
+	mi := &file_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1147,7 @@ func (x *DestroySessionCmd) String() string {
 func (*DestroySessionCmd) ProtoMessage() {}
 
 func (x *DestroySessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[13]
+	mi := &file_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1160,7 @@ func (x *DestroySessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySessionCmd.ProtoReflect.Descriptor instead.
 func (*DestroySessionCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DestroySessionCmd) GetId() string {
@@ -976,7 +1190,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsm_proto_msgTypes[14]
+	mi := &file_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1202,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[14]
+	mi := &file_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1215,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Session) GetId() string {
@@ -1057,7 +1271,7 @@ type SessionPlacement struct {
 
 func (x *SessionPlacement) Reset() {
 	*x = SessionPlacement{}
-	mi := &file_fsm_proto_msgTypes[15]
+	mi := &file_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1283,7 @@ func (x *SessionPlacement) String() string {
 func (*SessionPlacement) ProtoMessage() {}
 
 func (x *SessionPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[15]
+	mi := &file_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1296,7 @@ func (x *SessionPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionPlacement.ProtoReflect.Descriptor instead.
 func (*SessionPlacement) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SessionPlacement) GetRequestId() string {
@@ -1120,13 +1334,16 @@ type Snapshot struct {
 	Sessions []*Session `protobuf:"bytes,12,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	// Sorted by request id.
 	SessionPlacements []*SessionPlacement `protobuf:"bytes,13,rep,name=session_placements,json=sessionPlacements,proto3" json:"session_placements,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Live migration for balance is on (SetStrategyCmd.migration; off by
+	// default).
+	Migration     bool `protobuf:"varint,14,opt,name=migration,proto3" json:"migration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsm_proto_msgTypes[16]
+	mi := &file_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1355,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[16]
+	mi := &file_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1368,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Snapshot) GetAppliedIndex() uint64 {
@@ -1245,6 +1462,13 @@ func (x *Snapshot) GetSessionPlacements() []*SessionPlacement {
 	return nil
 }
 
+func (x *Snapshot) GetMigration() bool {
+	if x != nil {
+		return x.Migration
+	}
+	return false
+}
+
 // PendingDispatch counts what was dispatched to a worker since its last load
 // report, so a burst of dispatches does not herd onto one worker.
 type PendingDispatch struct {
@@ -1258,7 +1482,7 @@ type PendingDispatch struct {
 
 func (x *PendingDispatch) Reset() {
 	*x = PendingDispatch{}
-	mi := &file_fsm_proto_msgTypes[17]
+	mi := &file_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1494,7 @@ func (x *PendingDispatch) String() string {
 func (*PendingDispatch) ProtoMessage() {}
 
 func (x *PendingDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[17]
+	mi := &file_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1507,7 @@ func (x *PendingDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDispatch.ProtoReflect.Descriptor instead.
 func (*PendingDispatch) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PendingDispatch) GetWorkerId() string {
@@ -1313,7 +1537,7 @@ const file_fsm_proto_rawDesc = "" +
 	"\n" +
 	"\tfsm.proto\x12\blumen.v1\x1a\vtypes.proto\"9\n" +
 	"\bLogEntry\x12-\n" +
-	"\bcommands\x18\x01 \x03(\v2\x11.lumen.v1.CommandR\bcommands\"\x80\x06\n" +
+	"\bcommands\x18\x01 \x03(\v2\x11.lumen.v1.CommandR\bcommands\"\xfd\x06\n" +
 	"\aCommand\x12*\n" +
 	"\x11stamped_unix_nano\x18\x01 \x01(\x03R\x0fstampedUnixNano\x12F\n" +
 	"\x0fregister_worker\x18\n" +
@@ -1330,8 +1554,26 @@ const file_fsm_proto_rawDesc = "" +
 	"\x04noop\x18\x12 \x01(\v2\x11.lumen.v1.NoopCmdH\x00R\x04noop\x12C\n" +
 	"\x0ecreate_session\x18\x13 \x01(\v2\x1a.lumen.v1.CreateSessionCmdH\x00R\rcreateSession\x12@\n" +
 	"\rrenew_session\x18\x14 \x01(\v2\x19.lumen.v1.RenewSessionCmdH\x00R\frenewSession\x12F\n" +
-	"\x0fdestroy_session\x18\x15 \x01(\v2\x1b.lumen.v1.DestroySessionCmdH\x00R\x0edestroySessionB\x06\n" +
-	"\x04body\"=\n" +
+	"\x0fdestroy_session\x18\x15 \x01(\v2\x1b.lumen.v1.DestroySessionCmdH\x00R\x0edestroySession\x120\n" +
+	"\amigrate\x18\x16 \x01(\v2\x14.lumen.v1.MigrateCmdH\x00R\amigrate\x12I\n" +
+	"\x10finish_migration\x18\x17 \x01(\v2\x1c.lumen.v1.FinishMigrationCmdH\x00R\x0ffinishMigrationB\x06\n" +
+	"\x04body\"\x9d\x01\n" +
+	"\n" +
+	"MigrateCmd\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
+	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12%\n" +
+	"\x0eto_incarnation\x18\x04 \x01(\x04R\rtoIncarnation\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xbd\x01\n" +
+	"\x12FinishMigrationCmd\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06commit\x18\x03 \x01(\bR\x06commit\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tto_worker\x18\x05 \x01(\tR\btoWorker\x12%\n" +
+	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\"=\n" +
 	"\x11RegisterWorkerCmd\x12(\n" +
 	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"\x8f\x01\n" +
 	"\vDispatchCmd\x12\x1d\n" +
@@ -1350,10 +1592,11 @@ const file_fsm_proto_rawDesc = "" +
 	"\rMarkFailedCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"X\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8f\x01\n" +
 	"\x0eSetStrategyCmd\x12.\n" +
 	"\bstrategy\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
-	"\x06lambda\x18\x02 \x01(\x01R\x06lambda\"\x91\x01\n" +
+	"\x06lambda\x18\x02 \x01(\x01R\x06lambda\x125\n" +
+	"\tmigration\x18\x03 \x01(\x0e2\x17.lumen.v1.MigrationModeR\tmigration\"\x91\x01\n" +
 	"\vSetPhaseCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
@@ -1383,7 +1626,7 @@ const file_fsm_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\xe4\x04\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\x82\x05\n" +
 	"\bSnapshot\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12.\n" +
 	"\bstrategy\x18\x02 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
@@ -1402,7 +1645,8 @@ const file_fsm_proto_rawDesc = "" +
 	" \x03(\v2\x19.lumen.v1.PendingDispatchR\apending\x12/\n" +
 	"\x14last_stamp_unix_nano\x18\v \x01(\x03R\x11lastStampUnixNano\x12-\n" +
 	"\bsessions\x18\f \x03(\v2\x11.lumen.v1.SessionR\bsessions\x12I\n" +
-	"\x12session_placements\x18\r \x03(\v2\x1a.lumen.v1.SessionPlacementR\x11sessionPlacements\"`\n" +
+	"\x12session_placements\x18\r \x03(\v2\x1a.lumen.v1.SessionPlacementR\x11sessionPlacements\x12\x1c\n" +
+	"\tmigration\x18\x0e \x01(\bR\tmigration\"`\n" +
 	"\x0fPendingDispatch\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\rR\brequests\x12\x14\n" +
@@ -1420,64 +1664,70 @@ func file_fsm_proto_rawDescGZIP() []byte {
 	return file_fsm_proto_rawDescData
 }
 
-var file_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_fsm_proto_goTypes = []any{
-	(*LogEntry)(nil),          // 0: lumen.v1.LogEntry
-	(*Command)(nil),           // 1: lumen.v1.Command
-	(*RegisterWorkerCmd)(nil), // 2: lumen.v1.RegisterWorkerCmd
-	(*DispatchCmd)(nil),       // 3: lumen.v1.DispatchCmd
-	(*CompleteCmd)(nil),       // 4: lumen.v1.CompleteCmd
-	(*ReportLoadCmd)(nil),     // 5: lumen.v1.ReportLoadCmd
-	(*MarkFailedCmd)(nil),     // 6: lumen.v1.MarkFailedCmd
-	(*SetStrategyCmd)(nil),    // 7: lumen.v1.SetStrategyCmd
-	(*SetPhaseCmd)(nil),       // 8: lumen.v1.SetPhaseCmd
-	(*LeaveCmd)(nil),          // 9: lumen.v1.LeaveCmd
-	(*NoopCmd)(nil),           // 10: lumen.v1.NoopCmd
-	(*CreateSessionCmd)(nil),  // 11: lumen.v1.CreateSessionCmd
-	(*RenewSessionCmd)(nil),   // 12: lumen.v1.RenewSessionCmd
-	(*DestroySessionCmd)(nil), // 13: lumen.v1.DestroySessionCmd
-	(*Session)(nil),           // 14: lumen.v1.Session
-	(*SessionPlacement)(nil),  // 15: lumen.v1.SessionPlacement
-	(*Snapshot)(nil),          // 16: lumen.v1.Snapshot
-	(*PendingDispatch)(nil),   // 17: lumen.v1.PendingDispatch
-	(*Worker)(nil),            // 18: lumen.v1.Worker
-	(*LoadRecord)(nil),        // 19: lumen.v1.LoadRecord
-	(Strategy)(0),             // 20: lumen.v1.Strategy
-	(WorkerPhase)(0),          // 21: lumen.v1.WorkerPhase
-	(*Placement)(nil),         // 22: lumen.v1.Placement
-	(*RecoveryPlan)(nil),      // 23: lumen.v1.RecoveryPlan
+	(*LogEntry)(nil),           // 0: lumen.v1.LogEntry
+	(*Command)(nil),            // 1: lumen.v1.Command
+	(*MigrateCmd)(nil),         // 2: lumen.v1.MigrateCmd
+	(*FinishMigrationCmd)(nil), // 3: lumen.v1.FinishMigrationCmd
+	(*RegisterWorkerCmd)(nil),  // 4: lumen.v1.RegisterWorkerCmd
+	(*DispatchCmd)(nil),        // 5: lumen.v1.DispatchCmd
+	(*CompleteCmd)(nil),        // 6: lumen.v1.CompleteCmd
+	(*ReportLoadCmd)(nil),      // 7: lumen.v1.ReportLoadCmd
+	(*MarkFailedCmd)(nil),      // 8: lumen.v1.MarkFailedCmd
+	(*SetStrategyCmd)(nil),     // 9: lumen.v1.SetStrategyCmd
+	(*SetPhaseCmd)(nil),        // 10: lumen.v1.SetPhaseCmd
+	(*LeaveCmd)(nil),           // 11: lumen.v1.LeaveCmd
+	(*NoopCmd)(nil),            // 12: lumen.v1.NoopCmd
+	(*CreateSessionCmd)(nil),   // 13: lumen.v1.CreateSessionCmd
+	(*RenewSessionCmd)(nil),    // 14: lumen.v1.RenewSessionCmd
+	(*DestroySessionCmd)(nil),  // 15: lumen.v1.DestroySessionCmd
+	(*Session)(nil),            // 16: lumen.v1.Session
+	(*SessionPlacement)(nil),   // 17: lumen.v1.SessionPlacement
+	(*Snapshot)(nil),           // 18: lumen.v1.Snapshot
+	(*PendingDispatch)(nil),    // 19: lumen.v1.PendingDispatch
+	(*Worker)(nil),             // 20: lumen.v1.Worker
+	(*LoadRecord)(nil),         // 21: lumen.v1.LoadRecord
+	(Strategy)(0),              // 22: lumen.v1.Strategy
+	(MigrationMode)(0),         // 23: lumen.v1.MigrationMode
+	(WorkerPhase)(0),           // 24: lumen.v1.WorkerPhase
+	(*Placement)(nil),          // 25: lumen.v1.Placement
+	(*RecoveryPlan)(nil),       // 26: lumen.v1.RecoveryPlan
 }
 var file_fsm_proto_depIdxs = []int32{
 	1,  // 0: lumen.v1.LogEntry.commands:type_name -> lumen.v1.Command
-	2,  // 1: lumen.v1.Command.register_worker:type_name -> lumen.v1.RegisterWorkerCmd
-	3,  // 2: lumen.v1.Command.dispatch:type_name -> lumen.v1.DispatchCmd
-	4,  // 3: lumen.v1.Command.complete:type_name -> lumen.v1.CompleteCmd
-	5,  // 4: lumen.v1.Command.report_load:type_name -> lumen.v1.ReportLoadCmd
-	6,  // 5: lumen.v1.Command.mark_failed:type_name -> lumen.v1.MarkFailedCmd
-	7,  // 6: lumen.v1.Command.set_strategy:type_name -> lumen.v1.SetStrategyCmd
-	8,  // 7: lumen.v1.Command.set_phase:type_name -> lumen.v1.SetPhaseCmd
-	9,  // 8: lumen.v1.Command.leave:type_name -> lumen.v1.LeaveCmd
-	10, // 9: lumen.v1.Command.noop:type_name -> lumen.v1.NoopCmd
-	11, // 10: lumen.v1.Command.create_session:type_name -> lumen.v1.CreateSessionCmd
-	12, // 11: lumen.v1.Command.renew_session:type_name -> lumen.v1.RenewSessionCmd
-	13, // 12: lumen.v1.Command.destroy_session:type_name -> lumen.v1.DestroySessionCmd
-	18, // 13: lumen.v1.RegisterWorkerCmd.worker:type_name -> lumen.v1.Worker
-	19, // 14: lumen.v1.ReportLoadCmd.load:type_name -> lumen.v1.LoadRecord
-	20, // 15: lumen.v1.SetStrategyCmd.strategy:type_name -> lumen.v1.Strategy
-	21, // 16: lumen.v1.SetPhaseCmd.phase:type_name -> lumen.v1.WorkerPhase
-	20, // 17: lumen.v1.Snapshot.strategy:type_name -> lumen.v1.Strategy
-	18, // 18: lumen.v1.Snapshot.workers:type_name -> lumen.v1.Worker
-	19, // 19: lumen.v1.Snapshot.loads:type_name -> lumen.v1.LoadRecord
-	22, // 20: lumen.v1.Snapshot.placements:type_name -> lumen.v1.Placement
-	23, // 21: lumen.v1.Snapshot.recoveries:type_name -> lumen.v1.RecoveryPlan
-	17, // 22: lumen.v1.Snapshot.pending:type_name -> lumen.v1.PendingDispatch
-	14, // 23: lumen.v1.Snapshot.sessions:type_name -> lumen.v1.Session
-	15, // 24: lumen.v1.Snapshot.session_placements:type_name -> lumen.v1.SessionPlacement
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	4,  // 1: lumen.v1.Command.register_worker:type_name -> lumen.v1.RegisterWorkerCmd
+	5,  // 2: lumen.v1.Command.dispatch:type_name -> lumen.v1.DispatchCmd
+	6,  // 3: lumen.v1.Command.complete:type_name -> lumen.v1.CompleteCmd
+	7,  // 4: lumen.v1.Command.report_load:type_name -> lumen.v1.ReportLoadCmd
+	8,  // 5: lumen.v1.Command.mark_failed:type_name -> lumen.v1.MarkFailedCmd
+	9,  // 6: lumen.v1.Command.set_strategy:type_name -> lumen.v1.SetStrategyCmd
+	10, // 7: lumen.v1.Command.set_phase:type_name -> lumen.v1.SetPhaseCmd
+	11, // 8: lumen.v1.Command.leave:type_name -> lumen.v1.LeaveCmd
+	12, // 9: lumen.v1.Command.noop:type_name -> lumen.v1.NoopCmd
+	13, // 10: lumen.v1.Command.create_session:type_name -> lumen.v1.CreateSessionCmd
+	14, // 11: lumen.v1.Command.renew_session:type_name -> lumen.v1.RenewSessionCmd
+	15, // 12: lumen.v1.Command.destroy_session:type_name -> lumen.v1.DestroySessionCmd
+	2,  // 13: lumen.v1.Command.migrate:type_name -> lumen.v1.MigrateCmd
+	3,  // 14: lumen.v1.Command.finish_migration:type_name -> lumen.v1.FinishMigrationCmd
+	20, // 15: lumen.v1.RegisterWorkerCmd.worker:type_name -> lumen.v1.Worker
+	21, // 16: lumen.v1.ReportLoadCmd.load:type_name -> lumen.v1.LoadRecord
+	22, // 17: lumen.v1.SetStrategyCmd.strategy:type_name -> lumen.v1.Strategy
+	23, // 18: lumen.v1.SetStrategyCmd.migration:type_name -> lumen.v1.MigrationMode
+	24, // 19: lumen.v1.SetPhaseCmd.phase:type_name -> lumen.v1.WorkerPhase
+	22, // 20: lumen.v1.Snapshot.strategy:type_name -> lumen.v1.Strategy
+	20, // 21: lumen.v1.Snapshot.workers:type_name -> lumen.v1.Worker
+	21, // 22: lumen.v1.Snapshot.loads:type_name -> lumen.v1.LoadRecord
+	25, // 23: lumen.v1.Snapshot.placements:type_name -> lumen.v1.Placement
+	26, // 24: lumen.v1.Snapshot.recoveries:type_name -> lumen.v1.RecoveryPlan
+	19, // 25: lumen.v1.Snapshot.pending:type_name -> lumen.v1.PendingDispatch
+	16, // 26: lumen.v1.Snapshot.sessions:type_name -> lumen.v1.Session
+	17, // 27: lumen.v1.Snapshot.session_placements:type_name -> lumen.v1.SessionPlacement
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_fsm_proto_init() }
@@ -1499,6 +1749,8 @@ func file_fsm_proto_init() {
 		(*Command_CreateSession)(nil),
 		(*Command_RenewSession)(nil),
 		(*Command_DestroySession)(nil),
+		(*Command_Migrate)(nil),
+		(*Command_FinishMigration)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1506,7 +1758,7 @@ func file_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsm_proto_rawDesc), len(file_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -252,6 +252,108 @@ func (RecoveryMode) EnumDescriptor() ([]byte, []int) {
 	return file_types_proto_rawDescGZIP(), []int{3}
 }
 
+// MigrationMode switches live migration for balance; UNCHANGED keeps it.
+type MigrationMode int32
+
+const (
+	MigrationMode_MIGRATION_MODE_UNCHANGED MigrationMode = 0
+	MigrationMode_MIGRATION_MODE_ON        MigrationMode = 1
+	MigrationMode_MIGRATION_MODE_OFF       MigrationMode = 2
+)
+
+// Enum value maps for MigrationMode.
+var (
+	MigrationMode_name = map[int32]string{
+		0: "MIGRATION_MODE_UNCHANGED",
+		1: "MIGRATION_MODE_ON",
+		2: "MIGRATION_MODE_OFF",
+	}
+	MigrationMode_value = map[string]int32{
+		"MIGRATION_MODE_UNCHANGED": 0,
+		"MIGRATION_MODE_ON":        1,
+		"MIGRATION_MODE_OFF":       2,
+	}
+)
+
+func (x MigrationMode) Enum() *MigrationMode {
+	p := new(MigrationMode)
+	*p = x
+	return p
+}
+
+func (x MigrationMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MigrationMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_types_proto_enumTypes[4].Descriptor()
+}
+
+func (MigrationMode) Type() protoreflect.EnumType {
+	return &file_types_proto_enumTypes[4]
+}
+
+func (x MigrationMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MigrationMode.Descriptor instead.
+func (MigrationMode) EnumDescriptor() ([]byte, []int) {
+	return file_types_proto_rawDescGZIP(), []int{4}
+}
+
+type Migration_Stage int32
+
+const (
+	Migration_STAGE_UNSPECIFIED Migration_Stage = 0
+	Migration_STAGE_STARTED     Migration_Stage = 1
+	Migration_STAGE_COMMITTED   Migration_Stage = 2
+	Migration_STAGE_ABORTED     Migration_Stage = 3
+)
+
+// Enum value maps for Migration_Stage.
+var (
+	Migration_Stage_name = map[int32]string{
+		0: "STAGE_UNSPECIFIED",
+		1: "STAGE_STARTED",
+		2: "STAGE_COMMITTED",
+		3: "STAGE_ABORTED",
+	}
+	Migration_Stage_value = map[string]int32{
+		"STAGE_UNSPECIFIED": 0,
+		"STAGE_STARTED":     1,
+		"STAGE_COMMITTED":   2,
+		"STAGE_ABORTED":     3,
+	}
+)
+
+func (x Migration_Stage) Enum() *Migration_Stage {
+	p := new(Migration_Stage)
+	*p = x
+	return p
+}
+
+func (x Migration_Stage) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Migration_Stage) Descriptor() protoreflect.EnumDescriptor {
+	return file_types_proto_enumTypes[5].Descriptor()
+}
+
+func (Migration_Stage) Type() protoreflect.EnumType {
+	return &file_types_proto_enumTypes[5]
+}
+
+func (x Migration_Stage) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Migration_Stage.Descriptor instead.
+func (Migration_Stage) EnumDescriptor() ([]byte, []int) {
+	return file_types_proto_rawDescGZIP(), []int{7, 0}
+}
+
 // Capacity is what a worker brings to the cluster, fixed per incarnation.
 type Capacity struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -603,8 +705,12 @@ type Placement struct {
 	// Log index of the Dispatch that created it.
 	CreatedIndex      uint64 `protobuf:"varint,10,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
 	WorkerIncarnation uint64 `protobuf:"varint,11,opt,name=worker_incarnation,json=workerIncarnation,proto3" json:"worker_incarnation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// While MIGRATING: the destination, and when the migration started.
+	MigrationTarget            string `protobuf:"bytes,12,opt,name=migration_target,json=migrationTarget,proto3" json:"migration_target,omitempty"`
+	MigrationTargetIncarnation uint64 `protobuf:"varint,13,opt,name=migration_target_incarnation,json=migrationTargetIncarnation,proto3" json:"migration_target_incarnation,omitempty"`
+	MigrationStartedUnixNano   int64  `protobuf:"varint,14,opt,name=migration_started_unix_nano,json=migrationStartedUnixNano,proto3" json:"migration_started_unix_nano,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *Placement) Reset() {
@@ -714,6 +820,27 @@ func (x *Placement) GetWorkerIncarnation() uint64 {
 	return 0
 }
 
+func (x *Placement) GetMigrationTarget() string {
+	if x != nil {
+		return x.MigrationTarget
+	}
+	return ""
+}
+
+func (x *Placement) GetMigrationTargetIncarnation() uint64 {
+	if x != nil {
+		return x.MigrationTargetIncarnation
+	}
+	return 0
+}
+
+func (x *Placement) GetMigrationStartedUnixNano() int64 {
+	if x != nil {
+		return x.MigrationStartedUnixNano
+	}
+	return 0
+}
+
 type RecoveryAssignment struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -724,7 +851,11 @@ type RecoveryAssignment struct {
 	// Set when average-based rebalancing moved the request off its holder.
 	Rebalanced bool `protobuf:"varint,5,opt,name=rebalanced,proto3" json:"rebalanced,omitempty"`
 	// The request's new checkpoint holder at its target.
-	NewHolder     string `protobuf:"bytes,6,opt,name=new_holder,json=newHolder,proto3" json:"new_holder,omitempty"`
+	NewHolder string `protobuf:"bytes,6,opt,name=new_holder,json=newHolder,proto3" json:"new_holder,omitempty"`
+	// REUSE of the pages a live migration had copied to its destination
+	// (the target and checkpoint_holder) when its source failed, rather than
+	// of a checkpoint.
+	MigrationCopy bool `protobuf:"varint,7,opt,name=migration_copy,json=migrationCopy,proto3" json:"migration_copy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -799,6 +930,13 @@ func (x *RecoveryAssignment) GetNewHolder() string {
 		return x.NewHolder
 	}
 	return ""
+}
+
+func (x *RecoveryAssignment) GetMigrationCopy() bool {
+	if x != nil {
+		return x.MigrationCopy
+	}
+	return false
 }
 
 type RecoveryPlan struct {
@@ -899,6 +1037,7 @@ type Event struct {
 	//	*Event_PlacementMoved
 	//	*Event_StrategyChanged
 	//	*Event_Paired
+	//	*Event_Migration
 	Body          isEvent_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1007,6 +1146,15 @@ func (x *Event) GetPaired() *WorkerPaired {
 	return nil
 }
 
+func (x *Event) GetMigration() *Migration {
+	if x != nil {
+		if x, ok := x.Body.(*Event_Migration); ok {
+			return x.Migration
+		}
+	}
+	return nil
+}
+
 type isEvent_Body interface {
 	isEvent_Body()
 }
@@ -1031,6 +1179,10 @@ type Event_Paired struct {
 	Paired *WorkerPaired `protobuf:"bytes,14,opt,name=paired,proto3,oneof"`
 }
 
+type Event_Migration struct {
+	Migration *Migration `protobuf:"bytes,15,opt,name=migration,proto3,oneof"`
+}
+
 func (*Event_PhaseChanged) isEvent_Body() {}
 
 func (*Event_RecoveryPlan) isEvent_Body() {}
@@ -1040,6 +1192,102 @@ func (*Event_PlacementMoved) isEvent_Body() {}
 func (*Event_StrategyChanged) isEvent_Body() {}
 
 func (*Event_Paired) isEvent_Body() {}
+
+func (*Event_Migration) isEvent_Body() {}
+
+// Migration is a live migration's start, commit or abort.
+type Migration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Stage Migration_Stage        `protobuf:"varint,1,opt,name=stage,proto3,enum=lumen.v1.Migration_Stage" json:"stage,omitempty"`
+	// The placement after the command (on a commit: at the destination).
+	Placement       *Placement `protobuf:"bytes,2,opt,name=placement,proto3" json:"placement,omitempty"`
+	FromWorker      string     `protobuf:"bytes,3,opt,name=from_worker,json=fromWorker,proto3" json:"from_worker,omitempty"`
+	FromIncarnation uint64     `protobuf:"varint,4,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	ToWorker        string     `protobuf:"bytes,5,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	ToIncarnation   uint64     `protobuf:"varint,6,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	Reason          string     `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Migration) Reset() {
+	*x = Migration{}
+	mi := &file_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Migration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Migration) ProtoMessage() {}
+
+func (x *Migration) ProtoReflect() protoreflect.Message {
+	mi := &file_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Migration.ProtoReflect.Descriptor instead.
+func (*Migration) Descriptor() ([]byte, []int) {
+	return file_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Migration) GetStage() Migration_Stage {
+	if x != nil {
+		return x.Stage
+	}
+	return Migration_STAGE_UNSPECIFIED
+}
+
+func (x *Migration) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+func (x *Migration) GetFromWorker() string {
+	if x != nil {
+		return x.FromWorker
+	}
+	return ""
+}
+
+func (x *Migration) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *Migration) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+func (x *Migration) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
+func (x *Migration) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
 
 // WorkerPaired says a drafter (a restarted worker in ASSIST) was paired with
 // the full-service worker it drafts for, or that the pairing ended.
@@ -1059,7 +1307,7 @@ type WorkerPaired struct {
 
 func (x *WorkerPaired) Reset() {
 	*x = WorkerPaired{}
-	mi := &file_types_proto_msgTypes[7]
+	mi := &file_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1319,7 @@ func (x *WorkerPaired) String() string {
 func (*WorkerPaired) ProtoMessage() {}
 
 func (x *WorkerPaired) ProtoReflect() protoreflect.Message {
-	mi := &file_types_proto_msgTypes[7]
+	mi := &file_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1332,7 @@ func (x *WorkerPaired) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerPaired.ProtoReflect.Descriptor instead.
 func (*WorkerPaired) Descriptor() ([]byte, []int) {
-	return file_types_proto_rawDescGZIP(), []int{7}
+	return file_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WorkerPaired) GetDrafterId() string {
@@ -1142,7 +1390,7 @@ type WorkerPhaseChanged struct {
 
 func (x *WorkerPhaseChanged) Reset() {
 	*x = WorkerPhaseChanged{}
-	mi := &file_types_proto_msgTypes[8]
+	mi := &file_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1402,7 @@ func (x *WorkerPhaseChanged) String() string {
 func (*WorkerPhaseChanged) ProtoMessage() {}
 
 func (x *WorkerPhaseChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_types_proto_msgTypes[8]
+	mi := &file_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1415,7 @@ func (x *WorkerPhaseChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerPhaseChanged.ProtoReflect.Descriptor instead.
 func (*WorkerPhaseChanged) Descriptor() ([]byte, []int) {
-	return file_types_proto_rawDescGZIP(), []int{8}
+	return file_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WorkerPhaseChanged) GetWorkerId() string {
@@ -1216,7 +1464,7 @@ type PlacementMoved struct {
 
 func (x *PlacementMoved) Reset() {
 	*x = PlacementMoved{}
-	mi := &file_types_proto_msgTypes[9]
+	mi := &file_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1476,7 @@ func (x *PlacementMoved) String() string {
 func (*PlacementMoved) ProtoMessage() {}
 
 func (x *PlacementMoved) ProtoReflect() protoreflect.Message {
-	mi := &file_types_proto_msgTypes[9]
+	mi := &file_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1489,7 @@ func (x *PlacementMoved) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementMoved.ProtoReflect.Descriptor instead.
 func (*PlacementMoved) Descriptor() ([]byte, []int) {
-	return file_types_proto_rawDescGZIP(), []int{9}
+	return file_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PlacementMoved) GetPlacement() *Placement {
@@ -1275,7 +1523,7 @@ type StrategyChanged struct {
 
 func (x *StrategyChanged) Reset() {
 	*x = StrategyChanged{}
-	mi := &file_types_proto_msgTypes[10]
+	mi := &file_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1535,7 @@ func (x *StrategyChanged) String() string {
 func (*StrategyChanged) ProtoMessage() {}
 
 func (x *StrategyChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_types_proto_msgTypes[10]
+	mi := &file_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1548,7 @@ func (x *StrategyChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StrategyChanged.ProtoReflect.Descriptor instead.
 func (*StrategyChanged) Descriptor() ([]byte, []int) {
-	return file_types_proto_rawDescGZIP(), []int{10}
+	return file_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StrategyChanged) GetFrom() Strategy {
@@ -1354,7 +1602,7 @@ const file_types_proto_rawDesc = "" +
 	"\x0ekv_pages_total\x18\t \x01(\x04R\fkvPagesTotal\x12(\n" +
 	"\x10queue_head_pages\x18\n" +
 	" \x01(\x04R\x0equeueHeadPages\x12(\n" +
-	"\x10report_unix_nano\x18\v \x01(\x03R\x0ereportUnixNano\"\x95\x03\n" +
+	"\x10report_unix_nano\x18\v \x01(\x03R\x0ereportUnixNano\"\xc1\x04\n" +
 	"\tPlacement\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -1369,7 +1617,10 @@ const file_types_proto_rawDesc = "" +
 	"\x11created_unix_nano\x18\t \x01(\x03R\x0fcreatedUnixNano\x12#\n" +
 	"\rcreated_index\x18\n" +
 	" \x01(\x04R\fcreatedIndex\x12-\n" +
-	"\x12worker_incarnation\x18\v \x01(\x04R\x11workerIncarnation\"\xf0\x01\n" +
+	"\x12worker_incarnation\x18\v \x01(\x04R\x11workerIncarnation\x12)\n" +
+	"\x10migration_target\x18\f \x01(\tR\x0fmigrationTarget\x12@\n" +
+	"\x1cmigration_target_incarnation\x18\r \x01(\x04R\x1amigrationTargetIncarnation\x12=\n" +
+	"\x1bmigration_started_unix_nano\x18\x0e \x01(\x03R\x18migrationStartedUnixNano\"\x97\x02\n" +
 	"\x12RecoveryAssignment\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1380,14 +1631,15 @@ const file_types_proto_rawDesc = "" +
 	"rebalanced\x18\x05 \x01(\bR\n" +
 	"rebalanced\x12\x1d\n" +
 	"\n" +
-	"new_holder\x18\x06 \x01(\tR\tnewHolder\"\xf2\x01\n" +
+	"new_holder\x18\x06 \x01(\tR\tnewHolder\x12%\n" +
+	"\x0emigration_copy\x18\a \x01(\bR\rmigrationCopy\"\xf2\x01\n" +
 	"\fRecoveryPlan\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12#\n" +
 	"\rfailed_worker\x18\x02 \x01(\tR\ffailedWorker\x12-\n" +
 	"\x12failed_incarnation\x18\x03 \x01(\x04R\x11failedIncarnation\x12(\n" +
 	"\x10failed_unix_nano\x18\x04 \x01(\x03R\x0efailedUnixNano\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x04R\x05index\x12>\n" +
-	"\vassignments\x18\x06 \x03(\v2\x1c.lumen.v1.RecoveryAssignmentR\vassignments\"\x97\x03\n" +
+	"\vassignments\x18\x06 \x03(\v2\x1c.lumen.v1.RecoveryAssignmentR\vassignments\"\xcc\x03\n" +
 	"\x05Event\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x1b\n" +
@@ -1397,8 +1649,23 @@ const file_types_proto_rawDesc = "" +
 	"\rrecovery_plan\x18\v \x01(\v2\x16.lumen.v1.RecoveryPlanH\x00R\frecoveryPlan\x12C\n" +
 	"\x0fplacement_moved\x18\f \x01(\v2\x18.lumen.v1.PlacementMovedH\x00R\x0eplacementMoved\x12F\n" +
 	"\x10strategy_changed\x18\r \x01(\v2\x19.lumen.v1.StrategyChangedH\x00R\x0fstrategyChanged\x120\n" +
-	"\x06paired\x18\x0e \x01(\v2\x16.lumen.v1.WorkerPairedH\x00R\x06pairedB\x06\n" +
-	"\x04body\"\xda\x01\n" +
+	"\x06paired\x18\x0e \x01(\v2\x16.lumen.v1.WorkerPairedH\x00R\x06paired\x123\n" +
+	"\tmigration\x18\x0f \x01(\v2\x13.lumen.v1.MigrationH\x00R\tmigrationB\x06\n" +
+	"\x04body\"\xf2\x02\n" +
+	"\tMigration\x12/\n" +
+	"\x05stage\x18\x01 \x01(\x0e2\x19.lumen.v1.Migration.StageR\x05stage\x121\n" +
+	"\tplacement\x18\x02 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12\x1f\n" +
+	"\vfrom_worker\x18\x03 \x01(\tR\n" +
+	"fromWorker\x12)\n" +
+	"\x10from_incarnation\x18\x04 \x01(\x04R\x0ffromIncarnation\x12\x1b\n" +
+	"\tto_worker\x18\x05 \x01(\tR\btoWorker\x12%\n" +
+	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"Y\n" +
+	"\x05Stage\x12\x15\n" +
+	"\x11STAGE_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rSTAGE_STARTED\x10\x01\x12\x13\n" +
+	"\x0fSTAGE_COMMITTED\x10\x02\x12\x11\n" +
+	"\rSTAGE_ABORTED\x10\x03\"\xda\x01\n" +
 	"\fWorkerPaired\x12\x1d\n" +
 	"\n" +
 	"drafter_id\x18\x01 \x01(\tR\tdrafterId\x12/\n" +
@@ -1444,7 +1711,11 @@ const file_types_proto_rawDesc = "" +
 	"\fRecoveryMode\x12\x1d\n" +
 	"\x19RECOVERY_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13RECOVERY_MODE_REUSE\x10\x01\x12\x1b\n" +
-	"\x17RECOVERY_MODE_RECOMPUTE\x10\x02B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
+	"\x17RECOVERY_MODE_RECOMPUTE\x10\x02*\\\n" +
+	"\rMigrationMode\x12\x1c\n" +
+	"\x18MIGRATION_MODE_UNCHANGED\x10\x00\x12\x15\n" +
+	"\x11MIGRATION_MODE_ON\x10\x01\x12\x16\n" +
+	"\x12MIGRATION_MODE_OFF\x10\x02B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
 
 var (
 	file_types_proto_rawDescOnce sync.Once
@@ -1458,46 +1729,52 @@ func file_types_proto_rawDescGZIP() []byte {
 	return file_types_proto_rawDescData
 }
 
-var file_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_types_proto_goTypes = []any{
 	(WorkerPhase)(0),           // 0: lumen.v1.WorkerPhase
 	(Strategy)(0),              // 1: lumen.v1.Strategy
 	(PlacementState)(0),        // 2: lumen.v1.PlacementState
 	(RecoveryMode)(0),          // 3: lumen.v1.RecoveryMode
-	(*Capacity)(nil),           // 4: lumen.v1.Capacity
-	(*Worker)(nil),             // 5: lumen.v1.Worker
-	(*LoadRecord)(nil),         // 6: lumen.v1.LoadRecord
-	(*Placement)(nil),          // 7: lumen.v1.Placement
-	(*RecoveryAssignment)(nil), // 8: lumen.v1.RecoveryAssignment
-	(*RecoveryPlan)(nil),       // 9: lumen.v1.RecoveryPlan
-	(*Event)(nil),              // 10: lumen.v1.Event
-	(*WorkerPaired)(nil),       // 11: lumen.v1.WorkerPaired
-	(*WorkerPhaseChanged)(nil), // 12: lumen.v1.WorkerPhaseChanged
-	(*PlacementMoved)(nil),     // 13: lumen.v1.PlacementMoved
-	(*StrategyChanged)(nil),    // 14: lumen.v1.StrategyChanged
+	(MigrationMode)(0),         // 4: lumen.v1.MigrationMode
+	(Migration_Stage)(0),       // 5: lumen.v1.Migration.Stage
+	(*Capacity)(nil),           // 6: lumen.v1.Capacity
+	(*Worker)(nil),             // 7: lumen.v1.Worker
+	(*LoadRecord)(nil),         // 8: lumen.v1.LoadRecord
+	(*Placement)(nil),          // 9: lumen.v1.Placement
+	(*RecoveryAssignment)(nil), // 10: lumen.v1.RecoveryAssignment
+	(*RecoveryPlan)(nil),       // 11: lumen.v1.RecoveryPlan
+	(*Event)(nil),              // 12: lumen.v1.Event
+	(*Migration)(nil),          // 13: lumen.v1.Migration
+	(*WorkerPaired)(nil),       // 14: lumen.v1.WorkerPaired
+	(*WorkerPhaseChanged)(nil), // 15: lumen.v1.WorkerPhaseChanged
+	(*PlacementMoved)(nil),     // 16: lumen.v1.PlacementMoved
+	(*StrategyChanged)(nil),    // 17: lumen.v1.StrategyChanged
 }
 var file_types_proto_depIdxs = []int32{
 	0,  // 0: lumen.v1.Worker.phase:type_name -> lumen.v1.WorkerPhase
-	4,  // 1: lumen.v1.Worker.capacity:type_name -> lumen.v1.Capacity
+	6,  // 1: lumen.v1.Worker.capacity:type_name -> lumen.v1.Capacity
 	2,  // 2: lumen.v1.Placement.state:type_name -> lumen.v1.PlacementState
 	3,  // 3: lumen.v1.RecoveryAssignment.mode:type_name -> lumen.v1.RecoveryMode
-	8,  // 4: lumen.v1.RecoveryPlan.assignments:type_name -> lumen.v1.RecoveryAssignment
-	12, // 5: lumen.v1.Event.phase_changed:type_name -> lumen.v1.WorkerPhaseChanged
-	9,  // 6: lumen.v1.Event.recovery_plan:type_name -> lumen.v1.RecoveryPlan
-	13, // 7: lumen.v1.Event.placement_moved:type_name -> lumen.v1.PlacementMoved
-	14, // 8: lumen.v1.Event.strategy_changed:type_name -> lumen.v1.StrategyChanged
-	11, // 9: lumen.v1.Event.paired:type_name -> lumen.v1.WorkerPaired
-	0,  // 10: lumen.v1.WorkerPhaseChanged.from:type_name -> lumen.v1.WorkerPhase
-	0,  // 11: lumen.v1.WorkerPhaseChanged.to:type_name -> lumen.v1.WorkerPhase
-	7,  // 12: lumen.v1.PlacementMoved.placement:type_name -> lumen.v1.Placement
-	1,  // 13: lumen.v1.StrategyChanged.from:type_name -> lumen.v1.Strategy
-	1,  // 14: lumen.v1.StrategyChanged.to:type_name -> lumen.v1.Strategy
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	10, // 4: lumen.v1.RecoveryPlan.assignments:type_name -> lumen.v1.RecoveryAssignment
+	15, // 5: lumen.v1.Event.phase_changed:type_name -> lumen.v1.WorkerPhaseChanged
+	11, // 6: lumen.v1.Event.recovery_plan:type_name -> lumen.v1.RecoveryPlan
+	16, // 7: lumen.v1.Event.placement_moved:type_name -> lumen.v1.PlacementMoved
+	17, // 8: lumen.v1.Event.strategy_changed:type_name -> lumen.v1.StrategyChanged
+	14, // 9: lumen.v1.Event.paired:type_name -> lumen.v1.WorkerPaired
+	13, // 10: lumen.v1.Event.migration:type_name -> lumen.v1.Migration
+	5,  // 11: lumen.v1.Migration.stage:type_name -> lumen.v1.Migration.Stage
+	9,  // 12: lumen.v1.Migration.placement:type_name -> lumen.v1.Placement
+	0,  // 13: lumen.v1.WorkerPhaseChanged.from:type_name -> lumen.v1.WorkerPhase
+	0,  // 14: lumen.v1.WorkerPhaseChanged.to:type_name -> lumen.v1.WorkerPhase
+	9,  // 15: lumen.v1.PlacementMoved.placement:type_name -> lumen.v1.Placement
+	1,  // 16: lumen.v1.StrategyChanged.from:type_name -> lumen.v1.Strategy
+	1,  // 17: lumen.v1.StrategyChanged.to:type_name -> lumen.v1.Strategy
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_types_proto_init() }
@@ -1511,14 +1788,15 @@ func file_types_proto_init() {
 		(*Event_PlacementMoved)(nil),
 		(*Event_StrategyChanged)(nil),
 		(*Event_Paired)(nil),
+		(*Event_Migration)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_types_proto_rawDesc), len(file_types_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   11,
+			NumEnums:      6,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
