@@ -35,6 +35,9 @@ var live struct {
 	// migrations: the cluster was taken through a drain (the binary has
 	// `worker drain`).
 	migrations bool
+	// seen: what the processes exported at the end of each step (a
+	// drained worker is gone by the end).
+	seen exported
 }
 
 func stopLive() {
@@ -115,6 +118,10 @@ func startLive(logf func(string, ...any), drain bool) error {
 	}); err != nil {
 		return fmt.Errorf("%s back in FULL_SERVICE after a progressive recovery: %w", victim.ID, err)
 	}
+	live.seen = exported{}
+	if err := live.seen.scrapeAll(ctx, cl); err != nil {
+		return err
+	}
 	if drain {
 		live.migrations = true
 		ctlHTTP := "http://" + cl.Controllers[0].HTTPAddr + "/metrics"
@@ -131,6 +138,24 @@ func startLive(logf func(string, ...any), drain bool) error {
 		})
 		if err != nil {
 			return err
+		}
+		if err := live.seen.scrapeAll(ctx, cl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scrapeAll adds what every running process exports.
+func (e exported) scrapeAll(ctx context.Context, cl *devcluster.Cluster) error {
+	httpAddrs, _ := endpoints(cl)
+	for _, sub := range []string{"controller", "worker", "gateway"} {
+		for _, addr := range httpAddrs[sub] {
+			fams, err := scrape(ctx, "http://"+addr+"/metrics")
+			if err != nil {
+				return fmt.Errorf("lumen %s: %w", sub, err)
+			}
+			e.add(fams)
 		}
 	}
 	return nil
