@@ -93,7 +93,9 @@ func (w *Worker) setLocalPhase(p pb.WorkerPhase) {
 // commitPhaseLocked commits phase for the current incarnation, retrying
 // until the controller applies it (a leader that dies mid-call, a quorum
 // being elected) or the recovery stops; false when it stopped. A phase
-// already committed commits again as a no-op. w.phaseMu must be held.
+// already committed commits again as a no-op. w.phaseMu must be held; it
+// is released while waiting to retry, so a registration can run between
+// attempts.
 func (w *Worker) commitPhaseLocked(phase pb.WorkerPhase, reason string) bool {
 	if w.ctl == nil {
 		return true
@@ -111,11 +113,21 @@ func (w *Worker) commitPhaseLocked(phase pb.WorkerPhase, reason string) bool {
 		}
 		w.log.Warn("phase change not committed yet; retrying", "phase", phaseName(phase), "incarnation", inc, "error", err,
 			"reason", ctlclient.Reason(err))
+		// Wait without the lock: when the refusal is for an incarnation
+		// the controller marked failed (a pause outlived the failure
+		// detector), the load reporter rejoins as a new incarnation and
+		// registers it under phaseMu — and registration commits the local
+		// phase. Holding the lock here deadlocked the two (found by the
+		// jepsen assist-kill + pause-worker run): the worker never served
+		// again.
+		w.phaseMu.Unlock()
 		select {
 		case <-w.recoverCtx.Done():
+			w.phaseMu.Lock()
 			return false
 		case <-time.After(wait):
 		}
+		w.phaseMu.Lock()
 	}
 }
 
