@@ -468,6 +468,27 @@ func (e *env) awaitRecovered(ctx context.Context) Recovered {
 	return r
 }
 
+// awaitEvents waits, for at most 5 s, until the event log has shown every
+// row of the final table entering FULL_SERVICE in its incarnation, so that
+// the run's counts include the last recoveries.
+func (e *env) awaitEvents(ctx context.Context, rows []WorkerRow) {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		seen := true
+		e.mu.Lock()
+		for _, r := range rows {
+			if r.Phase == "FULL_SERVICE" && e.inService[r.ID] != r.Inc {
+				seen = false
+			}
+		}
+		e.mu.Unlock()
+		if seen {
+			return
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+}
+
 // logTail is the last n lines of a log, joined by " | ".
 func logTail(path string, n int) string {
 	b, err := os.ReadFile(path)

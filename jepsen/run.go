@@ -109,6 +109,9 @@ type env struct {
 	// assist-kill faults landed.
 	workerKills map[string]int
 	assistKills map[string]int
+	// inService is the last incarnation of each worker the event log
+	// showed entering FULL_SERVICE.
+	inService map[string]uint64
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -128,7 +131,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{},
-		workerKills: map[string]int{}, assistKills: map[string]int{}}
+		workerKills: map[string]int{}, assistKills: map[string]int{}, inService: map[string]uint64{}}
 	e.logf = func(format string, args ...any) {
 		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
@@ -292,6 +295,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	obs.Wait()
 	quiet := e.quiesce(ctx, final)
 	rec := <-recovered
+	e.awaitEvents(ctx, rec.Rows)
 	stopRec()
 	recObs.Wait()
 	e.logf("workers in full service after %s", rec.Waited.Round(100*time.Millisecond))
@@ -559,6 +563,11 @@ func (e *env) watchEvents(ctx context.Context) ([]Failure, ProgressStats) {
 				out = append(out, Failure{Worker: pc.WorkerId, Inc: pc.Incarnation, Index: ev.Index})
 			}
 			stats.countEvent(ev)
+			if pc := ev.GetPhaseChanged(); pc != nil && pc.To == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+				e.mu.Lock()
+				e.inService[pc.WorkerId] = pc.Incarnation
+				e.mu.Unlock()
+			}
 		}
 	}
 	return out, stats
