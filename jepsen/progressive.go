@@ -29,8 +29,7 @@ const workerProfile = "qwen3-14b-h100"
 // restartLoadScale scales the profile's load times on a restart: Qwen3-14B's
 // 22.8 s to host memory and 0.84 s hot swap, Qwen3-0.6B's 1.35 s draft load
 // become 5.7 s, 0.21 s and 0.34 s, so a restarted worker assists for about
-// 5 s, long enough for faults to land in every phase, and the kill-worker
-// runs keep two workers of three serving most of the time.
+// 5 s, long enough for faults to land in every phase.
 const restartLoadScale = 0.25
 
 // restartLoadTime is how long a restarted worker takes to reach full
