@@ -313,3 +313,68 @@ func TestCheckerPanicScan(t *testing.T) {
 		t.Errorf("a clean log named:\n%s", all)
 	}
 }
+
+// Pairings: a drafter in ASSIST and a worker in FULL_SERVICE naming each
+// other pass; a one-sided pairing, a partner gone, failed or recovering,
+// and a pairing of two full-service workers are caught.
+func TestCheckerPairing(t *testing.T) {
+	good := []TableSample{
+		{At: 1, Rows: []WorkerRow{{ID: "w1", Phase: "FULL_SERVICE"}, {ID: "w2", Phase: "LOADING_DRAFT"}, {ID: "w3", Phase: "FULL_SERVICE"}}},
+		{At: 2, Rows: []WorkerRow{{ID: "w1", Phase: "FULL_SERVICE", Paired: "w2"}, {ID: "w2", Phase: "ASSIST", Paired: "w1"}, {ID: "w3", Phase: "FULL_SERVICE"}}},
+		// Unpaired in ASSIST: no partner free.
+		{At: 3, Rows: []WorkerRow{{ID: "w1", Phase: "FAILED"}, {ID: "w2", Phase: "ASSIST"}, {ID: "w3", Phase: "HOTSWAP"}}},
+	}
+	if v := CheckPairing(good); !v.OK {
+		t.Fatalf("valid pairings rejected: %v", v.Violations)
+	}
+	if v := CheckPairing(good); !strings.Contains(v.Note, "1 with a pairing, 1 distinct") {
+		t.Fatalf("note %q", v.Note)
+	}
+	for name, rows := range map[string][]WorkerRow{
+		"one-sided":           {{ID: "w1", Phase: "FULL_SERVICE"}, {ID: "w2", Phase: "ASSIST", Paired: "w1"}},
+		"partner gone":        {{ID: "w2", Phase: "ASSIST", Paired: "w1"}},
+		"partner failed":      {{ID: "w1", Phase: "FAILED", Paired: "w2"}, {ID: "w2", Phase: "ASSIST", Paired: "w1"}},
+		"drafter in hotswap":  {{ID: "w1", Phase: "FULL_SERVICE", Paired: "w2"}, {ID: "w2", Phase: "HOTSWAP", Paired: "w1"}},
+		"two in full service": {{ID: "w1", Phase: "FULL_SERVICE", Paired: "w2"}, {ID: "w2", Phase: "FULL_SERVICE", Paired: "w1"}},
+		"paired elsewhere":    {{ID: "w1", Phase: "FULL_SERVICE", Paired: "w3"}, {ID: "w2", Phase: "ASSIST", Paired: "w1"}, {ID: "w3", Phase: "ASSIST", Paired: "w1"}},
+	} {
+		samples := append(append([]TableSample(nil), good...), TableSample{At: 4, Rows: rows})
+		if v := CheckPairing(samples); v.OK {
+			t.Errorf("%s: not caught", name)
+		} else {
+			t.Logf("%s: %v", name, v.Violations)
+		}
+	}
+}
+
+// Recovery: every worker back in FULL_SERVICE and unpaired passes; a killed
+// worker stuck in a phase, one with no row, a pairing left over and an
+// unreadable table are caught, with the reason.
+func TestCheckerRecovered(t *testing.T) {
+	all := []WorkerRow{{ID: "w1", Phase: "FULL_SERVICE"}, {ID: "w2", Phase: "FULL_SERVICE"}}
+	ok := Recovered{Rows: all, Killed: map[string]int{"w2": 3}, Running: map[string]bool{"w1": true, "w2": true}}
+	if v := CheckRecovered(ok); !v.OK {
+		t.Fatalf("recovered cluster rejected: %v", v.Violations)
+	}
+	for name, c := range map[string]struct {
+		r    Recovered
+		want string
+	}{
+		"stuck in ASSIST": {Recovered{Rows: []WorkerRow{all[0], {ID: "w2", Phase: "ASSIST", Inc: 4}}, Killed: map[string]int{"w2": 1},
+			Running: map[string]bool{"w1": true, "w2": true}, Logs: map[string]string{"w2": "could not read the model"}}, "w2 is in ASSIST (incarnation 4"},
+		"dead in LOADING_DRAFT": {Recovered{Rows: []WorkerRow{all[0], {ID: "w2", Phase: "LOADING_DRAFT"}}, Killed: map[string]int{"w2": 1},
+			Running: map[string]bool{"w1": true}}, "its process is not running"},
+		"no row":       {Recovered{Rows: all[:1], Killed: map[string]int{"w2": 2}, Running: map[string]bool{"w1": true}}, "w2 was killed 2 times and has no row"},
+		"pairing left": {Recovered{Rows: []WorkerRow{{ID: "w1", Phase: "FULL_SERVICE", Paired: "w2"}, all[1]}}, "still paired with w2"},
+		"unreadable":   {Recovered{Err: "no leader"}, "could not be read"},
+	} {
+		v := CheckRecovered(c.r)
+		if v.OK {
+			t.Errorf("%s: not caught", name)
+			continue
+		}
+		if !strings.Contains(strings.Join(v.Violations, "\n"), c.want) {
+			t.Errorf("%s: %v, want %q", name, v.Violations, c.want)
+		}
+	}
+}

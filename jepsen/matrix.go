@@ -17,6 +17,9 @@ var Matrix = []MatrixRun{
 	{[]string{"kill-worker"}, 3, ""},
 	{[]string{"kill-holder"}, 3, ""},
 	{[]string{"gateway-kill"}, 3, ""},
+	// Progressive recovery: drafters, their partners, hot swaps and the
+	// leader killed while a restarted worker assists.
+	{[]string{"assist-kill"}, 3, ""},
 	{[]string{"pause-leader"}, 3, ""},
 	{[]string{"pause-worker"}, 3, ""},
 	{[]string{"partition-leader"}, 3, ""},
@@ -32,6 +35,9 @@ var Matrix = []MatrixRun{
 	{[]string{"gateway-kill", "kill-leader", "kill-holder"}, 3, ""},
 	{[]string{"membership", "kill-controller", "partition-one-way"}, 5, ""},
 	{[]string{"partition-leader", "kill-worker", "pause-worker", "kill-leader"}, 3, ""},
+	// A paused partner or drafter (its stream hangs, it is marked failed
+	// and rejoins) and a killed holder beside the assist.
+	{[]string{"assist-kill", "pause-worker", "kill-holder"}, 3, ""},
 	// The fallback for machines without namespaces, also where they exist.
 	{[]string{"partition-leader", "partition-halves", "partition-one-way"}, 3, "proxy"},
 }

@@ -18,9 +18,12 @@ import (
 // nemesis is one kind of fault: start injects it and returns what it did;
 // the fault lasts until heal (every nemesis heals through env.heal).
 type nemesis struct {
-	net   bool // needs network namespaces
-	doc   string
-	start func(ctx context.Context, e *env) (string, error)
+	net bool // needs network namespaces
+	doc string
+	// timeout bounds start (default 5 s): a nemesis that waits for a
+	// state (a worker in ASSIST) gets longer.
+	timeout time.Duration
+	start   func(ctx context.Context, e *env) (string, error)
 }
 
 // Nemeses are the faults by name.
@@ -50,7 +53,7 @@ var Nemeses = map[string]nemesis{
 	"kill-worker": {doc: "kill -9 a random worker; it restarts (new incarnation) at heal",
 		start: func(ctx context.Context, e *env) (string, error) {
 			w := e.cl.Workers[e.rng.Intn(len(e.cl.Workers))]
-			e.cl.KillWorker(w)
+			e.killWorker(w)
 			return "kill -9 " + w.ID, nil
 		}},
 	"kill-holder": {doc: "kill -9 the checkpoint holder of a request in flight (or a random worker when none has one)",
@@ -60,14 +63,17 @@ var Nemeses = map[string]nemesis{
 			cancel()
 			for _, w := range e.cl.Workers {
 				if w.ID == victim {
-					e.cl.KillWorker(w)
+					e.killWorker(w)
 					return "kill -9 holder " + w.ID, nil
 				}
 			}
 			w := e.cl.Workers[e.rng.Intn(len(e.cl.Workers))]
-			e.cl.KillWorker(w)
+			e.killWorker(w)
 			return "kill -9 " + w.ID + " (no holder found)", nil
 		}},
+	"assist-kill": {timeout: 20 * time.Second,
+		doc:   "wait for a restarted worker drafting in ASSIST (kill -9 and restart one when none recovers), then kill -9 at random: the drafter, its partner, the drafter in HOTSWAP, or the leader as a restarted worker registers or a drafter enters HOTSWAP; they restart at heal",
+		start: func(ctx context.Context, e *env) (string, error) { return e.assistKill(ctx) }},
 	"gateway-kill": {doc: "kill -9 a gateway with streams in flight (the other keeps serving; the streams through it break, visibly to their clients); it restarts on its address at heal",
 		start: func(ctx context.Context, e *env) (string, error) {
 			if len(e.gws) < 2 {
@@ -281,8 +287,13 @@ func (e *env) nemesis(ctx context.Context) {
 			return
 		}
 		name := e.cfg.Nemeses[e.rng.Intn(len(e.cfg.Nemeses))]
-		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		what, err := Nemeses[name].start(fctx, e)
+		n := Nemeses[name]
+		timeout := 5 * time.Second
+		if n.timeout > 0 {
+			timeout = n.timeout
+		}
+		fctx, cancel := context.WithTimeout(ctx, timeout)
+		what, err := n.start(fctx, e)
 		cancel()
 		if err != nil {
 			e.logf("nemesis %s: not injected: %v", name, err)

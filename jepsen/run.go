@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -70,6 +71,7 @@ type Report struct {
 	Indeterminate int
 	Streams       int
 	Faults        map[string]int
+	Progress      ProgressStats // what progressive recovery did
 	Verdicts      []Verdict
 	Elapsed       time.Duration
 }
@@ -103,6 +105,13 @@ type env struct {
 	nRecent  int
 	inflight map[string]int // streams open through each gateway
 	kills    []GatewayKill  // gateways killed, oldest first
+	// workerKills counts each worker's kill -9s; assistKills, which
+	// assist-kill faults landed.
+	workerKills map[string]int
+	assistKills map[string]int
+	// inService is the last incarnation of each worker the event log
+	// showed entering FULL_SERVICE.
+	inService map[string]uint64
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -121,7 +130,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{}}
+	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{},
+		workerKills: map[string]int{}, assistKills: map[string]int{}, inService: map[string]uint64{}}
 	e.logf = func(format string, args ...any) {
 		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
@@ -203,11 +213,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// sized by the profile's KV bytes (5 MiB for a placement client's
 		// request), so the budget holds every client's open placements
 		// with room for the streams; the pages really stored are the tiny
-		// model's.
-		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), "-model-dir", cfg.ModelDir, "-kv-pages", "1024",
-			"-profile", "qwen3-14b-h100", "-time-scale", "2", "-emulate-load=false", "-checkpoint-budget", "2GiB"); err != nil {
+		// model's. The first start loads at once; a restart after a kill
+		// recovers progressively, its loads taking the profile's times
+		// scaled by restartLoadScale (progressive.go).
+		args := []string{"-model-dir", cfg.ModelDir, "-kv-pages", "1024",
+			"-profile", workerProfile, "-time-scale", "2", "-checkpoint-budget", "2GiB"}
+		w, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), append(slices.Clone(args), "-emulate-load=false")...)
+		if err != nil {
 			return nil, err
 		}
+		w.Args = append(args, "-load-scale", fmt.Sprint(restartLoadScale))
 	}
 	var gwAddrs []string
 	for range cfg.Gateways {
@@ -227,13 +242,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer e.client.Close()
 	e.logf("cluster up: %s; %s", strings.Join(cl.GRPCAddrs(), " "), strings.Join(gwAddrs, ", "))
 
-	// Observers: the event log (failures) and the load table (budgets).
+	// Observers: the load and worker tables (budgets, pairings), the event
+	// log (failures, progressive recovery) and the draft counters.
 	obsCtx, stopObs := context.WithCancel(ctx)
 	var obs sync.WaitGroup
 	var failures []Failure
+	var progress ProgressStats
 	var budgets []BudgetSample
-	obs.Go(func() { failures = e.watchFailures(obsCtx) })
-	obs.Go(func() { budgets = e.sampleBudgets(obsCtx) })
+	var tables []TableSample
+	var spec [3]uint64
+	obs.Go(func() { budgets, tables = e.sampleBudgets(obsCtx) })
+	// The event log and the draft counters are followed until the last
+	// restarted worker is back in full service.
+	recCtx, stopRec := context.WithCancel(ctx)
+	defer stopRec()
+	var recObs sync.WaitGroup
+	recObs.Go(func() { failures, progress = e.watchEvents(recCtx) })
+	recObs.Go(func() { spec = e.sampleSpec(recCtx) })
 
 	// Workloads.
 	runCtx, stopRun := context.WithTimeout(ctx, cfg.Duration)
@@ -258,6 +283,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	work.Wait()
 	e.logf("faults over; healing")
 	e.healAll(ctx)
+	// Restarted workers finish their recovery meanwhile.
+	recovered := make(chan Recovered, 1)
+	go func() { recovered <- e.awaitRecovered(ctx) }()
 	serving.Wait()
 	e.logf("workloads done: %d placement operations, %d streams", len(e.hist.Ops()), len(streams))
 
@@ -266,13 +294,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	stopObs()
 	obs.Wait()
 	quiet := e.quiesce(ctx, final)
+	rec := <-recovered
+	e.awaitEvents(ctx, rec.Rows)
+	stopRec()
+	recObs.Wait()
+	e.logf("workers in full service after %s", rec.Waited.Round(100*time.Millisecond))
 	states := e.converge(ctx)
 	// Every process stops before its log is scanned, so a panic at
 	// shutdown is seen too.
 	cl.Stop()
 	kills := e.gatewayKills()
 
-	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Elapsed: time.Since(start)}
+	progress.Drafted, progress.Verified, progress.Accepted = spec[0], spec[1], spec[2]
+	progress.AssistKills = e.assistKills
+	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Elapsed: time.Since(start)}
 	for _, op := range ops {
 		if op.Indeterminate {
 			rep.Indeterminate++
@@ -289,6 +324,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckNoDispatchToFailed(ops, failures),
 		CheckConverged(states),
 		CheckPanics(cfg.Dir),
+		CheckPairing(tables),
+		CheckRecovered(rec),
 	}
 	if err := WriteJSONL(filepath.Join(cfg.Dir, "history.jsonl"), ops); err != nil {
 		return rep, err
@@ -301,6 +338,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			_ = os.WriteFile(filepath.Join(cfg.Dir, "gateway-kills.json"), b, 0o644)
 		}
 	}
+	e.logf("progressive recovery: %s", progress)
 	for _, v := range rep.Verdicts {
 		e.logf("checker %-22s %-8s %s", v.Checker, v.String(), v.Note)
 		for _, x := range v.Violations {
@@ -502,10 +540,12 @@ func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *S
 	}
 }
 
-// watchFailures follows the event log from the start, from whichever
-// replica answers, and returns every committed MarkFailed.
-func (e *env) watchFailures(ctx context.Context) []Failure {
+// watchEvents follows the event log from the start, from whichever
+// replica answers, and returns every committed MarkFailed and what
+// progressive recovery did.
+func (e *env) watchEvents(ctx context.Context) ([]Failure, ProgressStats) {
 	var out []Failure
+	var stats ProgressStats
 	var from uint64
 	for ctx.Err() == nil {
 		st, err := e.client.WatchEvents(ctx, from)
@@ -522,20 +562,28 @@ func (e *env) watchFailures(ctx context.Context) []Failure {
 			if pc := ev.GetPhaseChanged(); pc != nil && pc.To == pb.WorkerPhase_WORKER_PHASE_FAILED {
 				out = append(out, Failure{Worker: pc.WorkerId, Inc: pc.Incarnation, Index: ev.Index})
 			}
+			stats.countEvent(ev)
+			if pc := ev.GetPhaseChanged(); pc != nil && pc.To == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+				e.mu.Lock()
+				e.inService[pc.WorkerId] = pc.Incarnation
+				e.mu.Unlock()
+			}
 		}
 	}
-	return out
+	return out, stats
 }
 
-// sampleBudgets reads the reservations and the load table twice a second.
-func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
+// sampleBudgets reads the reservations, the load table and the worker
+// table (for the pairings) twice a second.
+func (e *env) sampleBudgets(ctx context.Context) ([]BudgetSample, []TableSample) {
 	var out []BudgetSample
+	var tables []TableSample
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return out
+			return out, tables
 		case <-t.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -544,7 +592,9 @@ func (e *env) sampleBudgets(ctx context.Context) []BudgetSample {
 		if err != nil {
 			continue
 		}
-		out = append(out, holderSamples(e.hist.Now(), r)...)
+		now := e.hist.Now()
+		out = append(out, holderSamples(now, r)...)
+		tables = append(tables, TableSample{At: now, Rows: tableRows(r.Workers)})
 	}
 }
 
@@ -851,6 +901,11 @@ func Summary(reports []*Report) string {
 			fmt.Fprintf(&b, " %-8s", v.String())
 		}
 		b.WriteString("\n")
+	}
+	for _, r := range reports {
+		if p := r.Progress; p.Restarts > 0 || len(p.AssistKills) > 0 {
+			fmt.Fprintf(&b, "%s: %s\n", r.Name, p)
+		}
 	}
 	var keys []string
 	for _, c := range checkers {
