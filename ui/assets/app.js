@@ -230,10 +230,17 @@ function renderQuorum() {
     h('td', {class: 'num'}, r.reachable ? r.term : '—'),
     h('td', {class: 'num'}, r.reachable ? r.commitIndex : '—'),
     h('td', {class: 'num'}, r.reachable ? r.appliedIndex : '—'),
-    h('td', {title: r.error || ''}, r.reachable ? badge('yes') : badge('no'), r.error ? h('span', {class: 'since'}, r.error.slice(0, 60)) : null),
-    h('td', {}, r.raftAddr), h('td', {}, r.grpcAddr || '—')));
+    h('td', {title: r.error || ''}, r.reachable ? badge('yes') : badge('no'), r.error ? h('span', {class: 'since'}, shortError(r.error)) : null),
+    h('td', {class: 'addrs'}, `raft ${r.raftAddr}`, h('br'), `gRPC ${r.grpcAddr || '—'}`)));
   $('quorum').replaceChildren(...rows);
   $('quorum-note').textContent = st.quorumAt ? `each replica's ClusterStatus, asked ${ago(st.quorumAt, st.now)} ago; tables from ${st.node}'s applied index ${st.appliedIndex}` : 'asking the replicas…';
+}
+
+// shortError is a gRPC error's code, or the error's start; the whole
+// error is the cell's title.
+function shortError(e) {
+  const m = /code = (\w+)/.exec(e);
+  return m ? m[1] : e.slice(0, 40);
 }
 
 function renderWorkers() {
@@ -277,7 +284,7 @@ function renderRequests() {
       h('td', {}, a.mode === 'REUSE' ? `checkpoint on ${a.holder}` : (a.holder ? `holder ${a.holder} lost` : 'no checkpoint')),
       h('td', {}, a.inFlight ? 'in flight' : 'done')));
     if (p.assignments.length > 10) rows.push(h('tr', {}, h('td', {colSpan: 5}, `… and ${p.assignments.length - 10} more`)));
-    return h('div', {class: 'plan', 'data-plan': p.id, 'data-failed': p.failedWorker},
+    return h('div', {class: 'plan-box', 'data-plan': p.id, 'data-failed': p.failedWorker},
       h('div', {}, h('b', {}, `plan ${p.id}`), ` — ${p.failedWorker} ${inc(p.failedIncarnation)} failed at ${clock(p.failed)}: `,
         `${p.assignments.length} requests, ${open} still in flight`),
       h('table', {}, h('tbody', {}, rows)));
@@ -305,9 +312,14 @@ function niceMax(v) {
 
 // chart draws series [{name, color, get}] of view.history into svg.
 function chart(svg, series, unit) {
-  const W = 400, H = 170, L = 40, R = 6, T = 30, B = 16;
-  const now = view.st.now, t0 = now - WINDOW_MS;
-  const x = (t) => L + (W - L - R) * (t - t0) / WINDOW_MS;
+  const W = 300, H = 150, L = 34, R = 4, T = 30, B = 14;
+  // The window is the history's span, a minute at least and WINDOW_MS at
+  // most: a controller that just started fills the chart too.
+  const now = view.st.now;
+  const first = view.history.length ? view.history[0].t : now;
+  const span = Math.min(WINDOW_MS, Math.max(60 * 1000, now - first));
+  const t0 = now - span;
+  const x = (t) => L + (W - L - R) * (t - t0) / span;
   let top = 0;
   for (const p of view.history) for (const se of series) top = Math.max(top, se.get(p));
   top = niceMax(top);
@@ -315,9 +327,9 @@ function chart(svg, series, unit) {
   const kids = [];
   for (const f of [0, 0.5, 1]) {
     kids.push(s('line', {class: 'grid', x1: L, x2: W - R, y1: y(f * top), y2: y(f * top)}));
-    kids.push(s('text', {x: L - 4, y: y(f * top) + 3, 'text-anchor': 'end'}, fmt(f * top) + (f === 1 && unit ? ' ' + unit : '')));
+    kids.push(s('text', {x: L - 4, y: y(f * top) + 3, 'text-anchor': 'end'}, fmt(f * top)));
   }
-  for (const [t, label] of [[t0, '−10 min'], [now - WINDOW_MS / 2, '−5 min'], [now, 'now']]) {
+  for (const [t, label] of [[t0, '−' + duration(span)], [now - span / 2, '−' + duration(span / 2)], [now, 'now']]) {
     kids.push(s('text', {x: x(t), y: H - 4, 'text-anchor': t === t0 ? 'start' : (t === now ? 'end' : 'middle')}, label));
   }
   for (const m of view.marks) {
@@ -330,9 +342,14 @@ function chart(svg, series, unit) {
     kids.push(s('polyline', {points: pts, fill: 'none', stroke: se.color, 'stroke-width': 1.6}));
     const last = view.history.length ? se.get(view.history[view.history.length - 1]) : 0;
     kids.push(s('text', {x: L, y: ly, style: 'fill:' + se.color}, `${se.name}: ${fmt(last)}${unit ? ' ' + unit : ''}`));
-    ly += 12;
+    ly += 13;
   }
   svg.replaceChildren(...kids);
+}
+
+function duration(ms) {
+  const s = Math.round(ms / 1000);
+  return s < 120 ? s + ' s' : (s / 60).toFixed(s % 60 ? 1 : 0) + ' min';
 }
 
 function fmt(v) {
