@@ -2,18 +2,23 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/ui"
 )
 
 // uiScreenshot, when set, is where TestDashboard writes the page as it
@@ -195,4 +200,31 @@ func TestDashboard(t *testing.T) {
 		p.screenshot(*uiScreenshot)
 		t.Logf("screenshot in %s", *uiScreenshot)
 	}
+}
+
+// TestDevPrintsTheDashboard: `lumen dev` prints a dashboard address that
+// serves the cluster it started.
+func TestDevPrintsTheDashboard(t *testing.T) {
+	port, err := devcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDev(t, "-dir", t.TempDir(), "-engine", "synthetic", "-workers", "1", "-http", fmt.Sprintf("127.0.0.1:%d", port))
+	d.waitLine(t, "dashboard    http://", 90*time.Second)
+	url := regexp.MustCompile(`dashboard +(http://127\.0\.0\.1:\d+/ui)\s`).FindStringSubmatch(d.out.String())
+	if url == nil {
+		t.Fatalf("no dashboard address in:\n%s", d.out.String())
+	}
+	resp, err := http.Get(url[1] + "/api/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st ui.State
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || len(st.Workers) != 1 || st.Node != devcluster.ControllerID(0) {
+		t.Fatalf("%s/api/state: %v, node %q with %d workers; want ctl1's, with the dev cluster's worker", url[1], err, st.Node, len(st.Workers))
+	}
+	d.waitLine(t, "Ctrl-C stops everything", 30*time.Second)
+	d.interrupt(t, 60*time.Second)
 }
