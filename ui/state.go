@@ -184,7 +184,7 @@ func (d *Dashboard) state(full bool) State {
 }
 
 func (d *Dashboard) serveState(w http.ResponseWriter, r *http.Request) {
-	d.watch()
+	d.watch(0)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-cache")
 	enc := json.NewEncoder(w)
@@ -291,7 +291,7 @@ func sampleTables(f *fsm.FSM, now time.Time) Sample {
 // at once, each for at most statusTimeout. The member list and their gRPC
 // addresses come from this replica's RaftPeers (gossip knows the
 // addresses); this replica's own row is read in process.
-func pollQuorum(cfg Config) []ReplicaStatus {
+func pollQuorum(ctx context.Context, cfg Config) []ReplicaStatus {
 	self := cfg.Replica
 	r := self.Raft()
 	f := r.GetConfiguration()
@@ -300,7 +300,7 @@ func pollQuorum(cfg Config) []ReplicaStatus {
 	}
 	servers := f.Configuration().Servers
 	out := make([]ReplicaStatus, len(servers))
-	grpcAddrs := peerGRPCAddrs(cfg)
+	grpcAddrs := peerGRPCAddrs(ctx, cfg)
 	var wg sync.WaitGroup
 	for i, s := range servers {
 		rs := &out[i]
@@ -316,13 +316,12 @@ func pollQuorum(cfg Config) []ReplicaStatus {
 			rs.Error = "no gRPC address: gossip does not know it"
 			continue
 		}
-		select {
-		case <-cfg.Stop:
+		// The replica's connections close at shutdown: dial none after.
+		if ctx.Err() != nil {
 			rs.Error = "shutting down"
 			continue
-		default:
 		}
-		wg.Go(func() { status(cfg, rs) })
+		wg.Go(func() { status(ctx, cfg, rs) })
 	}
 	wg.Wait()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
@@ -331,13 +330,16 @@ func pollQuorum(cfg Config) []ReplicaStatus {
 
 // peerGRPCAddrs asks this replica's own Operator API for the members' gRPC
 // addresses, which gossip holds.
-func peerGRPCAddrs(cfg Config) map[string]string {
+func peerGRPCAddrs(ctx context.Context, cfg Config) map[string]string {
 	out := map[string]string{}
+	if ctx.Err() != nil {
+		return out
+	}
 	cc, err := cfg.Dial(cfg.Replica.GRPCAddr())
 	if err != nil {
 		return out
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	resp, err := pb.NewOperatorClient(cc).RaftPeers(ctx, &pb.RaftPeersRequest{})
 	if err != nil {
@@ -350,13 +352,13 @@ func peerGRPCAddrs(cfg Config) map[string]string {
 }
 
 // status fills rs from the replica's ClusterStatus.
-func status(cfg Config, rs *ReplicaStatus) {
+func status(ctx context.Context, cfg Config, rs *ReplicaStatus) {
 	cc, err := cfg.Dial(rs.GRPCAddr)
 	if err != nil {
 		rs.Error = err.Error()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	st, err := pb.NewOperatorClient(cc).ClusterStatus(ctx, &pb.ClusterStatusRequest{})
 	if err != nil {

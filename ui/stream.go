@@ -48,7 +48,8 @@ func (d *Dashboard) serveStream(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
-	d.watch()
+	d.watch(1)
+	defer d.watch(-1)
 	events := d.cfg.Replica.FSM().Events()
 	pos, resumed := parseEventPos(r.Header.Get("Last-Event-ID"))
 	var evs []*pb.Event

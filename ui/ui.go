@@ -28,6 +28,7 @@
 package ui
 
 import (
+	"context"
 	"embed"
 	"io/fs"
 	"net/http"
@@ -93,6 +94,8 @@ const (
 type Dashboard struct {
 	cfg   Config
 	files http.Handler
+	// ctx ends when the replica stops: quorum polls in flight end too.
+	ctx context.Context
 	// wake asks the sampler to poll the quorum now (a page arrived after
 	// nobody watched).
 	wake chan struct{}
@@ -109,8 +112,10 @@ type Dashboard struct {
 	// first; leaderSeq numbers them from 1.
 	leaders   []LeaderChange
 	leaderSeq uint64
-	// watched is when a page or an API call last came.
+	// watched is when a page or an API call last came; streams counts
+	// the pages connected now.
 	watched time.Time
+	streams int
 	// published is closed and replaced at each sample and leadership
 	// change.
 	published chan struct{}
@@ -123,8 +128,10 @@ func New(cfg Config) *Dashboard {
 	if err != nil {
 		panic(err) // the embedded tree has the folder
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	d := &Dashboard{
 		cfg:       cfg,
+		ctx:       ctx,
 		files:     http.StripPrefix("/ui/", http.FileServer(http.FS(sub))),
 		wake:      make(chan struct{}, 1),
 		history:   make([]Sample, historyLen),
@@ -136,6 +143,10 @@ func New(cfg Config) *Dashboard {
 		return ok
 	})
 	cfg.Replica.Raft().RegisterObserver(observer)
+	cfg.Go(func() {
+		<-cfg.Stop
+		cancel()
+	})
 	cfg.Go(func() {
 		defer cfg.Replica.Raft().DeregisterObserver(observer)
 		d.run(obs)
@@ -182,7 +193,7 @@ func (d *Dashboard) run(obs <-chan raft.Observation) {
 func (d *Dashboard) record(now time.Time) {
 	s := sampleTables(d.cfg.Replica.FSM(), now)
 	d.mu.Lock()
-	watched := now.Sub(d.watched) < watchedFor
+	watched := d.streams > 0 || now.Sub(d.watched) < watchedFor
 	d.mu.Unlock()
 	if watched {
 		d.pollQuorum()
@@ -197,7 +208,7 @@ func (d *Dashboard) record(now time.Time) {
 
 // pollQuorum asks every replica for its status.
 func (d *Dashboard) pollQuorum() {
-	q := pollQuorum(d.cfg)
+	q := pollQuorum(d.ctx, d.cfg)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.quorum, d.quorumAt = q, time.Now()
@@ -221,12 +232,13 @@ func (d *Dashboard) publishLocked() {
 	d.published = make(chan struct{})
 }
 
-// watch notes that someone watches, and has the quorum polled at once when
-// nobody did for a while.
-func (d *Dashboard) watch() {
+// watch notes that someone watches (streams: one more page connected), and
+// has the quorum polled at once when nobody did for a while.
+func (d *Dashboard) watch(streams int) {
 	d.mu.Lock()
 	stale := time.Since(d.quorumAt) > 2*sampleEvery
 	d.watched = time.Now()
+	d.streams += streams
 	d.mu.Unlock()
 	if stale {
 		select {

@@ -427,6 +427,13 @@ func TestStreamFollowsTheLeader(t *testing.T) {
 		}
 		return lc.Leader != "" && lc.Leader != oldID
 	})
+	// The test itself sees the new leader ready, as the quorum's cleanup
+	// needs: controller.Node's Shutdown waits for the leader's goroutines
+	// with nothing ordering that wait after the WaitGroup's Add but a
+	// caller's IsLeader (the race detector says so otherwise).
+	if n := q.leader(t); q.nodes[n].ID() != lc.Leader {
+		t.Errorf("the page says %s leads, %s does", lc.Leader, q.nodes[n].ID())
+	}
 	st := waitState(t, q.http[f], "the old leader unreachable", func(st ui.State) bool {
 		for _, r := range st.Quorum {
 			if r.ID == oldID {
