@@ -196,6 +196,9 @@ func TestDashboard(t *testing.T) {
 	p.wait(newLeader+"'s election in the timeline and "+oldLeader+" unreachable", 15*time.Second, fmt.Sprintf(
 		`!!document.querySelector('#timeline li[data-kind="leader"][data-leader=%q]') && !!document.querySelector('#quorum tr[data-replica=%q][data-reachable="false"]') && !!document.querySelector('#quorum tr[data-replica=%q][data-state="Leader"]')`,
 		newLeader, oldLeader, newLeader))
+	if msg := p.eval(`document.body.dataset.error || ""`); msg != "" {
+		t.Errorf("the page's script failed: %s", msg)
+	}
 	if *uiScreenshot != "" {
 		p.screenshot(*uiScreenshot)
 		t.Logf("screenshot in %s", *uiScreenshot)

@@ -372,4 +372,13 @@ function renderCharts() {
     {name: 'workers out of full service', color: '#7c3aed', get: (p) => Math.max(0, p.workers - p.serving)}]);
 }
 
+// A script error is shown, not swallowed (and the browser test fails on
+// it).
+window.addEventListener('error', (e) => {
+  document.body.dataset.error = e.message;
+  const conn = $('conn');
+  conn.dataset.connected = 'false';
+  conn.textContent = 'page error: ' + e.message;
+});
+
 connect();
