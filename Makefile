@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.7.0
 
 PROTO_FILES := $(wildcard proto/*.proto)
 
-.PHONY: jepsen bench-recovery fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean
+.PHONY: jepsen bench-recovery fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean chromium
 
 all: build
 
@@ -27,8 +27,8 @@ build:
 ## test: vet, every package's tests with the race detector, then the
 ## multi-process e2e suite and a minute of jepsen (without it: the processes
 ## under test are plain builds, and instrumenting the harness only slows the
-## cluster it drives).
-test:
+## cluster it drives). The e2e suite drives the dashboard in Chromium.
+test: chromium
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /e2e -e /jepsen)
 	$(GO) test -count=1 -timeout 20m ./e2e/ ./jepsen/
@@ -38,6 +38,15 @@ test:
 ## Histories and the summary land in jepsen-results/.
 jepsen: build
 	./$(BIN) jepsen -matrix -duration 2m -results jepsen-results
+
+## chromium: Debian's Chromium, for the dashboard's browser test
+## (e2e/ui_test.go), installed when no chromium is on PATH.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing chromium (Debian) for the dashboard's browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@command -v chromium >/dev/null 2>&1 || { echo "chromium is required by e2e/ui_test.go: apt-get install chromium (as root)"; exit 1; }
 
 test-short:
 	$(GO) test -count=1 ./policy/... ./fsm/...

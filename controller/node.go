@@ -28,6 +28,7 @@ import (
 	"github.com/lumen-project/lumen/internal/gossip"
 	"github.com/lumen-project/lumen/internal/liveness"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/ui"
 )
 
 // Node is one controller replica. Start it with New; stop it with Shutdown
@@ -274,6 +275,7 @@ func (n *Node) setupHTTP() error {
 	mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.Handle("/ui/", ui.New(ui.Config{Replica: n, Dial: n.peers.get, Stop: n.shutdownCh, Go: n.goFunc}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if addr, id := n.raft.LeaderWithID(); addr == "" {

@@ -122,7 +122,7 @@ func Run(cfg Config) error {
 		if i == leader {
 			role = "leader"
 		}
-		fmt.Fprintf(out, "   controller %s  pid %-7d %s\n", c.ID, c.Pid(), role)
+		fmt.Fprintf(out, "   controller %s  pid %-7d %-8s  dashboard %s\n", c.ID, c.Pid(), role, cl.DashboardURL(i))
 	}
 	for _, w := range cl.Workers {
 		fmt.Fprintf(out, "   %-12s transformer (%s), paced as Qwen3-14B/H100\n", w.ID, w.GRPCAddr)

@@ -115,6 +115,11 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	}
 	fmt.Fprintf(out, "\n  gateway      http://%s/v1   (OpenAI API; model %q)\n", gw.Addr, "lumen-tiny")
 	fmt.Fprintf(out, "  controllers  %s\n", strings.Join(cl.GRPCAddrs(), ","))
+	var others []string
+	for i := 1; i < len(cl.Controllers); i++ {
+		others = append(others, cl.Controllers[i].ID+" "+cl.DashboardURL(i))
+	}
+	fmt.Fprintf(out, "  dashboard    %s   (every controller serves one: %s)\n", cl.DashboardURL(0), strings.Join(others, ", "))
 	for _, w := range cl.Workers {
 		fmt.Fprintf(out, "  %-12s %s   metrics http://%s/metrics\n", w.ID, w.GRPCAddr, w.HTTPAddr)
 	}

@@ -317,6 +317,13 @@ func (c *Cluster) GRPCAddrs() []string {
 	return out
 }
 
+// DashboardURL is the address of controller i's dashboard (package ui).
+func (c *Cluster) DashboardURL(i int) string {
+	c.addrMu.Lock()
+	defer c.addrMu.Unlock()
+	return "http://" + c.Controllers[i].HTTPAddr + "/ui"
+}
+
 // Restart starts controller i (again) from its data directory.
 func (c *Cluster) Restart(i int) error {
 	ctl := c.Controllers[i]
