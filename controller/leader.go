@@ -42,11 +42,13 @@ func (n *Node) startLeading() {
 	ls := &leaderState{ready: make(chan struct{}), stop: make(chan struct{})}
 	ls.proposer = newProposer(n.raft, n.cfg.BatchMax, n.cfg.BatchInflight, n.metrics, ls.stop)
 	ls.reads = newReadBatcher(n, ls)
+	// Add before publishing: stopLeading (Shutdown) may take ls the moment
+	// the lock is released and Wait on it.
+	ls.done.Add(3)
 	n.leader = ls
 	n.mu.Unlock()
 	n.metrics.elections.Inc()
 	n.log.Info("gained leadership", "term", n.raft.Stats()["term"])
-	ls.done.Add(3)
 	go func() { defer ls.done.Done(); ls.proposer.run() }()
 	go func() { defer ls.done.Done(); ls.reads.run() }()
 	go func() { defer ls.done.Done(); n.leaderLoop(ls) }()
