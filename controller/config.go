@@ -90,6 +90,23 @@ type Config struct {
 	// spares a slow worker; shorter answers the reporter sooner.
 	ProbeTimeout time.Duration
 
+	// MigrationInterval is how often the leader runs a round of migration
+	// scheduling (default 500 ms, Llumnix's rescheduling interval): it
+	// proposes the migrations policy.PlanMigrations decides — for balance
+	// while migration is on, and off every DRAINING worker always — and
+	// aborts those past MigrationTimeout. Shorter reacts to imbalance
+	// sooner; each round reads the whole placement table.
+	MigrationInterval time.Duration
+	// MigrationTimeout bounds a live migration from its start (the leader
+	// stamp of its MigrateCmd) to its commit (default 10 s): the leader
+	// aborts one that has not committed by then, and the destination,
+	// seeing Migration ABORTED, frees the pages it pre-allocated. A
+	// migration of an 8k-token request copies in about 100 ms at 12.5 GB/s
+	// (docs: CALIBRATION "Migration arithmetic"), so 10 s only catches a
+	// stuck one: a source or destination that hangs without failing, a
+	// lost stream. Raise it with the emulated time scale of slow profiles.
+	MigrationTimeout time.Duration
+
 	// GossipKey encrypts Serf traffic (16, 24 or 32 bytes); empty disables.
 	GossipKey []byte
 	// TLS, when enabled, secures gRPC (server and client) and the Raft
@@ -110,6 +127,8 @@ func DefaultConfig() Config {
 		BatchInflight:     4,
 		RequestTimeout:    5 * time.Second,
 		ProbeTimeout:      300 * time.Millisecond,
+		MigrationInterval: 500 * time.Millisecond,
+		MigrationTimeout:  10 * time.Second,
 	}
 }
 
@@ -136,6 +155,11 @@ func (c *Config) Validate() error {
 	}
 	if c.ProbeTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("ProbeTimeout (%s) must be positive", c.ProbeTimeout))
+	}
+	if c.MigrationInterval <= 0 || c.MigrationTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("MigrationInterval (%s) and MigrationTimeout (%s) must be positive", c.MigrationInterval, c.MigrationTimeout))
+	} else if c.MigrationTimeout < c.MigrationInterval {
+		errs = append(errs, fmt.Errorf("MigrationTimeout (%s) cannot be shorter than MigrationInterval (%s): the leader checks it once a round", c.MigrationTimeout, c.MigrationInterval))
 	}
 	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
 		errs = append(errs, fmt.Errorf("GossipKey is %d bytes; it must be 16, 24 or 32", n))

@@ -67,8 +67,9 @@ func (n *Node) stopLeading() {
 
 // leaderLoop runs leader-only work: it first waits for a Barrier, so the FSM
 // holds every entry of earlier terms, and commits a no-op command so the
-// FSM's applied index reaches the commit index; then it serves, and turns
-// Serf's view of workers into Raft commands.
+// FSM's applied index reaches the commit index; then it serves, turns
+// Serf's view of workers into Raft commands, expires sessions, and runs the
+// migration rounds (migration.go).
 func (n *Node) leaderLoop(ls *leaderState) {
 	for {
 		if err := n.raft.Barrier(n.cfg.RequestTimeout).Error(); err == nil {
@@ -104,6 +105,8 @@ func (n *Node) leaderLoop(ls *leaderState) {
 	defer ticker.Stop()
 	sessions := time.NewTicker(sessionCheckInterval)
 	defer sessions.Stop()
+	migrations := time.NewTicker(n.cfg.MigrationInterval)
+	defer migrations.Stop()
 	n.reconcile(ls)
 	for {
 		select {
@@ -115,6 +118,8 @@ func (n *Node) leaderLoop(ls *leaderState) {
 			n.reconcile(ls)
 		case <-sessions.C:
 			n.expireSessions(ls)
+		case <-migrations.C:
+			n.migrationRound(ls)
 		}
 	}
 }

@@ -21,6 +21,7 @@ type metrics struct {
 	forwarded  *prometheus.CounterVec
 	panics     prometheus.Counter
 	applyTime  *prometheus.HistogramVec
+	migrations *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -49,7 +50,11 @@ func newMetrics() *metrics {
 				"mark_failed, set_phase and register_worker include recovery planning.",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 11)}, []string{"command"}),
 	}
-	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded, m.panics, m.applyTime,
+	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_migrations_total",
+		Help: "Live migrations started, committed and aborted, by cause (fsm.MigrationCause: started balance/drain/operator; " +
+			"aborted timeout/destination/source_failed/finished/worker), counted from the applied log: every replica counts every one."},
+		[]string{"stage", "cause"})
+	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded, m.panics, m.applyTime, m.migrations,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -141,6 +141,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.goFunc(n.monitorLeadership)
 	n.goFunc(n.handleSerfEvents)
 	n.goFunc(n.observe)
+	n.goFunc(n.countMigrations)
 	if len(cfg.Join) > 0 {
 		n.goFunc(n.retryJoin)
 	}

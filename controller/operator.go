@@ -101,13 +101,19 @@ func (s *server) TransferLeadership(ctx context.Context, req *pb.TransferLeaders
 }
 
 func (s *server) SetStrategy(ctx context.Context, req *pb.SetStrategyRequest) (*pb.SetStrategyResponse, error) {
-	if req.Strategy < pb.Strategy_STRATEGY_LUMEN || req.Strategy > pb.Strategy_STRATEGY_STOP_AND_RESTART {
-		return nil, status.Errorf(codes.InvalidArgument, "strategy %d unknown: use lumen, fixed-checkpoint or stop-and-restart", req.Strategy)
+	if req.Strategy < pb.Strategy_STRATEGY_UNSPECIFIED || req.Strategy > pb.Strategy_STRATEGY_STOP_AND_RESTART {
+		return nil, status.Errorf(codes.InvalidArgument, "strategy %d unknown: use lumen, fixed-checkpoint or stop-and-restart (or unspecified to keep it)", req.Strategy)
 	}
 	if math.IsNaN(req.Lambda) || math.IsInf(req.Lambda, 0) || req.Lambda < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "lambda %v must be a finite number >= 0", req.Lambda)
 	}
-	cmd := &pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: req.Strategy, Lambda: req.Lambda}}}
+	if _, ok := pb.MigrationMode_name[int32(req.Migration)]; !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "migration %d unknown: use on, off or unchanged", req.Migration)
+	}
+	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && req.Lambda == 0 && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
+		return nil, status.Error(codes.InvalidArgument, "nothing to set: give a strategy, a lambda or a migration mode")
+	}
+	cmd := &pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: req.Strategy, Lambda: req.Lambda, Migration: req.Migration}}}
 	return write(ctx, s.n, "SetStrategy", cmd, func(r proposalResult) *pb.SetStrategyResponse {
 		return &pb.SetStrategyResponse{Previous: r.res.Previous, Index: r.index}
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.SetStrategyResponse, error) {
@@ -118,6 +124,10 @@ func (s *server) SetStrategy(ctx context.Context, req *pb.SetStrategyRequest) (*
 func (s *server) ClusterStatus(ctx context.Context, req *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
 	_, leader := s.n.raft.LeaderWithID()
 	strategy, lambda := s.n.fsm.Strategy()
+	migration := pb.MigrationMode_MIGRATION_MODE_OFF
+	if s.n.fsm.Migration() {
+		migration = pb.MigrationMode_MIGRATION_MODE_ON
+	}
 	workers, placements := s.n.fsm.Counts()
 	var hash, at uint64
 	if req.GetWithStateHash() {
@@ -129,7 +139,38 @@ func (s *server) ClusterStatus(ctx context.Context, req *pb.ClusterStatusRequest
 	return &pb.ClusterStatusResponse{StateHash: hash, StateIndex: at,
 		LeaderId: string(leader), LeaderGrpcAddr: s.n.grpcAddrOf(string(leader)),
 		Term: s.n.term(), CommitIndex: s.n.raft.CommitIndex(), AppliedIndex: s.n.fsm.Applied(),
-		Strategy: strategy, Lambda: lambda, Workers: uint32(workers), Placements: uint32(placements), Sessions: uint32(s.n.fsm.Sessions()),
+		Strategy: strategy, Lambda: lambda, Migration: migration, Workers: uint32(workers), Placements: uint32(placements), Sessions: uint32(s.n.fsm.Sessions()),
 		NodeId: s.n.cfg.NodeID, State: s.n.raft.State().String(),
 	}, nil
+}
+
+// Migrate starts a live migration of one request, to the worker named or,
+// when none is, to the freest other worker in full service. It runs on the
+// leader, which reads the placement's epoch and the destination's
+// incarnation from its own tables; Apply checks them again.
+func (s *server) Migrate(ctx context.Context, req *pb.MigrateRequest) (*pb.MigrateResponse, error) {
+	if err := validateRequestID(req.RequestId); err != nil {
+		return nil, err
+	}
+	if req.ToWorker != "" {
+		if err := validateWorkerID(req.ToWorker); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "to_worker: %s", status.Convert(err).Message())
+		}
+	}
+	return leaderOp(ctx, s.n, "Migrate", func(ctx context.Context, ls *leaderState) (*pb.MigrateResponse, error) {
+		mc, err := s.n.fsm.OperatorMigration(req.RequestId, req.ToWorker)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		r, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Migrate{Migrate: mc}})
+		if err != nil {
+			return nil, err
+		}
+		if r.res.Err != nil {
+			return nil, toStatus(r.res.Err)
+		}
+		return &pb.MigrateResponse{Placement: r.res.Placement, Index: r.index}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.MigrateResponse, error) {
+		return pb.NewOperatorClient(cc).Migrate(ctx, req)
+	})
 }

@@ -143,8 +143,9 @@ func (s *server) GetPlacement(ctx context.Context, req *pb.GetPlacementRequest) 
 
 func (s *server) ListWorkers(ctx context.Context, req *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
 	serve := func() (*pb.ListWorkersResponse, error) {
-		ws, ls, rs, idx := s.n.fsm.Workers()
-		return &pb.ListWorkersResponse{Workers: ws, Loads: ls, Reservations: rs, AppliedIndex: idx}, nil
+		t := s.n.fsm.Workers()
+		return &pb.ListWorkersResponse{Workers: t.Workers, Loads: t.Loads, Reservations: t.Reservations,
+			Migrations: t.Migrations, AppliedIndex: t.AppliedIndex}, nil
 	}
 	return read(ctx, s.n, "ListWorkers", req.Consistency, serve,
 		func(ctx context.Context, cc *grpc.ClientConn) (*pb.ListWorkersResponse, error) {
@@ -255,6 +256,34 @@ func probeWorker(ctx context.Context, addr string, timeout time.Duration) error 
 		return fmt.Errorf("health %s", resp.Status)
 	}
 	return nil
+}
+
+// FinishMigration commits a migration at its destination or aborts it. The
+// destination calls it with commit once it holds every page and the source
+// has stopped; either end (or anyone) aborts. The migration is named by the
+// placement epoch and the destination the Migration STARTED event gave: a
+// call about any other — aborted, overtaken by a recovery or a later
+// migration — fails FailedPrecondition (ctlclient.MigrationOver).
+func (s *server) FinishMigration(ctx context.Context, req *pb.FinishMigrationRequest) (*pb.FinishMigrationResponse, error) {
+	if err := validateRequestID(req.RequestId); err != nil {
+		return nil, err
+	}
+	if err := validateWorkerID(req.ToWorker); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "to_worker: %s", status.Convert(err).Message())
+	}
+	if req.ToIncarnation == 0 {
+		return nil, status.Error(codes.InvalidArgument, "to_incarnation must be >= 1: name the destination as the Migration STARTED event did")
+	}
+	if len(req.Reason) > MaxReasonBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "reason is %d bytes: at most %d", len(req.Reason), MaxReasonBytes)
+	}
+	cmd := &pb.Command{Body: &pb.Command_FinishMigration{FinishMigration: &pb.FinishMigrationCmd{RequestId: req.RequestId,
+		Epoch: req.Epoch, Commit: req.Commit, Reason: req.Reason, ToWorker: req.ToWorker, ToIncarnation: req.ToIncarnation}}}
+	return write(ctx, s.n, "FinishMigration", cmd, func(r proposalResult) *pb.FinishMigrationResponse {
+		return &pb.FinishMigrationResponse{Placement: r.res.Placement, Index: r.index}
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.FinishMigrationResponse, error) {
+		return pb.NewControllerClient(cc).FinishMigration(ctx, req)
+	})
 }
 
 // CreateSession opens a session. The replica that proposes it draws the id

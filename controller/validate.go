@@ -26,6 +26,7 @@ const (
 	MaxCompleteBatch  = 4096
 	MaxSessionIDBytes = 128
 	MaxOwnerBytes     = 128
+	MaxReasonBytes    = 512
 	MinSessionTTL     = time.Duration(fsm.MinSessionTTLNanos)
 	MaxSessionTTL     = time.Duration(fsm.MaxSessionTTLNanos)
 )
@@ -50,23 +51,21 @@ func toStatus(err error) error {
 	case errors.Is(err, fsm.ErrIncarnationFailed):
 		// The worker acts on this one: the reason says it is not the
 		// stale-incarnation refusal a second process under the same id gets.
-		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(&errdetails.ErrorInfo{
-			Reason: ctlclient.ReasonIncarnationFailed, Domain: ctlclient.ErrorDomain})
-		if derr != nil {
-			return status.Error(codes.FailedPrecondition, err.Error())
-		}
-		return st.Err()
+		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonIncarnationFailed)
 	case errors.Is(err, fsm.ErrSessionExpired):
 		// The gateway acts on this one: it creates a new session.
-		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(&errdetails.ErrorInfo{
-			Reason: ctlclient.ReasonSessionExpired, Domain: ctlclient.ErrorDomain})
-		if derr != nil {
-			return status.Error(codes.FailedPrecondition, err.Error())
-		}
-		return st.Err()
-	case errors.Is(err, fsm.ErrUnknownWorker):
+		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonSessionExpired)
+	case errors.Is(err, fsm.ErrStaleEpoch):
+		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonStaleEpoch)
+	case errors.Is(err, fsm.ErrStaleMigration):
+		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonStaleMigration)
+	case errors.Is(err, fsm.ErrPlacementState):
+		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonPlacementState)
+	case errors.Is(err, fsm.ErrCompleted):
+		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonCompleted)
+	case errors.Is(err, fsm.ErrUnknownWorker), errors.Is(err, fsm.ErrUnknownPlacement):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, fsm.ErrStaleIncarnation), errors.Is(err, fsm.ErrCompleted), errors.Is(err, fsm.ErrNoWorker):
+	case errors.Is(err, fsm.ErrStaleIncarnation), errors.Is(err, fsm.ErrNoWorker), errors.Is(err, fsm.ErrNotEligible):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case retryable(err), errors.Is(err, raft.ErrRaftShutdown), errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.Unavailable, err.Error())
@@ -74,6 +73,15 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// withReason is a status of code with an ErrorInfo reason a client acts on.
+func withReason(code codes.Code, err error, reason string) error {
+	st, derr := status.New(code, err.Error()).WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ctlclient.ErrorDomain})
+	if derr != nil {
+		return status.Error(code, err.Error())
+	}
+	return st.Err()
 }
 
 func validateRequestID(id string) error {

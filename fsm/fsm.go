@@ -35,6 +35,22 @@ var (
 	// TTL), was destroyed or never existed; its placements are completed.
 	// The gateway creates a new session.
 	ErrSessionExpired = errors.New("fsm: session expired or unknown")
+	// ErrUnknownPlacement: no placement for the request id (and it is not
+	// among the recently completed).
+	ErrUnknownPlacement = errors.New("fsm: no placement for the request")
+	// ErrStaleEpoch: the command names an epoch the placement has left (it
+	// moved, by recovery or migration, since the caller read it). Read the
+	// placement again.
+	ErrStaleEpoch = errors.New("fsm: stale placement epoch")
+	// ErrPlacementState: the placement is not in the state the command
+	// needs (RUNNING to start a migration, MIGRATING to commit one).
+	ErrPlacementState = errors.New("fsm: placement in the wrong state")
+	// ErrNotEligible: the worker named is not in FULL_SERVICE, so it may not
+	// take a request.
+	ErrNotEligible = errors.New("fsm: worker not in full service")
+	// ErrStaleMigration: the command is about an earlier migration of the
+	// placement (another destination, or an earlier incarnation of it).
+	ErrStaleMigration = errors.New("fsm: stale migration")
 )
 
 const (
@@ -57,6 +73,8 @@ type Result struct {
 	Session *pb.Session
 	// Destroyed answers DestroySession.
 	Destroyed *pb.DestroySessionResponse
+	// Placement is the row a Migrate or FinishMigration left.
+	Placement *pb.Placement
 	Err       error
 }
 

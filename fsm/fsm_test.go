@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -391,12 +392,34 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 	phase := map[string]pb.WorkerPhase{} // as the log last asked; lookups only
 	var live []string
 	nextReq, nextSession := 0, 0
+	// The destination each request was last sent to migrate to, so that
+	// FinishMigration often names the migration in flight.
+	type dest struct {
+		id  string
+		inc uint64
+	}
+	migratingTo := map[string]dest{}
 	session := func() string { return fmt.Sprintf("s%03d", rng.Intn(nextSession)) }
 	stamp := int64(1_700_000_000_000_000_000)
 	for len(log) < n {
 		var batch []*pb.Command
 		for k := 0; k < 1+rng.Intn(8); k++ {
-			switch op := rng.Intn(124); {
+			switch op := rng.Intn(136); {
+			case op >= 124 && op < 130 && nextReq > 0 && len(live) > 0:
+				rid := fmt.Sprintf("r%05d", nextReq-1-rng.Intn(min(nextReq, 40)))
+				to := live[rng.Intn(len(live))]
+				migratingTo[rid] = dest{to, inc[to]}
+				batch = append(batch, migrateCmd(rid, uint64(rng.Intn(3)/2), to, inc[to]))
+			case op >= 130 && nextReq > 0:
+				rid := fmt.Sprintf("r%05d", nextReq-1-rng.Intn(min(nextReq, 40)))
+				d, ok := migratingTo[rid]
+				if !ok || rng.Intn(8) == 0 {
+					id := fmt.Sprintf("w%02d", rng.Intn(12))
+					d = dest{id, inc[id]}
+				}
+				batch = append(batch, finishCmd(rid, uint64(rng.Intn(3)/2), d.id, d.inc, rng.Intn(3) != 0))
+			case op >= 124:
+				batch = append(batch, migrationMode(pb.MigrationMode(rng.Intn(3))))
 			case op >= 112 && len(live) > 0:
 				// Progressive recovery. Mostly a restarted worker's next
 				// step (the phase the log last asked of it says which), so
@@ -496,6 +519,10 @@ func TestDeterminism(t *testing.T) {
 		for sid, reqs := range a.f.st.sessionReqs {
 			held[sid] = len(reqs)
 		}
+		// Migrations of placements that exist, at their epochs, and
+		// finishes of those in flight: the blind ones of randomLog are
+		// mostly refused.
+		batch = append(batch, liveMigrations(rng, a.f.st)...)
 		a.apply(batch...)
 		for sid, n := range held {
 			if _, ok := a.f.st.sessions[sid]; !ok && n > 0 {
@@ -523,6 +550,8 @@ func TestDeterminism(t *testing.T) {
 		prevHash = ha
 		checkHolderIndex(t, a.f.st, rng)
 		checkPairing(t, a.f.st)
+		checkMigrations(t, a.f.st)
+		checkReservations(t, a.f.st)
 	}
 	if w, p := a.f.Counts(); w == 0 || p == 0 {
 		t.Fatalf("random log left %d workers, %d placements: not exercising the tables", w, p)
@@ -534,9 +563,19 @@ func TestDeterminism(t *testing.T) {
 		t.Fatalf("seed %d: %d events vs %d", seed, len(ea), len(eb))
 	}
 	pairs, unpairs := 0, 0
+	stages := map[pb.Migration_Stage]int{}
+	copies := 0
 	for i := range ea {
 		if !proto.Equal(ea[i], eb[i]) {
 			t.Fatalf("seed %d: event %d: %v vs %v", seed, i, ea[i], eb[i])
+		}
+		if m := ea[i].GetMigration(); m != nil {
+			stages[m.Stage]++
+		}
+		for _, a := range ea[i].GetRecoveryPlan().GetAssignments() {
+			if a.MigrationCopy {
+				copies++
+			}
 		}
 		if p := ea[i].GetPaired(); p != nil && p.Paired {
 			pairs++
@@ -548,10 +587,50 @@ func TestDeterminism(t *testing.T) {
 		t.Fatalf("seed %d: %d pairings, %d ended: not exercising the pairing", seed, pairs, unpairs)
 	}
 	t.Logf("%d pairings, %d ended", pairs, unpairs)
+	if stages[pb.Migration_STAGE_STARTED] == 0 || stages[pb.Migration_STAGE_COMMITTED] == 0 || stages[pb.Migration_STAGE_ABORTED] == 0 {
+		t.Fatalf("seed %d: migrations %v: not exercising every stage", seed, stages)
+	}
+	t.Logf("migrations: %v; %d recoveries reused a migration's copy", stages, copies)
 	if endedWithPlacements == 0 {
 		t.Fatalf("seed %d: no session ended holding placements: not exercising the sessions table", seed)
 	}
 	t.Logf("%d sessions ended holding placements", endedWithPlacements)
+}
+
+// liveMigrations returns, now and then, a Migrate of a placement in the
+// table to a worker in full service, and a FinishMigration of a migration
+// in flight, both stamped 1 µs after the last command.
+func liveMigrations(rng *rand.Rand, s *state) []*pb.Command {
+	var ids, moving, targets []string
+	for id, p := range s.placements {
+		ids = append(ids, id)
+		if migrating(p) {
+			moving = append(moving, id)
+		}
+	}
+	for _, id := range s.ids {
+		if eligible(s.workers[id]) {
+			targets = append(targets, id)
+		}
+	}
+	sort.Strings(ids)
+	sort.Strings(moving)
+	var out []*pb.Command
+	if len(ids) > 0 && len(targets) > 0 && rng.Intn(2) == 0 {
+		p := s.placements[ids[rng.Intn(len(ids))]]
+		to := s.workers[targets[rng.Intn(len(targets))]]
+		out = append(out, migrateCmd(p.RequestId, p.Epoch, to.Id, to.Incarnation))
+	}
+	if len(moving) > 0 && rng.Intn(2) == 0 {
+		p := s.placements[moving[rng.Intn(len(moving))]]
+		out = append(out, finishCmd(p.RequestId, p.Epoch, p.MigrationTarget, p.MigrationTargetIncarnation, rng.Intn(3) != 0))
+	}
+	stamp := s.lastStamp
+	for _, c := range out {
+		stamp += 1000
+		c.StampedUnixNano = stamp
+	}
+	return out
 }
 
 // checkSessions checks the sessions table's indexes against each other and
@@ -623,8 +702,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("applied %d vs %d", restored.f.Applied(), h.f.Applied())
 	}
 	// Table by table.
-	w1, l1, res1, _ := h.f.Workers()
-	w2, l2, res2, _ := restored.f.Workers()
+	t1, t2 := h.f.Workers(), restored.f.Workers()
+	w1, l1, res1 := t1.Workers, t1.Loads, t1.Reservations
+	w2, l2, res2 := t2.Workers, t2.Loads, t2.Reservations
 	if len(w1) != len(w2) || len(l1) != len(l2) {
 		t.Fatalf("workers %d/%d loads %d/%d", len(w1), len(w2), len(l1), len(l2))
 	}

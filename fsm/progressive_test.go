@@ -58,6 +58,14 @@ func describe(ev *pb.Event) string {
 		return "plan " + b.RecoveryPlan.FailedWorker
 	case *pb.Event_PlacementMoved:
 		return fmt.Sprintf("move %s>%s", b.PlacementMoved.Placement.RequestId, b.PlacementMoved.Placement.WorkerId)
+	case *pb.Event_Migration:
+		m := b.Migration
+		out := fmt.Sprintf("%s %s %s/%d>%s/%d", strings.TrimPrefix(m.Stage.String(), "STAGE_"), m.Placement.GetRequestId(),
+			m.FromWorker, m.FromIncarnation, m.ToWorker, m.ToIncarnation)
+		if m.Stage == pb.Migration_STAGE_ABORTED {
+			out += ": " + m.Reason
+		}
+		return out
 	}
 	return fmt.Sprintf("%T", ev.Body)
 }

@@ -12,23 +12,43 @@ func (f *FSM) Placement(id string) (*pb.Placement, uint64) {
 	return f.st.placements[id], f.applied.get()
 }
 
-// Workers returns the workers, their load records and the checkpoint
-// reservations on each, sorted by id, and the applied index they reflect.
-func (f *FSM) Workers() ([]*pb.Worker, []*pb.LoadRecord, []*pb.HolderReservation, uint64) {
+// WorkerTable is the worker table as one read saw it.
+type WorkerTable struct {
+	// Workers, their load records and the checkpoint reservations on
+	// each, sorted by id.
+	Workers      []*pb.Worker
+	Loads        []*pb.LoadRecord
+	Reservations []*pb.HolderReservation
+	// Migrations in flight out of and into each worker that has any.
+	Migrations []*pb.WorkerMigrations
+	// AppliedIndex is the index the table reflects.
+	AppliedIndex uint64
+}
+
+// Workers returns the worker table.
+func (f *FSM) Workers() WorkerTable {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	ws := make([]*pb.Worker, 0, len(f.st.ids))
-	rs := make([]*pb.HolderReservation, 0, len(f.st.ids))
-	var ls []*pb.LoadRecord
+	t := WorkerTable{Workers: make([]*pb.Worker, 0, len(f.st.ids)),
+		Reservations: make([]*pb.HolderReservation, 0, len(f.st.ids)), AppliedIndex: f.applied.get()}
 	for i, id := range f.st.ids {
-		ws = append(ws, f.st.workers[id])
+		t.Workers = append(t.Workers, f.st.workers[id])
 		if l, ok := f.st.loads[id]; ok {
-			ls = append(ls, l)
+			t.Loads = append(t.Loads, l)
 		}
 		v := &f.st.views[i]
-		rs = append(rs, &pb.HolderReservation{WorkerId: id, ReservedBytes: v.Reserved, BudgetBytes: v.CheckpointBudget, Held: v.Held})
+		t.Reservations = append(t.Reservations, &pb.HolderReservation{WorkerId: id, ReservedBytes: v.Reserved, BudgetBytes: v.CheckpointBudget, Held: v.Held})
+		var out uint32
+		for rid := range f.st.serving[id] {
+			if migrating(f.st.placements[rid]) {
+				out++
+			}
+		}
+		if in := uint32(len(f.st.incoming[id])); in > 0 || out > 0 {
+			t.Migrations = append(t.Migrations, &pb.WorkerMigrations{WorkerId: id, Out: out, In: in})
+		}
 	}
-	return ws, ls, rs, f.applied.get()
+	return t
 }
 
 // Worker returns one worker's row, or nil.

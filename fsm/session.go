@@ -64,20 +64,20 @@ func (s *state) renewSession(c *pb.RenewSessionCmd) Result {
 	return Result{Session: ns}
 }
 
-func (s *state) destroySession(c *pb.DestroySessionCmd, idx uint64) Result {
+func (s *state) destroySession(c *pb.DestroySessionCmd, idx uint64, evs eventSink) Result {
 	if _, ok := s.sessions[c.Id]; !ok {
 		return Result{Destroyed: &pb.DestroySessionResponse{Index: idx}}
 	}
-	n := s.endSession(c.Id)
+	n := s.endSession(c.Id, ReasonSessionDestroyed, idx, evs)
 	return Result{Destroyed: &pb.DestroySessionResponse{Destroyed: true, Completed: n, Index: idx}}
 }
 
 // endSession removes a session and completes its placements, in request id
 // order. It returns how many it completed.
-func (s *state) endSession(id string) uint32 {
+func (s *state) endSession(id, why string, idx uint64, evs eventSink) uint32 {
 	reqs := sortedKeys(s.sessionReqs[id])
 	for _, rid := range reqs {
-		s.finish(s.placements[rid])
+		s.finish(s.placements[rid], why, idx, evs)
 	}
 	delete(s.sessions, id)
 	delete(s.sessionReqs, id)
@@ -105,7 +105,7 @@ func (s *state) noteDeadline(ss *pb.Session) {
 // expireSessions ends every session whose deadline is before the last
 // stamp. nextExpiry (derived state, never in snapshots) lets the common case
 // — nothing due — cost one comparison.
-func (s *state) expireSessions() (expired int) {
+func (s *state) expireSessions(idx uint64, evs eventSink) (expired int) {
 	if s.nextExpiry == 0 || s.lastStamp <= s.nextExpiry {
 		return 0
 	}
@@ -126,7 +126,7 @@ func (s *state) expireSessions() (expired int) {
 	}
 	sort.SliceStable(due, func(i, j int) bool { return sessionDeadline(due[i]) < sessionDeadline(due[j]) })
 	for _, ss := range due {
-		s.endSession(ss.Id)
+		s.endSession(ss.Id, ReasonSessionExpired, idx, evs)
 	}
 	return len(due)
 }

@@ -15,6 +15,8 @@ import (
 type state struct {
 	strategy pb.Strategy
 	lambda   float64
+	// migration is the switch of live migration for balance.
+	migration bool
 
 	workers map[string]*pb.Worker
 	loads   map[string]*pb.LoadRecord
@@ -30,6 +32,9 @@ type state struct {
 	serving map[string]map[string]struct{}
 	// holding[w] is the set of request ids whose checkpoint w holds.
 	holding map[string]map[string]struct{}
+	// incoming[w] is the set of request ids MIGRATING to w. Derived from
+	// the placements: rebuilt on restore, never snapshotted.
+	incoming map[string]map[string]struct{}
 
 	recoveries     []*pb.RecoveryPlan // oldest first, at most recoveriesKept
 	nextRecoveryID uint64
@@ -64,6 +69,7 @@ func newState() *state {
 		placements:     map[string]*pb.Placement{},
 		serving:        map[string]map[string]struct{}{},
 		holding:        map[string]map[string]struct{}{},
+		incoming:       map[string]map[string]struct{}{},
 		completedSet:   map[string]struct{}{},
 		sessions:       map[string]*pb.Session{},
 		sessionOf:      map[string]string{},
@@ -107,7 +113,7 @@ func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
 	if c.GetNoop().GetRenewSessions() {
 		s.renewAllSessions()
 	}
-	s.expireSessions()
+	s.expireSessions(idx, evs)
 	res := s.applyBody(c, idx, evs)
 	if s.pairDirty {
 		s.pairDrafters(idx, evs)
@@ -126,7 +132,7 @@ func (s *state) applyBody(c *pb.Command, idx uint64, evs eventSink) Result {
 	case *pb.Command_Dispatch:
 		return s.dispatch(b.Dispatch, idx)
 	case *pb.Command_Complete:
-		return s.complete(b.Complete, idx)
+		return s.complete(b.Complete, idx, evs)
 	case *pb.Command_ReportLoad:
 		return s.reportLoad(b.ReportLoad.GetLoad())
 	case *pb.Command_RegisterWorker:
@@ -147,7 +153,11 @@ func (s *state) applyBody(c *pb.Command, idx uint64, evs eventSink) Result {
 	case *pb.Command_RenewSession:
 		return s.renewSession(b.RenewSession)
 	case *pb.Command_DestroySession:
-		return s.destroySession(b.DestroySession, idx)
+		return s.destroySession(b.DestroySession, idx, evs)
+	case *pb.Command_Migrate:
+		return s.migrate(b.Migrate, idx, evs)
+	case *pb.Command_FinishMigration:
+		return s.finishMigration(b.FinishMigration, idx, evs)
 	default:
 		// An unknown command type is from a newer version: this replica
 		// cannot follow the log.
@@ -229,6 +239,7 @@ func (s *state) putWorker(w *pb.Worker) {
 	s.workers[w.Id] = w
 	v := s.view(w.Id)
 	v.Eligible = eligible(w)
+	v.Draining = w.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING
 	v.CheckpointBudget = w.GetCapacity().GetCheckpointBudgetBytes()
 	v.H2DBytesPerSec = w.GetCapacity().GetH2DBytesPerSec()
 	if v.KVPagesTotal == 0 {
@@ -255,6 +266,10 @@ func (s *state) setWorkerPhase(w *pb.Worker, phase pb.WorkerPhase, reason string
 	s.putWorker(nw)
 	s.emit(evs, idx, &pb.Event{Body: &pb.Event_PhaseChanged{PhaseChanged: &pb.WorkerPhaseChanged{
 		WorkerId: w.Id, Incarnation: w.Incarnation, From: w.Phase, To: phase, Reason: reason}}})
+	if phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+		// Only a worker in full service takes a migration in.
+		s.abortIncoming(w, phase, reason, idx, evs)
+	}
 	if w.PairedWorker != "" {
 		why := fmt.Sprintf("went %s", phaseName(phase))
 		if reason != "" {
@@ -372,7 +387,7 @@ func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 	s.putWorker(nw)
 	delete(s.loads, nw.Id)
 	v := s.view(nw.Id)
-	*v = policy.Worker{ID: v.ID, Eligible: v.Eligible, CheckpointBudget: v.CheckpointBudget,
+	*v = policy.Worker{ID: v.ID, Eligible: v.Eligible, Draining: v.Draining, CheckpointBudget: v.CheckpointBudget,
 		H2DBytesPerSec: v.H2DBytesPerSec, KVPagesTotal: nw.GetCapacity().GetKvPagesTotal()}
 	s.touch(nw.Id)
 	from := pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
@@ -462,17 +477,25 @@ func (s *state) setPhase(c *pb.SetPhaseCmd, idx uint64, evs eventSink) Result {
 }
 
 func (s *state) setStrategy(c *pb.SetStrategyCmd, idx uint64, evs eventSink) Result {
-	if c.Strategy < pb.Strategy_STRATEGY_LUMEN || c.Strategy > pb.Strategy_STRATEGY_STOP_AND_RESTART {
+	if c.Strategy < pb.Strategy_STRATEGY_UNSPECIFIED || c.Strategy > pb.Strategy_STRATEGY_STOP_AND_RESTART {
 		return Result{Err: fmt.Errorf("%w: unknown strategy %d", ErrInvalid, c.Strategy)}
 	}
+	if c.Migration < pb.MigrationMode_MIGRATION_MODE_UNCHANGED || c.Migration > pb.MigrationMode_MIGRATION_MODE_OFF {
+		return Result{Err: fmt.Errorf("%w: unknown migration mode %d", ErrInvalid, c.Migration)}
+	}
 	prev := s.strategy
-	s.strategy = c.Strategy
+	if c.Strategy != pb.Strategy_STRATEGY_UNSPECIFIED {
+		s.strategy = c.Strategy
+	}
+	if c.Migration != pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
+		s.migration = c.Migration == pb.MigrationMode_MIGRATION_MODE_ON
+	}
 	if c.Lambda > 0 && c.Lambda != s.lambda {
 		s.lambda = c.Lambda
 		s.reindex()
 	}
-	if prev != c.Strategy {
-		s.emit(evs, idx, &pb.Event{Body: &pb.Event_StrategyChanged{StrategyChanged: &pb.StrategyChanged{From: prev, To: c.Strategy}}})
+	if prev != s.strategy {
+		s.emit(evs, idx, &pb.Event{Body: &pb.Event_StrategyChanged{StrategyChanged: &pb.StrategyChanged{From: prev, To: s.strategy}}})
 	}
 	return Result{Previous: prev}
 }
@@ -590,7 +613,7 @@ func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
 	return Result{Dispatch: &pb.DispatchResponse{Placement: p, NoHolder: p.HolderId == "", NoHolderReason: string(why), Index: idx}}
 }
 
-func (s *state) complete(c *pb.CompleteCmd, idx uint64) Result {
+func (s *state) complete(c *pb.CompleteCmd, idx uint64, evs eventSink) Result {
 	resp := &pb.CompleteResponse{Index: idx}
 	for _, id := range c.RequestIds {
 		p, ok := s.placements[id]
@@ -602,16 +625,20 @@ func (s *state) complete(c *pb.CompleteCmd, idx uint64) Result {
 			}
 			continue
 		}
-		s.finish(p)
+		s.finish(p, ReasonCompleted, idx, evs)
 		resp.Completed++
 	}
 	return Result{Complete: resp}
 }
 
 // finish completes a placement: its holder's reservation is freed, it leaves
-// its worker and its session, and its id is remembered as completed.
-func (s *state) finish(p *pb.Placement) {
+// its worker and its session, and its id is remembered as completed. A
+// migration in flight ends (why says how, for the destination).
+func (s *state) finish(p *pb.Placement, why string, idx uint64, evs eventSink) {
 	id := p.RequestId
+	if migrating(p) {
+		s.finishedMigrating(p, why, idx, evs)
+	}
 	s.dropHolder(p)
 	removeFrom(s.serving, p.WorkerId, id)
 	delete(s.placements, id)
@@ -680,27 +707,40 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 		return
 	}
 	reqs := make([]policy.Interrupted, len(reqIDs))
+	// The migrations the failure interrupted, as they were.
+	var migrations []*pb.Placement
 	for i, rid := range reqIDs {
 		p := s.placements[rid]
 		reqs[i] = policy.Interrupted{RequestID: rid, Holder: p.HolderId, PromptTokens: p.PromptTokens, MaxTokens: p.MaxTokens}
+		if migrating(p) {
+			reqs[i].MigrationTarget = p.MigrationTarget
+			migrations = append(migrations, p)
+			removeFrom(s.incoming, p.MigrationTarget, rid)
+		}
 	}
 	plan := policy.PlanRecovery(s.strategyPolicy(), s.views, reqs)
 	if plan == nil {
 		for _, rid := range reqIDs {
 			if p := s.placements[rid]; p.State != pb.PlacementState_PLACEMENT_STATE_RECOVERING {
-				np := proto.Clone(p).(*pb.Placement)
-				np.State = pb.PlacementState_PLACEMENT_STATE_RECOVERING
-				s.placements[rid] = np
+				s.placements[rid] = clearMigration(p, pb.PlacementState_PLACEMENT_STATE_RECOVERING)
 			}
+		}
+		// Not reached while a destination is in full service (the plan
+		// would take it), but a destination must always hear the end.
+		for _, p := range migrations {
+			s.migrationEvent(evs, idx, pb.Migration_STAGE_ABORTED, s.placements[p.RequestId], p.WorkerId, p.WorkerIncarnation,
+				p.MigrationTarget, p.MigrationTargetIncarnation, reasonSource+id+"; no worker can take the request")
 		}
 		return
 	}
 	rp := &pb.RecoveryPlan{Id: s.nextRecoveryID, FailedWorker: id, FailedIncarnation: incarnation,
 		FailedUnixNano: s.lastStamp, Index: idx}
 	s.nextRecoveryID++
+	copied := map[string]bool{}
 	for _, a := range plan {
-		p := proto.Clone(s.placements[a.RequestID]).(*pb.Placement)
+		p := clearMigration(s.placements[a.RequestID], pb.PlacementState_PLACEMENT_STATE_RECOVERING)
 		target := s.workers[s.ids[a.Target]]
+		copied[a.RequestID] = a.MigrationCopy
 		// The old checkpoint is consumed (reuse) or useless (recompute
 		// elsewhere): release it, and give the request a holder anew.
 		s.dropHolder(p)
@@ -713,7 +753,7 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 		s.placements[p.RequestId] = p
 		rp.Assignments = append(rp.Assignments, &pb.RecoveryAssignment{
 			RequestId: a.RequestID, TargetWorker: target.Id, Mode: pb.RecoveryMode(a.Mode),
-			CheckpointHolder: a.Holder, Rebalanced: a.Rebalanced, NewHolder: p.HolderId})
+			CheckpointHolder: a.Holder, Rebalanced: a.Rebalanced, NewHolder: p.HolderId, MigrationCopy: a.MigrationCopy})
 	}
 	s.recoveries = append(s.recoveries, rp)
 	if len(s.recoveries) > recoveriesKept {
@@ -723,6 +763,16 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 	for _, a := range rp.Assignments {
 		s.emit(evs, idx, &pb.Event{Body: &pb.Event_PlacementMoved{PlacementMoved: &pb.PlacementMoved{
 			Placement: s.placements[a.RequestId], FromWorker: id, Reason: "recovery"}}})
+	}
+	// A destination whose copy the plan reuses learns it from its
+	// assignment; the others free their copies.
+	for _, p := range migrations {
+		if !copied[p.RequestId] {
+			np := s.placements[p.RequestId]
+			s.migrationEvent(evs, idx, pb.Migration_STAGE_ABORTED, np, p.WorkerId, p.WorkerIncarnation,
+				p.MigrationTarget, p.MigrationTargetIncarnation,
+				fmt.Sprintf("%s%s; the request recovers on %s", reasonSource, id, np.WorkerId))
+		}
 	}
 }
 
@@ -770,7 +820,7 @@ func (s *state) leftover(w *pb.Worker) (uint64, bool) {
 
 func (s *state) capture(applied uint64) *pb.Snapshot {
 	out := &pb.Snapshot{
-		AppliedIndex: applied, Strategy: s.strategy, Lambda: s.lambda,
+		AppliedIndex: applied, Strategy: s.strategy, Lambda: s.lambda, Migration: s.migration,
 		NextRecoveryId: s.nextRecoveryID, LastStampUnixNano: s.lastStamp,
 		Workers:    make([]*pb.Worker, 0, len(s.ids)),
 		Placements: make([]*pb.Placement, 0, len(s.placements)),
@@ -800,7 +850,7 @@ func (s *state) capture(applied uint64) *pb.Snapshot {
 
 func restoreState(snap *pb.Snapshot) (*state, error) {
 	s := newState()
-	s.strategy, s.lambda = snap.Strategy, snap.Lambda
+	s.strategy, s.lambda, s.migration = snap.Strategy, snap.Lambda, snap.Migration
 	s.nextRecoveryID, s.lastStamp = snap.NextRecoveryId, snap.LastStampUnixNano
 	for _, w := range snap.Workers {
 		s.putWorker(w)
@@ -828,6 +878,9 @@ func restoreState(snap *pb.Snapshot) (*state, error) {
 		if p.HolderId != "" {
 			s.reserve(p.HolderId, p.ReservedBytes)
 			addTo(s.holding, p.HolderId, p.RequestId)
+		}
+		if migrating(p) {
+			addTo(s.incoming, p.MigrationTarget, p.RequestId)
 		}
 	}
 	for _, ss := range snap.Sessions {

@@ -1,8 +1,10 @@
 // Package policy holds lumen's pure decision functions: which worker serves a
 // new request (Llumnix freeness), which worker holds its KV checkpoint (h(r)
 // for the LUMEN strategy, a fixed ring for fixed checkpointing), where the
-// requests of a failed worker resume (the recovery plan), and which
-// full-service worker a restarted worker in ASSIST drafts for (pairing).
+// requests of a failed worker resume (the recovery plan), which full-service
+// worker a restarted worker in ASSIST drafts for (pairing), and which running
+// requests migrate where (Llumnix's migration scheduling, run by the leader
+// and checked again in Apply).
 //
 // Everything here is deterministic: no I/O, no clock, no randomness, no map
 // iteration. The fsm package calls these functions inside Raft's Apply, so
@@ -56,6 +58,9 @@ type Worker struct {
 	// Eligible is true for a worker in FULL_SERVICE: it may serve new
 	// requests and hold checkpoints.
 	Eligible bool
+	// Draining is true for a worker in DRAINING: every request it serves
+	// migrates away (PlanMigrations).
+	Draining bool
 
 	// From the worker's last load report.
 	QueueWaitMs    float64 // q_w

@@ -8,6 +8,10 @@ type Interrupted struct {
 	Holder       string // its checkpoint holder, "" for none
 	PromptTokens uint32
 	MaxTokens    uint32
+	// MigrationTarget is the destination of a live migration that was in
+	// flight when the worker failed, "" for none: it holds a copy of the
+	// request's prefix, the pages copied so far.
+	MigrationTarget string
 }
 
 // Mode says how a recovered request resumes.
@@ -24,12 +28,19 @@ type Assignment struct {
 	RequestID  string
 	Target     int // index into the workers slice
 	Mode       Mode
-	Holder     string // the checkpoint holder it had
+	Holder     string // the checkpoint holder it had, or the migration target whose copy it reuses
 	Rebalanced bool   // moved off its holder by rebalancing
+	// MigrationCopy: it resumes at its migration target, reusing the pages
+	// the migration had copied there (Holder is that target).
+	MigrationCopy bool
 }
 
 // PlanRecovery decides where each interrupted request resumes:
 //
+//  0. under lumen, a request that was migrating to an eligible worker
+//     resumes at that destination, reusing the pages the migration copied
+//     (Llumnix restarts it instead): they are already in the destination's
+//     KV cache, so no room check, and rebalancing leaves it there;
 //  1. a request whose holder is eligible resumes there, reusing its pages
 //     (not under stop-and-restart, which keeps no checkpoints) — under
 //     lumen, only when the holder has the KV pages for it, or no worker
@@ -93,7 +104,9 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	count := make([]int, len(ws))
 	for k, r := range reqs {
 		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
-		if h, ok := byID[r.Holder]; ok && s != StopAndRestart && r.Holder != "" && ws[h].Eligible {
+		if m, ok := byID[r.MigrationTarget]; ok && s == Lumen && r.MigrationTarget != "" && ws[m].Eligible {
+			a.Target, a.Mode, a.Holder, a.MigrationCopy = m, Reuse, r.MigrationTarget, true
+		} else if h, ok := byID[r.Holder]; ok && s != StopAndRestart && r.Holder != "" && ws[h].Eligible {
 			a.Target, a.Mode = h, Reuse
 			// A restore needs the whole prefix in KV at once: at a holder
 			// without the room it waits for running requests to finish
@@ -128,7 +141,7 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	})
 	for _, k := range order {
 		a := &plan[k]
-		if a.Mode != Reuse || count[a.Target] <= avg || ws[a.Target].PendingRequests <= ws[a.Target].Running {
+		if a.Mode != Reuse || a.MigrationCopy || count[a.Target] <= avg || ws[a.Target].PendingRequests <= ws[a.Target].Running {
 			continue
 		}
 		src := a.Target

@@ -36,6 +36,8 @@ func runController(args []string) error {
 	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries between snapshots")
 	fs.IntVar(&cfg.BatchInflight, "batch-inflight", cfg.BatchInflight, "log entries proposed but not applied before commands wait to join the next entry")
 	fs.IntVar(&cfg.BatchMax, "batch-max", cfg.BatchMax, "most commands coalesced into one log entry")
+	fs.DurationVar(&cfg.MigrationInterval, "migration-interval", cfg.MigrationInterval, "how often the leader schedules live migrations (balance when on, drains always)")
+	fs.DurationVar(&cfg.MigrationTimeout, "migration-timeout", cfg.MigrationTimeout, "the leader aborts a live migration not committed this long after it started")
 	gossipKey := fs.String("gossip-key", "", "base64 key (16, 24 or 32 bytes) encrypting Serf traffic")
 	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "PEM certificate for gRPC and Raft (mutual TLS)")
 	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "PEM private key")

@@ -39,13 +39,7 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	// Two-word commands: "operator raft", "bench controller", ...
-	name, args := os.Args[1], os.Args[2:]
-	if _, ok := commands[name]; !ok && len(args) > 0 {
-		if _, ok := commands[name+" "+args[0]]; ok {
-			name, args = name+" "+args[0], args[1:]
-		}
-	}
+	name, args := resolve(os.Args[1], os.Args[2:])
 	cmd, ok := commands[name]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "lumen: unknown command %q\n\n", strings.Join(os.Args[1:min(3, len(os.Args))], " "))
@@ -56,6 +50,19 @@ func main() {
 		fmt.Fprintf(os.Stderr, "lumen %s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// resolve finds the command named by the first words of the command line.
+// Two-word commands: "operator raft", "bench controller", ... A two-word
+// command wins over a one-word one it starts with ("worker drain" over
+// "worker").
+func resolve(first string, rest []string) (string, []string) {
+	if len(rest) > 0 {
+		if _, ok := commands[first+" "+rest[0]]; ok {
+			return first + " " + rest[0], rest[1:]
+		}
+	}
+	return first, rest
 }
 
 func sortStrings(s []string) []string { sort.Strings(s); return s }

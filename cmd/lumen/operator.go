@@ -25,8 +25,10 @@ func init() {
 	register("operator raft", "list-peers | remove-peer ID | transfer-leader [ID]", runOperatorRaft)
 	register("placement get", "show where a request runs and who holds its checkpoint", runPlacementGet)
 	register("workers", "list workers, their phase, drafter pairing and load", runWorkers)
-	register("events", "stream the cluster's events (phases, pairings, recovery plans, moves)", runEvents)
-	register("strategy set", "set the recovery strategy: lumen, fixed-checkpoint, stop-and-restart", runStrategySet)
+	register("events", "stream the cluster's events (phases, pairings, recovery plans, moves, migrations)", runEvents)
+	register("strategy set", "set the recovery strategy (lumen, fixed-checkpoint, stop-and-restart), lambda, live migration on|off", runStrategySet)
+	register("worker drain", "drain a worker: every request it serves migrates away, then it stops", runWorkerDrain)
+	register("migrate", "live-migrate one running request to another worker (-to, or the freest)", runMigrate)
 }
 
 // clientFlags are the flags every command that talks to controllers takes.
@@ -92,9 +94,9 @@ func runStatus(args []string) error {
 	if err != nil {
 		return explain(err, cf.addr)
 	}
-	fmt.Printf("leader      %s (%s)\nterm        %d\ncommit      %d\napplied     %d (on %s, %s)\nstrategy    %s (lambda %g)\nworkers     %d\nplacements  %d\n",
+	fmt.Printf("leader      %s (%s)\nterm        %d\ncommit      %d\napplied     %d (on %s, %s)\nstrategy    %s (lambda %g)\nmigration   %s\nworkers     %d\nplacements  %d\n",
 		st.LeaderId, st.LeaderGrpcAddr, st.Term, st.CommitIndex, st.AppliedIndex, st.NodeId, st.State,
-		policy.Strategy(st.Strategy), st.Lambda, st.Workers, st.Placements)
+		policy.Strategy(st.Strategy), st.Lambda, migrationName(st.Migration), st.Workers, st.Placements)
 	return nil
 }
 
@@ -199,8 +201,13 @@ func runPlacementGet(args []string) error {
 	if holder == "" {
 		holder = "(none)"
 	}
+	state := strings.TrimPrefix(p.State.String(), "PLACEMENT_STATE_")
+	if p.State == pb.PlacementState_PLACEMENT_STATE_MIGRATING {
+		state += fmt.Sprintf(" to %s (incarnation %d) since %s", p.MigrationTarget, p.MigrationTargetIncarnation,
+			time.Unix(0, p.MigrationStartedUnixNano).UTC().Format("15:04:05.000Z"))
+	}
 	fmt.Printf("request     %s\nworker      %s (incarnation %d)\nholder      %s\nreserved    %d bytes\nstate       %s\nepoch       %d\ntokens      prompt %d, max output %d\nread at     index %d\n",
-		p.RequestId, p.WorkerId, p.WorkerIncarnation, holder, p.ReservedBytes, strings.TrimPrefix(p.State.String(), "PLACEMENT_STATE_"),
+		p.RequestId, p.WorkerId, p.WorkerIncarnation, holder, p.ReservedBytes, state,
 		p.Epoch, p.PromptTokens, p.MaxTokens, resp.AppliedIndex)
 	return nil
 }
@@ -233,16 +240,20 @@ func runWorkers(args []string) error {
 	for _, l := range resp.Loads {
 		loads[l.WorkerId] = l
 	}
+	migrations := map[string]*pb.WorkerMigrations{}
+	for _, m := range resp.Migrations {
+		migrations[m.WorkerId] = m
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tINC\tPHASE\tPAIRED\tADDRESS\tQ_W(ms)\tRUNNING\tWAITING\tKV PAGES\tCKPT FREE")
+	fmt.Fprintln(tw, "ID\tINC\tPHASE\tPAIRED\tADDRESS\tQ_W(ms)\tRUNNING\tWAITING\tKV PAGES\tCKPT FREE\tMIGR OUT/IN")
 	for _, w := range resp.Workers {
 		l := loads[w.Id]
 		if l == nil {
 			l = &pb.LoadRecord{}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%.1f\t%d\t%d\t%d/%d\t%d\n", w.Id, w.Incarnation,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%.1f\t%d\t%d\t%d/%d\t%d\t%s\n", w.Id, w.Incarnation,
 			phaseName(w.Phase), pairedColumn(w), w.GrpcAddr, l.QueueWaitMs, l.Running, l.Waiting,
-			l.KvPagesUsed, l.KvPagesTotal, l.FreeCheckpointBytes)
+			l.KvPagesUsed, l.KvPagesTotal, l.FreeCheckpointBytes, migrationsColumn(migrations[w.Id]))
 	}
 	tw.Flush()
 	return nil
@@ -253,13 +264,18 @@ func runStrategySet(args []string) error {
 	fs := flag.NewFlagSet("strategy set", flag.ContinueOnError)
 	cf.register(fs)
 	lambda := fs.Float64("lambda", 0, "weight of the restore delay in h(r) (0 keeps the current value)")
+	migration := fs.String("migration", "", "live migration for load balance: on or off (empty keeps it; drains migrate either way)")
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "Usage: lumen strategy set [lumen|fixed-checkpoint|stop-and-restart] [-lambda X] [-migration on|off] [flags]")
+		fs.PrintDefaults()
+	}
 	name, rest := splitFirst(args)
 	if err := fs.Parse(rest); err != nil {
 		return err
 	}
-	s, ok := policy.ParseStrategy(name)
-	if !ok {
-		return fmt.Errorf("unknown strategy %q: use lumen, fixed-checkpoint or stop-and-restart", name)
+	req, err := strategyRequest(name, *lambda, *migration)
+	if err != nil {
+		return err
 	}
 	cl, ctx, done, err := cf.dial()
 	if err != nil {
@@ -268,13 +284,172 @@ func runStrategySet(args []string) error {
 	defer done()
 	var resp *pb.SetStrategyResponse
 	err = cl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) (e error) {
-		resp, e = op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(s), Lambda: *lambda})
+		resp, e = op.SetStrategy(ctx, req)
 		return e
 	})
 	if err != nil {
 		return explain(err, cf.addr)
 	}
-	fmt.Printf("strategy %s (was %s), at index %d\n", s, policy.Strategy(resp.Previous), resp.Index)
+	if req.Strategy != pb.Strategy_STRATEGY_UNSPECIFIED {
+		fmt.Printf("strategy %s (was %s), at index %d\n", policy.Strategy(req.Strategy), policy.Strategy(resp.Previous), resp.Index)
+	}
+	if req.Migration != pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
+		fmt.Printf("live migration for balance %s, at index %d\n", migrationName(req.Migration), resp.Index)
+	}
+	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
+		fmt.Printf("lambda %g, at index %d\n", req.Lambda, resp.Index)
+	}
+	return nil
+}
+
+// strategyRequest builds a SetStrategy request from the command's words:
+// any of a strategy name, a lambda and a migration switch.
+func strategyRequest(name string, lambda float64, migration string) (*pb.SetStrategyRequest, error) {
+	req := &pb.SetStrategyRequest{Lambda: lambda}
+	if name != "" {
+		s, ok := policy.ParseStrategy(name)
+		if !ok {
+			return nil, fmt.Errorf("unknown strategy %q: use lumen, fixed-checkpoint or stop-and-restart", name)
+		}
+		req.Strategy = pb.Strategy(s)
+	}
+	switch migration {
+	case "":
+	case "on":
+		req.Migration = pb.MigrationMode_MIGRATION_MODE_ON
+	case "off":
+		req.Migration = pb.MigrationMode_MIGRATION_MODE_OFF
+	default:
+		return nil, fmt.Errorf("-migration %q: use on or off", migration)
+	}
+	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && lambda == 0 && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
+		return nil, errors.New("nothing to set: name a strategy (lumen, fixed-checkpoint, stop-and-restart), -lambda or -migration on|off")
+	}
+	return req, nil
+}
+
+func migrationName(m pb.MigrationMode) string {
+	if m == pb.MigrationMode_MIGRATION_MODE_ON {
+		return "on"
+	}
+	return "off"
+}
+
+// migrationsColumn is a worker's migrations in flight, out/in.
+func migrationsColumn(m *pb.WorkerMigrations) string {
+	if m == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", m.Out, m.In)
+}
+
+func runWorkerDrain(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("worker drain", flag.ContinueOnError)
+	cf.register(fs)
+	follow := fs.Bool("follow", false, "then print the worker's migrations and phase changes until it leaves (Ctrl-C stops watching, not the drain)")
+	id, rest := splitFirst(args)
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if id == "" {
+		return errors.New("usage: lumen worker drain WORKER_ID [-follow]")
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	ws, err := cl.ListWorkers(ctx, &pb.ListWorkersRequest{})
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	var w *pb.Worker
+	for _, x := range ws.Workers {
+		if x.Id == id {
+			w = x
+		}
+	}
+	if w == nil {
+		return fmt.Errorf("no worker %q (lumen workers lists them)", id)
+	}
+	resp, err := cl.SetWorkerPhase(ctx, &pb.SetWorkerPhaseRequest{WorkerId: id, Incarnation: w.Incarnation,
+		Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING, Reason: "operator drain"})
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	running := uint32(0)
+	for _, l := range ws.Loads {
+		if l.WorkerId == id {
+			running = l.Running
+		}
+	}
+	fmt.Print(drainSummary(w, resp.Worker, running, resp.Index))
+	if !*follow {
+		return nil
+	}
+	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	stream, err := cl.WatchEvents(sctx, resp.Index)
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			if sctx.Err() != nil {
+				return nil
+			}
+			return explain(err, cf.addr)
+		}
+		if m := ev.GetMigration(); m != nil && (m.FromWorker == id || m.ToWorker == id) {
+			fmt.Println(formatEvent(ev))
+		}
+		if pc := ev.GetPhaseChanged(); pc != nil && pc.WorkerId == id {
+			fmt.Println(formatEvent(ev))
+			if pc.To != pb.WorkerPhase_WORKER_PHASE_DRAINING {
+				return nil
+			}
+		}
+	}
+}
+
+// drainSummary says what a drain does, for the operator who asked.
+func drainSummary(before, after *pb.Worker, running uint32, index uint64) string {
+	if before.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING {
+		return fmt.Sprintf("worker %s (incarnation %d) was already draining\n", after.Id, after.Incarnation)
+	}
+	return fmt.Sprintf("worker %s (incarnation %d): %s -> DRAINING at index %d\n"+
+		"  it takes no new requests; the leader live-migrates the %d it runs (as of its last load report) to the freest workers,\n"+
+		"  a few each round whatever the migration switch says; the worker leaves once it serves none.\n"+
+		"  watch: lumen events, lumen workers (MIGR OUT/IN); this command with -follow\n",
+		after.Id, after.Incarnation, phaseName(before.Phase), index, running)
+}
+
+func runMigrate(args []string) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	cf.register(fs)
+	to := fs.String("to", "", "destination worker (default: the freest other worker in full service)")
+	id, rest := splitFirst(args)
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if id == "" {
+		return errors.New("usage: lumen migrate REQUEST_ID [-to WORKER]")
+	}
+	cl, ctx, done, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	resp, err := cl.Migrate(ctx, &pb.MigrateRequest{RequestId: id, ToWorker: *to})
+	if err != nil {
+		return explain(err, cf.addr)
+	}
+	p := resp.Placement
+	fmt.Printf("%s: migrating from %s/%d to %s/%d (epoch %d), at index %d; the source keeps serving it until the destination commits (lumen events)\n",
+		p.RequestId, p.WorkerId, p.WorkerIncarnation, p.MigrationTarget, p.MigrationTargetIncarnation, p.Epoch, resp.Index)
 	return nil
 }
 
@@ -361,14 +536,21 @@ func formatEvent(ev *pb.Event) string {
 		return head + fmt.Sprintf("unpaired drafter %s/%d no longer drafts for %s/%d%s", e.DrafterId, e.DrafterIncarnation, e.TargetId, e.TargetIncarnation, why(e.Reason))
 	case *pb.Event_RecoveryPlan:
 		e := b.RecoveryPlan
-		reuse := 0
+		reuse, copies := 0, 0
 		for _, a := range e.Assignments {
 			if a.Mode == pb.RecoveryMode_RECOVERY_MODE_REUSE {
 				reuse++
 			}
+			if a.MigrationCopy {
+				copies++
+			}
 		}
-		return head + fmt.Sprintf("recovery plan %d for %s/%d: %d requests, %d reuse a checkpoint, %d recompute",
+		line := fmt.Sprintf("recovery plan %d for %s/%d: %d requests, %d reuse a checkpoint, %d recompute",
 			e.Id, e.FailedWorker, e.FailedIncarnation, len(e.Assignments), reuse, len(e.Assignments)-reuse)
+		if copies > 0 {
+			line += fmt.Sprintf(" (%d of the reuses a migration's copy)", copies)
+		}
+		return head + line
 	case *pb.Event_PlacementMoved:
 		e := b.PlacementMoved
 		p := e.GetPlacement()
@@ -380,6 +562,19 @@ func formatEvent(ev *pb.Event) string {
 	case *pb.Event_StrategyChanged:
 		e := b.StrategyChanged
 		return head + fmt.Sprintf("strategy %s -> %s", policy.Strategy(e.From), policy.Strategy(e.To))
+	case *pb.Event_Migration:
+		e := b.Migration
+		p := e.GetPlacement()
+		stage := strings.ToLower(strings.TrimPrefix(e.Stage.String(), "STAGE_"))
+		line := fmt.Sprintf("migrate  %s %s/%d -> %s/%d %s", p.GetRequestId(), e.FromWorker, e.FromIncarnation, e.ToWorker, e.ToIncarnation, stage)
+		if e.Stage == pb.Migration_STAGE_COMMITTED {
+			holder := p.GetHolderId()
+			if holder == "" {
+				holder = "none"
+			}
+			line += fmt.Sprintf(", epoch %d, holder %s", p.GetEpoch(), holder)
+		}
+		return head + line + why(e.Reason)
 	}
 	return head + fmt.Sprintf("%v", ev.Body)
 }

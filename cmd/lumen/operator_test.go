@@ -1,7 +1,10 @@
 package main
 
 import (
+	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -30,6 +33,20 @@ func TestFormatEvent(t *testing.T) {
 		{&pb.Event{Index: 4, UnixNano: at, Body: &pb.Event_StrategyChanged{StrategyChanged: &pb.StrategyChanged{
 			From: pb.Strategy_STRATEGY_LUMEN, To: pb.Strategy_STRATEGY_STOP_AND_RESTART}}},
 			"4.0  2023-11-14T22:13:20.123Z  strategy lumen -> stop-and-restart"},
+		{&pb.Event{Index: 5, UnixNano: at, Body: &pb.Event_Migration{Migration: &pb.Migration{Stage: pb.Migration_STAGE_STARTED,
+			Placement: &pb.Placement{RequestId: "r1", WorkerId: "a"}, FromWorker: "a", FromIncarnation: 1, ToWorker: "b", ToIncarnation: 2,
+			Reason: "balance: freeness 1.0 at a, 90.0 at b"}}},
+			"5.0  2023-11-14T22:13:20.123Z  migrate  r1 a/1 -> b/2 started (balance: freeness 1.0 at a, 90.0 at b)"},
+		{&pb.Event{Index: 6, UnixNano: at, Body: &pb.Event_Migration{Migration: &pb.Migration{Stage: pb.Migration_STAGE_COMMITTED,
+			Placement: &pb.Placement{RequestId: "r1", WorkerId: "b", Epoch: 1, HolderId: "c"}, FromWorker: "a", FromIncarnation: 1, ToWorker: "b", ToIncarnation: 2}}},
+			"6.0  2023-11-14T22:13:20.123Z  migrate  r1 a/1 -> b/2 committed, epoch 1, holder c"},
+		{&pb.Event{Index: 7, UnixNano: at, Body: &pb.Event_Migration{Migration: &pb.Migration{Stage: pb.Migration_STAGE_ABORTED,
+			Placement: &pb.Placement{RequestId: "r1", WorkerId: "a"}, FromWorker: "a", FromIncarnation: 1, ToWorker: "b", ToIncarnation: 2,
+			Reason: "destination left: b went FAILED"}}},
+			"7.0  2023-11-14T22:13:20.123Z  migrate  r1 a/1 -> b/2 aborted (destination left: b went FAILED)"},
+		{&pb.Event{Index: 8, UnixNano: at, Body: &pb.Event_RecoveryPlan{RecoveryPlan: &pb.RecoveryPlan{Id: 2, FailedWorker: "a", FailedIncarnation: 1,
+			Assignments: []*pb.RecoveryAssignment{{Mode: pb.RecoveryMode_RECOVERY_MODE_REUSE, MigrationCopy: true}, {Mode: pb.RecoveryMode_RECOVERY_MODE_REUSE}}}}},
+			"8.0  2023-11-14T22:13:20.123Z  recovery plan 2 for a/1: 2 requests, 2 reuse a checkpoint, 0 recompute (1 of the reuses a migration's copy)"},
 	}
 	for _, c := range cases {
 		if got := formatEvent(c.ev); got != c.want {
@@ -50,5 +67,65 @@ func TestPairedColumn(t *testing.T) {
 		if got := pairedColumn(c.w); got != c.want {
 			t.Errorf("%v: %q, want %q", c.w, got, c.want)
 		}
+	}
+}
+
+func TestStrategyRequest(t *testing.T) {
+	for _, c := range []struct {
+		name, migration string
+		lambda          float64
+		want            *pb.SetStrategyRequest
+		err             string
+	}{
+		{"lumen", "", 0, &pb.SetStrategyRequest{Strategy: pb.Strategy_STRATEGY_LUMEN}, ""},
+		{"", "on", 0, &pb.SetStrategyRequest{Migration: pb.MigrationMode_MIGRATION_MODE_ON}, ""},
+		{"fixed-checkpoint", "off", 2, &pb.SetStrategyRequest{Strategy: pb.Strategy_STRATEGY_FIXED_CHECKPOINT, Lambda: 2, Migration: pb.MigrationMode_MIGRATION_MODE_OFF}, ""},
+		{"", "", 0.5, &pb.SetStrategyRequest{Lambda: 0.5}, ""},
+		{"", "", 0, nil, "nothing to set"},
+		{"", "yes", 0, nil, `-migration "yes": use on or off`},
+		{"fast", "", 0, nil, `unknown strategy "fast"`},
+	} {
+		got, err := strategyRequest(c.name, c.lambda, c.migration)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q %q %v: error %v, want %q", c.name, c.migration, c.lambda, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !proto.Equal(got, c.want) {
+			t.Errorf("%q %q %v: %v %v, want %v", c.name, c.migration, c.lambda, got, err, c.want)
+		}
+	}
+}
+
+func TestResolveTwoWordCommands(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		name string
+		rest int
+	}{
+		{[]string{"worker", "drain", "w1"}, "worker drain", 1},
+		{[]string{"worker", "-id", "w1"}, "worker", 2},
+		{[]string{"strategy", "set", "lumen"}, "strategy set", 1},
+		{[]string{"migrate", "r1", "-to", "w2"}, "migrate", 3},
+	} {
+		if name, rest := resolve(c.args[0], c.args[1:]); name != c.name || len(rest) != c.rest {
+			t.Errorf("%v: %q %v", c.args, name, rest)
+		}
+	}
+}
+
+func TestDrainSummaryAndMigrationsColumn(t *testing.T) {
+	before := &pb.Worker{Id: "w1", Incarnation: 3, Phase: pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE}
+	after := &pb.Worker{Id: "w1", Incarnation: 3, Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING}
+	if s := drainSummary(before, after, 32, 9); !strings.HasPrefix(s, "worker w1 (incarnation 3): FULL_SERVICE -> DRAINING at index 9") ||
+		!strings.Contains(s, "migrates the 32 it runs") {
+		t.Errorf("summary %q", s)
+	}
+	if s := drainSummary(after, after, 32, 9); s != "worker w1 (incarnation 3) was already draining\n" {
+		t.Errorf("summary %q", s)
+	}
+	if migrationsColumn(nil) != "-" || migrationsColumn(&pb.WorkerMigrations{Out: 1, In: 2}) != "1/2" {
+		t.Error("migrations column")
 	}
 }

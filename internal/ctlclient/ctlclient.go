@@ -34,7 +34,30 @@ const (
 	// ReasonSessionExpired: the session named expired, was destroyed or
 	// never existed (its placements are completed); create a new one.
 	ReasonSessionExpired = "SESSION_EXPIRED"
+	// ReasonStaleEpoch: the placement has left the epoch named (it moved
+	// by recovery or migration); read it again.
+	ReasonStaleEpoch = "STALE_EPOCH"
+	// ReasonStaleMigration: the migration named is not the one in flight
+	// (another destination, or an earlier incarnation of it).
+	ReasonStaleMigration = "STALE_MIGRATION"
+	// ReasonPlacementState: the placement is not in the state the call
+	// needs (RUNNING to migrate, MIGRATING to commit).
+	ReasonPlacementState = "PLACEMENT_STATE"
+	// ReasonCompleted: the request completed.
+	ReasonCompleted = "REQUEST_COMPLETED"
 )
+
+// MigrationOver reports whether err, from FinishMigration, says the
+// migration named is no longer in flight — aborted, overtaken by a recovery
+// or a later migration, or its request completed — so it did not commit
+// and never will: the destination frees its pages.
+func MigrationOver(err error) bool {
+	switch Reason(err) {
+	case ReasonStaleEpoch, ReasonStaleMigration, ReasonPlacementState, ReasonCompleted:
+		return true
+	}
+	return status.Code(err) == codes.NotFound
+}
 
 // Reason returns the ErrorInfo reason the controller gave err, or "".
 func Reason(err error) string {
@@ -241,6 +264,20 @@ func (c *Client) CreateSession(ctx context.Context, req *pb.CreateSessionRequest
 // RenewSession keeps a session alive for another TTL.
 func (c *Client) RenewSession(ctx context.Context, req *pb.RenewSessionRequest) (*pb.RenewSessionResponse, error) {
 	return call(c, ctx, req, pb.ControllerClient.RenewSession)
+}
+
+// FinishMigration commits or aborts a live migration (workers call it).
+func (c *Client) FinishMigration(ctx context.Context, req *pb.FinishMigrationRequest) (*pb.FinishMigrationResponse, error) {
+	return call(c, ctx, req, pb.ControllerClient.FinishMigration)
+}
+
+// Migrate starts a live migration of one request (an operator's).
+func (c *Client) Migrate(ctx context.Context, req *pb.MigrateRequest) (resp *pb.MigrateResponse, err error) {
+	err = c.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) (e error) {
+		resp, e = op.Migrate(ctx, req)
+		return e
+	})
+	return resp, err
 }
 
 // DestroySession ends a session and completes its placements.

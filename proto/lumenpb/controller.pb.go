@@ -73,11 +73,16 @@ func (Consistency) EnumDescriptor() ([]byte, []int) {
 }
 
 type FinishMigrationRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Commit        bool                   `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Commit    bool                   `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
+	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The migration's destination and its incarnation, as the Migration
+	// STARTED event named them: required, so that a late call about an
+	// earlier migration of the same placement at the same epoch is refused.
+	ToWorker      string `protobuf:"bytes,5,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	ToIncarnation uint64 `protobuf:"varint,6,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -138,6 +143,20 @@ func (x *FinishMigrationRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *FinishMigrationRequest) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+func (x *FinishMigrationRequest) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
 }
 
 type FinishMigrationResponse struct {
@@ -895,7 +914,10 @@ type ListWorkersResponse struct {
 	// The checkpoint footprint the placement table reserves on each worker
 	// (h(r)'s bookkeeping), as of applied_index; loads carry what the
 	// workers' stores really hold.
-	Reservations  []*HolderReservation `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	Reservations []*HolderReservation `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	// Live migrations in flight (MIGRATING placements) out of and into each
+	// worker that has any, sorted by worker id.
+	Migrations    []*WorkerMigrations `protobuf:"bytes,5,rep,name=migrations,proto3" json:"migrations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -958,6 +980,74 @@ func (x *ListWorkersResponse) GetReservations() []*HolderReservation {
 	return nil
 }
 
+func (x *ListWorkersResponse) GetMigrations() []*WorkerMigrations {
+	if x != nil {
+		return x.Migrations
+	}
+	return nil
+}
+
+type WorkerMigrations struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// MIGRATING placements it serves (the source) and it is the destination of.
+	Out           uint32 `protobuf:"varint,2,opt,name=out,proto3" json:"out,omitempty"`
+	In            uint32 `protobuf:"varint,3,opt,name=in,proto3" json:"in,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerMigrations) Reset() {
+	*x = WorkerMigrations{}
+	mi := &file_controller_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerMigrations) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerMigrations) ProtoMessage() {}
+
+func (x *WorkerMigrations) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerMigrations.ProtoReflect.Descriptor instead.
+func (*WorkerMigrations) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WorkerMigrations) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *WorkerMigrations) GetOut() uint32 {
+	if x != nil {
+		return x.Out
+	}
+	return 0
+}
+
+func (x *WorkerMigrations) GetIn() uint32 {
+	if x != nil {
+		return x.In
+	}
+	return 0
+}
+
 type HolderReservation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -971,7 +1061,7 @@ type HolderReservation struct {
 
 func (x *HolderReservation) Reset() {
 	*x = HolderReservation{}
-	mi := &file_controller_proto_msgTypes[16]
+	mi := &file_controller_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1073,7 @@ func (x *HolderReservation) String() string {
 func (*HolderReservation) ProtoMessage() {}
 
 func (x *HolderReservation) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[16]
+	mi := &file_controller_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1086,7 @@ func (x *HolderReservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HolderReservation.ProtoReflect.Descriptor instead.
 func (*HolderReservation) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{16}
+	return file_controller_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HolderReservation) GetWorkerId() string {
@@ -1037,7 +1127,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_controller_proto_msgTypes[17]
+	mi := &file_controller_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1139,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[17]
+	mi := &file_controller_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1152,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{17}
+	return file_controller_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchEventsRequest) GetFromIndex() uint64 {
@@ -1080,7 +1170,7 @@ type RaftPeersRequest struct {
 
 func (x *RaftPeersRequest) Reset() {
 	*x = RaftPeersRequest{}
-	mi := &file_controller_proto_msgTypes[18]
+	mi := &file_controller_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1182,7 @@ func (x *RaftPeersRequest) String() string {
 func (*RaftPeersRequest) ProtoMessage() {}
 
 func (x *RaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[18]
+	mi := &file_controller_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1195,7 @@ func (x *RaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*RaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{18}
+	return file_controller_proto_rawDescGZIP(), []int{19}
 }
 
 type RaftPeer struct {
@@ -1121,7 +1211,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_controller_proto_msgTypes[19]
+	mi := &file_controller_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1223,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[19]
+	mi := &file_controller_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1236,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{19}
+	return file_controller_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -1194,7 +1284,7 @@ type RaftPeersResponse struct {
 
 func (x *RaftPeersResponse) Reset() {
 	*x = RaftPeersResponse{}
-	mi := &file_controller_proto_msgTypes[20]
+	mi := &file_controller_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1296,7 @@ func (x *RaftPeersResponse) String() string {
 func (*RaftPeersResponse) ProtoMessage() {}
 
 func (x *RaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[20]
+	mi := &file_controller_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1309,7 @@ func (x *RaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*RaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{20}
+	return file_controller_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RaftPeersResponse) GetPeers() []*RaftPeer {
@@ -1246,7 +1336,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_controller_proto_msgTypes[21]
+	mi := &file_controller_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1348,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[21]
+	mi := &file_controller_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1361,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{21}
+	return file_controller_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -1297,7 +1387,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_controller_proto_msgTypes[22]
+	mi := &file_controller_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1399,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[22]
+	mi := &file_controller_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1412,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{22}
+	return file_controller_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AddVoterResponse) GetIndex() uint64 {
@@ -1341,7 +1431,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_controller_proto_msgTypes[23]
+	mi := &file_controller_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1443,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[23]
+	mi := &file_controller_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1456,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{23}
+	return file_controller_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -1385,7 +1475,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_controller_proto_msgTypes[24]
+	mi := &file_controller_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1487,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[24]
+	mi := &file_controller_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1500,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{24}
+	return file_controller_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemovePeerResponse) GetIndex() uint64 {
@@ -1430,7 +1520,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_controller_proto_msgTypes[25]
+	mi := &file_controller_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1532,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[25]
+	mi := &file_controller_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1545,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{25}
+	return file_controller_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -1474,7 +1564,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_controller_proto_msgTypes[26]
+	mi := &file_controller_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1486,7 +1576,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[26]
+	mi := &file_controller_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1499,7 +1589,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{26}
+	return file_controller_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TransferLeadershipResponse) GetNewLeader() string {
@@ -1510,8 +1600,10 @@ func (x *TransferLeadershipResponse) GetNewLeader() string {
 }
 
 type SetStrategyRequest struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Strategy Strategy               `protobuf:"varint,1,opt,name=strategy,proto3,enum=lumen.v1.Strategy" json:"strategy,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UNSPECIFIED keeps the current strategy (to change only lambda or the
+	// migration switch).
+	Strategy Strategy `protobuf:"varint,1,opt,name=strategy,proto3,enum=lumen.v1.Strategy" json:"strategy,omitempty"`
 	// Weight of the restore delay in h(r); 0 keeps the current value.
 	Lambda float64 `protobuf:"fixed64,2,opt,name=lambda,proto3" json:"lambda,omitempty"`
 	// Live migration for balance; UNCHANGED keeps the current setting.
@@ -1522,7 +1614,7 @@ type SetStrategyRequest struct {
 
 func (x *SetStrategyRequest) Reset() {
 	*x = SetStrategyRequest{}
-	mi := &file_controller_proto_msgTypes[27]
+	mi := &file_controller_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1626,7 @@ func (x *SetStrategyRequest) String() string {
 func (*SetStrategyRequest) ProtoMessage() {}
 
 func (x *SetStrategyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[27]
+	mi := &file_controller_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1639,7 @@ func (x *SetStrategyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetStrategyRequest.ProtoReflect.Descriptor instead.
 func (*SetStrategyRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{27}
+	return file_controller_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetStrategyRequest) GetStrategy() Strategy {
@@ -1581,7 +1673,7 @@ type SetStrategyResponse struct {
 
 func (x *SetStrategyResponse) Reset() {
 	*x = SetStrategyResponse{}
-	mi := &file_controller_proto_msgTypes[28]
+	mi := &file_controller_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1685,7 @@ func (x *SetStrategyResponse) String() string {
 func (*SetStrategyResponse) ProtoMessage() {}
 
 func (x *SetStrategyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[28]
+	mi := &file_controller_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1698,7 @@ func (x *SetStrategyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetStrategyResponse.ProtoReflect.Descriptor instead.
 func (*SetStrategyResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{28}
+	return file_controller_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetStrategyResponse) GetPrevious() Strategy {
@@ -1634,7 +1726,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_controller_proto_msgTypes[29]
+	mi := &file_controller_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1738,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[29]
+	mi := &file_controller_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1751,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{29}
+	return file_controller_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ClusterStatusRequest) GetWithStateHash() bool {
@@ -1687,14 +1779,16 @@ type ClusterStatusResponse struct {
 	StateHash  uint64 `protobuf:"varint,12,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
 	StateIndex uint64 `protobuf:"varint,13,opt,name=state_index,json=stateIndex,proto3" json:"state_index,omitempty"`
 	// Live gateway sessions.
-	Sessions      uint32 `protobuf:"varint,14,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	Sessions uint32 `protobuf:"varint,14,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	// Live migration for balance: ON or OFF.
+	Migration     MigrationMode `protobuf:"varint,15,opt,name=migration,proto3,enum=lumen.v1.MigrationMode" json:"migration,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_controller_proto_msgTypes[30]
+	mi := &file_controller_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +1800,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[30]
+	mi := &file_controller_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +1813,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{30}
+	return file_controller_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ClusterStatusResponse) GetLeaderId() string {
@@ -1820,6 +1914,13 @@ func (x *ClusterStatusResponse) GetSessions() uint32 {
 	return 0
 }
 
+func (x *ClusterStatusResponse) GetMigration() MigrationMode {
+	if x != nil {
+		return x.Migration
+	}
+	return MigrationMode_MIGRATION_MODE_UNCHANGED
+}
+
 type SetWorkerPhaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -1832,7 +1933,7 @@ type SetWorkerPhaseRequest struct {
 
 func (x *SetWorkerPhaseRequest) Reset() {
 	*x = SetWorkerPhaseRequest{}
-	mi := &file_controller_proto_msgTypes[31]
+	mi := &file_controller_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +1945,7 @@ func (x *SetWorkerPhaseRequest) String() string {
 func (*SetWorkerPhaseRequest) ProtoMessage() {}
 
 func (x *SetWorkerPhaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[31]
+	mi := &file_controller_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +1958,7 @@ func (x *SetWorkerPhaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWorkerPhaseRequest.ProtoReflect.Descriptor instead.
 func (*SetWorkerPhaseRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{31}
+	return file_controller_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetWorkerPhaseRequest) GetWorkerId() string {
@@ -1898,7 +1999,7 @@ type SetWorkerPhaseResponse struct {
 
 func (x *SetWorkerPhaseResponse) Reset() {
 	*x = SetWorkerPhaseResponse{}
-	mi := &file_controller_proto_msgTypes[32]
+	mi := &file_controller_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2011,7 @@ func (x *SetWorkerPhaseResponse) String() string {
 func (*SetWorkerPhaseResponse) ProtoMessage() {}
 
 func (x *SetWorkerPhaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[32]
+	mi := &file_controller_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2024,7 @@ func (x *SetWorkerPhaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetWorkerPhaseResponse.ProtoReflect.Descriptor instead.
 func (*SetWorkerPhaseResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{32}
+	return file_controller_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SetWorkerPhaseResponse) GetWorker() *Worker {
@@ -1952,7 +2053,7 @@ type ReportUnreachableRequest struct {
 
 func (x *ReportUnreachableRequest) Reset() {
 	*x = ReportUnreachableRequest{}
-	mi := &file_controller_proto_msgTypes[33]
+	mi := &file_controller_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2065,7 @@ func (x *ReportUnreachableRequest) String() string {
 func (*ReportUnreachableRequest) ProtoMessage() {}
 
 func (x *ReportUnreachableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[33]
+	mi := &file_controller_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2078,7 @@ func (x *ReportUnreachableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUnreachableRequest.ProtoReflect.Descriptor instead.
 func (*ReportUnreachableRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{33}
+	return file_controller_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReportUnreachableRequest) GetWorkerId() string {
@@ -2012,7 +2113,7 @@ type ReportUnreachableResponse struct {
 
 func (x *ReportUnreachableResponse) Reset() {
 	*x = ReportUnreachableResponse{}
-	mi := &file_controller_proto_msgTypes[34]
+	mi := &file_controller_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2125,7 @@ func (x *ReportUnreachableResponse) String() string {
 func (*ReportUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[34]
+	mi := &file_controller_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2138,7 @@ func (x *ReportUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{34}
+	return file_controller_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReportUnreachableResponse) GetMarkedFailed() bool {
@@ -2067,7 +2168,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_controller_proto_msgTypes[35]
+	mi := &file_controller_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2180,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[35]
+	mi := &file_controller_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2193,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{35}
+	return file_controller_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateSessionRequest) GetOwner() string {
@@ -2119,7 +2220,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_controller_proto_msgTypes[36]
+	mi := &file_controller_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2232,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[36]
+	mi := &file_controller_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2245,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{36}
+	return file_controller_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateSessionResponse) GetSession() *Session {
@@ -2170,7 +2271,7 @@ type RenewSessionRequest struct {
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_controller_proto_msgTypes[37]
+	mi := &file_controller_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2283,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[37]
+	mi := &file_controller_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2296,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{37}
+	return file_controller_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RenewSessionRequest) GetSessionId() string {
@@ -2215,7 +2316,7 @@ type RenewSessionResponse struct {
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_controller_proto_msgTypes[38]
+	mi := &file_controller_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2328,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[38]
+	mi := &file_controller_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2341,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{38}
+	return file_controller_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RenewSessionResponse) GetSession() *Session {
@@ -2266,7 +2367,7 @@ type DestroySessionRequest struct {
 
 func (x *DestroySessionRequest) Reset() {
 	*x = DestroySessionRequest{}
-	mi := &file_controller_proto_msgTypes[39]
+	mi := &file_controller_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2379,7 @@ func (x *DestroySessionRequest) String() string {
 func (*DestroySessionRequest) ProtoMessage() {}
 
 func (x *DestroySessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[39]
+	mi := &file_controller_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2392,7 @@ func (x *DestroySessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySessionRequest.ProtoReflect.Descriptor instead.
 func (*DestroySessionRequest) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{39}
+	return file_controller_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DestroySessionRequest) GetSessionId() string {
@@ -2314,7 +2415,7 @@ type DestroySessionResponse struct {
 
 func (x *DestroySessionResponse) Reset() {
 	*x = DestroySessionResponse{}
-	mi := &file_controller_proto_msgTypes[40]
+	mi := &file_controller_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2427,7 @@ func (x *DestroySessionResponse) String() string {
 func (*DestroySessionResponse) ProtoMessage() {}
 
 func (x *DestroySessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[40]
+	mi := &file_controller_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2440,7 @@ func (x *DestroySessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySessionResponse.ProtoReflect.Descriptor instead.
 func (*DestroySessionResponse) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{40}
+	return file_controller_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DestroySessionResponse) GetDestroyed() bool {
@@ -2367,13 +2468,15 @@ var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\blumen.v1\x1a\vtypes.proto\x1a\tfsm.proto\"}\n" +
+	"\x10controller.proto\x12\blumen.v1\x1a\vtypes.proto\x1a\tfsm.proto\"\xc1\x01\n" +
 	"\x16FinishMigrationRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06commit\x18\x03 \x01(\bR\x06commit\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"b\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tto_worker\x18\x05 \x01(\tR\btoWorker\x12%\n" +
+	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\"b\n" +
 	"\x17FinishMigrationResponse\x121\n" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"L\n" +
@@ -2422,12 +2525,19 @@ const file_controller_proto_rawDesc = "" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"M\n" +
 	"\x12ListWorkersRequest\x127\n" +
-	"\vconsistency\x18\x01 \x01(\x0e2\x15.lumen.v1.ConsistencyR\vconsistency\"\xd3\x01\n" +
+	"\vconsistency\x18\x01 \x01(\x0e2\x15.lumen.v1.ConsistencyR\vconsistency\"\x8f\x02\n" +
 	"\x13ListWorkersResponse\x12*\n" +
 	"\aworkers\x18\x01 \x03(\v2\x10.lumen.v1.WorkerR\aworkers\x12*\n" +
 	"\x05loads\x18\x02 \x03(\v2\x14.lumen.v1.LoadRecordR\x05loads\x12#\n" +
 	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12?\n" +
-	"\freservations\x18\x04 \x03(\v2\x1b.lumen.v1.HolderReservationR\freservations\"\x8e\x01\n" +
+	"\freservations\x18\x04 \x03(\v2\x1b.lumen.v1.HolderReservationR\freservations\x12:\n" +
+	"\n" +
+	"migrations\x18\x05 \x03(\v2\x1a.lumen.v1.WorkerMigrationsR\n" +
+	"migrations\"Q\n" +
+	"\x10WorkerMigrations\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
+	"\x03out\x18\x02 \x01(\rR\x03out\x12\x0e\n" +
+	"\x02in\x18\x03 \x01(\rR\x02in\"\x8e\x01\n" +
 	"\x11HolderReservation\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12%\n" +
 	"\x0ereserved_bytes\x18\x02 \x01(\x04R\rreservedBytes\x12!\n" +
@@ -2468,7 +2578,7 @@ const file_controller_proto_rawDesc = "" +
 	"\bprevious\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bprevious\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\">\n" +
 	"\x14ClusterStatusRequest\x12&\n" +
-	"\x0fwith_state_hash\x18\x01 \x01(\bR\rwithStateHash\"\xc7\x03\n" +
+	"\x0fwith_state_hash\x18\x01 \x01(\bR\rwithStateHash\"\xfe\x03\n" +
 	"\x15ClusterStatusResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12(\n" +
 	"\x10leader_grpc_addr\x18\x02 \x01(\tR\x0eleaderGrpcAddr\x12\x12\n" +
@@ -2488,7 +2598,8 @@ const file_controller_proto_rawDesc = "" +
 	"state_hash\x18\f \x01(\x04R\tstateHash\x12\x1f\n" +
 	"\vstate_index\x18\r \x01(\x04R\n" +
 	"stateIndex\x12\x1a\n" +
-	"\bsessions\x18\x0e \x01(\rR\bsessions\"\x9b\x01\n" +
+	"\bsessions\x18\x0e \x01(\rR\bsessions\x125\n" +
+	"\tmigration\x18\x0f \x01(\x0e2\x17.lumen.v1.MigrationModeR\tmigration\"\x9b\x01\n" +
 	"\x15SetWorkerPhaseRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
@@ -2566,7 +2677,7 @@ func file_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_controller_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: lumen.v1.Consistency
 	(*FinishMigrationRequest)(nil),     // 1: lumen.v1.FinishMigrationRequest
@@ -2585,107 +2696,110 @@ var file_controller_proto_goTypes = []any{
 	(*GetPlacementResponse)(nil),       // 14: lumen.v1.GetPlacementResponse
 	(*ListWorkersRequest)(nil),         // 15: lumen.v1.ListWorkersRequest
 	(*ListWorkersResponse)(nil),        // 16: lumen.v1.ListWorkersResponse
-	(*HolderReservation)(nil),          // 17: lumen.v1.HolderReservation
-	(*WatchEventsRequest)(nil),         // 18: lumen.v1.WatchEventsRequest
-	(*RaftPeersRequest)(nil),           // 19: lumen.v1.RaftPeersRequest
-	(*RaftPeer)(nil),                   // 20: lumen.v1.RaftPeer
-	(*RaftPeersResponse)(nil),          // 21: lumen.v1.RaftPeersResponse
-	(*AddVoterRequest)(nil),            // 22: lumen.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),           // 23: lumen.v1.AddVoterResponse
-	(*RemovePeerRequest)(nil),          // 24: lumen.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 25: lumen.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 26: lumen.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 27: lumen.v1.TransferLeadershipResponse
-	(*SetStrategyRequest)(nil),         // 28: lumen.v1.SetStrategyRequest
-	(*SetStrategyResponse)(nil),        // 29: lumen.v1.SetStrategyResponse
-	(*ClusterStatusRequest)(nil),       // 30: lumen.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 31: lumen.v1.ClusterStatusResponse
-	(*SetWorkerPhaseRequest)(nil),      // 32: lumen.v1.SetWorkerPhaseRequest
-	(*SetWorkerPhaseResponse)(nil),     // 33: lumen.v1.SetWorkerPhaseResponse
-	(*ReportUnreachableRequest)(nil),   // 34: lumen.v1.ReportUnreachableRequest
-	(*ReportUnreachableResponse)(nil),  // 35: lumen.v1.ReportUnreachableResponse
-	(*CreateSessionRequest)(nil),       // 36: lumen.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),      // 37: lumen.v1.CreateSessionResponse
-	(*RenewSessionRequest)(nil),        // 38: lumen.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),       // 39: lumen.v1.RenewSessionResponse
-	(*DestroySessionRequest)(nil),      // 40: lumen.v1.DestroySessionRequest
-	(*DestroySessionResponse)(nil),     // 41: lumen.v1.DestroySessionResponse
-	(*Placement)(nil),                  // 42: lumen.v1.Placement
-	(*LoadRecord)(nil),                 // 43: lumen.v1.LoadRecord
-	(*Worker)(nil),                     // 44: lumen.v1.Worker
-	(Strategy)(0),                      // 45: lumen.v1.Strategy
-	(MigrationMode)(0),                 // 46: lumen.v1.MigrationMode
-	(WorkerPhase)(0),                   // 47: lumen.v1.WorkerPhase
-	(*Session)(nil),                    // 48: lumen.v1.Session
-	(*Event)(nil),                      // 49: lumen.v1.Event
+	(*WorkerMigrations)(nil),           // 17: lumen.v1.WorkerMigrations
+	(*HolderReservation)(nil),          // 18: lumen.v1.HolderReservation
+	(*WatchEventsRequest)(nil),         // 19: lumen.v1.WatchEventsRequest
+	(*RaftPeersRequest)(nil),           // 20: lumen.v1.RaftPeersRequest
+	(*RaftPeer)(nil),                   // 21: lumen.v1.RaftPeer
+	(*RaftPeersResponse)(nil),          // 22: lumen.v1.RaftPeersResponse
+	(*AddVoterRequest)(nil),            // 23: lumen.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),           // 24: lumen.v1.AddVoterResponse
+	(*RemovePeerRequest)(nil),          // 25: lumen.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 26: lumen.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 27: lumen.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 28: lumen.v1.TransferLeadershipResponse
+	(*SetStrategyRequest)(nil),         // 29: lumen.v1.SetStrategyRequest
+	(*SetStrategyResponse)(nil),        // 30: lumen.v1.SetStrategyResponse
+	(*ClusterStatusRequest)(nil),       // 31: lumen.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 32: lumen.v1.ClusterStatusResponse
+	(*SetWorkerPhaseRequest)(nil),      // 33: lumen.v1.SetWorkerPhaseRequest
+	(*SetWorkerPhaseResponse)(nil),     // 34: lumen.v1.SetWorkerPhaseResponse
+	(*ReportUnreachableRequest)(nil),   // 35: lumen.v1.ReportUnreachableRequest
+	(*ReportUnreachableResponse)(nil),  // 36: lumen.v1.ReportUnreachableResponse
+	(*CreateSessionRequest)(nil),       // 37: lumen.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),      // 38: lumen.v1.CreateSessionResponse
+	(*RenewSessionRequest)(nil),        // 39: lumen.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),       // 40: lumen.v1.RenewSessionResponse
+	(*DestroySessionRequest)(nil),      // 41: lumen.v1.DestroySessionRequest
+	(*DestroySessionResponse)(nil),     // 42: lumen.v1.DestroySessionResponse
+	(*Placement)(nil),                  // 43: lumen.v1.Placement
+	(*LoadRecord)(nil),                 // 44: lumen.v1.LoadRecord
+	(*Worker)(nil),                     // 45: lumen.v1.Worker
+	(Strategy)(0),                      // 46: lumen.v1.Strategy
+	(MigrationMode)(0),                 // 47: lumen.v1.MigrationMode
+	(WorkerPhase)(0),                   // 48: lumen.v1.WorkerPhase
+	(*Session)(nil),                    // 49: lumen.v1.Session
+	(*Event)(nil),                      // 50: lumen.v1.Event
 }
 var file_controller_proto_depIdxs = []int32{
-	42, // 0: lumen.v1.FinishMigrationResponse.placement:type_name -> lumen.v1.Placement
-	42, // 1: lumen.v1.MigrateResponse.placement:type_name -> lumen.v1.Placement
-	42, // 2: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
-	43, // 3: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
-	44, // 4: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
-	44, // 5: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
+	43, // 0: lumen.v1.FinishMigrationResponse.placement:type_name -> lumen.v1.Placement
+	43, // 1: lumen.v1.MigrateResponse.placement:type_name -> lumen.v1.Placement
+	43, // 2: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
+	44, // 3: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
+	45, // 4: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
+	45, // 5: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
 	0,  // 6: lumen.v1.GetPlacementRequest.consistency:type_name -> lumen.v1.Consistency
-	42, // 7: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
+	43, // 7: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
 	0,  // 8: lumen.v1.ListWorkersRequest.consistency:type_name -> lumen.v1.Consistency
-	44, // 9: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
-	43, // 10: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
-	17, // 11: lumen.v1.ListWorkersResponse.reservations:type_name -> lumen.v1.HolderReservation
-	20, // 12: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
-	45, // 13: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
-	46, // 14: lumen.v1.SetStrategyRequest.migration:type_name -> lumen.v1.MigrationMode
-	45, // 15: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
-	45, // 16: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
-	47, // 17: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
-	44, // 18: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
-	48, // 19: lumen.v1.CreateSessionResponse.session:type_name -> lumen.v1.Session
-	48, // 20: lumen.v1.RenewSessionResponse.session:type_name -> lumen.v1.Session
-	5,  // 21: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
-	7,  // 22: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
-	9,  // 23: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
-	11, // 24: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
-	13, // 25: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
-	15, // 26: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
-	18, // 27: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
-	32, // 28: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
-	34, // 29: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
-	36, // 30: lumen.v1.Controller.CreateSession:input_type -> lumen.v1.CreateSessionRequest
-	38, // 31: lumen.v1.Controller.RenewSession:input_type -> lumen.v1.RenewSessionRequest
-	40, // 32: lumen.v1.Controller.DestroySession:input_type -> lumen.v1.DestroySessionRequest
-	1,  // 33: lumen.v1.Controller.FinishMigration:input_type -> lumen.v1.FinishMigrationRequest
-	19, // 34: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
-	22, // 35: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
-	24, // 36: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
-	26, // 37: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
-	28, // 38: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
-	30, // 39: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
-	3,  // 40: lumen.v1.Operator.Migrate:input_type -> lumen.v1.MigrateRequest
-	6,  // 41: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
-	8,  // 42: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
-	10, // 43: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
-	12, // 44: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
-	14, // 45: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
-	16, // 46: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
-	49, // 47: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
-	33, // 48: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
-	35, // 49: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
-	37, // 50: lumen.v1.Controller.CreateSession:output_type -> lumen.v1.CreateSessionResponse
-	39, // 51: lumen.v1.Controller.RenewSession:output_type -> lumen.v1.RenewSessionResponse
-	41, // 52: lumen.v1.Controller.DestroySession:output_type -> lumen.v1.DestroySessionResponse
-	2,  // 53: lumen.v1.Controller.FinishMigration:output_type -> lumen.v1.FinishMigrationResponse
-	21, // 54: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
-	23, // 55: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
-	25, // 56: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
-	27, // 57: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
-	29, // 58: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
-	31, // 59: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
-	4,  // 60: lumen.v1.Operator.Migrate:output_type -> lumen.v1.MigrateResponse
-	41, // [41:61] is the sub-list for method output_type
-	21, // [21:41] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	45, // 9: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
+	44, // 10: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
+	18, // 11: lumen.v1.ListWorkersResponse.reservations:type_name -> lumen.v1.HolderReservation
+	17, // 12: lumen.v1.ListWorkersResponse.migrations:type_name -> lumen.v1.WorkerMigrations
+	21, // 13: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
+	46, // 14: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
+	47, // 15: lumen.v1.SetStrategyRequest.migration:type_name -> lumen.v1.MigrationMode
+	46, // 16: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
+	46, // 17: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
+	47, // 18: lumen.v1.ClusterStatusResponse.migration:type_name -> lumen.v1.MigrationMode
+	48, // 19: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
+	45, // 20: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
+	49, // 21: lumen.v1.CreateSessionResponse.session:type_name -> lumen.v1.Session
+	49, // 22: lumen.v1.RenewSessionResponse.session:type_name -> lumen.v1.Session
+	5,  // 23: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
+	7,  // 24: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
+	9,  // 25: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
+	11, // 26: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
+	13, // 27: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
+	15, // 28: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
+	19, // 29: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
+	33, // 30: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
+	35, // 31: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
+	37, // 32: lumen.v1.Controller.CreateSession:input_type -> lumen.v1.CreateSessionRequest
+	39, // 33: lumen.v1.Controller.RenewSession:input_type -> lumen.v1.RenewSessionRequest
+	41, // 34: lumen.v1.Controller.DestroySession:input_type -> lumen.v1.DestroySessionRequest
+	1,  // 35: lumen.v1.Controller.FinishMigration:input_type -> lumen.v1.FinishMigrationRequest
+	20, // 36: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
+	23, // 37: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
+	25, // 38: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
+	27, // 39: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
+	29, // 40: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
+	31, // 41: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
+	3,  // 42: lumen.v1.Operator.Migrate:input_type -> lumen.v1.MigrateRequest
+	6,  // 43: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
+	8,  // 44: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
+	10, // 45: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
+	12, // 46: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
+	14, // 47: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
+	16, // 48: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
+	50, // 49: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
+	34, // 50: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
+	36, // 51: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
+	38, // 52: lumen.v1.Controller.CreateSession:output_type -> lumen.v1.CreateSessionResponse
+	40, // 53: lumen.v1.Controller.RenewSession:output_type -> lumen.v1.RenewSessionResponse
+	42, // 54: lumen.v1.Controller.DestroySession:output_type -> lumen.v1.DestroySessionResponse
+	2,  // 55: lumen.v1.Controller.FinishMigration:output_type -> lumen.v1.FinishMigrationResponse
+	22, // 56: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
+	24, // 57: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
+	26, // 58: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
+	28, // 59: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
+	30, // 60: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
+	32, // 61: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
+	4,  // 62: lumen.v1.Operator.Migrate:output_type -> lumen.v1.MigrateResponse
+	43, // [43:63] is the sub-list for method output_type
+	23, // [23:43] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -2701,7 +2815,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

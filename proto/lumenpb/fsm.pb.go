@@ -440,11 +440,17 @@ func (x *MigrateCmd) GetReason() string {
 // source (an abort: the request finished, the destination ran out of pages
 // or died, a stage timed out).
 type FinishMigrationCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Commit        bool                   `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Commit    bool                   `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
+	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The migration's destination, as its Migration STARTED event named it.
+	// The epoch alone does not tell two migrations of the same placement
+	// apart (one aborted at epoch e, the next started at e): a late commit
+	// from the first destination must not commit the second.
+	ToWorker      string `protobuf:"bytes,5,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	ToIncarnation uint64 `protobuf:"varint,6,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -505,6 +511,20 @@ func (x *FinishMigrationCmd) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *FinishMigrationCmd) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+func (x *FinishMigrationCmd) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
 }
 
 type RegisterWorkerCmd struct {
@@ -771,9 +791,10 @@ func (x *MarkFailedCmd) GetReason() string {
 }
 
 type SetStrategyCmd struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Strategy Strategy               `protobuf:"varint,1,opt,name=strategy,proto3,enum=lumen.v1.Strategy" json:"strategy,omitempty"`
-	Lambda   float64                `protobuf:"fixed64,2,opt,name=lambda,proto3" json:"lambda,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UNSPECIFIED keeps the current strategy.
+	Strategy Strategy `protobuf:"varint,1,opt,name=strategy,proto3,enum=lumen.v1.Strategy" json:"strategy,omitempty"`
+	Lambda   float64  `protobuf:"fixed64,2,opt,name=lambda,proto3" json:"lambda,omitempty"`
 	// Live migration for balance (Llumnix); drains migrate whatever this says.
 	Migration     MigrationMode `protobuf:"varint,3,opt,name=migration,proto3,enum=lumen.v1.MigrationMode" json:"migration,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1313,8 +1334,11 @@ type Snapshot struct {
 	Sessions []*Session `protobuf:"bytes,12,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	// Sorted by request id.
 	SessionPlacements []*SessionPlacement `protobuf:"bytes,13,rep,name=session_placements,json=sessionPlacements,proto3" json:"session_placements,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Live migration for balance is on (SetStrategyCmd.migration; off by
+	// default).
+	Migration     bool `protobuf:"varint,14,opt,name=migration,proto3" json:"migration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -1438,6 +1462,13 @@ func (x *Snapshot) GetSessionPlacements() []*SessionPlacement {
 	return nil
 }
 
+func (x *Snapshot) GetMigration() bool {
+	if x != nil {
+		return x.Migration
+	}
+	return false
+}
+
 // PendingDispatch counts what was dispatched to a worker since its last load
 // report, so a burst of dispatches does not herd onto one worker.
 type PendingDispatch struct {
@@ -1534,13 +1565,15 @@ const file_fsm_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12%\n" +
 	"\x0eto_incarnation\x18\x04 \x01(\x04R\rtoIncarnation\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"y\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xbd\x01\n" +
 	"\x12FinishMigrationCmd\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06commit\x18\x03 \x01(\bR\x06commit\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"=\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tto_worker\x18\x05 \x01(\tR\btoWorker\x12%\n" +
+	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\"=\n" +
 	"\x11RegisterWorkerCmd\x12(\n" +
 	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"\x8f\x01\n" +
 	"\vDispatchCmd\x12\x1d\n" +
@@ -1593,7 +1626,7 @@ const file_fsm_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\xe4\x04\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\x82\x05\n" +
 	"\bSnapshot\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12.\n" +
 	"\bstrategy\x18\x02 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
@@ -1612,7 +1645,8 @@ const file_fsm_proto_rawDesc = "" +
 	" \x03(\v2\x19.lumen.v1.PendingDispatchR\apending\x12/\n" +
 	"\x14last_stamp_unix_nano\x18\v \x01(\x03R\x11lastStampUnixNano\x12-\n" +
 	"\bsessions\x18\f \x03(\v2\x11.lumen.v1.SessionR\bsessions\x12I\n" +
-	"\x12session_placements\x18\r \x03(\v2\x1a.lumen.v1.SessionPlacementR\x11sessionPlacements\"`\n" +
+	"\x12session_placements\x18\r \x03(\v2\x1a.lumen.v1.SessionPlacementR\x11sessionPlacements\x12\x1c\n" +
+	"\tmigration\x18\x0e \x01(\bR\tmigration\"`\n" +
 	"\x0fPendingDispatch\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\rR\brequests\x12\x14\n" +

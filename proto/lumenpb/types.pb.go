@@ -851,7 +851,11 @@ type RecoveryAssignment struct {
 	// Set when average-based rebalancing moved the request off its holder.
 	Rebalanced bool `protobuf:"varint,5,opt,name=rebalanced,proto3" json:"rebalanced,omitempty"`
 	// The request's new checkpoint holder at its target.
-	NewHolder     string `protobuf:"bytes,6,opt,name=new_holder,json=newHolder,proto3" json:"new_holder,omitempty"`
+	NewHolder string `protobuf:"bytes,6,opt,name=new_holder,json=newHolder,proto3" json:"new_holder,omitempty"`
+	// REUSE of the pages a live migration had copied to its destination
+	// (the target and checkpoint_holder) when its source failed, rather than
+	// of a checkpoint.
+	MigrationCopy bool `protobuf:"varint,7,opt,name=migration_copy,json=migrationCopy,proto3" json:"migration_copy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -926,6 +930,13 @@ func (x *RecoveryAssignment) GetNewHolder() string {
 		return x.NewHolder
 	}
 	return ""
+}
+
+func (x *RecoveryAssignment) GetMigrationCopy() bool {
+	if x != nil {
+		return x.MigrationCopy
+	}
+	return false
 }
 
 type RecoveryPlan struct {
@@ -1609,7 +1620,7 @@ const file_types_proto_rawDesc = "" +
 	"\x12worker_incarnation\x18\v \x01(\x04R\x11workerIncarnation\x12)\n" +
 	"\x10migration_target\x18\f \x01(\tR\x0fmigrationTarget\x12@\n" +
 	"\x1cmigration_target_incarnation\x18\r \x01(\x04R\x1amigrationTargetIncarnation\x12=\n" +
-	"\x1bmigration_started_unix_nano\x18\x0e \x01(\x03R\x18migrationStartedUnixNano\"\xf0\x01\n" +
+	"\x1bmigration_started_unix_nano\x18\x0e \x01(\x03R\x18migrationStartedUnixNano\"\x97\x02\n" +
 	"\x12RecoveryAssignment\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1620,7 +1631,8 @@ const file_types_proto_rawDesc = "" +
 	"rebalanced\x18\x05 \x01(\bR\n" +
 	"rebalanced\x12\x1d\n" +
 	"\n" +
-	"new_holder\x18\x06 \x01(\tR\tnewHolder\"\xf2\x01\n" +
+	"new_holder\x18\x06 \x01(\tR\tnewHolder\x12%\n" +
+	"\x0emigration_copy\x18\a \x01(\bR\rmigrationCopy\"\xf2\x01\n" +
 	"\fRecoveryPlan\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12#\n" +
 	"\rfailed_worker\x18\x02 \x01(\tR\ffailedWorker\x12-\n" +

@@ -1,0 +1,330 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// lw is an eligible worker of 1000 KV pages with used of them taken by
+// running requests.
+func lw(id string, used uint64, running uint32) Worker {
+	return Worker{ID: id, Eligible: true, KVPagesTotal: 1000, KVPagesUsed: used, Running: running}
+}
+
+func run(id, worker string, prompt, max uint32) Placed {
+	return Placed{RequestID: id, Worker: worker, PromptTokens: prompt, MaxTokens: max, State: PlacedRunning}
+}
+
+func moving(id, from, to string) Placed {
+	return Placed{RequestID: id, Worker: from, PromptTokens: 100, MaxTokens: 28, State: PlacedMigrating, MigrationTarget: to}
+}
+
+// moves describes a plan as "r1 a>b" strings, drains marked "drain".
+func moves(ws []Worker, plan []Migration) []string {
+	out := []string{}
+	for _, m := range plan {
+		s := fmt.Sprintf("%s %s>%s", m.RequestID, ws[m.From].ID, ws[m.To].ID)
+		if m.Drain {
+			s += " drain"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func LongestFirst(a, b *Placed) int { return -ShortestFirst(a, b) }
+
+func TestPlanMigrationsPairing(t *testing.T) {
+	assist := lw("z", 0, 0)
+	assist.Eligible = false
+	cases := []struct {
+		name  string
+		ws    []Worker
+		ps    []Placed
+		order func(a, b *Placed) int
+		want  []string
+	}{
+		{"least free to freest",
+			[]Worker{lw("a", 900, 10), lw("b", 100, 10), lw("c", 500, 10)},
+			[]Placed{run("r1", "a", 100, 28), run("r2", "c", 100, 28)}, nil,
+			[]string{"r1 a>b"}},
+		{"pairs head to head, one role per worker",
+			[]Worker{lw("a", 900, 10), lw("b", 800, 10), lw("c", 300, 10), lw("d", 100, 10)},
+			[]Placed{run("r1", "a", 100, 28), run("r2", "b", 100, 28), run("r3", "c", 100, 28), run("r4", "d", 100, 28)}, nil,
+			[]string{"r1 a>d", "r2 b>c"}},
+		{"an imbalance one move would overshoot is left",
+			// a: 500/10 = 50, b: 520/10 = 52; moving 8 pages gives 54.7 and 46.5.
+			[]Worker{lw("a", 500, 10), lw("b", 480, 10)},
+			[]Placed{run("r1", "a", 100, 28)}, nil,
+			nil},
+		{"equal freeness: nothing moves",
+			[]Worker{lw("a", 500, 10), lw("b", 500, 10)},
+			[]Placed{run("r1", "a", 100, 28), run("r2", "b", 100, 28)}, nil,
+			nil},
+		{"no second migration into a worker",
+			[]Worker{lw("a", 900, 10), lw("b", 850, 10), lw("c", 100, 10), lw("d", 200, 10)},
+			[]Placed{moving("m1", "a", "c"), run("r1", "b", 100, 28)}, nil,
+			[]string{"r1 b>d"}},
+		{"no second migration out of a worker",
+			[]Worker{lw("a", 900, 10), lw("b", 850, 10), lw("c", 100, 10), lw("d", 200, 10)},
+			[]Placed{moving("m1", "a", "d"), run("r1", "a", 100, 28), run("r2", "b", 100, 28)}, nil,
+			[]string{"r2 b>c"}},
+		{"never against a migration in flight",
+			// b→a is in flight; a is now the least free, b the freest.
+			[]Worker{lw("a", 900, 10), lw("b", 100, 10)},
+			[]Placed{moving("m1", "b", "a"), run("r1", "a", 100, 28)}, nil,
+			nil},
+		{"workers out of full service are neither source nor destination",
+			[]Worker{lw("a", 900, 10), lw("b", 800, 10), func() Worker { x := lw("c", 0, 0); x.Eligible = false; return x }()},
+			[]Placed{run("r1", "a", 100, 28)}, nil,
+			[]string{"r1 a>b"}},
+		{"a loaded worker out of full service is no source",
+			[]Worker{lw("a", 500, 10), lw("b", 100, 10), func() Worker { x := lw("c", 990, 50); x.Eligible = false; return x }()},
+			[]Placed{run("r1", "c", 100, 28)}, nil,
+			nil},
+		{"migrating and recovering requests stay",
+			[]Worker{lw("a", 900, 10), lw("b", 100, 10), lw("c", 50, 1)},
+			[]Placed{moving("m1", "a", "c"), {RequestID: "r1", Worker: "b", State: PlacedRecovering}}, nil,
+			nil},
+		{"shortest first",
+			[]Worker{lw("a", 900, 10), lw("b", 100, 10)},
+			[]Placed{run("long", "a", 1000, 500), run("short", "a", 10, 10), run("mid", "a", 100, 100)}, nil,
+			[]string{"short a>b"}},
+		{"another order is a policy",
+			[]Worker{lw("a", 900, 10), lw("b", 100, 10)},
+			[]Placed{run("long", "a", 1000, 500), run("short", "a", 10, 10), run("mid", "a", 100, 100)}, LongestFirst,
+			[]string{"long a>b"}},
+		{"the first request in order decides: too large to shrink the gap",
+			// a: 100/10 = 10, b: 400/5 = 80; a request of 500 pages would
+			// leave a at 66.7 and b at -16.7.
+			[]Worker{lw("a", 900, 10), lw("b", 600, 5)},
+			[]Placed{run("huge", "a", 4000, 4000)}, nil,
+			nil},
+		{"a freer destination that overshoots yields to one that does not",
+			// a: 500/4 = 125; b: 750/3 = 250 is the freest, but a request
+			// of 250 pages leaves a at 250 and b at 125, as far apart;
+			// c: 970/4 = 242.5 ends at 144.
+			[]Worker{lw("a", 500, 4), lw("b", 250, 3), lw("c", 30, 4)},
+			[]Placed{run("big", "a", 2000, 2000)}, nil,
+			[]string{"big a>c"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			plan := PlanMigrations(c.ws, c.ps, MigrationParams{Balance: true, Order: c.order})
+			got := moves(c.ws, plan)
+			want := c.want
+			if want == nil {
+				want = []string{}
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("plan %v, want %v", got, want)
+			}
+			checkPlan(t, c.ws, c.ps, plan)
+			if off := PlanMigrations(c.ws, c.ps, MigrationParams{Order: c.order}); len(off) != 0 {
+				t.Fatalf("balance off planned %v", moves(c.ws, off))
+			}
+		})
+	}
+}
+
+func TestPlanMigrationsDrain(t *testing.T) {
+	d := lw("d", 600, 5)
+	d.Eligible, d.Draining = false, true
+	ws := []Worker{lw("a", 900, 10), lw("b", 100, 10), lw("c", 300, 10), d, lw("e", 998, 1)}
+	ps := []Placed{run("r5", "d", 500, 500), run("r1", "d", 10, 10), run("r2", "d", 20, 10), run("r3", "d", 30, 10), run("r4", "d", 40, 10),
+		run("x", "a", 100, 28), moving("m1", "c", "b")}
+	// Shortest first, each to the freest destination with room not yet
+	// given one this round (e has 2 pages free: no room for 4); the in-flight
+	// migration into b does not hold the drain back.
+	plan := PlanMigrations(ws, ps, MigrationParams{})
+	if got, want := moves(ws, plan), []string{"r1 d>b drain", "r2 d>c drain", "r3 d>a drain"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("drain plan %v, want %v", got, want)
+	}
+	for _, m := range plan {
+		if m.Epoch != 0 || m.Reason(ws) == "" {
+			t.Fatalf("migration %+v", m)
+		}
+	}
+	checkPlan(t, ws, ps, plan)
+	// With balance on, the destinations the drain took are not paired.
+	on := PlanMigrations(ws, ps, MigrationParams{Balance: true})
+	if got := moves(ws, on); !reflect.DeepEqual(got, moves(ws, plan)) {
+		t.Fatalf("drain plan with balance on %v", got)
+	}
+	// A request no destination has room for waits.
+	full := []Worker{d, lw("a", 999, 1)}
+	if plan := PlanMigrations(full, []Placed{run("r1", "d", 100, 28)}, MigrationParams{}); len(plan) != 0 {
+		t.Fatalf("drained into a full worker: %v", moves(full, plan))
+	}
+}
+
+// checkPlan checks the rules every plan keeps, whatever the inputs.
+func checkPlan(t *testing.T, ws []Worker, ps []Placed, plan []Migration) {
+	t.Helper()
+	byID := map[string]int{}
+	for i := range ws {
+		byID[ws[i].ID] = i
+	}
+	out, in := map[int]bool{}, map[int]bool{}
+	inflight := map[[2]int]bool{}
+	running := map[string]Placed{}
+	for _, p := range ps {
+		switch p.State {
+		case PlacedMigrating:
+			out[byID[p.Worker]] = true
+			in[byID[p.MigrationTarget]] = true
+			inflight[[2]int{byID[p.Worker], byID[p.MigrationTarget]}] = true
+		case PlacedRunning:
+			running[p.RequestID] = p
+		}
+	}
+	role := map[int]string{}
+	seen := map[string]bool{}
+	views := append([]Worker(nil), ws...)
+	for _, m := range plan {
+		p, ok := running[m.RequestID]
+		if !ok || byID[p.Worker] != m.From || seen[m.RequestID] {
+			t.Fatalf("%s moves from %s: not a running request there, or twice", m.RequestID, ws[m.From].ID)
+		}
+		seen[m.RequestID] = true
+		if m.From == m.To || !ws[m.To].Eligible {
+			t.Fatalf("%s: to %s", m.RequestID, ws[m.To].ID)
+		}
+		if role[m.To] != "" {
+			t.Fatalf("%s: %s already has a role (%s) in this round", m.RequestID, ws[m.To].ID, role[m.To])
+		}
+		role[m.To] = "in"
+		if m.Drain {
+			if !ws[m.From].Draining {
+				t.Fatalf("%s: drain from %s, which is not draining", m.RequestID, ws[m.From].ID)
+			}
+		} else {
+			if !ws[m.From].Eligible || out[m.From] || in[m.To] || role[m.From] != "" {
+				t.Fatalf("%s: %s→%s breaks one in and one out", m.RequestID, ws[m.From].ID, ws[m.To].ID)
+			}
+			if inflight[[2]int{m.To, m.From}] {
+				t.Fatalf("%s: %s→%s against a migration in flight", m.RequestID, ws[m.From].ID, ws[m.To].ID)
+			}
+			if !shrinks(views[m.From], views[m.To], MigrationPages(&p)) {
+				t.Fatalf("%s: %s→%s does not shrink the imbalance", m.RequestID, ws[m.From].ID, ws[m.To].ID)
+			}
+			role[m.From] = "out"
+		}
+		views[m.From], views[m.To] = afterMove(views[m.From], views[m.To], MigrationPages(&p))
+	}
+}
+
+// TestPlanMigrationsRandom checks the rules over random tables, and that
+// the plan does not depend on the order of the placements.
+func TestPlanMigrationsRandom(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	planned := 0
+	for round := 0; round < 500; round++ {
+		n := 2 + rng.Intn(12)
+		ws := make([]Worker, n)
+		for i := range ws {
+			ws[i] = lw(fmt.Sprintf("w%02d", i), uint64(rng.Intn(1000)), uint32(rng.Intn(40)))
+			ws[i].Waiting = uint32(rng.Intn(3))
+			switch rng.Intn(8) {
+			case 0:
+				ws[i].Eligible = false
+			case 1:
+				ws[i].Eligible, ws[i].Draining = false, true
+			}
+		}
+		var ps []Placed
+		for k := 0; k < rng.Intn(60); k++ {
+			p := run(fmt.Sprintf("r%03d", k), ws[rng.Intn(n)].ID, uint32(1+rng.Intn(4000)), uint32(1+rng.Intn(1000)))
+			p.Epoch = uint64(rng.Intn(3))
+			switch rng.Intn(10) {
+			case 0:
+				p.State = PlacedRecovering
+			case 1:
+				p.State, p.MigrationTarget = PlacedMigrating, ws[rng.Intn(n)].ID
+			}
+			ps = append(ps, p)
+		}
+		prm := MigrationParams{Balance: rng.Intn(4) != 0}
+		plan := PlanMigrations(ws, ps, prm)
+		checkPlan(t, ws, ps, plan)
+		planned += len(plan)
+		rng.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
+		if again := PlanMigrations(ws, ps, prm); !reflect.DeepEqual(again, plan) {
+			t.Fatalf("seed %d round %d: the order of the placements changed the plan: %v vs %v", seed, round, moves(ws, plan), moves(ws, again))
+		}
+	}
+	if planned == 0 {
+		t.Fatalf("seed %d: nothing planned in 500 rounds", seed)
+	}
+	t.Logf("%d migrations planned", planned)
+}
+
+func TestMigrationDestination(t *testing.T) {
+	off := lw("d", 0, 0)
+	off.Eligible = false
+	ws := []Worker{lw("a", 900, 10), lw("b", 500, 10), lw("c", 500, 10), off}
+	for _, c := range []struct {
+		from int
+		want string
+	}{{0, "b"}, {1, "c"}, {2, "b"}} {
+		if got := ids(ws, MigrationDestination(ws, c.from)); got != c.want {
+			t.Errorf("from %s: %s, want %s", ws[c.from].ID, got, c.want)
+		}
+	}
+	if got := MigrationDestination([]Worker{lw("a", 0, 0), off}, 0); got != -1 {
+		t.Errorf("with no other eligible worker: %d", got)
+	}
+}
+
+func TestShortestFirstBreaksTies(t *testing.T) {
+	a, b := run("a", "w", 10, 10), run("b", "w", 15, 5)
+	if ShortestFirst(&a, &b) >= 0 || ShortestFirst(&b, &a) <= 0 || ShortestFirst(&a, &a) != 0 {
+		t.Fatal("ShortestFirst does not order equal lengths by id")
+	}
+}
+
+// The destination of a migration the failure interrupted holds the pages
+// copied so far: under lumen the request resumes there.
+func TestPlanRecoveryReusesMigrationCopy(t *testing.T) {
+	ws := func() []Worker {
+		off := w("d", 0)
+		off.Eligible = false
+		return []Worker{w("a", 0), w("b", 0), w("c", 0), off}
+	}
+	r := Interrupted{RequestID: "r1", Holder: "b", PromptTokens: 100, MaxTokens: 28, MigrationTarget: "c"}
+	for _, c := range []struct {
+		name string
+		s    Strategy
+		r    Interrupted
+		want Assignment
+	}{
+		{"lumen: the copy", Lumen, r, Assignment{RequestID: "r1", Target: 2, Mode: Reuse, Holder: "c", MigrationCopy: true}},
+		{"fixed-checkpoint: the checkpoint, as ever", FixedCheckpoint, r, Assignment{RequestID: "r1", Target: 1, Mode: Reuse, Holder: "b"}},
+		{"stop-and-restart: recompute, as ever", StopAndRestart, r, Assignment{RequestID: "r1", Target: 0, Mode: Recompute, Holder: "b"}},
+		{"lumen: the destination is gone", Lumen, func() Interrupted { x := r; x.MigrationTarget = "d"; return x }(),
+			Assignment{RequestID: "r1", Target: 1, Mode: Reuse, Holder: "b"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			plan := PlanRecovery(c.s, ws(), []Interrupted{c.r})
+			if len(plan) != 1 || plan[0] != c.want {
+				t.Fatalf("plan %+v, want %+v", plan, c.want)
+			}
+		})
+	}
+	// Rebalancing leaves the copies where they are, however many land on
+	// one destination.
+	var reqs []Interrupted
+	for i := 0; i < 6; i++ {
+		reqs = append(reqs, Interrupted{RequestID: fmt.Sprintf("r%d", i), PromptTokens: uint32(10 * (i + 1)), MigrationTarget: "c"})
+	}
+	for _, a := range PlanRecovery(Lumen, ws(), reqs) {
+		if a.Target != 2 || !a.MigrationCopy || a.Rebalanced {
+			t.Fatalf("assignment %+v", a)
+		}
+	}
+}
