@@ -174,4 +174,6 @@ type HealthSource interface {
 type NVML struct{}
 
 // Watch implements HealthSource.
-func (NVML) Watch(ctx context.Context, uuids []string) (<-chan HealthEvent, error) { return Watch(ctx, uuids) }
+func (NVML) Watch(ctx context.Context, uuids []string) (<-chan HealthEvent, error) {
+	return Watch(ctx, uuids)
+}

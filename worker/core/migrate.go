@@ -397,6 +397,18 @@ func (c *Core) AbortIn(id string, epoch uint64) bool {
 // Incoming is how many pre-allocations the destination holds.
 func (c *Core) Incoming() int { return len(c.incoming) }
 
+// IncomingPages is the pages the pre-allocation for request id holds.
+func (c *Core) IncomingPages(id string) int {
+	if _, in := c.findIncoming(id); in != nil {
+		return in.pages
+	}
+	return 0
+}
+
+// Stopped is how many requests stand stopped for the commit of their
+// migration out.
+func (c *Core) Stopped() int { return len(c.stopped) }
+
 // Expire reclaims the pre-allocations that got no stage (nor, after the
 // last, their call) for MigrationTimeout before now; it returns how many.
 func (c *Core) Expire(now time.Time) int {
