@@ -242,7 +242,7 @@ func (w *Worker) copyOut(ctx context.Context, m *migrationOut, stream **outStrea
 			stopped = time.Now()
 		}
 		start := time.Now()
-		if err := w.sendStage(st, stage); err != nil {
+		if err := w.sendStage(m.ctx, st, stage); err != nil {
 			return stopped, cause(fmt.Errorf("stage %d: %w", stage.Stage, err))
 		}
 		var a answer
@@ -272,7 +272,7 @@ func (w *Worker) copyOut(ctx context.Context, m *migrationOut, stream **outStrea
 // sendStage exports a stage's pages and sends them in parts of at most
 // migratePartBytes. With a timing profile it also waits out the transfer
 // at the profile's interconnect bandwidth.
-func (w *Worker) sendStage(stream grpc.BidiStreamingClient[pb.MigrateMessage, pb.MigrateAck], st core.MigrationStage) error {
+func (w *Worker) sendStage(ctx context.Context, stream grpc.BidiStreamingClient[pb.MigrateMessage, pb.MigrateAck], st core.MigrationStage) error {
 	start := time.Now()
 	eng := w.cfg.Engine
 	part := func(first int) *pb.MigrationStage {
@@ -311,7 +311,13 @@ func (w *Worker) sendStage(stream grpc.BidiStreamingClient[pb.MigrateMessage, pb
 	}
 	if p, ok := eng.(*engine.Paced); ok {
 		if wait := time.Duration(float64(p.Profile.MigrationTime(st.Pages()))*p.Scale) - time.Since(start); wait > 0 {
-			time.Sleep(wait)
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 	return nil
