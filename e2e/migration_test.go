@@ -305,3 +305,170 @@ func TestMigrationE2E(t *testing.T) {
 		t.Errorf("the gateway recorded %v switches, want 6", n)
 	}
 }
+
+// slowCopy makes a worker copy KV to another at 100 MB/s: the first stage
+// of a 1200-token request (75 pages of 2.5 MiB) takes about 2 s, the
+// window the abort tests act in.
+var slowCopy = []string{"-interconnect", "100MB"}
+
+// addWorker starts one more worker (after the streams are placed, so that
+// none of them runs there).
+func (env *migEnv) addWorker(t *testing.T, id string, extra ...string) *devcluster.Worker {
+	t.Helper()
+	w, err := env.cl.AddWorker(id, append(append([]string(nil), migWorkerArgs...), extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.workers = append(env.workers, w)
+	waitPhase(t, env.ctl, id, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, 0)
+	return w
+}
+
+// pagesIn waits until worker w has taken a stage's pages.
+func pagesIn(t *testing.T, w *devcluster.Worker) {
+	t.Helper()
+	waitMetric(t, w, labelled("lumen_worker_migration_pages_total", "direction", "in"), w.ID+" taking a stage", func(v float64) bool { return v > 0 })
+}
+
+// moves says whether any event moved request id.
+func (env *migEnv) moves(id string) int {
+	env.events.mu.Lock()
+	defer env.events.mu.Unlock()
+	n := 0
+	for _, ev := range env.events.evs {
+		if mv := ev.GetPlacementMoved(); mv != nil && mv.Placement.GetRequestId() == id {
+			n++
+		}
+	}
+	return n
+}
+
+// TestMigrationAbortPaths: each way a migration ends without a move leaves
+// the request streaming on, every output equal to the reference, and no
+// page held anywhere once the streams ended.
+func TestMigrationAbortPaths(t *testing.T) {
+	t.Run("the request finishes during the migration", func(t *testing.T) {
+		env := startMigration(t, 1, func(int) []string { return slowCopy })
+		s := env.stream(t, "finishes", 1, 1200, 80) // about 1 s of decoding left
+		dst := env.addWorker(t, "w2")
+		id := s.ids[0]
+		env.migrate(t, id, dst.ID)
+		ev, _ := env.events.waitFor(t, 15*time.Second, id+"'s migration to end", -1, finished(id))
+		t.Logf("%s: %s (%s)", id, ev.GetMigration().Stage, ev.GetMigration().Reason)
+		s.check(t)
+		if ev.GetMigration().Stage != pb.Migration_STAGE_ABORTED {
+			t.Errorf("the migration of a request that finished during its first stage ended %s", ev.GetMigration().Stage)
+		}
+		waitMetric(t, env.workers[0], labelled("lumen_worker_migrations_out_total", "outcome", "aborted"), "the source's abort",
+			func(v float64) bool { return v == 1 })
+		env.noPagesHeld(t)
+	})
+
+	t.Run("the destination is out of pages", func(t *testing.T) {
+		env := startMigration(t, 1, nil)
+		s := env.stream(t, "no room", 1, 1200, 300)
+		dst := env.addWorker(t, "w2", "-kv-pages", "40") // the request needs 75
+		id := s.ids[0]
+		before := env.placement(t, id)
+		env.migrate(t, id, dst.ID)
+		ev, _ := env.events.waitFor(t, 15*time.Second, id+"'s migration to end", -1, finished(id))
+		t.Logf("%s: %s (%s)", id, ev.GetMigration().Stage, ev.GetMigration().Reason)
+		if ev.GetMigration().Stage != pb.Migration_STAGE_ABORTED || !strings.Contains(ev.GetMigration().Reason, "OUT_OF_PAGES") {
+			t.Errorf("the migration into 40 pages ended %s: %q; want an abort for OUT_OF_PAGES", ev.GetMigration().Stage, ev.GetMigration().Reason)
+		}
+		if pl := env.placement(t, id); pl.WorkerId != before.WorkerId || pl.Epoch != before.Epoch {
+			t.Errorf("the request moved: %s epoch %d, was %s epoch %d", pl.WorkerId, pl.Epoch, before.WorkerId, before.Epoch)
+		}
+		s.check(t)
+		if v := metric(t, dst, labelled("lumen_worker_migrations_in_total", "outcome", "aborted")); v != 1 {
+			t.Errorf("the destination counts %v refused migrations in, want 1", v)
+		}
+		env.noPagesHeld(t)
+	})
+
+	t.Run("the destination dies", func(t *testing.T) {
+		env := startMigration(t, 1, func(int) []string { return slowCopy })
+		s := env.stream(t, "dest dies", 1, 1200, 400)
+		dst := env.addWorker(t, "w2")
+		id := s.ids[0]
+		env.migrate(t, id, dst.ID)
+		pagesIn(t, dst)
+		env.cl.KillWorker(dst)
+		ev, _ := env.events.waitFor(t, 15*time.Second, id+"'s migration to end", -1, finished(id))
+		t.Logf("%s: %s (%s)", id, ev.GetMigration().Stage, ev.GetMigration().Reason)
+		s.check(t)
+		if ev.GetMigration().Stage != pb.Migration_STAGE_ABORTED {
+			t.Errorf("the migration to a dead destination ended %s", ev.GetMigration().Stage)
+		}
+		if n := env.moves(id); n != 0 {
+			t.Errorf("the request moved %d times; it stays on its source, untouched", n)
+		}
+		if n := env.recomputed(t); n != 0 {
+			t.Errorf("%v tokens recomputed", n)
+		}
+		env.noPagesHeld(t)
+	})
+
+	t.Run("the source dies mid-copy", func(t *testing.T) {
+		env := startMigration(t, 1, func(int) []string { return slowCopy })
+		s := env.stream(t, "source dies", 2, 1200, 400)
+		dst := env.addWorker(t, "w2")
+		id := s.ids[0]
+		src := env.byID(env.placement(t, id).WorkerId)
+		env.migrate(t, id, dst.ID)
+		pagesIn(t, dst)
+		env.cl.KillWorker(src)
+		s.check(t)
+		// The recovery reuses the copied pages at the destination as a
+		// checkpoint when it plans the request there.
+		restored := metric(t, dst, "lumen_worker_restored_pages_total")
+		t.Logf("%s restored %v pages of the migration's copy and recomputed %v tokens", dst.ID, restored,
+			metric(t, dst, "lumen_worker_resume_recomputed_tokens_total"))
+		if restored < 75 {
+			t.Errorf("the destination reused %v pages; the first stage copied 75", restored)
+		}
+		env.noPagesHeld(t)
+	})
+
+	t.Run("a pre-allocation with no next stage is reclaimed", func(t *testing.T) {
+		env := startMigration(t, 1, func(int) []string { return slowCopy })
+		s := env.stream(t, "reclaim", 1, 1200, 400)
+		dst := env.addWorker(t, "w2", "-migration-timeout", "500ms")
+		id := s.ids[0]
+		src := env.byID(env.placement(t, id).WorkerId)
+		env.migrate(t, id, dst.ID)
+		pagesIn(t, dst)
+		// The source hangs between stages.
+		if err := env.cl.PauseWorker(src); err != nil {
+			t.Fatal(err)
+		}
+		waitMetric(t, dst, labelled("lumen_worker_migrations_in_total", "outcome", "reclaimed"), "the destination's reclaim",
+			func(v float64) bool { return v == 1 })
+		waitMetric(t, dst, "lumen_worker_kv_pages_used", "the destination's pages free", func(v float64) bool { return v == 0 })
+		if err := env.cl.ResumeWorker(src); err != nil {
+			t.Fatal(err)
+		}
+		s.check(t)
+		env.noPagesHeld(t)
+	})
+
+	t.Run("the controller leader dies between stages", func(t *testing.T) {
+		env := startMigration(t, 1, func(int) []string { return slowCopy })
+		s := env.stream(t, "leader dies", 1, 1200, 400)
+		dst := env.addWorker(t, "w2")
+		id := s.ids[0]
+		env.migrate(t, id, dst.ID)
+		pagesIn(t, dst)
+		leader := waitLeader(t, env.cl)
+		env.cl.Kill(leader)
+		ev, _ := env.events.waitFor(t, 20*time.Second, id+"'s migration to end", -1, finished(id))
+		t.Logf("%s: %s (%s) after %s died", id, ev.GetMigration().Stage, ev.GetMigration().Reason, devcluster.ControllerID(leader))
+		s.check(t)
+		env.noPagesHeld(t)
+		if ev.GetMigration().Stage == pb.Migration_STAGE_COMMITTED {
+			if n := env.recomputed(t); n != 0 {
+				t.Errorf("%v tokens recomputed after a committed migration", n)
+			}
+		}
+	})
+}
