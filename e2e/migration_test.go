@@ -472,3 +472,97 @@ func TestMigrationAbortPaths(t *testing.T) {
 		}
 	})
 }
+
+// waitExit waits for a worker's process to exit on its own.
+func waitExit(t *testing.T, w *devcluster.Worker, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for w.Running() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not exit within %s", w.ID, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// busiestOf is the running worker with the most requests in flight.
+func (env *migEnv) busiestOf(t *testing.T) *devcluster.Worker {
+	t.Helper()
+	var best *devcluster.Worker
+	bestN := -1
+	for _, w := range env.workers {
+		if n := countInFlight(t, w); w.Running() && n > bestN {
+			best, bestN = w, n
+		}
+	}
+	t.Logf("%s has %d requests in flight", best.ID, bestN)
+	return best
+}
+
+// drained checks a drain's outcome: the worker's process exited after it
+// committed LEFT (what its Shutdown does last), its requests moved by
+// migration (nothing recomputed anywhere), every output equals the
+// reference and no survivor holds a page.
+func (env *migEnv) drained(t *testing.T, s *migStreams, w *devcluster.Worker, inc uint64, start time.Time) {
+	t.Helper()
+	waitExit(t, w, 30*time.Second)
+	t.Logf("%s drained and exited %v after the drain began", w.ID, time.Since(start))
+	env.events.waitFor(t, 10*time.Second, w.ID+" LEFT", -1, func(ev *pb.Event) bool {
+		pc := ev.GetPhaseChanged()
+		return pc != nil && pc.WorkerId == w.ID && pc.Incarnation == inc && pc.To == pb.WorkerPhase_WORKER_PHASE_LEFT
+	})
+	s.check(t)
+	if n := env.recomputed(t); n != 0 {
+		t.Errorf("%v tokens recomputed; a drain by migration recomputes none", n)
+	}
+	adopted := 0.0
+	for _, o := range env.workers {
+		if o.Running() {
+			adopted += metric(t, o, labelled("lumen_worker_migrations_in_total", "outcome", "adopted"))
+		}
+	}
+	t.Logf("the survivors adopted %v migrated requests", adopted)
+	env.noPagesHeld(t)
+}
+
+// TestDrainByMigration: an operator drains the busiest worker (its phase
+// DRAINING, as lumen worker drain does): every request it serves migrates
+// away while streaming, then it leaves and its process exits, with zero
+// recomputed tokens and every output equal to the reference.
+func TestDrainByMigration(t *testing.T) {
+	env := startMigration(t, 3, nil)
+	s := env.stream(t, "drain", 9, 600, 400)
+	w := env.busiestOf(t)
+	_, inc := workerPhase(t, env.ctl, w.ID)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := env.ctl.SetWorkerPhase(ctx, &pb.SetWorkerPhaseRequest{WorkerId: w.ID, Incarnation: inc,
+		Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING, Reason: "operator drain"}); err != nil {
+		t.Fatal(err)
+	}
+	env.drained(t, s, w, inc, start)
+}
+
+// TestGPUFaultDrains: the busiest worker's GPU reports an XID (injected
+// through its fault file): it marks the GPU unhealthy, drains itself by
+// migration and leaves, with zero recomputed tokens.
+func TestGPUFaultDrains(t *testing.T) {
+	dir := t.TempDir()
+	faults := func(i int) string { return fmt.Sprintf("%s/gpu-faults-w%d", dir, i) }
+	env := startMigration(t, 3, func(i int) []string { return []string{"-gpu-fault-file", faults(i)} })
+	s := env.stream(t, "gpu fault", 9, 600, 400)
+	w := env.busiestOf(t)
+	_, inc := workerPhase(t, env.ctl, w.ID)
+	var i int
+	fmt.Sscanf(w.ID, "w%d", &i)
+	start := time.Now()
+	if err := os.WriteFile(faults(i), []byte("xid 79 GPU-emulated\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.events.waitFor(t, 10*time.Second, w.ID+" DRAINING", -1, func(ev *pb.Event) bool {
+		pc := ev.GetPhaseChanged()
+		return pc != nil && pc.WorkerId == w.ID && pc.To == pb.WorkerPhase_WORKER_PHASE_DRAINING && strings.Contains(pc.Reason, "XID 79")
+	})
+	env.drained(t, s, w, inc, start)
+}
