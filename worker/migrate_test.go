@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lumen-project/lumen/gpu"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -132,5 +133,77 @@ func TestMigrationMovesARunningRequest(t *testing.T) {
 	}
 	for id, h := range c.workers {
 		waitUntil(t, 10*time.Second, id+"'s pages all free", func() bool { return h.eng.FreePages() == 256 })
+	}
+}
+
+// TestGPUFaultDrainsTheWorker: the health source reports a fault the GPU
+// does not survive (a benign XID and a corrected ECC error before it change
+// nothing): the worker marks its GPU unhealthy, commits DRAINING, the
+// control plane migrates its request away, and once empty it leaves
+// (Exited closes) with nothing recomputed; the output is the reference.
+func TestGPUFaultDrainsTheWorker(t *testing.T) {
+	faults := gpu.NewInjected()
+	c := startCluster(t, func(wc *Config) {
+		if wc.ID == "w1" {
+			wc.GPUHealth = faults
+		}
+	})
+	rng := rand.New(rand.NewSource(53))
+	prompt := randomPrompt(rng, 200)
+	const maxTokens = 400
+	want := reference(t, prompt, maxTokens)
+	var pl *pb.Placement
+	for i := 0; pl == nil || pl.WorkerId != "w1"; i++ {
+		pl = c.dispatch(fmt.Sprintf("g%d", i), uint32(len(prompt)), maxTokens)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got := make(chan int32, maxTokens)
+	type result struct {
+		out  []int32
+		used []*pb.Placement
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, nil)
+		done <- result{out, used, err}
+	}()
+	for range 5 {
+		<-got
+	}
+	w1 := c.workers["w1"].w
+	faults.Inject(gpu.HealthEvent{Kind: "xid", Code: 13, UUID: "GPU-test"})
+	faults.Inject(gpu.HealthEvent{Kind: "ecc-single-bit", UUID: "GPU-test"})
+	waitUntil(t, 5*time.Second, "both faults counted", func() bool {
+		return counterValue(w1.metrics.gpuFaults.WithLabelValues("xid"))+counterValue(w1.metrics.gpuFaults.WithLabelValues("ecc-single-bit")) == 2
+	})
+	if gaugeValue(w1.metrics.gpuHealthy) != 1 || w1.isLeaving() {
+		t.Fatal("a benign XID or a corrected ECC error drained the worker")
+	}
+	faults.Inject(gpu.HealthEvent{Kind: "ecc-double-bit", UUID: "GPU-test"})
+	select {
+	case <-w1.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not leave after its GPU fault")
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if !slices.Equal(res.out, want) {
+		t.Fatalf("output differs from the reference:\n got %v\nwant %v", res.out, want)
+	}
+	if len(res.used) != 2 || res.used[1].WorkerId != "w2" {
+		t.Fatalf("served from %v; want w1, then w2 by migration", res.used)
+	}
+	if gaugeValue(w1.metrics.gpuHealthy) != 0 {
+		t.Error("the GPU is still marked healthy")
+	}
+	if n := counterValue(c.workers["w2"].w.metrics.recomputed); n != 0 {
+		t.Errorf("%v tokens recomputed", n)
+	}
+	if ph := row(t, c.ctl, "w1").GetPhase(); ph != pb.WorkerPhase_WORKER_PHASE_LEFT {
+		t.Errorf("w1 is %s, want LEFT", ph)
 	}
 }
