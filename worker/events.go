@@ -123,10 +123,9 @@ func (w *Worker) onEvent(ev *pb.Event) {
 		}
 		switch mg.Stage {
 		case pb.Migration_STAGE_STARTED:
-			w.startMigrationOut(mg)
+			w.startMigrationOut(mg, ev.Index)
 		case pb.Migration_STAGE_ABORTED:
-			w.stopMigrationOut(mg.Placement.RequestId, mg.Placement.Epoch,
-				fmt.Errorf("worker: migration: the controller aborted it: %s", mg.Reason))
+			w.abortedByController(mg, ev.Index)
 		}
 	case *pb.Event_PhaseChanged:
 		pc := b.PhaseChanged

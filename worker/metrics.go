@@ -221,9 +221,6 @@ func (m *metrics) countMigrations(o core.Output) {
 	if o.MigrationPagesIn > 0 {
 		m.migrationPages.WithLabelValues("in").Add(float64(o.MigrationPagesIn))
 	}
-	if o.MigratedOut > 0 {
-		m.migrationsOut.WithLabelValues("committed").Add(float64(o.MigratedOut))
-	}
 	if o.MigratedIn > 0 {
 		m.migrationsIn.WithLabelValues("adopted").Add(float64(o.MigratedIn))
 	}

@@ -63,45 +63,58 @@ var errMigrationEnded = errors.New("worker: migration: the request left the sour
 
 // migrationOut is one migration out under way.
 type migrationOut struct {
-	id     string
-	epoch  uint64
-	to     string
-	toInc  uint64
+	id    string
+	epoch uint64
+	to    string
+	toInc uint64
+	// index is the log index of its STARTED event: two migrations of a
+	// request at the same epoch (the first aborted) differ by it.
+	index  uint64
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 }
 
 // startMigrationOut starts migrating a request of this worker, as the
-// controller's Migration STARTED event mg says, unless it already does.
-func (w *Worker) startMigrationOut(mg *pb.Migration) {
+// controller's Migration STARTED event mg, at log index index, says —
+// unless it did already (a repeated event).
+func (w *Worker) startMigrationOut(mg *pb.Migration, index uint64) {
 	pl := mg.Placement
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.outgoing[pl.RequestId] != nil || w.migDone[pl.RequestId] == pl.Epoch+1 {
+	if old := w.outgoing[pl.RequestId]; (old != nil && old.index >= index) || w.migDone[pl.RequestId] >= index {
 		return // a repeated event
 	}
+	// An earlier migration of the request still winding down (its abort
+	// is applied, which is what let this one start) ends on its own.
 	ctx, cancel := context.WithCancelCause(w.stopCtx)
-	m := &migrationOut{id: pl.RequestId, epoch: pl.Epoch, to: mg.ToWorker, toInc: mg.ToIncarnation, ctx: ctx, cancel: cancel}
+	m := &migrationOut{id: pl.RequestId, epoch: pl.Epoch, to: mg.ToWorker, toInc: mg.ToIncarnation, index: index, ctx: ctx, cancel: cancel}
 	w.outgoing[m.id] = m
 	w.metrics.migrationsLive.WithLabelValues("out").Set(float64(len(w.outgoing)))
 	w.goFunc(func() { w.migrateOut(m) })
 }
 
-// stopMigrationOut cancels request id's migration out under epoch, if it
-// runs, with cause.
-func (w *Worker) stopMigrationOut(id string, epoch uint64, cause error) {
+// abortedByController cancels the migration out that the controller's
+// ABORTED event mg, at log index index, ends: the one under way to the
+// event's destination, started before it.
+func (w *Worker) abortedByController(mg *pb.Migration, index uint64) {
+	id := mg.Placement.RequestId
 	w.mu.Lock()
 	m := w.outgoing[id]
 	w.mu.Unlock()
-	if m != nil && m.epoch == epoch {
-		m.cancel(cause)
+	if m != nil && m.epoch == mg.Placement.Epoch && m.to == mg.ToWorker && m.toInc == mg.ToIncarnation && m.index < index {
+		m.cancel(fmt.Errorf("worker: migration: the controller aborted it: %s", mg.Reason))
 	}
 }
 
 // migrationEnded is the core's word that a migrating request left (called
 // on the scheduler goroutine).
 func (w *Worker) migrationEnded(e core.MigrationEnd) {
-	w.stopMigrationOut(e.ID, e.Epoch, fmt.Errorf("%w: %s", errMigrationEnded, e.Why))
+	w.mu.Lock()
+	m := w.outgoing[e.ID]
+	w.mu.Unlock()
+	if m != nil && m.epoch == e.Epoch {
+		m.cancel(fmt.Errorf("%w: %s", errMigrationEnded, e.Why))
+	}
 }
 
 // migratingOut is how many migrations out are under way.
@@ -123,7 +136,7 @@ func (w *Worker) migrateOut(m *migrationOut) {
 		if len(w.migDone) > 4096 {
 			clear(w.migDone)
 		}
-		w.migDone[m.id] = m.epoch + 1
+		w.migDone[m.id] = max(w.migDone[m.id], m.index)
 		w.metrics.migrationsLive.WithLabelValues("out").Set(float64(len(w.outgoing)))
 		w.mu.Unlock()
 	}()
@@ -145,6 +158,9 @@ func (w *Worker) migrateOut(m *migrationOut) {
 	if why == nil {
 		pl, err := w.finishMigration(m, true, "every page copied")
 		if err == nil {
+			// Counted here, not when the core ends the stream: the
+			// gateway may cut the stream on the commit's event first.
+			w.metrics.migrationsOut.WithLabelValues("committed").Inc()
 			committed := false
 			w.sched.do(w.stopCtx, func() {
 				if r := w.sched.core.Lookup(m.id); r != nil {

@@ -53,8 +53,8 @@ type Worker struct {
 	senders   map[string]*ckptSender
 	assisting *assistSession // the drafter's open Assist stream (assist.go)
 	// outgoing are the migrations out under way, by request id; migDone
-	// the epoch+1 of each one's last (a repeated event does not start it
-	// again) (migrate.go).
+	// the STARTED event's index of each one's last (a repeated event does
+	// not start it again) (migrate.go).
 	outgoing map[string]*migrationOut
 	migDone  map[string]uint64
 	// leaving: the worker drains by migration and leaves once empty

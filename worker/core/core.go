@@ -399,6 +399,12 @@ func (c *Core) drop(r *Request, err error, releaseCkpt bool) {
 	if err != nil {
 		why = err.Error()
 	}
+	// A request stopped for its migration's commit may continue at the
+	// destination (its call here is cut when the gateway switches): its
+	// holder keeps its pages, and reconciles them if it does not.
+	if r.out != nil && r.out.stopped {
+		releaseCkpt = false
+	}
 	c.endOut(r, why)
 	delete(c.byID, r.ID)
 	c.out.Release = append(c.out.Release, r.seq)

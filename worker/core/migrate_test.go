@@ -479,3 +479,35 @@ func TestMigrationAborts(t *testing.T) {
 		src.checkAllFree(t, "source")
 	})
 }
+
+// TestStoppedRequestKeepsItsCheckpoint: a request stopped for its
+// migration's commit whose call is cut (the gateway switched to the
+// destination on the commit's event) leaves its holder's pages alone: the
+// request goes on at the destination with them. A migrating request that
+// still runs releases them when its client goes away, as any request does.
+func TestStoppedRequestKeepsItsCheckpoint(t *testing.T) {
+	rng := rand.New(rand.NewPCG(43, 0))
+	for _, stop := range []bool{false, true} {
+		h := newHarness(t, 64, Config{Self: "w1"}, nil)
+		r := h.submit("x", prompt(rng, 100), nil, 40)
+		r.Holder, r.Reserved = "w9", 1<<30
+		h.step()
+		h.step()
+		if len(h.ckpt["x"]) == 0 {
+			t.Fatal("nothing checkpointed")
+		}
+		if err := h.c.MigrateOut("x", 0); err != nil {
+			t.Fatal(err)
+		}
+		if stop {
+			if st, err := h.c.NextStage("x", 0); err != nil || !st.Last {
+				t.Fatalf("7 pages with a stop at 16: last %v, %v", st.Last, err)
+			}
+		}
+		h.c.Cancel(r)
+		o := h.c.Output()
+		if got := len(o.CheckpointReleases) == 1; got == stop {
+			t.Errorf("stopped %v: checkpoint released %v", stop, got)
+		}
+	}
+}
