@@ -321,6 +321,7 @@ func (w *Worker) sendStage(ctx context.Context, stream grpc.BidiStreamingClient[
 			return fmt.Errorf("export the partial page: %d positions, the core counts %d: %v", n, st.Tail, err)
 		}
 		msg.Last, msg.Tail, msg.TailPositions, msg.History = true, tail, uint32(n), st.History
+		msg.Holder, msg.CheckpointedPages = st.Holder, uint32(st.Checkpointed)
 	}
 	if err := send(msg); err != nil {
 		return err
@@ -476,6 +477,7 @@ func (w *Worker) migrateIn(stream grpc.BidiStreamingServer[pb.MigrateMessage, pb
 			stage.Pages = append(stage.Pages, part.Pages...)
 			stage.PrefixHashes = append(stage.PrefixHashes, part.PrefixHashes...)
 			stage.Last, stage.Tail, stage.TailPositions, stage.History = part.Last, part.Tail, part.TailPositions, part.History
+			stage.Holder, stage.CheckpointedPages = part.Holder, part.CheckpointedPages
 		}
 		if part.More {
 			continue
@@ -498,7 +500,7 @@ func (w *Worker) migrateIn(stream grpc.BidiStreamingServer[pb.MigrateMessage, pb
 // pre-allocated sequence, on the scheduler goroutine, and says how it went.
 func (w *Worker) takeStage(ctx context.Context, id string, epoch uint64, st *pb.MigrationStage) *pb.MigrateAck {
 	in := core.IncomingStage{ID: id, Epoch: epoch, Stage: int(st.Stage), First: int(st.FirstPage), Hashes: st.PrefixHashes,
-		Last: st.Last, Tail: int(st.TailPositions), History: st.History}
+		Last: st.Last, Tail: int(st.TailPositions), History: st.History, Holder: st.Holder, Checkpointed: int(st.CheckpointedPages)}
 	ack := &pb.MigrateAck{Stage: st.Stage}
 	vocab := w.cfg.Engine.Info().Vocab
 	for i, tok := range st.History {

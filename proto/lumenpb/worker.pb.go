@@ -256,8 +256,13 @@ type MigrationStage struct {
 	Tail          []byte  `protobuf:"bytes,11,opt,name=tail,proto3" json:"tail,omitempty"`
 	TailPositions uint32  `protobuf:"varint,12,opt,name=tail_positions,json=tailPositions,proto3" json:"tail_positions,omitempty"`
 	History       []int32 `protobuf:"varint,13,rep,packed,name=history,proto3" json:"history,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Last: the request's checkpoint holder at the source, and how many of
+	// its pages the source has sent there. When the request keeps that
+	// holder at the destination, the destination does not send them again.
+	Holder            string `protobuf:"bytes,14,opt,name=holder,proto3" json:"holder,omitempty"`
+	CheckpointedPages uint32 `protobuf:"varint,15,opt,name=checkpointed_pages,json=checkpointedPages,proto3" json:"checkpointed_pages,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *MigrationStage) Reset() {
@@ -379,6 +384,20 @@ func (x *MigrationStage) GetHistory() []int32 {
 		return x.History
 	}
 	return nil
+}
+
+func (x *MigrationStage) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *MigrationStage) GetCheckpointedPages() uint32 {
+	if x != nil {
+		return x.CheckpointedPages
+	}
+	return 0
 }
 
 // MigrationEnd is how the migration ended at the source: committed (the
@@ -1166,7 +1185,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eMigrateMessage\x120\n" +
 	"\x05stage\x18\x01 \x01(\v2\x18.lumen.v1.MigrationStageH\x00R\x05stage\x12*\n" +
 	"\x03end\x18\x02 \x01(\v2\x16.lumen.v1.MigrationEndH\x00R\x03endB\x06\n" +
-	"\x04body\"\xfe\x02\n" +
+	"\x04body\"\xc5\x03\n" +
 	"\x0eMigrationStage\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1184,7 +1203,9 @@ const file_worker_proto_rawDesc = "" +
 	" \x01(\bR\x04last\x12\x12\n" +
 	"\x04tail\x18\v \x01(\fR\x04tail\x12%\n" +
 	"\x0etail_positions\x18\f \x01(\rR\rtailPositions\x12\x18\n" +
-	"\ahistory\x18\r \x03(\x05R\ahistory\"D\n" +
+	"\ahistory\x18\r \x03(\x05R\ahistory\x12\x16\n" +
+	"\x06holder\x18\x0e \x01(\tR\x06holder\x12-\n" +
+	"\x12checkpointed_pages\x18\x0f \x01(\rR\x11checkpointedPages\"D\n" +
 	"\fMigrationEnd\x12\x1c\n" +
 	"\tcommitted\x18\x01 \x01(\bR\tcommitted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8d\x01\n" +

@@ -133,6 +133,9 @@ type MigrationStage struct {
 	Tail    int
 	Fed     int
 	History []int32
+	// Last: the request's checkpoint holder and the pages queued for it.
+	Holder       string
+	Checkpointed int
 }
 
 // Pages is how many pages the stage sends (the tail's included).
@@ -193,6 +196,9 @@ func (c *Core) NextStage(id string, epoch uint64) (MigrationStage, error) {
 		c.waiting = remove(c.waiting, r)
 		c.stopped = append(c.stopped, r)
 		st.Last, st.Tail, st.Fed, st.History = true, r.fed%engine.PageTokens, r.fed, slices.Clone(r.History)
+		if r.Holder != "" && r.Holder != c.cfg.Self {
+			st.Holder, st.Checkpointed = r.Holder, r.ckptSent
+		}
 	}
 	c.out.MigrationStages++
 	c.out.MigrationPagesOut += st.Pages()
@@ -270,7 +276,11 @@ type incoming struct {
 	hashes  []uint64 // prefix hash of each full page held
 	last    bool     // the last stage arrived
 	history []int32  // the last stage's token history
-	at      time.Time
+	// holder has the first checkpointed pages of the request (the last
+	// stage says).
+	holder       string
+	checkpointed int
+	at           time.Time
 }
 
 // IncomingStage is a stage as the destination receives it (the fields of
@@ -284,6 +294,9 @@ type IncomingStage struct {
 	Last    bool
 	Tail    int
 	History []int32
+	// Last: the source's checkpoint holder and the pages it sent there.
+	Holder       string
+	Checkpointed int
 }
 
 func (s IncomingStage) pages() int {
@@ -372,6 +385,7 @@ func (c *Core) AcceptStage(now time.Time, s IncomingStage, free int) (engine.Seq
 			return bad("the pages do not match the history of %d tokens", len(s.History))
 		}
 		in.last, in.history = true, s.History
+		in.holder, in.checkpointed = s.Holder, min(max(s.Checkpointed, 0), len(hashes))
 	}
 	in.stages++
 	in.hashes = hashes
@@ -447,6 +461,9 @@ func (c *Core) adopt(r *Request, i int, in *incoming) bool {
 	h := r.History
 	if in.last && len(h) <= len(in.history) && slices.Equal(h, in.history[:len(h)]) && in.fed > 0 {
 		r.seq, r.fed, r.hashes, r.restoreTried = in.seq, in.fed, in.hashes, true
+		if r.Holder != "" && r.Holder == in.holder {
+			r.ckptSent = in.checkpointed // the holder has them already
+		}
 		r.started = r.Arrived
 		c.out.MigratedIn++
 		c.running = append(c.running, r)

@@ -38,7 +38,8 @@ func copyStage(t *testing.T, src, dst *harness, st MigrationStage) error {
 		}
 	}
 	seq, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: st.ID, Epoch: st.Epoch, Stage: st.Stage, First: st.First,
-		Hashes: st.Hashes, Last: st.Last, Tail: st.Tail, History: st.History}, dst.eng.FreePages())
+		Hashes: st.Hashes, Last: st.Last, Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed},
+		dst.eng.FreePages())
 	dst.apply()
 	if err != nil {
 		return err
@@ -508,6 +509,46 @@ func TestStoppedRequestKeepsItsCheckpoint(t *testing.T) {
 		o := h.c.Output()
 		if got := len(o.CheckpointReleases) == 1; got == stop {
 			t.Errorf("stopped %v: checkpoint released %v", stop, got)
+		}
+	}
+}
+
+// TestAdoptionKeepsTheCheckpointProgress: a migrated request that keeps
+// its holder is not checkpointed again from its first page at the
+// destination: only the pages its source had not sent go; with a new
+// holder every page goes.
+func TestAdoptionKeepsTheCheckpointProgress(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 0))
+	p := prompt(rng, 100)
+	for _, holder := range []string{"w9", "w8"} {
+		src := newHarness(t, 64, Config{Self: "w1"}, nil)
+		dst := newHarness(t, 64, Config{Self: "w2"}, nil)
+		r := src.submit("x", p, nil, 40)
+		r.Holder, r.Reserved = "w9", 1<<30
+		for range 3 {
+			src.step()
+		}
+		sent := len(src.ckpt["x"])
+		stages, err := migration(t, src, dst, "x", 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := stages[len(stages)-1]; last.Holder != "w9" || last.Checkpointed != sent {
+			t.Fatalf("the last stage says holder %q with %d pages, want w9 with %d", last.Holder, last.Checkpointed, sent)
+		}
+		src.c.CommitOut("x", 0)
+		src.apply()
+		call := &Request{ID: "x", Epoch: 1, History: append(slices.Clone(p), src.out["x"]...), Prompt: len(p), MaxTokens: 40,
+			Holder: holder, Reserved: 1 << 30, Arrived: dst.now}
+		dst.c.Submit(call)
+		dst.apply()
+		dst.step()
+		want := PageHashes(call.History[:call.Fed()], nil)
+		if holder == "w9" {
+			want = want[sent:]
+		}
+		if !slices.Equal(dst.ckpt["x"], want) {
+			t.Errorf("holder %s: the destination queued %d pages for it, want %d", holder, len(dst.ckpt["x"]), len(want))
 		}
 	}
 }
