@@ -198,10 +198,10 @@ func (w *Worker) migrateOut(m *migrationOut) {
 // read off it by one goroutine until it ends (then acks is closed).
 type outStream struct {
 	st   grpc.BidiStreamingClient[pb.MigrateMessage, pb.MigrateAck]
-	acks chan answer
+	acks chan migrateAnswer
 }
 
-type answer struct {
+type migrateAnswer struct {
 	ack *pb.MigrateAck
 	err error
 }
@@ -229,14 +229,14 @@ func (w *Worker) copyOut(ctx context.Context, m *migrationOut, stream **outStrea
 	if err != nil {
 		return stopped, cause(fmt.Errorf("open the Migrate stream to %s: %w", m.to, err))
 	}
-	out := &outStream{st: st, acks: make(chan answer)}
+	out := &outStream{st: st, acks: make(chan migrateAnswer)}
 	*stream = out
 	w.goFunc(func() {
 		defer close(out.acks)
 		for {
 			a, err := st.Recv()
 			select {
-			case out.acks <- answer{a, err}:
+			case out.acks <- migrateAnswer{a, err}:
 			case <-ctx.Done():
 				return
 			}
@@ -261,7 +261,7 @@ func (w *Worker) copyOut(ctx context.Context, m *migrationOut, stream **outStrea
 		if err := w.sendStage(m.ctx, st, stage); err != nil {
 			return stopped, cause(fmt.Errorf("stage %d: %w", stage.Stage, err))
 		}
-		var a answer
+		var a migrateAnswer
 		select {
 		case a = <-out.acks:
 		case <-m.ctx.Done():
