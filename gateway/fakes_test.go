@@ -291,7 +291,7 @@ func (w *fakeWorker) Generate(req *pb.GenerateRequest, stream grpc.ServerStreami
 		case r := <-c.out:
 			err := stream.Send(r)
 			c.sent <- err
-			if err != nil || r.Done {
+			if err != nil || r.Done || r.Moved != nil {
 				return err
 			}
 		}
@@ -325,6 +325,20 @@ func (c *call) send(t *testing.T, idx uint32, tok int32, done bool) {
 		}
 	case <-c.ctx.Done():
 		t.Fatalf("the gateway cut the call (epoch %d) before token %d: %v", c.req.Epoch, idx, c.ctx.Err())
+	}
+}
+
+// move ends the call as a source does after its request's migration
+// committed: the last message names the placement it continues at.
+func (c *call) move(t *testing.T, to *pb.Placement) {
+	t.Helper()
+	select {
+	case c.out <- &pb.GenerateResponse{Moved: to}:
+		if err := <-c.sent; err != nil {
+			t.Fatalf("sending the move: %v", err)
+		}
+	case <-c.ctx.Done():
+		t.Fatalf("the gateway cut the call (epoch %d) before the move: %v", c.req.Epoch, c.ctx.Err())
 	}
 }
 

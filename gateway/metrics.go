@@ -16,6 +16,9 @@ type metrics struct {
 	resumes  *prometheus.CounterVec
 	inflight prometheus.Gauge
 	tokens   prometheus.Counter
+	// migrationDowntime: the last token before a live migration's switch
+	// to the first after it.
+	migrationDowntime prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -29,11 +32,14 @@ func newMetrics() *metrics {
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_request_seconds",
 			Help: "Time from arrival to the last token.", Buckets: lat}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_resumes_total",
-			Help: "Broken worker streams resumed, by how: moved (the placement moved), retry (same worker), redispatch (before the first token)."}, []string{"how"}),
+			Help: "Broken worker streams resumed, by how: moved (the placement moved), migrated (a live migration committed), retry (same worker), redispatch (before the first token)."}, []string{"how"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_gateway_inflight", Help: "Requests in flight."}),
 		tokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_gateway_tokens_total", Help: "Output tokens delivered."}),
+		migrationDowntime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_migration_downtime_seconds",
+			Help:    "A live migration's downtime as the client sees it: from the last token the source streamed to the first the destination did.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}),
 	}
-	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.resumes, m.inflight, m.tokens,
+	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.resumes, m.inflight, m.tokens, m.migrationDowntime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

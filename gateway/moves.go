@@ -35,8 +35,13 @@ type flight struct {
 }
 
 // movedError ends a worker stream that an event moved: the request
-// continues at to, without asking the controller again.
-type movedError struct{ to *pb.Placement }
+// continues at to, without asking the controller again. migration says a
+// live migration moved it (its source is alive and stopped it; the
+// destination holds its pages), not a recovery.
+type movedError struct {
+	to        *pb.Placement
+	migration bool
+}
 
 func (e *movedError) Error() string {
 	return fmt.Sprintf("gateway: the controller moved the request to %s (epoch %d)", e.to.WorkerId, e.to.Epoch)
@@ -82,9 +87,10 @@ func (g *Gateway) endStream(id string) {
 	}
 }
 
-// placementMoved handles a PlacementMoved event: a request in flight whose
-// stream runs at an older epoch is cut, and continues at pl.
-func (g *Gateway) placementMoved(pl *pb.Placement) {
+// placementMoved handles a PlacementMoved event, or a live migration's
+// commit (migration): a request in flight whose stream runs at an older
+// epoch is cut, and continues at pl.
+func (g *Gateway) placementMoved(pl *pb.Placement, migration bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f := g.flights[pl.RequestId]
@@ -93,7 +99,7 @@ func (g *Gateway) placementMoved(pl *pb.Placement) {
 	}
 	f.newer = pl
 	if f.cancel != nil {
-		f.cancel(&movedError{to: pl})
+		f.cancel(&movedError{to: pl, migration: migration})
 	}
 }
 
@@ -175,7 +181,13 @@ func (g *Gateway) watchOn(cc *grpc.ClientConn, from *uint64) error {
 		}
 		last = ev.Index
 		if mv := ev.GetPlacementMoved(); mv != nil && mv.Placement != nil {
-			g.placementMoved(mv.Placement)
+			g.placementMoved(mv.Placement, false)
+		}
+		// A committed migration moves the stream too (the source's last
+		// message usually says so first; the epoch fence makes either
+		// one enough).
+		if mg := ev.GetMigration(); mg != nil && mg.Stage == pb.Migration_STAGE_COMMITTED && mg.Placement != nil {
+			g.placementMoved(mg.Placement, true)
 		}
 		g.watched.Store(ev.Index)
 	}

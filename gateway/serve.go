@@ -282,6 +282,19 @@ func (g *Gateway) completeLater(id string) {
 func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
 	var resumeBy time.Time // zero while the request makes progress
 	var broke error        // what broke the stream last
+	// A live migration's downtime, as the client sees it: from the last
+	// token before the switch to the first after it.
+	var lastToken, switched time.Time
+	deliver := onToken
+	onToken = func(tok int32) bool {
+		now := time.Now()
+		if !switched.IsZero() {
+			g.metrics.migrationDowntime.Observe(now.Sub(switched).Seconds())
+			switched = time.Time{}
+		}
+		lastToken = now
+		return deliver(tok)
+	}
 	for {
 		finish, used, progressed, err := g.stream(ctx, e, pl, resumeBy, stopTokens, onToken)
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
@@ -302,7 +315,12 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "epoch", pl.Epoch, "tokens", len(e.out), "error", err)
 		var mv *movedError
 		if errors.As(err, &mv) {
-			g.metrics.resumes.WithLabelValues("moved").Inc()
+			if mv.migration {
+				g.metrics.resumes.WithLabelValues("migrated").Inc()
+				switched = lastToken
+			} else {
+				g.metrics.resumes.WithLabelValues("moved").Inc()
+			}
 			pl = mv.to
 			continue
 		}
@@ -369,6 +387,15 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 				return "", used, progressed, fmt.Errorf("%w: %s", errNotResumable, status.Convert(err).Message())
 			}
 			return "", used, progressed, cut(err)
+		}
+		if r.Moved != nil {
+			// A live migration committed: the source stopped the request
+			// and the destination holds it; continue there.
+			if r.Moved.Epoch <= pl.Epoch {
+				return "", used, progressed, fmt.Errorf("gateway: worker %s says request %s moved, to epoch %d, not newer than the call's %d",
+					pl.WorkerId, id, r.Moved.Epoch, pl.Epoch)
+			}
+			return "", used, progressed, &movedError{to: r.Moved, migration: true}
 		}
 		fresh, err := e.accept(r.Index, r.Token)
 		if err != nil {

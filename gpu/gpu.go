@@ -161,3 +161,19 @@ func Watch(ctx context.Context, uuids []string) (<-chan HealthEvent, error) {
 	}()
 	return ch, nil
 }
+
+// HealthSource reports GPU faults: NVML's events where an NVIDIA driver
+// runs, an injected source in tests and drills.
+type HealthSource interface {
+	// Watch reports the faults of the devices with the given UUIDs until
+	// ctx ends (then the channel closes); it fails when it cannot watch.
+	Watch(ctx context.Context, uuids []string) (<-chan HealthEvent, error)
+}
+
+// NVML is the driver's XID and ECC events (Watch).
+type NVML struct{}
+
+// Watch implements HealthSource.
+func (NVML) Watch(ctx context.Context, uuids []string) (<-chan HealthEvent, error) {
+	return Watch(ctx, uuids)
+}

@@ -58,3 +58,36 @@ func TestNVMLWatch(t *testing.T) {
 		t.Logf("health event: %+v", ev)
 	}
 }
+
+// TestFaultFile: each complete line appended to the file is a fault, in
+// order; lines that are not faults are skipped.
+func TestFaultFile(t *testing.T) {
+	path := t.TempDir() + "/faults"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := FaultFile{Path: path, Poll: 5 * time.Millisecond}.Watch(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("xid 79 GPU-1\nnonsense\necc-double-bit\nxid 4"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := []HealthEvent{{Kind: "xid", Code: 79, UUID: "GPU-1"}, {Kind: "ecc-double-bit"}}
+	for _, w := range want {
+		ev := <-ch
+		if ev.Kind != w.Kind || ev.Code != w.Code || ev.UUID != w.UUID {
+			t.Fatalf("fault %+v, want %+v", ev, w)
+		}
+	}
+	select {
+	case ev := <-ch:
+		t.Fatalf("a line without its newline was read: %+v", ev)
+	case <-time.After(30 * time.Millisecond):
+	}
+	if _, err := ParseFault("xid"); err == nil {
+		t.Fatal("an xid without its number parsed")
+	}
+	cancel()
+	for range ch {
+	}
+}

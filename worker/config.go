@@ -16,6 +16,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/lumen-project/lumen/gpu"
+	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -81,6 +83,18 @@ type Config struct {
 	// could not release them.
 	ReconcileInterval time.Duration
 
+	// MigrationTimeout is how long a pre-allocation for a request migrating
+	// in waits for the source's next stage (and, after the last, for the
+	// request's call) before its pages are reclaimed (default 5 s). A
+	// source that died mid-copy leaves its pages here that long for a
+	// recovery to reuse.
+	MigrationTimeout time.Duration
+	// GPUHealth, when set, reports the GPU's faults (gpu.NVML on a machine
+	// with an NVIDIA driver): a fault it does not survive drains the worker
+	// by migration (drain.go). GPUs are the devices' UUIDs it watches.
+	GPUHealth gpu.HealthSource
+	GPUs      []string
+
 	Logger hclog.Logger
 }
 
@@ -103,7 +117,7 @@ type Recovery struct {
 func DefaultConfig() Config {
 	return Config{TokenBudget: 512, MaxRunning: 256, MaxWaiting: 4096, LoadInterval: 250 * time.Millisecond,
 		QueueWindow: 10 * time.Second, DrainTimeout: 30 * time.Second, ReconcileInterval: 2 * time.Second,
-		CheckpointBudget: 1 << 30, SpecK: 4}
+		CheckpointBudget: 1 << 30, SpecK: 4, MigrationTimeout: core.DefaultMigrationTimeout}
 }
 
 // Validate says what is wrong with the configuration.
@@ -127,9 +141,9 @@ func (c *Config) Validate() error {
 	if r := c.Recovery; r != nil && (r.Draft == nil || r.LoadDraft == nil || r.Target.ToHost == nil || r.Target.ToDevice == nil) {
 		errs = append(errs, errors.New("Recovery needs a Draft engine, LoadDraft and both Target stages"))
 	}
-	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 || c.ReconcileInterval <= 0 {
-		errs = append(errs, fmt.Errorf("LoadInterval (%s), QueueWindow (%s), DrainTimeout (%s) and ReconcileInterval (%s) must be positive",
-			c.LoadInterval, c.QueueWindow, c.DrainTimeout, c.ReconcileInterval))
+	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 || c.ReconcileInterval <= 0 || c.MigrationTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("LoadInterval (%s), QueueWindow (%s), DrainTimeout (%s), ReconcileInterval (%s) and MigrationTimeout (%s) must be positive",
+			c.LoadInterval, c.QueueWindow, c.DrainTimeout, c.ReconcileInterval, c.MigrationTimeout))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("worker: invalid config: %w", errors.Join(errs...))

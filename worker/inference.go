@@ -92,7 +92,7 @@ func (s *inferenceServer) Generate(req *pb.GenerateRequest, stream grpc.ServerSt
 				}
 				return err
 			}
-			if ev.resp.Done {
+			if ev.resp.Done || ev.resp.Moved != nil {
 				return nil
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -45,6 +46,16 @@ type metrics struct {
 	draftSteps    prometheus.Counter
 	assistSecs    prometheus.Counter
 	phaseSeconds  *prometheus.GaugeVec
+
+	// Live migration (migrate.go).
+	migrationsOut   *prometheus.CounterVec // by outcome
+	migrationsIn    *prometheus.CounterVec // by outcome
+	migrationStages prometheus.Counter
+	migrationPages  *prometheus.CounterVec // by direction
+	migrationStop   prometheus.Histogram
+	migrationsLive  *prometheus.GaugeVec // by direction
+	gpuHealthy      prometheus.Gauge
+	gpuFaults       *prometheus.CounterVec // by kind
 }
 
 func newMetrics() *metrics {
@@ -110,6 +121,37 @@ func newMetrics() *metrics {
 		Help: "Draft-engine steps this worker ran while it assisted."})
 	m.assistSecs = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_assist_seconds_total",
 		Help: "Time this worker spent with an open Assist stream to a partner, as the drafter."})
+	m.migrationsOut = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_migrations_out_total",
+		Help: "Live migrations of requests running here to another worker, by outcome (committed, aborted)."}, []string{"outcome"})
+	m.migrationsIn = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_migrations_in_total",
+		Help: "Live migrations of requests to this worker, by outcome: adopted (the request's call took the pre-filled pages), aborted (the source gave up or a stage was refused), reclaimed (no stage or call within the migration timeout)."},
+		[]string{"outcome"})
+	m.migrationStages = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_migration_stages_total",
+		Help: "Stages of migrations out taken here (each copies the pages filled since the last; the last one stops the request)."})
+	m.migrationPages = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_migration_pages_total",
+		Help: "KV pages copied by live migration, by direction (out: sent from here; in: taken into pre-allocated sequences here)."}, []string{"direction"})
+	m.migrationStop = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_migration_stop_seconds",
+		Help:    "Time a migrating request stood stopped here: from its last stage to the commit (or abort), the source's share of the downtime.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
+	m.migrationsLive = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lumen_worker_migrations",
+		Help: "Live migrations under way, by direction (out: requests of this worker; in: pre-allocations here)."}, []string{"direction"})
+	m.gpuHealthy = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_gpu_healthy",
+		Help: "1 while no GPU fault (XID, ECC) was reported; 0 after one, while the worker drains itself."})
+	m.gpuHealthy.Set(1)
+	m.gpuFaults = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_gpu_faults_total",
+		Help: "GPU faults reported by the health watch, by kind (xid, ecc-double-bit, ecc-single-bit)."}, []string{"kind"})
+	for _, o := range []string{"committed", "aborted"} {
+		m.migrationsOut.WithLabelValues(o)
+	}
+	for _, o := range []string{"adopted", "aborted", "reclaimed"} {
+		m.migrationsIn.WithLabelValues(o)
+	}
+	for _, d := range []string{"out", "in"} {
+		m.migrationPages.WithLabelValues(d)
+		m.migrationsLive.WithLabelValues(d)
+	}
+	m.reg.MustRegister(m.migrationsOut, m.migrationsIn, m.migrationStages, m.migrationPages, m.migrationStop, m.migrationsLive,
+		m.gpuHealthy, m.gpuFaults)
 	m.reg.MustRegister(m.phase, m.phaseSeconds, m.specDrafts, m.specAccepted, m.specVerifies, m.specAccept, m.specK,
 		m.assistStreams, m.drafted, m.draftSteps, m.assistSecs)
 	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptFreed, m.ckptPasses, m.restoredPages, m.recomputed)
@@ -167,3 +209,22 @@ func (m *metrics) setPhase(phase pb.WorkerPhase) {
 
 // phaseName is a phase without its enum prefix: ASSIST, FULL_SERVICE.
 func phaseName(p pb.WorkerPhase) string { return strings.TrimPrefix(p.String(), "WORKER_PHASE_") }
+
+// countMigrations adds an Output's live-migration counters.
+func (m *metrics) countMigrations(o core.Output) {
+	if o.MigrationStages > 0 {
+		m.migrationStages.Add(float64(o.MigrationStages))
+	}
+	if o.MigrationPagesOut > 0 {
+		m.migrationPages.WithLabelValues("out").Add(float64(o.MigrationPagesOut))
+	}
+	if o.MigrationPagesIn > 0 {
+		m.migrationPages.WithLabelValues("in").Add(float64(o.MigrationPagesIn))
+	}
+	if o.MigratedIn > 0 {
+		m.migrationsIn.WithLabelValues("adopted").Add(float64(o.MigratedIn))
+	}
+	if o.MigrationsReclaimed > 0 {
+		m.migrationsIn.WithLabelValues("reclaimed").Add(float64(o.MigrationsReclaimed))
+	}
+}

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -64,6 +65,9 @@ type request struct {
 	reserved uint64 // the request's reserved footprint on the holder
 
 	cr *core.Request // set by the scheduler on submission
+	// moved is where the request continues after its migration out
+	// committed; set by the scheduler before the core ends the request.
+	moved *pb.Placement
 }
 
 // scheduler drives the worker's scheduling core (package core) with the wall
@@ -84,6 +88,9 @@ type scheduler struct {
 	// drafts (assist.go).
 	assist chan assistCtl
 	drafts chan draftOffer
+	// calls run on the scheduler goroutine between steps (do): live
+	// migration's stages (migrate.go).
+	calls chan func()
 
 	// core, sess and mirror are owned by run.
 	core   *core.Core
@@ -97,8 +104,11 @@ type scheduler struct {
 
 type schedStats struct {
 	running, waiting int
-	queueHeadPages   int
-	waits            core.WaitWindow // prefill-start waits
+	// stopped: requests stopped for their migration's commit; incoming:
+	// pre-allocations of migrations in.
+	stopped, incoming int
+	queueHeadPages    int
+	waits             core.WaitWindow // prefill-start waits
 }
 
 // storeView is the checkpoint store as the core reads it.
@@ -108,10 +118,11 @@ func (v storeView) Prefix(hashes []uint64) [][]byte { return v.s.prefix(hashes) 
 
 func newScheduler(w *Worker) *scheduler {
 	c := core.New(core.Config{Self: w.cfg.ID, TokenBudget: w.cfg.TokenBudget, MaxRunning: w.cfg.MaxRunning,
-		MaxWaiting: w.cfg.MaxWaiting, TotalPages: w.cfg.Engine.Info().TotalPages}, storeView{w.store})
+		MaxWaiting: w.cfg.MaxWaiting, TotalPages: w.cfg.Engine.Info().TotalPages, MigrationTimeout: w.cfg.MigrationTimeout},
+		storeView{w.store})
 	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan *request, 256),
 		reset: make(chan error), stop: make(chan struct{}), done: make(chan struct{}), assist: make(chan assistCtl),
-		drafts: make(chan draftOffer, 64), core: c}
+		drafts: make(chan draftOffer, 64), calls: make(chan func(), 16), core: c}
 }
 
 func (s *scheduler) run() {
@@ -119,7 +130,18 @@ func (s *scheduler) run() {
 	ctx := context.Background()
 	for {
 		if s.core.Idle() {
+			// A pre-allocation for a migration in expires even when
+			// nothing runs.
+			var expiry <-chan time.Time
+			var timer *time.Timer
+			if at, ok := s.core.NextExpiry(); ok {
+				timer = time.NewTimer(time.Until(at))
+				expiry = timer.C
+			}
 			select {
+			case <-expiry:
+			case f := <-s.calls:
+				f()
 			case r := <-s.submit:
 				s.admit(r)
 			case r := <-s.cancel:
@@ -134,8 +156,12 @@ func (s *scheduler) run() {
 				s.failAll(errShutdown)
 				return
 			}
+			if timer != nil {
+				timer.Stop()
+			}
 		}
 		s.drainIntake()
+		s.expire()
 		s.publishStats()
 		select {
 		case <-s.stop:
@@ -164,6 +190,8 @@ func (s *scheduler) drainIntake() {
 			s.assistControl(c)
 		case o := <-s.drafts:
 			s.offerDrafts(o)
+		case f := <-s.calls:
+			f()
 		default:
 			return
 		}
@@ -286,6 +314,10 @@ func (s *scheduler) apply() {
 		s.stats.waits.Add(o.Waits...)
 		s.statsMu.Unlock()
 	}
+	for _, e := range o.MigrationsEnded {
+		s.w.migrationEnded(e)
+	}
+	s.w.metrics.countMigrations(o)
 	s.w.metrics.preemptions.Add(float64(o.Preemptions))
 	s.w.metrics.completed.Add(float64(o.Completed))
 	s.w.metrics.restoredPages.Add(float64(o.RestoredPages))
@@ -300,6 +332,10 @@ func (s *scheduler) apply() {
 // deliver puts one core event into its request's mailbox.
 func (s *scheduler) deliver(ev core.Event) {
 	r := ev.Req.Sink.(*request)
+	if errors.Is(ev.Err, core.ErrMigrated) && r.moved != nil {
+		r.box.put(event{resp: &pb.GenerateResponse{Moved: r.moved}})
+		return
+	}
 	if ev.Err != nil {
 		r.box.put(event{err: ev.Err})
 		return
@@ -324,7 +360,9 @@ func (s *scheduler) publishStats() {
 	s.statsMu.Lock()
 	prev := s.stats.running + s.stats.waiting
 	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, s.core.HeadPages()
+	s.stats.stopped, s.stats.incoming = s.core.Stopped(), s.core.Incoming()
 	s.statsMu.Unlock()
+	s.w.metrics.migrationsLive.WithLabelValues("in").Set(float64(s.core.Incoming()))
 	// A large change in the load is reported at once, not at the next tick.
 	if now := running + waiting; now > prev+max(prev/10, 4) || now < prev-max(prev/10, 4) {
 		select {
@@ -342,4 +380,50 @@ func (s *scheduler) snapshot(window time.Duration) (running, waiting, headPages 
 	defer s.statsMu.Unlock()
 	qw = s.stats.waits.Mean(time.Now(), window)
 	return s.stats.running, s.stats.waiting, s.stats.queueHeadPages, qw
+}
+
+// do runs f on the scheduler goroutine between steps and waits for it; it
+// reports false when the scheduler stopped (or ctx ended) before f ran.
+func (s *scheduler) do(ctx context.Context, f func()) bool {
+	ran := make(chan struct{})
+	select {
+	case s.calls <- func() { f(); close(ran) }:
+	case <-s.done:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case <-ran:
+		return true
+	case <-s.done:
+		// It stopped with f queued: f may have run before.
+		select {
+		case <-ran:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// expire reclaims the pre-allocations of migrations in whose timeout
+// passed.
+func (s *scheduler) expire() {
+	if s.core.Incoming() == 0 {
+		return
+	}
+	if n := s.core.Expire(time.Now()); n > 0 {
+		s.w.log.Info("reclaimed the pages of migrations in that got no stage (or call) within the migration timeout",
+			"migrations", n, "timeout", s.w.cfg.MigrationTimeout)
+		s.apply()
+	}
+}
+
+// busy is the requests that hold this worker: running, waiting, stopped
+// for a migration's commit, and migrating in.
+func (s *scheduler) busy() int {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	return s.stats.running + s.stats.waiting + s.stats.stopped + s.stats.incoming
 }

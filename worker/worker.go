@@ -48,10 +48,19 @@ type Worker struct {
 	store *ckptStore
 	peers *workerdir.Directory // checkpoint holders, by id
 
-	mu        sync.Mutex // guards draining, senders, assisting
+	mu        sync.Mutex // guards draining, leaving, senders, assisting, outgoing, migDone
 	draining  bool
 	senders   map[string]*ckptSender
 	assisting *assistSession // the drafter's open Assist stream (assist.go)
+	// outgoing are the migrations out under way, by request id; migDone
+	// the STARTED event's index of each one's last (a repeated event does
+	// not start it again) (migrate.go).
+	outgoing map[string]*migrationOut
+	migDone  map[string]uint64
+	// leaving: the worker drains by migration and leaves once empty
+	// (drain.go); exited closes when it has.
+	leaving bool
+	exited  chan struct{}
 
 	// phase is the phase this process is in or entering (a pb.WorkerPhase);
 	// phaseMu serialises its commits with registrations (progressive.go).
@@ -89,7 +98,8 @@ func New(cfg Config) (w *Worker, err error) {
 	}
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(),
 		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
-		senders: map[string]*ckptSender{}, registered: make(chan struct{})}
+		senders: map[string]*ckptSender{}, registered: make(chan struct{}), outgoing: map[string]*migrationOut{},
+		migDone: map[string]uint64{}, exited: make(chan struct{})}
 	w.stopCtx, w.cancelStop = context.WithCancel(context.Background())
 	w.recoverCtx, w.cancelRecover = context.WithCancel(context.Background())
 	w.metrics.watchPacing(cfg.Engine)
@@ -164,6 +174,10 @@ func New(cfg Config) (w *Worker, err error) {
 	if w.ctl != nil {
 		w.goFunc(w.registerAndReport)
 		w.goFunc(w.reconcileHolds)
+		w.goFunc(w.watchEvents)
+	}
+	if cfg.GPUHealth != nil {
+		w.goFunc(w.watchGPU)
 	}
 	w.log.Info("worker running", "grpc", w.cfg.GRPCAddr, "incarnation", inc, "engine", info.Backend,
 		"model", info.Model, "kv_pages", info.TotalPages, "phase", phaseName(w.Phase()))
@@ -216,7 +230,7 @@ func (w *Worker) serveHTTP() error {
 	mux.Handle("/metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
 	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
-		if w.isDraining() || !w.cfg.Engine.Loaded() {
+		if w.isDraining() || w.isLeaving() || !w.cfg.Engine.Loaded() {
 			http.Error(rw, "not ready", http.StatusServiceUnavailable)
 			return
 		}
@@ -433,6 +447,7 @@ func (w *Worker) Shutdown(ctx context.Context) {
 		if w.ctl != nil {
 			w.ctl.Close()
 		}
+		defer close(w.exited)
 		// A clean shutdown: the next start is not a restart after a failure.
 		// (A start that failed leaves a failed run's marker in place.)
 		if w.started || !w.restarted {

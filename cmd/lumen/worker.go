@@ -50,6 +50,9 @@ func runWorker(args []string) error {
 	draftAlpha := fs.Float64("draft-alpha", core.PriorAcceptance, "synthetic engine: the probability that the draft proposes the target's next token, per position")
 	draftSeed := fs.Uint64("draft-seed", 1, "synthetic engine: the seed of the draft's agreement")
 	progressive := fs.Bool("progressive", true, "after a failure, recover progressively: load the draft, assist a survivor while the model loads, then hot-swap it in (false: load the model at once, as on a fresh start)")
+	fs.DurationVar(&cfg.MigrationTimeout, "migration-timeout", cfg.MigrationTimeout, "how long a request migrating here waits for its source's next stage (and, after the last, for its call) before its pages are reclaimed")
+	interconnect := fs.String("interconnect", "", "with a profile, the KV copy bandwidth to another worker per second (live migration), e.g. 25GB (default: the profile's)")
+	faultFile := fs.String("gpu-fault-file", "", "report a GPU fault for each line appended to this file (xid 79, ecc-double-bit): a drill, or a test, without a GPU; with NVML the driver's events are watched anyway")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -82,14 +85,33 @@ func runWorker(args []string) error {
 	if !found.NVML {
 		logger.Info(found.Reason)
 	} else {
+		cfg.GPUHealth = gpu.NVML{}
 		for _, d := range found.Devices {
 			logger.Info("GPU", "index", d.Index, "name", d.Name, "uuid", d.UUID, "memory_mib", d.MemoryBytes>>20)
+			cfg.GPUs = append(cfg.GPUs, d.UUID)
 		}
 		if paced && found.Devices[0].MemoryBytes > 0 {
 			// KV capacity follows the real device's memory.
 			profile.GPUMemBytes = int64(found.Devices[0].MemoryBytes)
 			cfg.Profile = &profile
 		}
+	}
+	if *faultFile != "" {
+		if cfg.GPUHealth != nil {
+			logger.Warn("-gpu-fault-file replaces the NVML health events", "file", *faultFile)
+		}
+		cfg.GPUHealth = gpu.FaultFile{Path: *faultFile}
+	}
+	if *interconnect != "" {
+		if !paced {
+			return fmt.Errorf("-interconnect needs a -profile: it paces the copy of the profile's KV bytes")
+		}
+		bw, err := parseBytes(interconnect)
+		if err != nil || bw == 0 {
+			return fmt.Errorf("-interconnect %q: a positive size per second, like 25GB", *interconnect)
+		}
+		profile.InterconnectBytesPerSec = float64(bw)
+		cfg.Profile = &profile
 	}
 	if *timeScale <= 0 || *loadScale < 0 {
 		return fmt.Errorf("-time-scale (%g) must be > 0 and -load-scale (%g) >= 0", *timeScale, *loadScale)
@@ -177,9 +199,13 @@ func runWorker(args []string) error {
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	s := <-sig
-	logger.Info("draining", "signal", s.String())
-	w.Shutdown(context.Background())
+	select {
+	case s := <-sig:
+		logger.Info("draining", "signal", s.String())
+		w.Shutdown(context.Background())
+	case <-w.Exited():
+		logger.Info("drained and left")
+	}
 	return nil
 }
 

@@ -23,6 +23,78 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// MigrateRefusal is why the destination refused a stage.
+type MigrateRefusal int32
+
+const (
+	// Accepted.
+	MigrateRefusal_MIGRATE_REFUSAL_UNSPECIFIED MigrateRefusal = 0
+	// The stage's pages do not fit beside a page of headroom per running
+	// request, or the destination runs its most requests.
+	MigrateRefusal_MIGRATE_REFUSAL_OUT_OF_PAGES MigrateRefusal = 1
+	// The placement is not MIGRATING under the stage's epoch (it moved, or
+	// the controller aborted the migration), or a newer migration of the
+	// request is under way here.
+	MigrateRefusal_MIGRATE_REFUSAL_STALE_EPOCH MigrateRefusal = 2
+	// The destination knows no such migration: the placement does not name
+	// it as the target (or another incarnation of it), or its pre-allocation
+	// was reclaimed after the migration timeout.
+	MigrateRefusal_MIGRATE_REFUSAL_UNKNOWN_REQUEST MigrateRefusal = 3
+	// A stage out of order or whose pages disagree with the history.
+	MigrateRefusal_MIGRATE_REFUSAL_BAD_STAGE MigrateRefusal = 4
+	// The destination does not take migrations now (draining, loading its
+	// model, no controller to check placements with, already runs the
+	// request).
+	MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE MigrateRefusal = 5
+)
+
+// Enum value maps for MigrateRefusal.
+var (
+	MigrateRefusal_name = map[int32]string{
+		0: "MIGRATE_REFUSAL_UNSPECIFIED",
+		1: "MIGRATE_REFUSAL_OUT_OF_PAGES",
+		2: "MIGRATE_REFUSAL_STALE_EPOCH",
+		3: "MIGRATE_REFUSAL_UNKNOWN_REQUEST",
+		4: "MIGRATE_REFUSAL_BAD_STAGE",
+		5: "MIGRATE_REFUSAL_UNAVAILABLE",
+	}
+	MigrateRefusal_value = map[string]int32{
+		"MIGRATE_REFUSAL_UNSPECIFIED":     0,
+		"MIGRATE_REFUSAL_OUT_OF_PAGES":    1,
+		"MIGRATE_REFUSAL_STALE_EPOCH":     2,
+		"MIGRATE_REFUSAL_UNKNOWN_REQUEST": 3,
+		"MIGRATE_REFUSAL_BAD_STAGE":       4,
+		"MIGRATE_REFUSAL_UNAVAILABLE":     5,
+	}
+)
+
+func (x MigrateRefusal) Enum() *MigrateRefusal {
+	p := new(MigrateRefusal)
+	*p = x
+	return p
+}
+
+func (x MigrateRefusal) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MigrateRefusal) Descriptor() protoreflect.EnumDescriptor {
+	return file_worker_proto_enumTypes[0].Descriptor()
+}
+
+func (MigrateRefusal) Type() protoreflect.EnumType {
+	return &file_worker_proto_enumTypes[0]
+}
+
+func (x MigrateRefusal) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MigrateRefusal.Descriptor instead.
+func (MigrateRefusal) EnumDescriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
 type FinishReason int32
 
 const (
@@ -56,11 +128,11 @@ func (x FinishReason) String() string {
 }
 
 func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_worker_proto_enumTypes[0].Descriptor()
+	return file_worker_proto_enumTypes[1].Descriptor()
 }
 
 func (FinishReason) Type() protoreflect.EnumType {
-	return &file_worker_proto_enumTypes[0]
+	return &file_worker_proto_enumTypes[1]
 }
 
 func (x FinishReason) Number() protoreflect.EnumNumber {
@@ -69,7 +141,388 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+// MigrateMessage is one message of the source: a part of a stage, or the
+// migration's end.
+type MigrateMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Body:
+	//
+	//	*MigrateMessage_Stage
+	//	*MigrateMessage_End
+	Body          isMigrateMessage_Body `protobuf_oneof:"body"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateMessage) Reset() {
+	*x = MigrateMessage{}
+	mi := &file_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateMessage) ProtoMessage() {}
+
+func (x *MigrateMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateMessage.ProtoReflect.Descriptor instead.
+func (*MigrateMessage) Descriptor() ([]byte, []int) {
 	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MigrateMessage) GetBody() isMigrateMessage_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *MigrateMessage) GetStage() *MigrationStage {
+	if x != nil {
+		if x, ok := x.Body.(*MigrateMessage_Stage); ok {
+			return x.Stage
+		}
+	}
+	return nil
+}
+
+func (x *MigrateMessage) GetEnd() *MigrationEnd {
+	if x != nil {
+		if x, ok := x.Body.(*MigrateMessage_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+type isMigrateMessage_Body interface {
+	isMigrateMessage_Body()
+}
+
+type MigrateMessage_Stage struct {
+	Stage *MigrationStage `protobuf:"bytes,1,opt,name=stage,proto3,oneof"`
+}
+
+type MigrateMessage_End struct {
+	End *MigrationEnd `protobuf:"bytes,2,opt,name=end,proto3,oneof"`
+}
+
+func (*MigrateMessage_Stage) isMigrateMessage_Body() {}
+
+func (*MigrateMessage_End) isMigrateMessage_Body() {}
+
+// MigrationStage is a stage of a migration, or a part of one: each part
+// repeats the header and carries the pages that follow the last part's.
+type MigrationStage struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The placement epoch the migration runs under. The destination checks
+	// the placement: MIGRATING at this epoch towards it, its incarnation.
+	Epoch           uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	FromWorker      string `protobuf:"bytes,3,opt,name=from_worker,json=fromWorker,proto3" json:"from_worker,omitempty"`
+	FromIncarnation uint64 `protobuf:"varint,4,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	// 1, 2, ...: each stage carries the full pages filled since the last.
+	Stage uint32 `protobuf:"varint,5,opt,name=stage,proto3" json:"stage,omitempty"`
+	// Index of the first page of this part.
+	FirstPage uint32 `protobuf:"varint,6,opt,name=first_page,json=firstPage,proto3" json:"first_page,omitempty"`
+	// The prefix hash of each page (core.PageHashes), and its KV bytes
+	// (engine.ExportPage).
+	PrefixHashes []uint64 `protobuf:"fixed64,7,rep,packed,name=prefix_hashes,json=prefixHashes,proto3" json:"prefix_hashes,omitempty"`
+	Pages        [][]byte `protobuf:"bytes,8,rep,name=pages,proto3" json:"pages,omitempty"`
+	// More parts of this stage follow; the destination acknowledges a stage
+	// after its last part.
+	More bool `protobuf:"varint,9,opt,name=more,proto3" json:"more,omitempty"`
+	// The stop-and-copy: the request stopped at the source. Its last part
+	// also carries the partial last page (tail_positions of it:
+	// engine.ExportTail) and the request's whole token history.
+	Last          bool    `protobuf:"varint,10,opt,name=last,proto3" json:"last,omitempty"`
+	Tail          []byte  `protobuf:"bytes,11,opt,name=tail,proto3" json:"tail,omitempty"`
+	TailPositions uint32  `protobuf:"varint,12,opt,name=tail_positions,json=tailPositions,proto3" json:"tail_positions,omitempty"`
+	History       []int32 `protobuf:"varint,13,rep,packed,name=history,proto3" json:"history,omitempty"`
+	// Last: the request's checkpoint holder at the source, and how many of
+	// its pages the source has sent there. When the request keeps that
+	// holder at the destination, the destination does not send them again.
+	Holder            string `protobuf:"bytes,14,opt,name=holder,proto3" json:"holder,omitempty"`
+	CheckpointedPages uint32 `protobuf:"varint,15,opt,name=checkpointed_pages,json=checkpointedPages,proto3" json:"checkpointed_pages,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *MigrationStage) Reset() {
+	*x = MigrationStage{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationStage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationStage) ProtoMessage() {}
+
+func (x *MigrationStage) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationStage.ProtoReflect.Descriptor instead.
+func (*MigrationStage) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MigrationStage) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *MigrationStage) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetFromWorker() string {
+	if x != nil {
+		return x.FromWorker
+	}
+	return ""
+}
+
+func (x *MigrationStage) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetStage() uint32 {
+	if x != nil {
+		return x.Stage
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetFirstPage() uint32 {
+	if x != nil {
+		return x.FirstPage
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetPrefixHashes() []uint64 {
+	if x != nil {
+		return x.PrefixHashes
+	}
+	return nil
+}
+
+func (x *MigrationStage) GetPages() [][]byte {
+	if x != nil {
+		return x.Pages
+	}
+	return nil
+}
+
+func (x *MigrationStage) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *MigrationStage) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+func (x *MigrationStage) GetTail() []byte {
+	if x != nil {
+		return x.Tail
+	}
+	return nil
+}
+
+func (x *MigrationStage) GetTailPositions() uint32 {
+	if x != nil {
+		return x.TailPositions
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetHistory() []int32 {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+func (x *MigrationStage) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *MigrationStage) GetCheckpointedPages() uint32 {
+	if x != nil {
+		return x.CheckpointedPages
+	}
+	return 0
+}
+
+// MigrationEnd is how the migration ended at the source: committed (the
+// request's call comes next), or aborted (free the pre-allocation).
+type MigrationEnd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Committed     bool                   `protobuf:"varint,1,opt,name=committed,proto3" json:"committed,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrationEnd) Reset() {
+	*x = MigrationEnd{}
+	mi := &file_worker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationEnd) ProtoMessage() {}
+
+func (x *MigrationEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationEnd.ProtoReflect.Descriptor instead.
+func (*MigrationEnd) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MigrationEnd) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
+func (x *MigrationEnd) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// MigrateAck answers a stage.
+type MigrateAck struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Stage   uint32                 `protobuf:"varint,1,opt,name=stage,proto3" json:"stage,omitempty"`
+	Refusal MigrateRefusal         `protobuf:"varint,2,opt,name=refusal,proto3,enum=lumen.v1.MigrateRefusal" json:"refusal,omitempty"`
+	// What was wrong, for the source's log and its abort reason.
+	Detail string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	// KV pages the destination holds for the request after the stage.
+	PagesHeld     uint32 `protobuf:"varint,4,opt,name=pages_held,json=pagesHeld,proto3" json:"pages_held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateAck) Reset() {
+	*x = MigrateAck{}
+	mi := &file_worker_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateAck) ProtoMessage() {}
+
+func (x *MigrateAck) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateAck.ProtoReflect.Descriptor instead.
+func (*MigrateAck) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MigrateAck) GetStage() uint32 {
+	if x != nil {
+		return x.Stage
+	}
+	return 0
+}
+
+func (x *MigrateAck) GetRefusal() MigrateRefusal {
+	if x != nil {
+		return x.Refusal
+	}
+	return MigrateRefusal_MIGRATE_REFUSAL_UNSPECIFIED
+}
+
+func (x *MigrateAck) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *MigrateAck) GetPagesHeld() uint32 {
+	if x != nil {
+		return x.PagesHeld
+	}
+	return 0
 }
 
 // DraftBatch is a drafter's message: its identity (first message) and the
@@ -85,7 +538,7 @@ type DraftBatch struct {
 
 func (x *DraftBatch) Reset() {
 	*x = DraftBatch{}
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -97,7 +550,7 @@ func (x *DraftBatch) String() string {
 func (*DraftBatch) ProtoMessage() {}
 
 func (x *DraftBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -110,7 +563,7 @@ func (x *DraftBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftBatch.ProtoReflect.Descriptor instead.
 func (*DraftBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DraftBatch) GetDrafterId() string {
@@ -148,7 +601,7 @@ type DraftTokens struct {
 
 func (x *DraftTokens) Reset() {
 	*x = DraftTokens{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -160,7 +613,7 @@ func (x *DraftTokens) String() string {
 func (*DraftTokens) ProtoMessage() {}
 
 func (x *DraftTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -173,7 +626,7 @@ func (x *DraftTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftTokens.ProtoReflect.Descriptor instead.
 func (*DraftTokens) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DraftTokens) GetRequestId() string {
@@ -210,7 +663,7 @@ type MirrorBatch struct {
 
 func (x *MirrorBatch) Reset() {
 	*x = MirrorBatch{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -222,7 +675,7 @@ func (x *MirrorBatch) String() string {
 func (*MirrorBatch) ProtoMessage() {}
 
 func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -235,7 +688,7 @@ func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorBatch.ProtoReflect.Descriptor instead.
 func (*MirrorBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MirrorBatch) GetUpdates() []*MirrorUpdate {
@@ -267,7 +720,7 @@ type MirrorUpdate struct {
 
 func (x *MirrorUpdate) Reset() {
 	*x = MirrorUpdate{}
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +732,7 @@ func (x *MirrorUpdate) String() string {
 func (*MirrorUpdate) ProtoMessage() {}
 
 func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +745,7 @@ func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorUpdate.ProtoReflect.Descriptor instead.
 func (*MirrorUpdate) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MirrorUpdate) GetRequestId() string {
@@ -343,7 +796,7 @@ type CheckpointMessage struct {
 
 func (x *CheckpointMessage) Reset() {
 	*x = CheckpointMessage{}
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +808,7 @@ func (x *CheckpointMessage) String() string {
 func (*CheckpointMessage) ProtoMessage() {}
 
 func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +821,7 @@ func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointMessage.ProtoReflect.Descriptor instead.
 func (*CheckpointMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckpointMessage) GetRequestId() string {
@@ -423,7 +876,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +888,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +901,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{5}
+	return file_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CheckpointAck) GetStored() uint32 {
@@ -478,7 +931,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +943,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +956,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{6}
+	return file_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -551,7 +1004,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +1016,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +1029,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{7}
+	return file_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GenerateRequest) GetRequestId() string {
@@ -641,16 +1094,20 @@ type GenerateResponse struct {
 	// Index of the token in the request's output.
 	Index uint32 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
 	// Set on the last token.
-	Done          bool         `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
-	FinishReason  FinishReason `protobuf:"varint,4,opt,name=finish_reason,json=finishReason,proto3,enum=lumen.v1.FinishReason" json:"finish_reason,omitempty"`
-	PromptTokens  uint32       `protobuf:"varint,5,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	Done         bool         `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	FinishReason FinishReason `protobuf:"varint,4,opt,name=finish_reason,json=finishReason,proto3,enum=lumen.v1.FinishReason" json:"finish_reason,omitempty"`
+	PromptTokens uint32       `protobuf:"varint,5,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// Set only on the stream's last message when the request moved (a live
+	// migration committed): no token comes with it; the call continues at
+	// this placement with the tokens streamed so far.
+	Moved         *Placement `protobuf:"bytes,6,opt,name=moved,proto3" json:"moved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +1119,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +1132,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{8}
+	return file_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GenerateResponse) GetToken() int32 {
@@ -713,11 +1170,52 @@ func (x *GenerateResponse) GetPromptTokens() uint32 {
 	return 0
 }
 
+func (x *GenerateResponse) GetMoved() *Placement {
+	if x != nil {
+		return x.Moved
+	}
+	return nil
+}
+
 var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\"\x8b\x01\n" +
+	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"v\n" +
+	"\x0eMigrateMessage\x120\n" +
+	"\x05stage\x18\x01 \x01(\v2\x18.lumen.v1.MigrationStageH\x00R\x05stage\x12*\n" +
+	"\x03end\x18\x02 \x01(\v2\x16.lumen.v1.MigrationEndH\x00R\x03endB\x06\n" +
+	"\x04body\"\xc5\x03\n" +
+	"\x0eMigrationStage\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vfrom_worker\x18\x03 \x01(\tR\n" +
+	"fromWorker\x12)\n" +
+	"\x10from_incarnation\x18\x04 \x01(\x04R\x0ffromIncarnation\x12\x14\n" +
+	"\x05stage\x18\x05 \x01(\rR\x05stage\x12\x1d\n" +
+	"\n" +
+	"first_page\x18\x06 \x01(\rR\tfirstPage\x12#\n" +
+	"\rprefix_hashes\x18\a \x03(\x06R\fprefixHashes\x12\x14\n" +
+	"\x05pages\x18\b \x03(\fR\x05pages\x12\x12\n" +
+	"\x04more\x18\t \x01(\bR\x04more\x12\x12\n" +
+	"\x04last\x18\n" +
+	" \x01(\bR\x04last\x12\x12\n" +
+	"\x04tail\x18\v \x01(\fR\x04tail\x12%\n" +
+	"\x0etail_positions\x18\f \x01(\rR\rtailPositions\x12\x18\n" +
+	"\ahistory\x18\r \x03(\x05R\ahistory\x12\x16\n" +
+	"\x06holder\x18\x0e \x01(\tR\x06holder\x12-\n" +
+	"\x12checkpointed_pages\x18\x0f \x01(\rR\x11checkpointedPages\"D\n" +
+	"\fMigrationEnd\x12\x1c\n" +
+	"\tcommitted\x18\x01 \x01(\bR\tcommitted\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8d\x01\n" +
+	"\n" +
+	"MigrateAck\x12\x14\n" +
+	"\x05stage\x18\x01 \x01(\rR\x05stage\x122\n" +
+	"\arefusal\x18\x02 \x01(\x0e2\x18.lumen.v1.MigrateRefusalR\arefusal\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x1d\n" +
+	"\n" +
+	"pages_held\x18\x04 \x01(\rR\tpagesHeld\"\x8b\x01\n" +
 	"\n" +
 	"DraftBatch\x12\x1d\n" +
 	"\n" +
@@ -766,22 +1264,31 @@ const file_worker_proto_rawDesc = "" +
 	"\vstop_tokens\x18\x06 \x03(\x05R\n" +
 	"stopTokens\x12\x16\n" +
 	"\x06holder\x18\a \x01(\tR\x06holder\x12\x14\n" +
-	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\xb4\x01\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\xdf\x01\n" +
 	"\x10GenerateResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +
 	"\x04done\x18\x03 \x01(\bR\x04done\x12;\n" +
 	"\rfinish_reason\x18\x04 \x01(\x0e2\x16.lumen.v1.FinishReasonR\ffinishReason\x12#\n" +
-	"\rprompt_tokens\x18\x05 \x01(\rR\fpromptTokens*_\n" +
+	"\rprompt_tokens\x18\x05 \x01(\rR\fpromptTokens\x12)\n" +
+	"\x05moved\x18\x06 \x01(\v2\x13.lumen.v1.PlacementR\x05moved*\xd9\x01\n" +
+	"\x0eMigrateRefusal\x12\x1f\n" +
+	"\x1bMIGRATE_REFUSAL_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cMIGRATE_REFUSAL_OUT_OF_PAGES\x10\x01\x12\x1f\n" +
+	"\x1bMIGRATE_REFUSAL_STALE_EPOCH\x10\x02\x12#\n" +
+	"\x1fMIGRATE_REFUSAL_UNKNOWN_REQUEST\x10\x03\x12\x1d\n" +
+	"\x19MIGRATE_REFUSAL_BAD_STAGE\x10\x04\x12\x1f\n" +
+	"\x1bMIGRATE_REFUSAL_UNAVAILABLE\x10\x05*_\n" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
-	"\x14FINISH_REASON_LENGTH\x10\x022\xd1\x01\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x022\x90\x02\n" +
 	"\tInference\x12C\n" +
 	"\bGenerate\x12\x19.lumen.v1.GenerateRequest\x1a\x1a.lumen.v1.GenerateResponse0\x01\x12D\n" +
 	"\n" +
 	"Checkpoint\x12\x1b.lumen.v1.CheckpointMessage\x1a\x17.lumen.v1.CheckpointAck(\x01\x129\n" +
-	"\x06Assist\x12\x14.lumen.v1.DraftBatch\x1a\x15.lumen.v1.MirrorBatch(\x010\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
+	"\x06Assist\x12\x14.lumen.v1.DraftBatch\x1a\x15.lumen.v1.MirrorBatch(\x010\x01\x12=\n" +
+	"\aMigrate\x12\x18.lumen.v1.MigrateMessage\x1a\x14.lumen.v1.MigrateAck(\x010\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
 
 var (
 	file_worker_proto_rawDescOnce sync.Once
@@ -795,36 +1302,48 @@ func file_worker_proto_rawDescGZIP() []byte {
 	return file_worker_proto_rawDescData
 }
 
-var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_worker_proto_goTypes = []any{
-	(FinishReason)(0),         // 0: lumen.v1.FinishReason
-	(*DraftBatch)(nil),        // 1: lumen.v1.DraftBatch
-	(*DraftTokens)(nil),       // 2: lumen.v1.DraftTokens
-	(*MirrorBatch)(nil),       // 3: lumen.v1.MirrorBatch
-	(*MirrorUpdate)(nil),      // 4: lumen.v1.MirrorUpdate
-	(*CheckpointMessage)(nil), // 5: lumen.v1.CheckpointMessage
-	(*CheckpointAck)(nil),     // 6: lumen.v1.CheckpointAck
-	(*SamplingParams)(nil),    // 7: lumen.v1.SamplingParams
-	(*GenerateRequest)(nil),   // 8: lumen.v1.GenerateRequest
-	(*GenerateResponse)(nil),  // 9: lumen.v1.GenerateResponse
+	(MigrateRefusal)(0),       // 0: lumen.v1.MigrateRefusal
+	(FinishReason)(0),         // 1: lumen.v1.FinishReason
+	(*MigrateMessage)(nil),    // 2: lumen.v1.MigrateMessage
+	(*MigrationStage)(nil),    // 3: lumen.v1.MigrationStage
+	(*MigrationEnd)(nil),      // 4: lumen.v1.MigrationEnd
+	(*MigrateAck)(nil),        // 5: lumen.v1.MigrateAck
+	(*DraftBatch)(nil),        // 6: lumen.v1.DraftBatch
+	(*DraftTokens)(nil),       // 7: lumen.v1.DraftTokens
+	(*MirrorBatch)(nil),       // 8: lumen.v1.MirrorBatch
+	(*MirrorUpdate)(nil),      // 9: lumen.v1.MirrorUpdate
+	(*CheckpointMessage)(nil), // 10: lumen.v1.CheckpointMessage
+	(*CheckpointAck)(nil),     // 11: lumen.v1.CheckpointAck
+	(*SamplingParams)(nil),    // 12: lumen.v1.SamplingParams
+	(*GenerateRequest)(nil),   // 13: lumen.v1.GenerateRequest
+	(*GenerateResponse)(nil),  // 14: lumen.v1.GenerateResponse
+	(*Placement)(nil),         // 15: lumen.v1.Placement
 }
 var file_worker_proto_depIdxs = []int32{
-	2, // 0: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
-	4, // 1: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
-	7, // 2: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
-	0, // 3: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
-	8, // 4: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
-	5, // 5: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
-	1, // 6: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
-	9, // 7: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
-	6, // 8: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
-	3, // 9: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	3,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
+	4,  // 1: lumen.v1.MigrateMessage.end:type_name -> lumen.v1.MigrationEnd
+	0,  // 2: lumen.v1.MigrateAck.refusal:type_name -> lumen.v1.MigrateRefusal
+	7,  // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
+	9,  // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
+	12, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
+	1,  // 6: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
+	15, // 7: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
+	13, // 8: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
+	10, // 9: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
+	6,  // 10: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
+	2,  // 11: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
+	14, // 12: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
+	11, // 13: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
+	8,  // 14: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
+	5,  // 15: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
+	12, // [12:16] is the sub-list for method output_type
+	8,  // [8:12] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -832,13 +1351,18 @@ func file_worker_proto_init() {
 	if File_worker_proto != nil {
 		return
 	}
+	file_types_proto_init()
+	file_worker_proto_msgTypes[0].OneofWrappers = []any{
+		(*MigrateMessage_Stage)(nil),
+		(*MigrateMessage_End)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   9,
+			NumEnums:      2,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

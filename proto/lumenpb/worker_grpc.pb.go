@@ -24,6 +24,7 @@ const (
 	Inference_Generate_FullMethodName   = "/lumen.v1.Inference/Generate"
 	Inference_Checkpoint_FullMethodName = "/lumen.v1.Inference/Checkpoint"
 	Inference_Assist_FullMethodName     = "/lumen.v1.Inference/Assist"
+	Inference_Migrate_FullMethodName    = "/lumen.v1.Inference/Migrate"
 )
 
 // InferenceClient is the client API for Inference service.
@@ -41,6 +42,21 @@ type InferenceClient interface {
 	// history of every request it runs and its progress after each step. A
 	// target accepts one Assist stream at a time.
 	Assist(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DraftBatch, MirrorBatch], error)
+	// Migrate is a live migration's page stream from a request's source to
+	// its destination (the MIGRATING placement's migration_target). The
+	// source sends the stages in order, each in one or more parts, while the
+	// request keeps decoding; the destination takes each stage into a
+	// pre-allocated sequence and acknowledges it, or refuses it, which ends
+	// the migration. The last stage comes after the source stopped the
+	// request and carries the rest: the partial last page and the token
+	// history. After its ack the source commits through the controller
+	// (FinishMigration), frees the request, and tells the destination how the
+	// migration ended; the request's next Generate call at the destination,
+	// under the new epoch, adopts the pre-filled sequence. A stream that
+	// breaks without an end leaves the pre-allocation until the destination's
+	// migration timeout: the source may have died, and a recovery that places
+	// the request at the destination reuses its pages as a checkpoint.
+	Migrate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[MigrateMessage, MigrateAck], error)
 }
 
 type inferenceClient struct {
@@ -96,6 +112,19 @@ func (c *inferenceClient) Assist(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_AssistClient = grpc.BidiStreamingClient[DraftBatch, MirrorBatch]
 
+func (c *inferenceClient) Migrate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[MigrateMessage, MigrateAck], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Inference_ServiceDesc.Streams[3], Inference_Migrate_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[MigrateMessage, MigrateAck]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_MigrateClient = grpc.BidiStreamingClient[MigrateMessage, MigrateAck]
+
 // InferenceServer is the server API for Inference service.
 // All implementations must embed UnimplementedInferenceServer
 // for forward compatibility.
@@ -111,6 +140,21 @@ type InferenceServer interface {
 	// history of every request it runs and its progress after each step. A
 	// target accepts one Assist stream at a time.
 	Assist(grpc.BidiStreamingServer[DraftBatch, MirrorBatch]) error
+	// Migrate is a live migration's page stream from a request's source to
+	// its destination (the MIGRATING placement's migration_target). The
+	// source sends the stages in order, each in one or more parts, while the
+	// request keeps decoding; the destination takes each stage into a
+	// pre-allocated sequence and acknowledges it, or refuses it, which ends
+	// the migration. The last stage comes after the source stopped the
+	// request and carries the rest: the partial last page and the token
+	// history. After its ack the source commits through the controller
+	// (FinishMigration), frees the request, and tells the destination how the
+	// migration ended; the request's next Generate call at the destination,
+	// under the new epoch, adopts the pre-filled sequence. A stream that
+	// breaks without an end leaves the pre-allocation until the destination's
+	// migration timeout: the source may have died, and a recovery that places
+	// the request at the destination reuses its pages as a checkpoint.
+	Migrate(grpc.BidiStreamingServer[MigrateMessage, MigrateAck]) error
 	mustEmbedUnimplementedInferenceServer()
 }
 
@@ -129,6 +173,9 @@ func (UnimplementedInferenceServer) Checkpoint(grpc.ClientStreamingServer[Checkp
 }
 func (UnimplementedInferenceServer) Assist(grpc.BidiStreamingServer[DraftBatch, MirrorBatch]) error {
 	return status.Error(codes.Unimplemented, "method Assist not implemented")
+}
+func (UnimplementedInferenceServer) Migrate(grpc.BidiStreamingServer[MigrateMessage, MigrateAck]) error {
+	return status.Error(codes.Unimplemented, "method Migrate not implemented")
 }
 func (UnimplementedInferenceServer) mustEmbedUnimplementedInferenceServer() {}
 func (UnimplementedInferenceServer) testEmbeddedByValue()                   {}
@@ -176,6 +223,13 @@ func _Inference_Assist_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_AssistServer = grpc.BidiStreamingServer[DraftBatch, MirrorBatch]
 
+func _Inference_Migrate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(InferenceServer).Migrate(&grpc.GenericServerStream[MigrateMessage, MigrateAck]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_MigrateServer = grpc.BidiStreamingServer[MigrateMessage, MigrateAck]
+
 // Inference_ServiceDesc is the grpc.ServiceDesc for Inference service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -197,6 +251,12 @@ var Inference_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Assist",
 			Handler:       _Inference_Assist_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Migrate",
+			Handler:       _Inference_Migrate_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

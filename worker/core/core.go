@@ -39,6 +39,14 @@ type Config struct {
 	TokenBudget, MaxRunning, MaxWaiting int
 	// TotalPages is the engine's KV pages, for the message of ErrTooLarge.
 	TotalPages int
+	// Live migration (migrate.go): a stage is the last (stop-and-copy)
+	// when at most MigrationStopPages pages are left to send (default 16)
+	// or at stage MigrationMaxStages (default 3); a destination's
+	// pre-allocation that gets no stage for MigrationTimeout (and, after
+	// the last, no call) is reclaimed (default 5 s). Zero takes the default.
+	MigrationStopPages int
+	MigrationMaxStages int
+	MigrationTimeout   time.Duration
 }
 
 // Store is the worker's checkpoint store as the Core sees it: the pages it
@@ -84,6 +92,7 @@ type Request struct {
 	draftBase int
 	drafts    []int32
 	verifyBuf []int32
+	out       *outgoing // its migration out (migrate.go), or nil
 }
 
 // Outputs is the number of output tokens so far.
@@ -184,6 +193,13 @@ type Output struct {
 	Preemptions, Completed, RestoredPages, RecomputedTokens int
 	// Speculation: drafts verified and accepted, verification rows.
 	DraftTokens, AcceptedTokens, Verifications int
+	// MigrationsEnded are migrations out the Core ended (the request left):
+	// abort them with the destination and the controller.
+	MigrationsEnded []MigrationEnd
+	// Live migration: stages taken and pages in them (out), pages accepted
+	// (in), migrations committed out and adopted in, pre-allocations
+	// reclaimed.
+	MigrationStages, MigrationPagesOut, MigrationPagesIn, MigratedOut, MigratedIn, MigrationsReclaimed int
 }
 
 // Truncate cuts sequence Seq back to its first Len positions.
@@ -201,10 +217,15 @@ type Core struct {
 	waiting []*Request
 	running []*Request // in admission order
 	byID    map[string]*Request
-	nextSeq engine.SeqID
-	noAdmit bool // the last step ran out of pages: rebuild without admitting
-	pending Step // the step Next returned, until Done or StepFailed
-	spec    spec // speculative verification (spec.go)
+	// stopped are requests whose migration out took its last stage: they
+	// hold their sequence until the commit (migrate.go).
+	stopped []*Request
+	// incoming are the destination's pre-allocations, in arrival order.
+	incoming []*incoming
+	nextSeq  engine.SeqID
+	noAdmit  bool // the last step ran out of pages: rebuild without admitting
+	pending  Step // the step Next returned, until Done or StepFailed
+	spec     spec // speculative verification (spec.go)
 
 	// Buffers a Step's slices are cut from.
 	batchBuf   []engine.Chunk
@@ -268,6 +289,12 @@ func (c *Core) CachedPages() int {
 	for _, r := range c.running {
 		n += PagesFor(r.fed)
 	}
+	for _, r := range c.stopped {
+		n += PagesFor(r.fed)
+	}
+	for _, in := range c.incoming {
+		n += in.pages
+	}
 	return n
 }
 
@@ -285,7 +312,7 @@ func (c *Core) Lookup(id string) *Request { return c.byID[id] }
 func (c *Core) Output() Output {
 	o := c.out
 	c.out = Output{Release: o.Release[:0], Truncates: o.Truncates[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
-		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0]}
+		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0], MigrationsEnded: o.MigrationsEnded[:0]}
 	return o
 }
 
@@ -311,6 +338,14 @@ func (c *Core) Submit(r *Request) {
 		// Refusing it made a race into a client-visible error: the old
 		// call's cancellation can reach the scheduler after the new call.
 		c.drop(old, ErrSuperseded, true)
+	}
+	// A call under a newer epoch than a migration in of its request comes
+	// after the move: it adopts the pre-filled sequence.
+	if i, in := c.findIncoming(r.ID); in != nil && r.Epoch > in.epoch {
+		c.byID[r.ID] = r
+		if c.adopt(r, i, in) {
+			return
+		}
 	}
 	if len(c.waiting) >= c.cfg.MaxWaiting {
 		c.event(Event{Req: r, Err: fmt.Errorf("%w: %d requests wait", ErrQueueFull, len(c.waiting))})
@@ -360,6 +395,17 @@ func (c *Core) event(e Event) { c.out.Events = append(c.out.Events, e) }
 // drop removes a request wherever it is and frees its pages; err, when not
 // nil, is sent to its stream. releaseCkpt asks its holder to drop its pages.
 func (c *Core) drop(r *Request, err error, releaseCkpt bool) {
+	why := "the call was cancelled"
+	if err != nil {
+		why = err.Error()
+	}
+	// A request stopped for its migration's commit may continue at the
+	// destination (its call here is cut when the gateway switches): its
+	// holder keeps its pages, and reconciles them if it does not.
+	if r.out != nil && r.out.stopped {
+		releaseCkpt = false
+	}
+	c.endOut(r, why)
 	delete(c.byID, r.ID)
 	c.out.Release = append(c.out.Release, r.seq)
 	c.waiting = remove(c.waiting, r)
@@ -467,7 +513,8 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		return st
 	}
 	free -= len(c.running)
-	for len(c.waiting) > 0 && budget > 0 && len(c.running) < c.cfg.MaxRunning {
+	// A request migrating in holds a running slot from its first stage.
+	for len(c.waiting) > 0 && budget > 0 && len(c.running)+len(c.incoming) < c.cfg.MaxRunning {
 		r := c.waiting[0]
 		pages, hashes := c.restorable(r)
 		if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget)) > free {
@@ -494,6 +541,7 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 func (c *Core) preempt() int {
 	victim := c.running[len(c.running)-1]
 	c.running = c.running[:len(c.running)-1]
+	c.endOut(victim, "the request was preempted")
 	c.out.Release = append(c.out.Release, victim.seq)
 	freed := PagesFor(victim.fed)
 	c.nextSeq++
@@ -516,7 +564,7 @@ func (c *Core) makeRoom(free int) int {
 		r := c.waiting[0]
 		pages, _ := c.restorable(r)
 		need := PagesFor(min(len(r.History), len(pages)*engine.PageTokens+c.cfg.TokenBudget))
-		if need <= free-len(c.running) && len(c.running) < c.cfg.MaxRunning {
+		if need <= free-len(c.running) && len(c.running)+len(c.incoming) < c.cfg.MaxRunning {
 			return free
 		}
 		vi := -1
@@ -539,6 +587,7 @@ func (c *Core) makeRoom(free int) int {
 // requeue drops a running request's cache and puts it back in the queue
 // behind the resumed requests, to be recomputed; it returns the pages freed.
 func (c *Core) requeue(v *Request) int {
+	c.endOut(v, "the request was preempted")
 	c.out.Release = append(c.out.Release, v.seq)
 	freed := PagesFor(v.fed)
 	c.nextSeq++
@@ -595,6 +644,7 @@ func (c *Core) RestoreFailed(r *Request) {
 	if r.fed == 0 {
 		return
 	}
+	c.endOut(r, "its checkpoint could not be restored")
 	c.out.RestoredPages -= len(r.hashes)
 	c.out.RecomputedTokens += r.fed
 	c.out.Release = append(c.out.Release, r.seq)
@@ -666,6 +716,7 @@ func (c *Core) commit(now time.Time, r *Request, tok int32) (ended bool) {
 	if ev.Finish == FinishNone {
 		return false
 	}
+	c.endOut(r, "the request finished")
 	delete(c.byID, r.ID)
 	c.out.Release = append(c.out.Release, r.seq)
 	c.running = remove(c.running, r)

@@ -25,7 +25,8 @@ type harness struct {
 	errs    map[string]error
 	ckpt    map[string][]uint64 // checkpoint pages queued, by request
 	refuse  func(CheckpointPage) bool
-	total   Output // counters summed
+	total   Output         // counters summed
+	ended   []MigrationEnd // migrations out the core ended
 }
 
 type memStore map[uint64][]byte
@@ -85,6 +86,7 @@ func (h *harness) apply() {
 		}
 		h.ckpt[p.Req.ID] = append(h.ckpt[p.Req.ID], p.Hash)
 	}
+	h.ended = append(h.ended, o.MigrationsEnded...)
 	h.total.Preemptions += o.Preemptions
 	h.total.Completed += o.Completed
 	h.total.RestoredPages += o.RestoredPages

@@ -2,8 +2,9 @@
 // machine: continuous batching of requests over a paged KV cache, with
 // admission, chunked prefill under a token budget, preemption by recompute,
 // restore of a checkpointed prefix followed by a partial prefill, resumed
-// requests ahead of new ones, the checkpoint pages to ship to a holder, and
-// the load statistics the controller's policies read (q_w).
+// requests ahead of new ones, the checkpoint pages to ship to a holder, live
+// migration's stages and the adoption of what they copied, and the load
+// statistics the controller's policies read (q_w).
 //
 // A Core owns no goroutine, channel or clock, and does no I/O: time is an
 // input, the engine and the checkpoint store are the caller's. The worker
@@ -35,6 +36,14 @@
 //  6. Apply Output() again: releases, token and error events, checkpoint
 //     pages to queue for holders (report a page the queue refused with
 //     CheckpointBehind), checkpoint releases, counters and waits.
+//
+// Live migration (migrate.go) runs between steps too: a source calls
+// MigrateOut, then NextStage each time the destination acknowledged the
+// previous stage, and CommitOut or AbortOut at the end; a destination calls
+// AcceptStage for each stage (and appends its pages to the sequence it
+// returns), AbortIn when the source gives up, and Expire when NextExpiry
+// comes. Apply Output() after each of them. The request's next call adopts
+// the pre-filled sequence in Submit.
 //
 // An empty Step (no chunks) means nothing can run now: when the Core is not
 // Idle, call Next again (the first call after a squeeze does not admit).

@@ -87,6 +87,19 @@ type Engine interface {
 	// ImportPages fills an empty seq with full pages (its first
 	// len(pages)·PageTokens positions).
 	ImportPages(seq SeqID, pages [][]byte) error
+	// ExportTail returns the KV bytes of seq's positions past its last
+	// full page, as a page whose later positions are zero, and how many
+	// positions they are (nil and 0 when there are none).
+	ExportTail(seq SeqID) (tail []byte, n int, err error)
+	// AppendPages appends full pages to seq, which holds a whole number of
+	// pages (none for a new one), then, when n > 0, the first n positions
+	// of tail (an ExportTail's page), after which seq takes no more. It is
+	// how a live migration's stages arrive in the destination's
+	// pre-allocated sequence. It changes nothing when it fails. Unlike
+	// ImportPages a paced engine does not charge it to the step: on a GPU
+	// the copy between instances runs beside compute, and its sender paces
+	// the transfer.
+	AppendPages(seq SeqID, pages [][]byte, tail []byte, n int) error
 	// Release frees seq.
 	Release(seq SeqID)
 	FreePages() int

@@ -32,7 +32,15 @@ type Profile struct {
 	D2HBytesPerSec      float64 // GPU → pinned host
 	DiskBytesPerSec     float64 // weights from the page cache
 	EngineInit          time.Duration
+	// InterconnectBytesPerSec is the KV copy between two instances (live
+	// migration); 0 takes DefaultInterconnectBytesPerSec.
+	InterconnectBytesPerSec float64
 }
+
+// DefaultInterconnectBytesPerSec is a KV copy between GPUs of two instances
+// at 25 GB/s (NVLink-class, or 200 Gb/s InfiniBand: CALIBRATION.md,
+// "Migration arithmetic").
+const DefaultInterconnectBytesPerSec = 25e9
 
 // KVBytesPerToken is bf16 K and V over every layer.
 func (p Profile) KVBytesPerToken() int64 { return int64(2 * p.Layers * p.KVHeads * p.HeadDim * 2) }
@@ -84,6 +92,15 @@ func (p Profile) StepTimeK(rows, k, prefillTokens int) time.Duration {
 func (p Profile) ImportTime(n int) time.Duration {
 	b := float64(int64(n) * PageTokens * p.KVBytesPerToken())
 	return time.Duration(b / p.H2DBytesPerSec * float64(time.Second))
+}
+
+// MigrationTime is the copy of n KV pages to another instance.
+func (p Profile) MigrationTime(n int) time.Duration {
+	bw := p.InterconnectBytesPerSec
+	if bw == 0 {
+		bw = DefaultInterconnectBytesPerSec
+	}
+	return time.Duration(float64(int64(n)*PageTokens*p.KVBytesPerToken()) / bw * float64(time.Second))
 }
 
 // LoadTime is weights from disk into host memory, then host to GPU, then

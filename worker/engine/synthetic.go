@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/lumen-project/lumen/tokenizer"
@@ -197,9 +198,33 @@ func (s *Synthetic) ExportPage(seq SeqID, i int) ([]byte, error) {
 	if q == nil || i < 0 || (i+1)*PageTokens > len(q.tokens) {
 		return nil, fmt.Errorf("%w: sequence %d has no full page %d", ErrBadInput, seq, i)
 	}
-	h := q.hashes[(i+1)*PageTokens-1]
+	return encodeSynthPage(q.tokens[i*PageTokens:(i+1)*PageTokens], q.hashes[(i+1)*PageTokens-1]), nil
+}
+
+// ExportTail implements Engine.
+func (s *Synthetic) ExportTail(seq SeqID) ([]byte, int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.seqs[seq]
+	if q == nil {
+		return nil, 0, fmt.Errorf("%w: unknown sequence %d", ErrBadInput, seq)
+	}
+	full := len(q.tokens) / PageTokens * PageTokens
+	if full == len(q.tokens) {
+		return nil, 0, nil
+	}
+	return encodeSynthPage(q.tokens[full:], q.hashes[len(q.tokens)-1]), len(q.tokens) - full, nil
+}
+
+// encodeSynthPage is a page's bytes: its tokens (zero past them), the
+// prefix hash through its last token, and filler derived from the hash.
+func encodeSynthPage(tokens []int32, h uint64) []byte {
 	out := make([]byte, 0, SyntheticPageBytes)
-	for _, t := range q.tokens[i*PageTokens : (i+1)*PageTokens] {
+	for j := range PageTokens {
+		var t int32
+		if j < len(tokens) {
+			t = tokens[j]
+		}
 		out = binary.LittleEndian.AppendUint32(out, uint32(t))
 	}
 	out = binary.LittleEndian.AppendUint64(out, h)
@@ -207,7 +232,28 @@ func (s *Synthetic) ExportPage(seq SeqID, i int) ([]byte, error) {
 		x = mix(x, 1)
 		out = binary.LittleEndian.AppendUint64(out, x)
 	}
-	return out, nil
+	return out
+}
+
+// decodeSynthPage appends the first n tokens of page p to q, extending the
+// prefix hash chain, and checks the page's hash.
+func decodeSynthPage(q *synthSeq, p []byte, n int, i int) error {
+	if len(p) != SyntheticPageBytes {
+		return fmt.Errorf("%w: page %d is %d bytes, a synthetic page is %d", ErrBadInput, i, len(p), SyntheticPageBytes)
+	}
+	h := uint64(0x51ab1e)
+	if len(q.hashes) > 0 {
+		h = q.hashes[len(q.hashes)-1]
+	}
+	for j := range n {
+		tok := int32(binary.LittleEndian.Uint32(p[4*j:]))
+		h = mix(h, tok)
+		q.tokens, q.hashes = append(q.tokens, tok), append(q.hashes, h)
+	}
+	if got := binary.LittleEndian.Uint64(p[4*PageTokens:]); got != h {
+		return fmt.Errorf("%w: page %d is corrupt: prefix hash %x, tokens give %x", ErrBadInput, i, got, h)
+	}
+	return nil
 }
 
 // ImportPages implements Engine: it rebuilds the sequence from the pages'
@@ -222,22 +268,55 @@ func (s *Synthetic) ImportPages(seq SeqID, pages [][]byte) error {
 		return ErrOutOfPages
 	}
 	q := &synthSeq{}
-	h := uint64(0x51ab1e)
 	for i, p := range pages {
-		if len(p) != SyntheticPageBytes {
-			return fmt.Errorf("%w: page %d is %d bytes, a synthetic page is %d", ErrBadInput, i, len(p), SyntheticPageBytes)
-		}
-		for j := 0; j < PageTokens; j++ {
-			tok := int32(binary.LittleEndian.Uint32(p[4*j:]))
-			h = mix(h, tok)
-			q.tokens, q.hashes = append(q.tokens, tok), append(q.hashes, h)
-		}
-		if got := binary.LittleEndian.Uint64(p[4*PageTokens:]); got != h {
-			return fmt.Errorf("%w: page %d is corrupt: prefix hash %x, tokens give %x", ErrBadInput, i, got, h)
+		if err := decodeSynthPage(q, p, PageTokens, i); err != nil {
+			return err
 		}
 	}
 	q.pages = len(pages)
 	s.free -= q.pages
+	s.seqs[seq] = q
+	return nil
+}
+
+// AppendPages implements Engine.
+func (s *Synthetic) AppendPages(seq SeqID, pages [][]byte, tail []byte, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n < 0 || n >= PageTokens {
+		return fmt.Errorf("%w: a tail of %d positions: a partial page holds 0..%d", ErrBadInput, n, PageTokens-1)
+	}
+	old := s.seqs[seq]
+	if old == nil {
+		old = &synthSeq{}
+	}
+	if len(old.tokens)%PageTokens != 0 {
+		return fmt.Errorf("%w: append to sequence %d, which holds %d positions, not a whole number of pages", ErrBadInput, seq, len(old.tokens))
+	}
+	need := len(pages)
+	if n > 0 {
+		need++
+	}
+	if len(old.tokens)+len(pages)*PageTokens+n > s.cfg.MaxContext {
+		return fmt.Errorf("%w: sequence %d would hold %d positions, beyond the context of %d", ErrBadInput, seq,
+			len(old.tokens)+len(pages)*PageTokens+n, s.cfg.MaxContext)
+	}
+	if need > s.free {
+		return ErrOutOfPages
+	}
+	q := &synthSeq{tokens: slices.Clone(old.tokens), hashes: slices.Clone(old.hashes), pages: old.pages}
+	for i, p := range pages {
+		if err := decodeSynthPage(q, p, PageTokens, i); err != nil {
+			return err
+		}
+	}
+	if n > 0 {
+		if err := decodeSynthPage(q, tail, n, len(pages)); err != nil {
+			return err
+		}
+	}
+	q.pages += need
+	s.free -= need
 	s.seqs[seq] = q
 	return nil
 }

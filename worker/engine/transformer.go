@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/lumen-project/lumen/tokenizer"
@@ -232,20 +233,98 @@ func (t *Transformer) ImportPages(seq SeqID, pages [][]byte) error {
 		id := t.free[len(t.free)-1]
 		t.free = t.free[:len(t.free)-1]
 		s.pages = append(s.pages, id)
-		off := 0
-		for l := 0; l < t.mc.Layers; l++ {
-			for v := 0; v < 2; v++ {
-				dst := t.kvAt(id, l, v)
-				for j := range dst {
-					dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(p[off:]))
-					off += 4
-				}
-			}
-		}
+		t.fillPage(id, p)
 	}
 	s.n = len(pages) * PageTokens
 	t.seqs[seq] = s
 	return nil
+}
+
+// ExportTail implements Engine: the partial last page in ExportPage's
+// layout, the positions past the sequence's end zero.
+func (t *Transformer) ExportTail(seq SeqID) ([]byte, int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.seqs[seq]
+	if s == nil {
+		return nil, 0, fmt.Errorf("%w: unknown sequence %d", ErrBadInput, seq)
+	}
+	n := s.n % PageTokens
+	if n == 0 {
+		return nil, 0, nil
+	}
+	kvd := t.mc.KVHeads * t.mc.HeadDim
+	out := make([]byte, 0, PageTokens*int(t.mc.KVBytesPerToken()))
+	for l := 0; l < t.mc.Layers; l++ {
+		for v := 0; v < 2; v++ {
+			for j, f := range t.kvAt(s.pages[s.n/PageTokens], l, v) {
+				if j >= n*kvd {
+					f = 0
+				}
+				out = binary.LittleEndian.AppendUint32(out, math.Float32bits(f))
+			}
+		}
+	}
+	return out, n, nil
+}
+
+// AppendPages implements Engine.
+func (t *Transformer) AppendPages(seq SeqID, pages [][]byte, tail []byte, n int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n < 0 || n >= PageTokens {
+		return fmt.Errorf("%w: a tail of %d positions: a partial page holds 0..%d", ErrBadInput, n, PageTokens-1)
+	}
+	s := t.seqs[seq]
+	have := 0
+	if s != nil {
+		have = s.n
+	}
+	if have%PageTokens != 0 {
+		return fmt.Errorf("%w: append to sequence %d, which holds %d positions, not a whole number of pages", ErrBadInput, seq, have)
+	}
+	all := pages
+	if n > 0 {
+		all = append(slices.Clip(pages), tail)
+	}
+	want := PageTokens * int(t.mc.KVBytesPerToken())
+	for i, p := range all {
+		if len(p) != want {
+			return fmt.Errorf("%w: page %d is %d bytes, a page of %s is %d", ErrBadInput, i, len(p), t.mc.Name, want)
+		}
+	}
+	if end := have + len(pages)*PageTokens + n; end > t.mc.MaxContext {
+		return fmt.Errorf("%w: sequence %d would hold %d positions, beyond the context of %d", ErrBadInput, seq, end, t.mc.MaxContext)
+	}
+	if len(all) > len(t.free) {
+		return ErrOutOfPages
+	}
+	if s == nil {
+		s = &sequence{}
+		t.seqs[seq] = s
+	}
+	for _, p := range all {
+		id := t.free[len(t.free)-1]
+		t.free = t.free[:len(t.free)-1]
+		s.pages = append(s.pages, id)
+		t.fillPage(id, p)
+	}
+	s.n = have + len(pages)*PageTokens + n
+	return nil
+}
+
+// fillPage writes an exported page's bytes into page id.
+func (t *Transformer) fillPage(id int32, p []byte) {
+	off := 0
+	for l := 0; l < t.mc.Layers; l++ {
+		for v := 0; v < 2; v++ {
+			dst := t.kvAt(id, l, v)
+			for j := range dst {
+				dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(p[off:]))
+				off += 4
+			}
+		}
+	}
 }
 
 // row is one position computed in a Forward call.

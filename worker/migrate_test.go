@@ -1,0 +1,215 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/lumen-project/lumen/gpu"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// follow is the gateway's part in a test: it streams a request from its
+// placement's worker, and when the stream ends with a move it calls the
+// destination with the tokens so far, as the gateway does. It returns the
+// tokens and the placements it was served from; gaps are the times from
+// the last token before each move to the first after it.
+func (c *cluster) follow(ctx context.Context, pl *pb.Placement, prompt []int32, maxTokens int, got chan<- int32,
+	gaps *[]time.Duration) ([]int32, []*pb.Placement, error) {
+	var out []int32
+	used := []*pb.Placement{pl}
+	var last time.Time
+	moved := false
+	for {
+		h := c.workers[pl.WorkerId]
+		stream, err := h.cl.Generate(ctx, &pb.GenerateRequest{RequestId: pl.RequestId, Prompt: prompt, Generated: out,
+			MaxTokens: uint32(maxTokens), Epoch: pl.Epoch, Holder: pl.HolderId})
+		if err != nil {
+			return out, used, err
+		}
+		for {
+			r, err := stream.Recv()
+			if err == io.EOF {
+				return out, used, fmt.Errorf("%s's stream ended without a last token", pl.WorkerId)
+			}
+			if err != nil {
+				return out, used, fmt.Errorf("%s: %w", pl.WorkerId, err)
+			}
+			if r.Moved != nil {
+				pl = r.Moved
+				used = append(used, pl)
+				moved = true
+				break
+			}
+			if moved && gaps != nil {
+				*gaps = append(*gaps, time.Since(last))
+			}
+			moved, last = false, time.Now()
+			if int(r.Index) != len(out) {
+				return out, used, fmt.Errorf("%s sent index %d after %d tokens", pl.WorkerId, r.Index, len(out))
+			}
+			out = append(out, r.Token)
+			if got != nil {
+				got <- r.Token
+			}
+			if r.Done {
+				return out, used, nil
+			}
+		}
+	}
+}
+
+func (c *cluster) migrate(id, to string) (*pb.Placement, error) {
+	var resp *pb.MigrateResponse
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := c.ctl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) (e error) {
+		resp, e = op.Migrate(ctx, &pb.MigrateRequest{RequestId: id, ToWorker: to})
+		return e
+	})
+	return resp.GetPlacement(), err
+}
+
+// TestMigrationMovesARunningRequest: an operator migrates a request while it
+// decodes; the source copies its pages in stages, stops it, commits, and
+// ends its stream with the destination's placement; the call there adopts
+// the copied pages (nothing recomputed) and the output is the reference.
+// Every page is free on both workers at the end.
+func TestMigrationMovesARunningRequest(t *testing.T) {
+	// Paced as Qwen3-14B on an H100: steps of at least 12 ms, so the
+	// request still decodes when the migration runs.
+	c := startCluster(t, func(wc *Config) { wc.Engine = engine.NewPaced(wc.Engine, engine.Profiles["qwen3-14b-h100"], 1) })
+	rng := rand.New(rand.NewSource(51))
+	prompt := randomPrompt(rng, 280) // 18 pages: more than 16, two stages
+	const maxTokens = 40
+	wantc := make(chan []int32, 1)
+	go func() { wantc <- reference(t, prompt, maxTokens) }() // beside the run: the race detector slows the transformer tenfold
+	pl := c.dispatch("m1", uint32(len(prompt)), maxTokens)
+	src, dst := c.workers[pl.WorkerId], c.workers[pl.HolderId]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got := make(chan int32, maxTokens)
+	type result struct {
+		out  []int32
+		used []*pb.Placement
+		err  error
+	}
+	done := make(chan result, 1)
+	var gaps []time.Duration
+	go func() {
+		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, &gaps)
+		done <- result{out, used, err}
+	}()
+	for range 5 {
+		<-got
+	}
+	to := pl.HolderId
+	if _, err := c.migrate("m1", to); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	want := <-wantc
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if !slices.Equal(res.out, want) {
+		t.Fatalf("output differs from the reference:\n got %v\nwant %v", res.out, want)
+	}
+	t.Logf("the client waited %v between the source's last token and the destination's first", gaps)
+	if len(res.used) != 2 || res.used[1].WorkerId != to || res.used[1].Epoch != pl.Epoch+1 {
+		t.Fatalf("served from %v; want %s, then %s at epoch %d", res.used, pl.WorkerId, to, pl.Epoch+1)
+	}
+	if n := counterValue(src.w.metrics.migrationsOut.WithLabelValues("committed")); n != 1 {
+		t.Errorf("%v migrations out committed at the source", n)
+	}
+	if n := counterValue(dst.w.metrics.migrationsIn.WithLabelValues("adopted")); n != 1 {
+		t.Errorf("%v migrations in adopted at the destination", n)
+	}
+	if n := counterValue(dst.w.metrics.recomputed); n != 0 {
+		t.Errorf("%v tokens recomputed at the destination", n)
+	}
+	if n := counterValue(src.w.metrics.migrationStages); n < 2 {
+		t.Errorf("%v stages for 18 pages, want at least 2", n)
+	}
+	for id, h := range c.workers {
+		waitUntil(t, 10*time.Second, id+"'s pages all free", func() bool { return h.eng.FreePages() == 256 })
+	}
+}
+
+// TestGPUFaultDrainsTheWorker: the health source reports a fault the GPU
+// does not survive (a benign XID and a corrected ECC error before it change
+// nothing): the worker marks its GPU unhealthy, commits DRAINING, the
+// control plane migrates its request away, and once empty it leaves
+// (Exited closes) with nothing recomputed; the output is the reference.
+func TestGPUFaultDrainsTheWorker(t *testing.T) {
+	faults := gpu.NewInjected()
+	c := startCluster(t, func(wc *Config) {
+		syntheticTarget(wc) // paced: the request is still decoding when the fault comes
+		if wc.ID == "w1" {
+			wc.GPUHealth = faults
+		}
+	})
+	rng := rand.New(rand.NewSource(53))
+	prompt := randomPrompt(rng, 200)
+	const maxTokens = 200
+	want := synthReference(t, prompt, maxTokens, engine.Sampling{})
+	var pl *pb.Placement
+	for i := 0; pl == nil || pl.WorkerId != "w1"; i++ {
+		pl = c.dispatch(fmt.Sprintf("g%d", i), uint32(len(prompt)), maxTokens)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got := make(chan int32, maxTokens)
+	type result struct {
+		out  []int32
+		used []*pb.Placement
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, nil)
+		done <- result{out, used, err}
+	}()
+	for range 5 {
+		<-got
+	}
+	w1 := c.workers["w1"].w
+	faults.Inject(gpu.HealthEvent{Kind: "xid", Code: 13, UUID: "GPU-test"})
+	faults.Inject(gpu.HealthEvent{Kind: "ecc-single-bit", UUID: "GPU-test"})
+	waitUntil(t, 5*time.Second, "both faults counted", func() bool {
+		return counterValue(w1.metrics.gpuFaults.WithLabelValues("xid"))+counterValue(w1.metrics.gpuFaults.WithLabelValues("ecc-single-bit")) == 2
+	})
+	if gaugeValue(w1.metrics.gpuHealthy) != 1 || w1.isLeaving() {
+		t.Fatal("a benign XID or a corrected ECC error drained the worker")
+	}
+	faults.Inject(gpu.HealthEvent{Kind: "ecc-double-bit", UUID: "GPU-test"})
+	select {
+	case <-w1.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not leave after its GPU fault")
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if !slices.Equal(res.out, want) {
+		t.Fatalf("output differs from the reference:\n got %v\nwant %v", res.out, want)
+	}
+	if len(res.used) != 2 || res.used[1].WorkerId != "w2" {
+		t.Fatalf("served from %v; want w1, then w2 by migration", res.used)
+	}
+	if gaugeValue(w1.metrics.gpuHealthy) != 0 {
+		t.Error("the GPU is still marked healthy")
+	}
+	if n := counterValue(c.workers["w2"].w.metrics.recomputed); n != 0 {
+		t.Errorf("%v tokens recomputed", n)
+	}
+	if ph := row(t, c.ctl, "w1").GetPhase(); ph != pb.WorkerPhase_WORKER_PHASE_LEFT {
+		t.Errorf("w1 is %s, want LEFT", ph)
+	}
+}
