@@ -252,16 +252,24 @@ func TestCheckerStoredVsReserved(t *testing.T) {
 // After quiescence nothing is left: no placement, no reservation, no
 // stored page.
 func TestCheckerNoLeak(t *testing.T) {
-	quiet := Quiescence{Holders: []BudgetSample{{Worker: "w1", Budget: 10}, {Worker: "w2", Budget: 10}}}
+	quiet := Quiescence{Holders: []BudgetSample{{Worker: "w1", Budget: 10}, {Worker: "w2", Budget: 10}},
+		Workers: []WorkerQuiet{{Worker: "w1", Reported: true}, {Worker: "w2", Reported: true}}}
 	if v := CheckNoLeak(quiet); !v.OK || !quiet.Quiet() {
 		t.Fatalf("a quiet cluster rejected: %v", v.Violations)
 	}
 	for name, q := range map[string]Quiescence{
-		"a placement survives":   {Placements: 1, Holders: quiet.Holders},
-		"a reservation survives": {Holders: []BudgetSample{{Worker: "w1", Reserved: 5, Held: 1}}},
-		"a holder keeps pages":   {Holders: []BudgetSample{{Worker: "w1", Stored: 4096}}},
-		"the cluster is gone":    {Err: "no controller answered"},
-		"no workers":             {},
+		"a placement survives":      {Placements: 1, Holders: quiet.Holders},
+		"a reservation survives":    {Holders: []BudgetSample{{Worker: "w1", Reserved: 5, Held: 1}}},
+		"a holder keeps pages":      {Holders: []BudgetSample{{Worker: "w1", Stored: 4096}}},
+		"the cluster is gone":       {Err: "no controller answered"},
+		"no workers":                {},
+		"a worker keeps pages":      {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, KVPages: 3}}},
+		"a request still runs":      {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, Running: 1}}},
+		"a pre-allocation stays":    {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, LiveIn: 1}}},
+		"a migration out stays":     {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, LiveOut: 1}}},
+		"a placement migrates":      {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, TableIn: 1}}},
+		"a worker never reports":    {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1"}}},
+		"a worker's metrics unread": {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, ScrapeErr: "connection refused"}}},
 	} {
 		if v := CheckNoLeak(q); v.OK || q.Quiet() {
 			t.Errorf("%s: not caught", name)
