@@ -161,8 +161,12 @@ type Quiescence struct {
 	Placements uint32 // ClusterStatus.placements
 	Holders    []BudgetSample
 	Workers    []WorkerQuiet
-	Waited     time.Duration // how long it was waited for
-	Err        string        // the last observation failed
+	// The most KV pages one worker's load report counted and the most
+	// MIGRATING placements into one worker during the run (for the note).
+	PeakKVPages     uint64
+	PeakMigratingIn uint32
+	Waited          time.Duration // how long it was waited for
+	Err             string        // the last observation failed
 }
 
 // Quiet reports whether nothing is left: no placement, and every holder
@@ -255,7 +259,7 @@ func CheckNoLeak(q Quiescence) Verdict {
 			v.fail("%s: %s", w.Worker, l)
 		}
 	}
-	v.Note += fmt.Sprintf(", %d workers' KV pages and migrations", len(q.Workers))
+	v.Note += fmt.Sprintf(", %d workers' KV pages and migrations (peaks during the run: %d KV pages, %d migrations into a worker)", len(q.Workers), q.PeakKVPages, q.PeakMigratingIn)
 	return v
 }
 

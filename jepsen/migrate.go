@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/status"
@@ -26,10 +27,13 @@ import (
 //     150–450 ms, seeded): of a stream in flight, mostly, else of a
 //     placement client's request (a placement no worker runs: its source
 //     aborts; or it completes while it migrates);
-//   - each fault forces one more migration of a stream in flight and kills,
-//     picked at random (seeded) and logged, its source, its destination,
-//     both, or the controller leader while it copies, or its old source or
-//     its destination as it commits. Dead processes restart at heal.
+//   - each fault forces one more migration of a stream in flight (a long
+//     one when one is open: it copies in stages) and kills, picked at
+//     random (seeded) and logged, its source, its destination, both, or the
+//     controller leader while it copies, or its old source or its
+//     destination as it commits; or pauses (SIGSTOP) its source or its
+//     destination while it copies. Dead processes restart at heal, paused
+//     ones get SIGCONT.
 
 // The migrate faults, picked at random (seeded) each time.
 const (
@@ -39,9 +43,11 @@ const (
 	mkLeader      = "leader"                 // kill -9 the leader while the pages copy
 	mkSourceAt    = "source-at-commit"       // kill -9 the old source as the commit is applied
 	mkDestAt      = "destination-at-commit"  // kill -9 the new owner as the commit is applied
+	mkPauseSource = "pause-source"           // SIGSTOP the source while the pages copy
+	mkPauseDest   = "pause-destination"      // SIGSTOP the destination while the pages copy
 )
 
-var migrateKillModes = []string{mkSource, mkDestination, mkBoth, mkLeader, mkSourceAt, mkDestAt}
+var migrateKillModes = []string{mkSource, mkDestination, mkBoth, mkLeader, mkSourceAt, mkDestAt, mkPauseSource, mkPauseDest}
 
 // midKillDelay bounds the seeded delay between a forced migration's start
 // (the Migrate call's answer) and a kill while the pages copy: a stream's
@@ -67,8 +73,8 @@ type MigrationStats struct {
 	// gRPC code.
 	Requested int
 	Refused   map[string]int
-	// Kills: the migrate faults, by mode; KilledMigrating: those whose
-	// victim died before the migration's outcome was in the event log.
+	// Kills: the migrate faults, by mode; KilledMigrating: those that
+	// struck before the migration's outcome was in the event log.
 	Kills           map[string]int
 	KilledMigrating int
 	// StreamsMigrated: completed streams whose request (or one of its
@@ -96,7 +102,7 @@ func (s MigrationStats) String() string {
 	out := fmt.Sprintf("%d migrations started (%s), %d committed, %d aborted (%s), %d recovered from the copy; migrator: %d requested, refused %s; %d completed streams migrated",
 		started, countList(s.Started), s.Committed, aborted, countList(s.Aborted), s.FromCopy, s.Requested, countList(s.Refused), s.StreamsMigrated)
 	if len(s.Kills) > 0 {
-		out += fmt.Sprintf("; migrate kills: %s (%d while migrating)", countList(s.Kills), s.KilledMigrating)
+		out += fmt.Sprintf("; migrate faults: %s (%d struck while it copied)", countList(s.Kills), s.KilledMigrating)
 	}
 	return out
 }
@@ -175,10 +181,10 @@ func streamsMigrated(streams []Stream, committed map[string]bool) int {
 func (e *env) hasNemesis(name string) bool { return slices.Contains(e.cfg.Nemeses, name) }
 
 // openStream records that a stream's request id is in flight (its first
-// chunk named it); closeStream, that it ended.
-func (e *env) openStream(id string) {
+// chunk named it), and its length; closeStream, that it ended.
+func (e *env) openStream(id string, max int) {
 	e.mu.Lock()
-	e.openIDs[id] = true
+	e.openIDs[id] = max
 	e.mu.Unlock()
 }
 
@@ -189,12 +195,19 @@ func (e *env) closeStream(id string) {
 }
 
 // openStreamID picks a request id of a stream in flight, at random with
-// rng (sorted first, so a seed picks the same way), or "".
-func (e *env) openStreamID(rng *rand.Rand) string {
+// rng (sorted first, so a seed picks the same way), or "". With long, it
+// picks among the longest streams open.
+func (e *env) openStreamID(rng *rand.Rand, long bool) string {
 	e.mu.Lock()
 	ids := make([]string, 0, len(e.openIDs))
-	for id := range e.openIDs {
-		ids = append(ids, id)
+	longest := 0
+	for _, n := range e.openIDs {
+		longest = max(longest, n)
+	}
+	for id, n := range e.openIDs {
+		if !long || n == longest {
+			ids = append(ids, id)
+		}
 	}
 	e.mu.Unlock()
 	if len(ids) == 0 {
@@ -250,7 +263,7 @@ func (e *env) migrator(ctx context.Context) {
 		}
 		id := ""
 		if rng.Intn(5) > 0 {
-			id = e.openStreamID(rng)
+			id = e.openStreamID(rng, false)
 		}
 		if id == "" {
 			id = e.recentID(rng)
@@ -334,7 +347,7 @@ func (e *env) migrateKill(ctx context.Context) (string, error) {
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("%s: %w", mode, last)
 		}
-		if id = e.openStreamID(e.rng); id == "" {
+		if id = e.openStreamID(e.rng, true); id == "" {
 			sleepCtx(ctx, 20*time.Millisecond)
 			continue
 		}
@@ -400,6 +413,19 @@ func (e *env) migrateKill(ctx context.Context) (string, error) {
 			e.killWorker(w)
 		}
 	}
+	verb := "kill -9 "
+	if mode == mkPauseSource || mode == mkPauseDest {
+		v := src
+		if mode == mkPauseDest {
+			v = dst
+		}
+		verb, victims = "SIGSTOP ", []string{v}
+		if w := e.process(v); w != nil {
+			if err := e.cl.SignalWorker(w, syscall.SIGSTOP); err != nil {
+				verb = fmt.Sprintf("SIGSTOP (failed: %v) ", err)
+			}
+		}
+	}
 	if mode == mkLeader {
 		e.cl.Kill(leader)
 		victims = []string{"leader " + e.cl.Controllers[leader].ID}
@@ -410,5 +436,5 @@ func (e *env) migrateKill(ctx context.Context) (string, error) {
 		e.migs.KilledMigrating++
 	}
 	e.mu.Unlock()
-	return what + ": kill -9 " + strings.Join(victims, " and "), nil
+	return what + ": " + verb + strings.Join(victims, " and "), nil
 }

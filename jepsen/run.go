@@ -121,9 +121,14 @@ type env struct {
 	// openIDs are the request ids of the streams in flight (as their
 	// first chunk named them); migs, what live migration did; committed,
 	// the request ids whose migration committed.
-	openIDs   map[string]bool
+	openIDs   map[string]int // and their lengths
 	migs      MigrationStats
 	committed map[string]bool
+	// peakKV and peakMigrating are the most KV pages a worker's load
+	// report counted and the most MIGRATING placements into a worker, as
+	// sampleBudgets saw them (what no-leak's zeros are set against).
+	peakKV        uint64
+	peakMigrating uint32
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -144,7 +149,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{},
 		workerKills: map[string]int{}, assistKills: map[string]int{}, inService: map[string]uint64{},
-		openIDs: map[string]bool{}, migs: newMigrationStats(), committed: map[string]bool{}}
+		openIDs: map[string]int{}, migs: newMigrationStats(), committed: map[string]bool{}}
 	e.logf = func(format string, args ...any) {
 		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
@@ -316,6 +321,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	stopObs()
 	obs.Wait()
 	quiet := e.quiesce(ctx, final)
+	e.mu.Lock()
+	quiet.PeakKVPages, quiet.PeakMigratingIn = e.peakKV, e.peakMigrating
+	e.mu.Unlock()
 	rec := <-recovered
 	e.awaitEvents(ctx, rec.Rows)
 	stopRec()
@@ -536,7 +544,7 @@ func (e *env) servingClient(runCtx, ctx context.Context, c int, gw *devcluster.G
 		e.mu.Unlock()
 		s.Call = e.hist.Now()
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		streamCompletion(sctx, httpc, gw.Addr, &s, e.openStream)
+		streamCompletion(sctx, httpc, gw.Addr, &s, func(id string) { e.openStream(id, s.Max) })
 		cancel()
 		if s.ID != "" {
 			e.closeStream(s.ID)
@@ -661,6 +669,14 @@ func (e *env) sampleBudgets(ctx context.Context) ([]BudgetSample, []TableSample)
 		}
 		now := e.hist.Now()
 		out = append(out, holderSamples(now, r)...)
+		e.mu.Lock()
+		for _, l := range r.Loads {
+			e.peakKV = max(e.peakKV, l.KvPagesUsed)
+		}
+		for _, m := range r.Migrations {
+			e.peakMigrating = max(e.peakMigrating, m.In)
+		}
+		e.mu.Unlock()
 		tables = append(tables, TableSample{At: now, Rows: tableRows(r.Workers)})
 	}
 }
