@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
 // The checkers must catch what they are for: each hand-built history below
@@ -384,5 +386,40 @@ func TestCheckerRecovered(t *testing.T) {
 		if !strings.Contains(strings.Join(v.Violations, "\n"), c.want) {
 			t.Errorf("%s: %v, want %q", name, v.Violations, c.want)
 		}
+	}
+}
+
+// Migration events are counted by cause, a commit names its request, and
+// a completed stream counts as migrated when its request or one of its
+// attempts committed a migration.
+func TestMigrationStats(t *testing.T) {
+	s := newMigrationStats()
+	ev := func(stage pb.Migration_Stage, id, reason string) *pb.Event {
+		return &pb.Event{Body: &pb.Event_Migration{Migration: &pb.Migration{Stage: stage, Reason: reason,
+			Placement: &pb.Placement{RequestId: id}}}}
+	}
+	committed := map[string]bool{}
+	for _, e := range []*pb.Event{
+		ev(pb.Migration_STAGE_STARTED, "cmpl-a", "operator"),
+		ev(pb.Migration_STAGE_COMMITTED, "cmpl-a", "every page copied"),
+		ev(pb.Migration_STAGE_STARTED, "cmpl-b~1", "operator"),
+		ev(pb.Migration_STAGE_COMMITTED, "cmpl-b~1", "every page copied"),
+		ev(pb.Migration_STAGE_STARTED, "j1-7", "operator"),
+		ev(pb.Migration_STAGE_ABORTED, "j1-7", `worker: migration: no such request here under that epoch: request "j1-7", epoch 3`),
+		{Body: &pb.Event_RecoveryPlan{RecoveryPlan: &pb.RecoveryPlan{Assignments: []*pb.RecoveryAssignment{{MigrationCopy: true}, {}}}}},
+	} {
+		if id := s.countMigration(e); id != "" {
+			committed[id] = true
+		}
+	}
+	if s.Started["operator"] != 3 || s.Committed != 2 || s.Aborted["worker"] != 1 || s.FromCopy != 1 {
+		t.Fatalf("counted %s", s)
+	}
+	if want := "worker: migration: no such request here under that epoch: request ID, epoch N"; s.WorkerAborts[want] != 1 {
+		t.Fatalf("worker aborts %v, want %q", s.WorkerAborts, want)
+	}
+	streams := []Stream{{ID: "cmpl-a", Done: true}, {ID: "cmpl-b", Done: true}, {ID: "cmpl-c", Done: true}, {ID: "cmpl-a", Done: false}}
+	if n := streamsMigrated(streams, committed); n != 2 {
+		t.Fatalf("%d completed streams migrated, want 2", n)
 	}
 }
