@@ -10,7 +10,8 @@ import (
 type Stream struct {
 	Client   int    `json:"client"`
 	N        int    `json:"n"`
-	Gateway  string `json:"gateway"` // the gateway it went through
+	Gateway  string `json:"gateway"`      // the gateway it went through
+	ID       string `json:"id,omitempty"` // the request id, as its chunks gave it
 	Prompt   string `json:"prompt"`
 	Max      int    `json:"max_tokens"`
 	Accepted bool   `json:"accepted"` // HTTP 200 and a stream began
@@ -159,8 +160,13 @@ func CheckBudgets(samples []BudgetSample, slack uint64) Verdict {
 type Quiescence struct {
 	Placements uint32 // ClusterStatus.placements
 	Holders    []BudgetSample
-	Waited     time.Duration // how long it was waited for
-	Err        string        // the last observation failed
+	Workers    []WorkerQuiet
+	// The most KV pages one worker's load report counted and the most
+	// MIGRATING placements into one worker during the run (for the note).
+	PeakKVPages     uint64
+	PeakMigratingIn uint32
+	Waited          time.Duration // how long it was waited for
+	Err             string        // the last observation failed
 }
 
 // Quiet reports whether nothing is left: no placement, and every holder
@@ -174,12 +180,58 @@ func (q Quiescence) Quiet() bool {
 			return false
 		}
 	}
+	for _, w := range q.Workers {
+		if w.leak() != "" {
+			return false
+		}
+	}
 	return true
+}
+
+// WorkerQuiet is what a worker holds once nothing runs: the requests and
+// KV pages its last load report counted (pre-allocations for requests
+// migrating in are engine sequences, so their pages are in KVPages), the
+// MIGRATING placements the table has out of and into it, and what its
+// metrics say of migrations under way (lumen_worker_migrations: out,
+// requests of its own; in, pre-allocations it holds).
+type WorkerQuiet struct {
+	Worker            string
+	Reported          bool // a load report was in the table
+	Running, Waiting  uint32
+	KVPages           uint64
+	TableOut, TableIn uint32
+	LiveOut, LiveIn   float64
+	ScrapeErr         string
+}
+
+// leak says what the worker still holds, or "".
+func (w WorkerQuiet) leak() string {
+	var what []string
+	if !w.Reported {
+		what = append(what, "no load report")
+	}
+	if w.Running != 0 || w.Waiting != 0 {
+		what = append(what, fmt.Sprintf("%d running and %d waiting requests", w.Running, w.Waiting))
+	}
+	if w.KVPages != 0 {
+		what = append(what, fmt.Sprintf("%d KV pages in use", w.KVPages))
+	}
+	if w.TableOut != 0 || w.TableIn != 0 {
+		what = append(what, fmt.Sprintf("%d MIGRATING placements out of it and %d into it", w.TableOut, w.TableIn))
+	}
+	if w.ScrapeErr != "" {
+		what = append(what, "metrics unread: "+w.ScrapeErr)
+	} else if w.LiveOut != 0 || w.LiveIn != 0 {
+		what = append(what, fmt.Sprintf("%g migrations out under way and %g pre-allocations for migrations in", w.LiveOut, w.LiveIn))
+	}
+	return strings.Join(what, "; ")
 }
 
 // CheckNoLeak: after quiescence no placement survives (a dead gateway's
 // placements end with its session; a gateway's Complete is never dropped),
-// and every holder's stored bytes match its reservations: both zero.
+// every holder's stored bytes match its reservations: both zero, and no
+// worker holds a KV page, a request, a migration under way or a
+// pre-allocation for one (nothing runs: every page held is a leak).
 func CheckNoLeak(q Quiescence) Verdict {
 	v := Verdict{Checker: "no-leak", OK: true}
 	v.Note = fmt.Sprintf("after %s: %d placements, %d holders", q.Waited.Round(100*time.Millisecond), q.Placements, len(q.Holders))
@@ -202,6 +254,12 @@ func CheckNoLeak(q Quiescence) Verdict {
 			v.fail("%s: its store still holds %d bytes of checkpoints (%d reserved)", h.Worker, h.Stored, h.Reserved)
 		}
 	}
+	for _, w := range q.Workers {
+		if l := w.leak(); l != "" {
+			v.fail("%s: %s", w.Worker, l)
+		}
+	}
+	v.Note += fmt.Sprintf(", %d workers' KV pages and migrations (peaks during the run: %d KV pages, %d migrations into a worker)", len(q.Workers), q.PeakKVPages, q.PeakMigratingIn)
 	return v
 }
 

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
 // The checkers must catch what they are for: each hand-built history below
@@ -252,16 +254,24 @@ func TestCheckerStoredVsReserved(t *testing.T) {
 // After quiescence nothing is left: no placement, no reservation, no
 // stored page.
 func TestCheckerNoLeak(t *testing.T) {
-	quiet := Quiescence{Holders: []BudgetSample{{Worker: "w1", Budget: 10}, {Worker: "w2", Budget: 10}}}
+	quiet := Quiescence{Holders: []BudgetSample{{Worker: "w1", Budget: 10}, {Worker: "w2", Budget: 10}},
+		Workers: []WorkerQuiet{{Worker: "w1", Reported: true}, {Worker: "w2", Reported: true}}}
 	if v := CheckNoLeak(quiet); !v.OK || !quiet.Quiet() {
 		t.Fatalf("a quiet cluster rejected: %v", v.Violations)
 	}
 	for name, q := range map[string]Quiescence{
-		"a placement survives":   {Placements: 1, Holders: quiet.Holders},
-		"a reservation survives": {Holders: []BudgetSample{{Worker: "w1", Reserved: 5, Held: 1}}},
-		"a holder keeps pages":   {Holders: []BudgetSample{{Worker: "w1", Stored: 4096}}},
-		"the cluster is gone":    {Err: "no controller answered"},
-		"no workers":             {},
+		"a placement survives":      {Placements: 1, Holders: quiet.Holders},
+		"a reservation survives":    {Holders: []BudgetSample{{Worker: "w1", Reserved: 5, Held: 1}}},
+		"a holder keeps pages":      {Holders: []BudgetSample{{Worker: "w1", Stored: 4096}}},
+		"the cluster is gone":       {Err: "no controller answered"},
+		"no workers":                {},
+		"a worker keeps pages":      {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, KVPages: 3}}},
+		"a request still runs":      {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, Running: 1}}},
+		"a pre-allocation stays":    {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, LiveIn: 1}}},
+		"a migration out stays":     {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, LiveOut: 1}}},
+		"a placement migrates":      {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, TableIn: 1}}},
+		"a worker never reports":    {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1"}}},
+		"a worker's metrics unread": {Holders: quiet.Holders, Workers: []WorkerQuiet{{Worker: "w1", Reported: true, ScrapeErr: "connection refused"}}},
 	} {
 		if v := CheckNoLeak(q); v.OK || q.Quiet() {
 			t.Errorf("%s: not caught", name)
@@ -376,5 +386,40 @@ func TestCheckerRecovered(t *testing.T) {
 		if !strings.Contains(strings.Join(v.Violations, "\n"), c.want) {
 			t.Errorf("%s: %v, want %q", name, v.Violations, c.want)
 		}
+	}
+}
+
+// Migration events are counted by cause, a commit names its request, and
+// a completed stream counts as migrated when its request or one of its
+// attempts committed a migration.
+func TestMigrationStats(t *testing.T) {
+	s := newMigrationStats()
+	ev := func(stage pb.Migration_Stage, id, reason string) *pb.Event {
+		return &pb.Event{Body: &pb.Event_Migration{Migration: &pb.Migration{Stage: stage, Reason: reason,
+			Placement: &pb.Placement{RequestId: id}}}}
+	}
+	committed := map[string]bool{}
+	for _, e := range []*pb.Event{
+		ev(pb.Migration_STAGE_STARTED, "cmpl-a", "operator"),
+		ev(pb.Migration_STAGE_COMMITTED, "cmpl-a", "every page copied"),
+		ev(pb.Migration_STAGE_STARTED, "cmpl-b~1", "operator"),
+		ev(pb.Migration_STAGE_COMMITTED, "cmpl-b~1", "every page copied"),
+		ev(pb.Migration_STAGE_STARTED, "j1-7", "operator"),
+		ev(pb.Migration_STAGE_ABORTED, "j1-7", `worker: migration: no such request here under that epoch: request "j1-7", epoch 3`),
+		{Body: &pb.Event_RecoveryPlan{RecoveryPlan: &pb.RecoveryPlan{Assignments: []*pb.RecoveryAssignment{{MigrationCopy: true}, {}}}}},
+	} {
+		if id := s.countMigration(e); id != "" {
+			committed[id] = true
+		}
+	}
+	if s.Started["operator"] != 3 || s.Committed != 2 || s.Aborted["worker"] != 1 || s.FromCopy != 1 {
+		t.Fatalf("counted %s", s)
+	}
+	if want := "worker: migration: no such request here under that epoch: request ID, epoch N"; s.WorkerAborts[want] != 1 {
+		t.Fatalf("worker aborts %v, want %q", s.WorkerAborts, want)
+	}
+	streams := []Stream{{ID: "cmpl-a", Done: true}, {ID: "cmpl-b", Done: true}, {ID: "cmpl-c", Done: true}, {ID: "cmpl-a", Done: false}}
+	if n := streamsMigrated(streams, committed); n != 2 {
+		t.Fatalf("%d completed streams migrated, want 2", n)
 	}
 }

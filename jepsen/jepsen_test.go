@@ -44,7 +44,7 @@ func TestShortMixedRun(t *testing.T) {
 	seed := time.Now().UnixNano() % 1_000_000
 	// Partitions are made with network namespaces where they can be (CI
 	// runs as root), else with per-link TCP proxies.
-	nemeses := []string{"kill-leader", "kill-worker", "pause-worker", "kill-holder", "partition-halves", "gateway-kill", "assist-kill"}
+	nemeses := []string{"kill-leader", "kill-worker", "pause-worker", "kill-holder", "partition-halves", "gateway-kill", "assist-kill", "migrate"}
 	dir, err := os.MkdirTemp("", "lumen-jepsen-")
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func TestShortMixedRun(t *testing.T) {
 	t.Logf("seed %d, results in %s", seed, dir)
 	rep, err := Run(context.Background(), Config{Name: "short-mixed", Bin: lumenBin, Dir: dir, Seed: seed,
 		Controllers: 3, Workers: 3, Duration: 45 * time.Second, Nemeses: nemeses, Interval: 4 * time.Second,
-		PlacementClients: 4, ServingClients: 2, SessionTTL: 3 * time.Second, Log: testLog{t}})
+		PlacementClients: 4, ServingClients: 2, SessionTTL: 3 * time.Second, ShortStreams: true, Log: testLog{t}})
 	if err != nil {
 		t.Fatalf("seed %d: %v (logs in %s)", seed, err, dir)
 	}

@@ -20,6 +20,9 @@ var Matrix = []MatrixRun{
 	// Progressive recovery: drafters, their partners, hot swaps and the
 	// leader killed while a restarted worker assists.
 	{[]string{"assist-kill"}, 3, ""},
+	// Live migration forced all along, its sources, destinations and the
+	// leader killed mid-copy and at the commit.
+	{[]string{"migrate"}, 3, ""},
 	{[]string{"pause-leader"}, 3, ""},
 	{[]string{"pause-worker"}, 3, ""},
 	{[]string{"partition-leader"}, 3, ""},
@@ -38,6 +41,9 @@ var Matrix = []MatrixRun{
 	// A paused partner or drafter (its stream hangs, it is marked failed
 	// and rejoins) and a killed holder beside the assist.
 	{[]string{"assist-kill", "pause-worker", "kill-holder"}, 3, ""},
+	// Migrations beside paused workers (a stream to a paused destination
+	// hangs), killed holders and gateways.
+	{[]string{"migrate", "pause-worker", "kill-holder", "gateway-kill"}, 3, ""},
 	// The fallback for machines without namespaces, also where they exist.
 	{[]string{"partition-leader", "partition-halves", "partition-one-way"}, 3, "proxy"},
 }

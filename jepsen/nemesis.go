@@ -74,6 +74,9 @@ var Nemeses = map[string]nemesis{
 	"assist-kill": {timeout: 20 * time.Second,
 		doc:   "wait for a restarted worker drafting in ASSIST (kill -9 and restart one when none recovers), then kill -9 at random: the drafter, its partner, the drafter in HOTSWAP, or the leader as a restarted worker registers or a drafter enters HOTSWAP; they restart at heal",
 		start: func(ctx context.Context, e *env) (string, error) { return e.assistKill(ctx) }},
+	"migrate": {timeout: 15 * time.Second,
+		doc:   "live migration forced all along (migration for balance switched on; Operator.Migrate of a stream in flight or a placement client's request every 150-450 ms); each fault forces one more of a stream in flight (a long one when one is open) and kills -9, at random: its source, its destination, both or the leader while the pages copy, or its old source or its new owner as the commit lands; or SIGSTOPs its source or its destination while the pages copy; they restart (SIGCONT) at heal",
+		start: func(ctx context.Context, e *env) (string, error) { return e.migrateKill(ctx) }},
 	"gateway-kill": {doc: "kill -9 a gateway with streams in flight (the other keeps serving; the streams through it break, visibly to their clients); it restarts on its address at heal",
 		start: func(ctx context.Context, e *env) (string, error) {
 			if len(e.gws) < 2 {

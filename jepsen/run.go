@@ -53,7 +53,12 @@ type Config struct {
 	// gateway's session TTL): the end-of-run leak check waits this long
 	// for it to expire, after a gateway-kill. Default DefaultSessionTTL.
 	SessionTTL time.Duration
-	Log        io.Writer
+	// ShortStreams keeps every stream streamMaxTokens long, also with the
+	// migrate nemesis (whose odd serving clients otherwise stream
+	// longStreamTokens): a long stream in flight when the faults end
+	// would lengthen a run whose length is fixed (make test's).
+	ShortStreams bool
+	Log          io.Writer
 }
 
 // DefaultSessionTTL is Config.SessionTTL's default.
@@ -71,7 +76,8 @@ type Report struct {
 	Indeterminate int
 	Streams       int
 	Faults        map[string]int
-	Progress      ProgressStats // what progressive recovery did
+	Progress      ProgressStats  // what progressive recovery did
+	Migrations    MigrationStats // what live migration did
 	Verdicts      []Verdict
 	Elapsed       time.Duration
 }
@@ -112,6 +118,17 @@ type env struct {
 	// inService is the last incarnation of each worker the event log
 	// showed entering FULL_SERVICE.
 	inService map[string]uint64
+	// openIDs are the request ids of the streams in flight (as their
+	// first chunk named them); migs, what live migration did; committed,
+	// the request ids whose migration committed.
+	openIDs   map[string]int // and their lengths
+	migs      MigrationStats
+	committed map[string]bool
+	// peakKV and peakMigrating are the most KV pages a worker's load
+	// report counted and the most MIGRATING placements into a worker, as
+	// sampleBudgets saw them (what no-leak's zeros are set against).
+	peakKV        uint64
+	peakMigrating uint32
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -131,7 +148,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{},
-		workerKills: map[string]int{}, assistKills: map[string]int{}, inService: map[string]uint64{}}
+		workerKills: map[string]int{}, assistKills: map[string]int{}, inService: map[string]uint64{},
+		openIDs: map[string]int{}, migs: newMigrationStats(), committed: map[string]bool{}}
 	e.logf = func(format string, args ...any) {
 		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
@@ -218,6 +236,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// scaled by restartLoadScale (progressive.go).
 		args := []string{"-model-dir", cfg.ModelDir, "-kv-pages", "1024",
 			"-profile", workerProfile, "-time-scale", "2", "-checkpoint-budget", "2GiB"}
+		if e.hasNemesis("migrate") {
+			// Each migration's end, with its reason, in the worker's log.
+			args = append(args, "-log-level", "info")
+		}
 		w, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), append(slices.Clone(args), "-emulate-load=false")...)
 		if err != nil {
 			return nil, err
@@ -278,6 +300,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			smu.Unlock()
 		})
 	}
+	// Live migration forced all along (the migrate nemesis).
+	if e.hasNemesis("migrate") {
+		e.migrationOn(ctx)
+		work.Go(func() { e.migrator(runCtx) })
+	}
 	// The nemesis, until the run ends; then everything heals.
 	e.nemesis(runCtx)
 	work.Wait()
@@ -294,6 +321,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	stopObs()
 	obs.Wait()
 	quiet := e.quiesce(ctx, final)
+	e.mu.Lock()
+	quiet.PeakKVPages, quiet.PeakMigratingIn = e.peakKV, e.peakMigrating
+	e.mu.Unlock()
 	rec := <-recovered
 	e.awaitEvents(ctx, rec.Rows)
 	stopRec()
@@ -307,7 +337,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	progress.Drafted, progress.Verified, progress.Accepted = spec[0], spec[1], spec[2]
 	progress.AssistKills = e.assistKills
-	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Elapsed: time.Since(start)}
+	e.mu.Lock()
+	migs := e.migs
+	migs.StreamsMigrated = streamsMigrated(streams, e.committed)
+	e.mu.Unlock()
+	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Migrations: migs, Elapsed: time.Since(start)}
 	for _, op := range ops {
 		if op.Indeterminate {
 			rep.Indeterminate++
@@ -339,6 +373,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	e.logf("progressive recovery: %s", progress)
+	if migs.Any() {
+		e.logf("live migration: %s", migs)
+		if len(migs.WorkerAborts) > 0 {
+			e.logf("aborts workers asked for: %s", countList(migs.WorkerAborts))
+		}
+	}
 	for _, v := range rep.Verdicts {
 		e.logf("checker %-22s %-8s %s", v.Checker, v.String(), v.Note)
 		for _, x := range v.Violations {
@@ -468,8 +508,22 @@ func fill(op *Op, p *pb.Placement) {
 	op.Worker, op.Inc, op.Epoch, op.Created = p.WorkerId, p.WorkerIncarnation, p.Epoch, p.CreatedIndex
 }
 
-// streamMaxTokens is the length of every streamed completion.
-const streamMaxTokens = 24
+// streamMaxTokens is the length of a streamed completion; with the
+// migrate nemesis, odd serving clients stream longStreamTokens (a request
+// of more than DefaultMigrationStopPages pages migrates in several stages,
+// decoding on at its source while the first copy).
+const (
+	streamMaxTokens  = 24
+	longStreamTokens = 320
+)
+
+// streamMax is the length of client c's completions.
+func (e *env) streamMax(c int) int {
+	if c%2 == 1 && e.hasNemesis("migrate") && !e.cfg.ShortStreams {
+		return longStreamTokens
+	}
+	return streamMaxTokens
+}
 
 // streamPrompt is the prompt of client c's n-th stream.
 func streamPrompt(c, n int) string {
@@ -484,14 +538,17 @@ func (e *env) servingClient(runCtx, ctx context.Context, c int, gw *devcluster.G
 	var out []Stream
 	httpc := &http.Client{}
 	for n := 0; runCtx.Err() == nil; n++ {
-		s := Stream{Client: c, N: n, Gateway: gw.Name, Prompt: streamPrompt(c, n), Max: streamMaxTokens}
+		s := Stream{Client: c, N: n, Gateway: gw.Name, Prompt: streamPrompt(c, n), Max: e.streamMax(c)}
 		e.mu.Lock()
 		e.inflight[gw.Name]++
 		e.mu.Unlock()
 		s.Call = e.hist.Now()
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		streamCompletion(sctx, httpc, gw.Addr, &s)
+		streamCompletion(sctx, httpc, gw.Addr, &s, func(id string) { e.openStream(id, s.Max) })
 		cancel()
+		if s.ID != "" {
+			e.closeStream(s.ID)
+		}
 		s.Return = e.hist.Now()
 		e.mu.Lock()
 		e.inflight[gw.Name]--
@@ -521,14 +578,25 @@ func (e *env) storedSlack(ref *reference) uint64 {
 		return 0
 	}
 	// A bound on the prompt's length: the largest numbers it can carry.
-	tokens := len(streamPrompt(e.cfg.ServingClients, 1<<30)) + streamMaxTokens
+	tokens := len(streamPrompt(e.cfg.ServingClients, 1<<30)) + max(e.streamMax(0), e.streamMax(1))
 	pages := tokens/info.PageTokens + 1
 	return uint64(2 * e.cfg.ServingClients * pages * info.PageBytes())
 }
 
-func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream) {
-	res, err := completions.Stream(ctx, httpc, addr, completions.Body(s.Prompt, s.Max, false), nil)
-	s.Accepted = res.Accepted
+// streamCompletion streams s through the gateway at addr; opened, when not
+// nil, is told the request id once the first chunk names it.
+func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream, opened func(id string)) {
+	var onChunk func(completions.Chunk)
+	if opened != nil {
+		onChunk = func(ch completions.Chunk) {
+			if s.ID == "" && ch.ID != "" {
+				s.ID = ch.ID
+				opened(ch.ID)
+			}
+		}
+	}
+	res, err := completions.Stream(ctx, httpc, addr, completions.Body(s.Prompt, s.Max, false), onChunk)
+	s.Accepted, s.ID = res.Accepted, res.ID
 	var ee *completions.EventError
 	switch {
 	case err == nil:
@@ -563,6 +631,13 @@ func (e *env) watchEvents(ctx context.Context) ([]Failure, ProgressStats) {
 				out = append(out, Failure{Worker: pc.WorkerId, Inc: pc.Incarnation, Index: ev.Index})
 			}
 			stats.countEvent(ev)
+			if ev.GetMigration() != nil || ev.GetRecoveryPlan() != nil {
+				e.mu.Lock()
+				if id := e.migs.countMigration(ev); id != "" {
+					e.committed[id] = true
+				}
+				e.mu.Unlock()
+			}
 			if pc := ev.GetPhaseChanged(); pc != nil && pc.To == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
 				e.mu.Lock()
 				e.inService[pc.WorkerId] = pc.Incarnation
@@ -594,6 +669,14 @@ func (e *env) sampleBudgets(ctx context.Context) ([]BudgetSample, []TableSample)
 		}
 		now := e.hist.Now()
 		out = append(out, holderSamples(now, r)...)
+		e.mu.Lock()
+		for _, l := range r.Loads {
+			e.peakKV = max(e.peakKV, l.KvPagesUsed)
+		}
+		for _, m := range r.Migrations {
+			e.peakMigrating = max(e.peakMigrating, m.In)
+		}
+		e.mu.Unlock()
 		tables = append(tables, TableSample{At: now, Rows: tableRows(r.Workers)})
 	}
 }
@@ -680,7 +763,40 @@ func (e *env) observeQuiescence(ctx context.Context) Quiescence {
 	if latest == nil {
 		return Quiescence{Err: "no controller answered ClusterStatus"}
 	}
-	return Quiescence{Placements: latest.Placements, Holders: holderSamples(e.hist.Now(), r)}
+	return Quiescence{Placements: latest.Placements, Holders: holderSamples(e.hist.Now(), r), Workers: e.workersQuiet(qctx, r)}
+}
+
+// workersQuiet reads what each worker holds from the table r (its last
+// load report, the MIGRATING placements out of and into it) and from its
+// metrics (migrations under way, pre-allocations).
+func (e *env) workersQuiet(ctx context.Context, r *pb.ListWorkersResponse) []WorkerQuiet {
+	byID := map[string]*WorkerQuiet{}
+	var out []WorkerQuiet
+	for _, w := range e.cl.Workers {
+		byID[w.ID] = &WorkerQuiet{Worker: w.ID}
+	}
+	for _, l := range r.Loads {
+		if w := byID[l.WorkerId]; w != nil {
+			w.Reported, w.Running, w.Waiting, w.KVPages = true, l.Running, l.Waiting, l.KvPagesUsed
+		}
+	}
+	for _, m := range r.Migrations {
+		if w := byID[m.WorkerId]; w != nil {
+			w.TableOut, w.TableIn = m.Out, m.In
+		}
+	}
+	for _, p := range e.cl.Workers {
+		w := byID[p.ID]
+		var err error
+		if w.LiveOut, err = p.Metric(ctx, `lumen_worker_migrations{direction="out"}`); err == nil {
+			w.LiveIn, err = p.Metric(ctx, `lumen_worker_migrations{direction="in"}`)
+		}
+		if err != nil {
+			w.ScrapeErr = err.Error()
+		}
+		out = append(out, *w)
+	}
+	return out
 }
 
 // finalReads reads every dispatched id linearizably once the faults are
@@ -905,6 +1021,9 @@ func Summary(reports []*Report) string {
 	for _, r := range reports {
 		if p := r.Progress; p.Restarts > 0 || len(p.AssistKills) > 0 {
 			fmt.Fprintf(&b, "%s: %s\n", r.Name, p)
+		}
+		if m := r.Migrations; m.Any() {
+			fmt.Fprintf(&b, "%s: %s\n", r.Name, m)
 		}
 	}
 	var keys []string
