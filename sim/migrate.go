@@ -33,6 +33,9 @@ type MigrationStats struct {
 	// pre-allocations the destinations' cores reclaimed after their
 	// timeout (core.Core.Expire).
 	Stages, Pages, Reclaimed int
+	// Queued: migrations whose request had no KV cache yet at its start
+	// (it waited in the source's queue, or was preempted).
+	Queued int
 	// Downtimes are the client's gaps at the switches: from the last token
 	// the source streamed to the first the destination did.
 	Downtimes []time.Duration
@@ -159,6 +162,9 @@ func (s *Sim) migrateOut(m *simMigration) {
 	if err := m.src.core.MigrateOut(m.id, m.epoch); err != nil {
 		s.abortMigration(m, "source", true) // it ended meanwhile, or the event is stale
 		return
+	}
+	if r := m.src.core.Lookup(m.id); r != nil && r.Fed() == 0 {
+		s.res.Migrations.Queued++
 	}
 	s.nextStage(m)
 }
