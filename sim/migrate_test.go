@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"bytes"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -161,5 +163,33 @@ func TestMigrationFailures(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBurstFigure runs the burst figure small: the same options give the
+// same figure, byte for byte, and migration commits moves in the "on" run
+// only.
+func TestBurstFigure(t *testing.T) {
+	o := DefaultBurstOptions()
+	o.Sizes, o.Loads, o.Seed = []int{4}, []float64{0.9}, 2
+	o.Timeline = Timeline{Warmup: time.Second, Duration: 12 * time.Second, Calibration: 6 * time.Second, ReloadScale: 1}
+	t.Logf("seed %d", o.Seed)
+	run := func() []byte {
+		f, err := RunBurst(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := f.Points[0]
+		if p.Off.MigrationsStarted != 0 || p.On.MigrationsCommitted == 0 || p.Off.ThroughputTokS <= 0 || p.On.TTFTP99Ms <= 0 {
+			t.Fatalf("off: %+v; on: %+v", *p.Off, *p.On)
+		}
+		b, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if a, b := run(), run(); !bytes.Equal(a, b) {
+		t.Fatalf("two runs differ:\n%s\n%s", a, b)
 	}
 }
