@@ -89,10 +89,14 @@
 // own steps (AcceptStage, with its free pages) and the ack brings the next
 // stage, until the core's last stage stops the request (≤ 16 pages left, or
 // stage 3). The source then applies the FinishMigration commit; a
-// CommitDelay later its core frees the request (CommitOut) and ends its
-// stream with the new placement, and the gateway calls the destination at
-// once with the journal's tokens: its core adopts the pre-allocated
-// sequence and computes only the next position. Every way out that is not
+// CommitDelay later the gateway, which follows the COMMITTED event
+// (gateway/moves.go), cuts the source's stream and calls the destination
+// with the journal's tokens — its core adopts the pre-allocated sequence
+// and computes only the next position — and the source's core frees the
+// request (CommitOut) between its steps. The client's downtime at the
+// switch is mostly the destination's steps: the one in flight when the
+// stage and then the call arrive, and the next, which under load carry
+// prefill chunks of up to TokenBudget tokens (about 110 ms at 2,048). Every way out that is not
 // a commit aborts: the destination refuses a stage (out of pages, its
 // running slots full), the request leaves the source (it finished or was
 // preempted: core.Output.MigrationsEnded), the leader's stage timeout, a

@@ -234,8 +234,10 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 }
 
 // commitMigration is the source's FinishMigration commit after the last
-// stage's ack; a commit later it frees the request (CommitOut), whose
-// stream ends with the new placement, and the gateway follows it.
+// stage's ack. A commit later the gateway sees the COMMITTED event
+// (gateway/moves.go): it cuts the source's stream and calls the
+// destination with the journal's tokens; the source, which learns of the
+// commit then too, frees the request between its steps (CommitOut).
 func (s *Sim) commitMigration(m *simMigration) {
 	res := s.apply(&pb.Command{Body: &pb.Command_FinishMigration{FinishMigration: &pb.FinishMigrationCmd{RequestId: m.id,
 		Epoch: m.epoch, Commit: true, Reason: "every page copied", ToWorker: m.dst.id, ToIncarnation: m.dstInc}}})
@@ -248,16 +250,24 @@ func (s *Sim) commitMigration(m *simMigration) {
 	pl := res.Placement
 	s.at(s.now+s.cfg.Timing.CommitDelay, func() {
 		s.endMigration(m)
-		if !m.srcOK() {
-			return // the kill broke the stream: the gateway polls and finds the destination
+		if r := m.r; r.call != nil && r.worker == m.src.id && r.epoch == m.epoch {
+			s.switchStream(r, pl)
+		} // else the kill broke the stream: the gateway polls and finds the destination
+		if m.srcOK() {
+			s.between(m.src, func() {
+				m.src.core.CommitOut(m.id, m.epoch)
+				s.flush(m.src)
+			})
 		}
-		s.between(m.src, func() {
-			m.r.moved = pl
-			m.src.core.CommitOut(m.id, m.epoch)
-			s.flush(m.src)
-			m.r.moved = nil
-		})
 	})
+}
+
+// switchStream is the gateway following a committed migration: the call
+// at the source is given up and the request continues at pl.
+func (s *Sim) switchStream(r *simRequest, pl *pb.Placement) {
+	r.call = nil
+	r.migrated = r.out > 0
+	s.generate(r, pl)
 }
 
 // abortMigration ends m without a move: the source's core lets the request

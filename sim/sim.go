@@ -322,10 +322,8 @@ type simRequest struct {
 	resumeEnd   time.Duration
 	interrupted bool
 
-	// moved is the placement a committed migration moved the request to,
-	// while its source ends the stream; migrated is set from the switch to
-	// the destination's first token (the downtime).
-	moved    *pb.Placement
+	// migrated is set from a migration's switch to the destination's first
+	// token (the downtime).
 	migrated bool
 }
 
@@ -919,12 +917,15 @@ func (s *Sim) flush(w *simWorker) {
 		}
 		if ev.Err != nil {
 			switch {
-			case errors.Is(ev.Err, core.ErrMigrated) && r.moved != nil:
-				// The source ends the stream with the new placement and
-				// the gateway calls the destination at once.
-				r.call = nil
-				r.migrated = r.out > 0
-				s.generate(r, r.moved)
+			case errors.Is(ev.Err, core.ErrMigrated):
+				// The source ends the stream with the new placement (the
+				// gateway, which follows the commit's event, has
+				// normally switched already).
+				if pl, _ := s.fsm.Placement(r.id); pl != nil {
+					s.switchStream(r, pl)
+				} else {
+					s.broke(r)
+				}
 			case errors.Is(ev.Err, core.ErrQueueFull), errors.Is(ev.Err, core.ErrTooLarge):
 				s.end(r, ev.Err) // not resumable: the client gets the error
 			default:
