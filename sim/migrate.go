@@ -56,17 +56,23 @@ type simMigration struct {
 	epoch    uint64
 	r        *simRequest
 	src, dst *simWorker
-	// The processes it involves: an event of a killed one is void.
+	// The processes it involves (a process is its incarnation and its
+	// kill generation): an event of a killed one is void.
 	srcGen, dstGen uint64
-	dstInc         uint64
+	srcInc, dstInc uint64
 	// committed: the commit is applied, the source's CommitOut is on its
 	// way; done: nothing more happens (the commit's CommitOut ran, or it
 	// was aborted).
 	committed, done bool
 }
 
-func (m *simMigration) srcOK() bool { return m.src.alive && m.src.gen == m.srcGen }
-func (m *simMigration) dstOK() bool { return m.dst.alive && m.dst.gen == m.dstGen }
+func (m *simMigration) srcOK() bool {
+	return m.src.alive && m.src.gen == m.srcGen && m.src.inc == m.srcInc
+}
+
+func (m *simMigration) dstOK() bool {
+	return m.dst.alive && m.dst.gen == m.dstGen && m.dst.inc == m.dstInc
+}
 
 // between runs fn on w's scheduler between two steps (the worker's
 // sched.do): now when no step is in flight, else once it is done; fn is
@@ -142,10 +148,19 @@ func (s *Sim) startMigration(c *pb.MigrateCmd, pl *pb.Placement) {
 		s.fail("migration of %s started while one is under way (epoch %d, to %s)", c.RequestId, old.epoch, old.dst.id)
 		return
 	}
-	m := &simMigration{id: c.RequestId, epoch: c.Epoch, r: r, src: src, dst: dst, srcGen: src.gen, dstGen: dst.gen, dstInc: c.ToIncarnation}
+	m := &simMigration{id: c.RequestId, epoch: c.Epoch, r: r, src: src, dst: dst, srcGen: src.gen, dstGen: dst.gen,
+		srcInc: pl.WorkerIncarnation, dstInc: c.ToIncarnation}
 	s.migs = append(s.migs, m)
 	s.migByID[m.id] = m
 	s.res.Migrations.Started++
+	if !m.srcOK() {
+		// Killed before the leader knew (MarkFailed comes after
+		// DetectDelay): no process hears the event, and the recovery
+		// plan takes the placement, MIGRATING or not.
+		s.res.Migrations.abort("source_failed")
+		s.endMigration(m)
+		return
+	}
 	s.at(s.now+s.cfg.Timing.CommitDelay, func() {
 		if m.done || !m.srcOK() {
 			return
@@ -157,6 +172,12 @@ func (s *Sim) startMigration(c *pb.MigrateCmd, pl *pb.Placement) {
 // migrateOut is the source's start: the core marks the request migrating.
 func (s *Sim) migrateOut(m *simMigration) {
 	if m.done {
+		return
+	}
+	if !m.dstOK() {
+		// Dead before the leader knew, or since: the source cannot
+		// reach it.
+		s.abortMigration(m, "destination_failed", true)
 		return
 	}
 	if err := m.src.core.MigrateOut(m.id, m.epoch); err != nil {
@@ -187,8 +208,12 @@ func (s *Sim) nextStage(m *simMigration) {
 	}
 	arrive := s.now + s.migProf.MigrationTime(st.Pages()) + s.cfg.Timing.LinkLatency
 	s.at(arrive, func() {
-		if m.done || !m.dstOK() {
-			return // a broken stream: the kill aborted it
+		if m.done {
+			return // aborted meanwhile (a kill of the destination aborts at once)
+		}
+		if !m.dstOK() {
+			s.abortMigration(m, "destination_failed", true) // gone, or a new incarnation that was not asked
+			return
 		}
 		s.between(m.dst, func() { s.acceptStage(m, st) })
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lumen-project/lumen/fsm"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -191,5 +192,70 @@ func TestBurstFigure(t *testing.T) {
 	}
 	if a, b := run(), run(); !bytes.Equal(a, b) {
 		t.Fatalf("two runs differ:\n%s\n%s", a, b)
+	}
+}
+
+// TestMigrationPlannedAfterAKill: the leader plans migrations from the
+// tables, which learn of a kill only DetectDelay later; a migration whose
+// source, or destination, is already dead must end too (the recovery takes
+// a dead source's placement; a source aborts towards a dead destination),
+// and a restarted destination (a new incarnation) is not the one asked.
+// The workload (and the first plan) is the same for both cases.
+func TestMigrationPlannedAfterAKill(t *testing.T) {
+	seed := uint64(11)
+	t.Logf("seed %d", seed)
+	for _, source := range []bool{true, false} {
+		name := "destination"
+		if source {
+			name = "source"
+		}
+		t.Run(name, func(t *testing.T) {
+			cfg := migrationConfig(t, seed, 12*time.Second)
+			s, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var plan []fsm.PlannedMigration
+			next := time.Second
+			if !s.advance(func() bool {
+				if s.now < next {
+					return false
+				}
+				next = s.now + 10*time.Millisecond
+				plan, _ = s.fsm.PlanMigrations(nil)
+				return len(plan) > 0
+			}) {
+				t.Fatalf("nothing to migrate (%v)", s.err)
+			}
+			c := plan[0].Cmd
+			pl, _ := s.fsm.Placement(c.RequestId)
+			victim := s.worker(c.ToWorker)
+			if source {
+				victim = s.worker(pl.WorkerId)
+			}
+			t.Logf("at %s the leader would move %s from %s to %s; %s dies first", s.now, c.RequestId, pl.WorkerId, c.ToWorker, victim.id)
+			s.kill(victim, true)
+			started := s.res.Migrations.Started
+			s.migrationRound() // before MarkFailed: the tables still count the victim
+			if s.res.Migrations.Started == started {
+				t.Fatal("the round started nothing")
+			}
+			s.Run()
+			if s.err != nil {
+				t.Fatal(s.err)
+			}
+			if err := s.Check(); err != nil {
+				t.Fatal(err)
+			}
+			r := &s.res
+			if r.Ended != len(cfg.Arrivals) || r.Failed != 0 {
+				t.Fatalf("%d of %d ended, %d failed", r.Ended, len(cfg.Arrivals), r.Failed)
+			}
+			cause := name + "_failed"
+			if r.Migrations.AbortCauses[cause] == 0 {
+				t.Fatalf("no migration aborted for %s: %v", cause, r.Migrations.AbortCauses)
+			}
+			t.Logf("migrations: %d started, %d committed, aborted %v", r.Migrations.Started, r.Migrations.Committed, r.Migrations.AbortCauses)
+		})
 	}
 }
