@@ -41,7 +41,9 @@ type Options struct {
 	TracePath string
 	// Spec is the lumen column's speculation.
 	Spec SpecOptions
-	Log  io.Writer
+	// Migration turns live migration on in every column (Config.Migration).
+	Migration bool
+	Log       io.Writer
 }
 
 // CustomSetup is a setup outside the prototype's, named "custom" in the
@@ -98,7 +100,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
-			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec}
+			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err

@@ -70,6 +70,52 @@
 // saturated with long decoding requests and one drafter (Spec.AssistOnly)
 // for each α, batch and fixed K, and adaptive K.
 //
+// # Live migration
+//
+// With Config.Migration (`lumen sim -migration on`) the fsm's switch is
+// set ON and the leader's round runs every Timing.MigrationInterval
+// (500 ms, the controller's default, Llumnix's interval), as
+// controller.migrationRound does: the FinishMigration aborts of
+// fsm.MigrationsStartedBefore (Timing.MigrationTimeout, 10 s), then the
+// MigrateCmds of fsm.PlanMigrations, each batch one log entry. A
+// migration's source hears it a CommitDelay later and drives its core
+// (worker/core's migration API) between its steps, as the daemon's
+// sched.do does (worker/migrate.go): MigrateOut, then each NextStage,
+// whose pages cross the interconnect in pages × page bytes /
+// Timing.InterconnectBytesPerSec (25 GB/s, the worker's -interconnect
+// default, the profile's: engine.DefaultInterconnectBytesPerSec), plus
+// LinkLatency for the ack, while the source keeps decoding; the
+// destination's core takes each stage into its pre-allocation between its
+// own steps (AcceptStage, with its free pages) and the ack brings the next
+// stage, until the core's last stage stops the request (≤ 16 pages left, or
+// stage 3). The source then applies the FinishMigration commit; a
+// CommitDelay later the gateway, which follows the COMMITTED event
+// (gateway/moves.go), cuts the source's stream and calls the destination
+// with the journal's tokens — its core adopts the pre-allocated sequence
+// and computes only the next position — and the source's core frees the
+// request (CommitOut) between its steps. The client's downtime at the
+// switch is mostly the destination's steps: the one in flight when the
+// stage and then the call arrive, and the next, which under load carry
+// prefill chunks of up to TokenBudget tokens (about 110 ms at 2,048). Every way out that is not
+// a commit aborts: the destination refuses a stage (out of pages, its
+// running slots full), the request leaves the source (it finished or was
+// preempted: core.Output.MigrationsEnded), the leader's stage timeout, a
+// killed destination (the source sees its stream break at once), a killed
+// source (the fsm's recovery takes the placement; under lumen the
+// destination's copy serves as the checkpoint, adopted by the recovered
+// call, or reclaimed after core.DefaultMigrationTimeout). Check also finds
+// no request stopped for a migration, no pre-allocation and no migration
+// under way at the end.
+//
+// The burst figure (RunBurst, `lumen sim -figure burst`) is issue 15's
+// "balance under bursts": Gamma arrivals (workload.Config.CV, 4) at the
+// Azure lengths, migration off and on over the same arrivals, 8 and 64
+// workers at loads 0.7, 0.85 and 1 of the saturated throughput (measured
+// with Poisson arrivals, migration off), 300 s of arrivals: p99 and mean
+// TTFT, tokens delivered per second, preemptions, migrations and the
+// client's downtime at each switch, against the goals (p99 TTFT at most
+// half, throughput within 1%).
+//
 // A run is a function of its Config: the same Config gives the same events
 // in the same order, and the same figures, byte for byte (a test checks
 // it). The only wall-clock readings are the optional Apply timings
@@ -77,5 +123,6 @@
 //
 // At the end of every run Check verifies conservation: every arrival ended
 // exactly once (completed or failed), no KV page or checkpoint page or
-// reservation is left, and no budget was ever exceeded.
+// reservation is left (nor, with migration, a stopped request or a
+// pre-allocation), and no budget was ever exceeded.
 package sim

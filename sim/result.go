@@ -46,6 +46,11 @@ type Result struct {
 	// WorkerTokens (Config.TokenSeries) is, at each queue sample, each
 	// worker's committed tokens so far (by worker index).
 	WorkerTokens [][]int
+	// Delivered[k] is the output tokens that reached clients in second k
+	// of the run.
+	Delivered []int
+	// Migrations counts live migration (Config.Migration).
+	Migrations MigrationStats
 }
 
 // finish builds the per-request records.
@@ -79,9 +84,10 @@ func (s *Sim) finish() {
 var errOpen = fmt.Errorf("sim: still open when the run stopped")
 
 // Check verifies conservation at the end of a run: every arrival ended
-// exactly once; every live worker's KV cache is empty; after a last
-// reconciliation no checkpoint page is left in any store; the fsm holds
-// no placement and no reservation.
+// exactly once; every live worker's KV cache is empty, with no request
+// stopped for a migration and no pre-allocation for one left; no
+// migration is under way; after a last reconciliation no checkpoint page
+// is left in any store; the fsm holds no placement and no reservation.
 func (s *Sim) Check() error {
 	for i, r := range s.reqs {
 		if r == nil {
@@ -95,14 +101,18 @@ func (s *Sim) Check() error {
 		if !w.alive {
 			continue
 		}
-		if !w.core.Idle() || w.core.CachedPages() != 0 || w.busy {
-			return fmt.Errorf("sim: conservation: %s still has %d running, %d waiting, %d KV pages", w.id,
-				w.core.Running(), w.core.Waiting(), w.core.CachedPages())
+		if !w.core.Idle() || w.core.CachedPages() != 0 || w.busy || w.core.Stopped() != 0 || w.core.Incoming() != 0 {
+			return fmt.Errorf("sim: conservation: %s still has %d running, %d waiting, %d stopped for a migration, %d pre-allocations for migrations in, %d KV pages",
+				w.id, w.core.Running(), w.core.Waiting(), w.core.Stopped(), w.core.Incoming(), w.core.CachedPages())
 		}
 		s.reconcile(w)
 		if w.store.used != 0 || len(w.store.reqs) != 0 {
 			return fmt.Errorf("sim: conservation: %s's checkpoint store keeps %d bytes of %d requests", w.id, w.store.used, len(w.store.reqs))
 		}
+	}
+	if len(s.migs) != 0 {
+		m := s.migs[0]
+		return fmt.Errorf("sim: conservation: %d migrations still under way (request %s, %s to %s)", len(s.migs), m.id, m.src.id, m.dst.id)
 	}
 	if _, n := s.fsm.Counts(); n != 0 {
 		return fmt.Errorf("sim: conservation: the fsm keeps %d placements", n)

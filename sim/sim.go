@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -64,6 +65,11 @@ type Config struct {
 	// in FULL_SERVICE after the plain reload (Profile.LoadTime).
 	Speculation bool
 	Spec        SpecOptions
+	// Migration is live migration for balance (Llumnix): the fsm's
+	// switch is set ON (SetStrategyCmd.migration) and the leader's round
+	// runs every Timing.MigrationInterval (migrate.go); off, no request
+	// moves while its worker serves.
+	Migration bool
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
@@ -103,8 +109,15 @@ type Timing struct {
 	// SampleEvery is the queue-length sampling period (recovery time).
 	SampleEvery time.Duration
 	// LinkLatency is the Assist stream's one-way latency between a
-	// drafter and its target (mirror updates one way, drafts the other).
+	// drafter and its target (mirror updates one way, drafts the other),
+	// and a migration stage's ack.
 	LinkLatency time.Duration
+	// Live migration: the leader's round (MigrationInterval) and its
+	// stage timeout, from a migration's start to its commit
+	// (MigrationTimeout); InterconnectBytesPerSec is the KV copy between
+	// two workers (a stage of n pages takes n × page bytes / it).
+	MigrationInterval, MigrationTimeout time.Duration
+	InterconnectBytesPerSec             float64
 }
 
 // DefaultTiming returns the values measured on, or configured in, the real
@@ -125,12 +138,21 @@ type Timing struct {
 //     datacenter network (a few tens of µs of wire and switch latency plus
 //     the stack on both ends); the batches are a few KB, so bandwidth adds
 //     nothing that matters at 12.5 GB/s.
+//   - MigrationInterval 500 ms and MigrationTimeout 10 s: the controller's
+//     defaults (controller.DefaultConfig; Llumnix reschedules every
+//     500 ms).
+//   - InterconnectBytesPerSec 25 GB/s: the worker's -interconnect default,
+//     the profile's, engine.DefaultInterconnectBytesPerSec (NVLink-class
+//     or 200 Gb/s InfiniBand; CALIBRATION.md, "Migration arithmetic"): a
+//     page of Qwen3-14B (2.6 MB) in 105 µs, a 4k-token request's 256 pages
+//     in 27 ms.
 func DefaultTiming() Timing {
 	return Timing{CommitDelay: 3 * time.Millisecond, DetectDelay: 45 * time.Millisecond,
 		PollFirst: 20 * time.Millisecond, PollMax: 250 * time.Millisecond, RedispatchAfter: time.Second,
 		LoadInterval: 250 * time.Millisecond, QueueWindow: 10 * time.Second, ReconcileInterval: 2 * time.Second,
 		NetBytesPerSec: 12.5e9, SendQueuePages: 1024, ReloadScale: 1, SampleEvery: 250 * time.Millisecond,
-		LinkLatency: 100 * time.Microsecond}
+		LinkLatency: 100 * time.Microsecond, MigrationInterval: 500 * time.Millisecond, MigrationTimeout: 10 * time.Second,
+		InterconnectBytesPerSec: engine.DefaultInterconnectBytesPerSec}
 }
 
 // Validate says what is wrong with the Config.
@@ -162,6 +184,10 @@ func (c *Config) Validate() error {
 	}
 	if t.LinkLatency < 0 {
 		errs = append(errs, fmt.Errorf("Timing: LinkLatency (%s) must be >= 0", t.LinkLatency))
+	}
+	if c.Migration && (t.MigrationInterval <= 0 || t.MigrationTimeout < t.MigrationInterval || t.InterconnectBytesPerSec <= 0) {
+		errs = append(errs, fmt.Errorf("Timing: with Migration, MigrationInterval (%s) must be positive, MigrationTimeout (%s) at least it, and InterconnectBytesPerSec (%g) positive",
+			t.MigrationInterval, t.MigrationTimeout, t.InterconnectBytesPerSec))
 	}
 	errs = append(errs, c.validateSpec()...)
 	if len(errs) > 0 {
@@ -216,6 +242,12 @@ type Sim struct {
 	byID      map[string]*simRequest // dispatch id → request
 
 	pageBytes uint64
+	// Live migration (migrate.go): the profile with the interconnect's
+	// bandwidth, and the migrations under way, in start order and by
+	// request id.
+	migProf   engine.Profile
+	migs      []*simMigration
+	migByID   map[string]*simMigration
 	marks     map[time.Duration][]*pb.Command // MarkFailed commands by the time detection ends
 	res       Result
 	firstFail time.Duration // -1: none
@@ -230,6 +262,10 @@ type Sim struct {
 	arrived int
 	arrSeq  uint64
 	order   []int
+
+	// The run's end: events after drainUntil (≥ 0 once every request
+	// ended) are not run. nextProgress is the next Progress call.
+	drainUntil, nextProgress time.Duration
 }
 
 // simWorker is one worker process: its core, its store, its outgoing link.
@@ -258,6 +294,10 @@ type simWorker struct {
 	as     *assist
 	span   *PhaseSpan
 	tokens int
+
+	// between are calls waiting for the step in flight to end (live
+	// migration's stages: the worker's sched.do).
+	between []func()
 }
 
 // simRequest is a client request as the gateway sees it.
@@ -281,6 +321,10 @@ type simRequest struct {
 
 	resumeEnd   time.Duration
 	interrupted bool
+
+	// migrated is set from a migration's switch to the destination's first
+	// token (the downtime).
+	migrated bool
 }
 
 // Run simulates cfg to its end and returns the result, after checking
@@ -313,9 +357,17 @@ func New(cfg Config) (*Sim, error) {
 	}
 	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
 		marks:     map[time.Duration][]*pb.Command{},
-		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens}
+		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens, migByID: map[string]*simMigration{},
+		drainUntil: -1, nextProgress: 10 * time.Second}
 	s.res.Requests = len(cfg.Arrivals)
-	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda}}})
+	s.migProf = cfg.Profile
+	s.migProf.InterconnectBytesPerSec = cfg.Timing.InterconnectBytesPerSec
+	mode := pb.MigrationMode_MIGRATION_MODE_OFF
+	if cfg.Migration {
+		mode = pb.MigrationMode_MIGRATION_MODE_ON
+	}
+	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda,
+		Migration: mode}}})
 	s.draftProf = cfg.Spec.Draft
 	if s.draftProf.DecodeBaseMs == 0 {
 		s.draftProf = engine.Profiles[DefaultDraftProfile]
@@ -357,6 +409,9 @@ func New(cfg Config) (*Sim, error) {
 		s.every(time.Duration(frac*float64(cfg.Timing.ReconcileInterval)), cfg.Timing.ReconcileInterval, func() { s.reconcile(w) })
 	}
 	s.every(0, cfg.Timing.SampleEvery, s.sample)
+	if cfg.Migration {
+		s.every(0, cfg.Timing.MigrationInterval, s.migrationRound)
+	}
 	return s, nil
 }
 
@@ -405,31 +460,7 @@ func (s *Sim) open() bool { return s.res.Ended < len(s.reqs) }
 // little longer, so that checkpoint pages still on the wire land and a
 // reconciliation pass runs before Check.
 func (s *Sim) Run() {
-	nextProgress := 10 * time.Second
-	drainUntil := time.Duration(-1)
-	for s.err == nil {
-		e, ok := s.next()
-		if !ok {
-			break
-		}
-		if s.cfg.StopAt > 0 && e.at >= s.cfg.StopAt {
-			break
-		}
-		if drainUntil >= 0 && e.at > drainUntil {
-			break
-		}
-		s.now = e.at
-		e.fn()
-		s.steps++
-		if drainUntil < 0 && !s.open() && s.cfg.StopAt == 0 {
-			s.res.End = s.now
-			drainUntil = s.now + s.cfg.Timing.ReconcileInterval + time.Second
-		}
-		if s.cfg.Progress != nil && s.now >= nextProgress {
-			s.cfg.Progress(s.now, s.res.Ended, len(s.reqs))
-			nextProgress += 10 * time.Second
-		}
-	}
+	s.advance(nil)
 	if s.err == nil && s.open() && s.cfg.StopAt == 0 {
 		s.err = fmt.Errorf("sim: the run stalled at %s with %d of %d requests open", s.now, len(s.reqs)-s.res.Ended, len(s.reqs))
 	}
@@ -438,6 +469,45 @@ func (s *Sim) Run() {
 	}
 	s.res.Events = s.steps
 	s.finish()
+}
+
+// advance processes events until the run is over (Run says when), or until
+// stop, when not nil, reports true after an event: then it reports true and
+// the run can go on (tests act on the Sim between events that way).
+func (s *Sim) advance(stop func() bool) bool {
+	for s.err == nil {
+		e, ok := s.next()
+		if !ok {
+			return false
+		}
+		if s.cfg.StopAt > 0 && e.at >= s.cfg.StopAt {
+			return false
+		}
+		if s.drainUntil >= 0 && e.at > s.drainUntil {
+			return false
+		}
+		s.now = e.at
+		e.fn()
+		s.steps++
+		if s.drainUntil < 0 && !s.open() && s.cfg.StopAt == 0 {
+			s.res.End = s.now
+			// Long enough for a last reconciliation, and for a
+			// destination to reclaim a copy no call adopted.
+			drain := s.cfg.Timing.ReconcileInterval
+			if s.cfg.Migration {
+				drain = max(drain, core.DefaultMigrationTimeout)
+			}
+			s.drainUntil = s.now + drain + time.Second
+		}
+		if s.cfg.Progress != nil && s.now >= s.nextProgress {
+			s.cfg.Progress(s.now, s.res.Ended, len(s.reqs))
+			s.nextProgress += 10 * time.Second
+		}
+		if stop != nil && stop() {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Sim) fail(format string, args ...any) {
@@ -500,6 +570,7 @@ func (s *Sim) register(w *simWorker, phase pb.WorkerPhase) {
 		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages}, w.store)
 	w.waits = core.WaitWindow{}
 	w.busy, w.kick, w.linkFree, w.published = false, false, s.now, 0
+	w.between = nil
 	w.phase = phase
 	row := &pb.Worker{Id: w.id, Incarnation: w.inc, Phase: phase, Capacity: s.capacity(), ModelId: s.cfg.Profile.Model}
 	if s.cfg.Speculation {
@@ -690,6 +761,10 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 	if r.first < 0 {
 		r.first = s.now
 	}
+	if r.migrated {
+		r.migrated = false
+		s.res.Migrations.Downtimes = append(s.res.Migrations.Downtimes, s.now-r.last)
+	}
 	// The resume is exact here: the first token of the first call made
 	// after the failure (the client-side estimate of the bench,
 	// servingstats.Record.Resume, cannot see calls).
@@ -697,6 +772,11 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 		r.resumeEnd = s.now
 	}
 	r.last = s.now
+	k := int(s.now / time.Second)
+	for len(s.res.Delivered) <= k {
+		s.res.Delivered = append(s.res.Delivered, 0)
+	}
+	s.res.Delivered[k]++
 	if s.cfg.StopAt > 0 && s.now >= s.cfg.StopAt/2 {
 		s.res.CalibrationTokens++
 	}
@@ -805,6 +885,7 @@ func (s *Sim) stepDone(w *simWorker, st core.Step) {
 	w.core.Done(s.clock(), out)
 	w.busy = false
 	s.flush(w)
+	s.runBetween(w)
 	s.publish(w)
 	if a := w.as; a != nil && a.target == w {
 		s.mirror(a) // the step's progress to the drafter
@@ -821,6 +902,10 @@ func (s *Sim) flush(w *simWorker) {
 	s.res.Spec.DraftTokens += o.DraftTokens
 	s.res.Spec.AcceptedTokens += o.AcceptedTokens
 	s.res.Spec.Verifications += o.Verifications
+	s.res.Migrations.Stages += o.MigrationStages
+	s.res.Migrations.Pages += o.MigrationPagesOut
+	s.res.Migrations.Reclaimed += o.MigrationsReclaimed
+	ended := slices.Clone(o.MigrationsEnded) // o's slices are the core's: the aborts call into it
 	w.waits.Add(o.Waits...)
 	for _, ev := range o.Events {
 		if ev.Err == nil {
@@ -832,6 +917,15 @@ func (s *Sim) flush(w *simWorker) {
 		}
 		if ev.Err != nil {
 			switch {
+			case errors.Is(ev.Err, core.ErrMigrated):
+				// The source ends the stream with the new placement (the
+				// gateway, which follows the commit's event, has
+				// normally switched already).
+				if pl, _ := s.fsm.Placement(r.id); pl != nil {
+					s.switchStream(r, pl)
+				} else {
+					s.broke(r)
+				}
 			case errors.Is(ev.Err, core.ErrQueueFull), errors.Is(ev.Err, core.ErrTooLarge):
 				s.end(r, ev.Err) // not resumable: the client gets the error
 			default:
@@ -873,6 +967,7 @@ func (s *Sim) flush(w *simWorker) {
 	for _, rel := range o.CheckpointReleases {
 		s.ship(w, rel.Holder, rel.RequestID, 0, 0, nil)
 	}
+	s.migrationsEnded(ended)
 }
 
 // ship delivers checkpoint pages (or, with none, a release) to a holder
@@ -972,6 +1067,7 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	}
 	w.alive = false
 	w.gen++
+	w.between = nil
 	if w.as != nil {
 		s.unpair(w.as)
 	}
@@ -983,6 +1079,7 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 			s.broke(sr)
 		}
 	}
+	s.killMigrations(w, w.gen-1)
 	// The process's memory is gone: nothing touches the core of a worker
 	// that is not alive, and a restart builds new ones.
 	w.core, w.store = nil, newSimStore(0)

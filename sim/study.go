@@ -23,6 +23,9 @@ type Setup struct {
 	MaxRunning int
 	// Budget is the host checkpoint budget per worker (CALIBRATION.md).
 	Budget uint64
+	// KVPages is a worker's KV cache in pages (0: the profile's GPU,
+	// Profile.KVPages): smaller puts the workers under memory pressure.
+	KVPages int
 }
 
 // PrototypeSetups are `lumen bench recovery`'s setups, by the same names.
@@ -161,6 +164,9 @@ type Study struct {
 	Trace []workload.Request
 	// Spec is the lumen column's speculation (its Seed is the study's).
 	Spec SpecOptions
+	// Migration turns live migration on in every column (not in the
+	// calibration: the saturated throughput is the cluster's without it).
+	Migration bool
 }
 
 // arrivals returns the requests of a run at rate for d: from the trace
@@ -188,7 +194,7 @@ func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workl
 	spec := st.Spec
 	spec.Seed = st.Seed
 	return Config{Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
-		TokenBudget: 2048, MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget,
+		TokenBudget: 2048, MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
 		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec}
 }
 
@@ -258,6 +264,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	for _, col := range Columns {
 		cfg := st.config(p, col.Strategy, reqs)
 		cfg.Speculation = col.Spec
+		cfg.Migration = st.Migration
 		// The decode rates of the paired workers, with and without
 		// speculation, come from the token series.
 		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail

@@ -39,7 +39,10 @@ func runSim(args []string) error {
 	svgPath := fs.String("svg", "", "with -figure or -replot: plot the figure as SVG")
 	replot := fs.String("replot", "", "plot a figure's JSON written by -figure -json (with -svg), running nothing")
 	seeds := fs.Int("seeds", 1, "with -figure: run every point with this many seeds (from -seed) and report the means")
-	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens), or spec-k (adaptive K against fixed K = 0 … 8, one target and its drafter)")
+	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens), spec-k (adaptive K against fixed K = 0 … 8, one target and its drafter), or burst (live migration off/on under Gamma arrivals: 8 and 64 workers unless -workers, loads 0.7, 0.85, 1 unless -load)")
+	migration := fs.String("migration", "off", "live migration for balance (Llumnix; the leader's round every 500 ms): on or off")
+	kvPages := fs.Int("kv-pages", 0, "with -figure burst: a worker's KV cache in 16-token pages (0: the profile's GPU); smaller puts the workers under memory pressure")
+	cv := fs.Float64("cv", 4, "with -figure burst: the arrivals' coefficient of variation (Gamma gaps; 0 or 1 is Poisson)")
 	specAlpha := fs.Float64("spec-alpha", core.PriorAcceptance, "lumen's speculation: the probability that a draft token equals the target's (CALIBRATION.md)")
 	specK := fs.Int("spec-k", 0, "lumen's speculation: drafts verified per request per step; 0 = adaptive (chosen each step from the measured acceptance and the step-cost model)")
 	if err := fs.Parse(args); err != nil {
@@ -51,7 +54,23 @@ func runSim(args []string) error {
 	if *specK < 0 || *specK > 64 {
 		return fmt.Errorf("-spec-k %d: must be in [0, 64] (0: adaptive)", *specK)
 	}
-	o := sim.Options{Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart, FailAt: *failAt,
+	var migrate bool
+	switch *migration {
+	case "on":
+		migrate = true
+	case "off":
+	default:
+		return fmt.Errorf("-migration %q: on or off", *migration)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if (set["cv"] || set["kv-pages"]) && *figure != "burst" {
+		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
+	}
+	if migrate && *figure != "" && *figure != "burst" {
+		return fmt.Errorf("-migration on applies to the studies, not to -figure %s (-figure burst runs it off and on)", *figure)
+	}
+	o := sim.Options{Migration: migrate, Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart, FailAt: *failAt,
 		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, TracePath: *tracePath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
 	o.Spec = sim.SpecOptions{Alpha: *specAlpha, K: *specK}
@@ -73,12 +92,46 @@ func runSim(args []string) error {
 	if *figure == "spec-k" {
 		ko := sim.DefaultSpecKOptions()
 		ko.Seed, ko.Timing, ko.Log = *seed, o.Timing, os.Stdout
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if set["spec-k"] || set["spec-alpha"] {
 			return fmt.Errorf("-figure spec-k runs every K at alpha 0.5, 0.7 and 0.9: -spec-k and -spec-alpha do not apply")
 		}
 		f, err := sim.RunSpecK(ko)
+		if err != nil {
+			return err
+		}
+		if *jsonPath != "" {
+			data, err := json.MarshalIndent(f, "", "  ")
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
+		}
+		return nil
+	}
+	if *figure == "burst" {
+		if set["migration"] {
+			return fmt.Errorf("-figure burst runs migration off and on: -migration does not apply")
+		}
+		bo := sim.DefaultBurstOptions()
+		bo.Seed, bo.Timing, bo.Log, bo.Profile, bo.MaxRunning, bo.CV, bo.KVPages = *seed, o.Timing, os.Stdout, *profile, *maxRunning, *cv, *kvPages
+		if *workers > 0 {
+			bo.Sizes = []int{*workers}
+		}
+		if set["load"] {
+			bo.Loads = []float64{*load}
+		}
+		if *quick {
+			bo.Timeline = sim.QuickTimeline()
+		}
+		if *duration > 0 {
+			bo.Timeline.Duration, bo.Timeline.Warmup = *duration, *duration/12
+		}
+		b, err := parseBytes(budget)
+		if err != nil {
+			return fmt.Errorf("-checkpoint-budget: %w", err)
+		}
+		bo.Budget = b
+		f, err := sim.RunBurst(bo)
 		if err != nil {
 			return err
 		}

@@ -143,9 +143,16 @@ func (r Request) Materialize() Request {
 // Config describes a run's arrivals.
 type Config struct {
 	Seed     uint64
-	Rate     float64       // mean arrivals per second (Poisson)
+	Rate     float64       // mean arrivals per second
 	Duration time.Duration // arrivals in [0, Duration)
-	Trace    Trace
+	// CV is the coefficient of variation of the gaps between arrivals: 0
+	// (or 1) is a Poisson process, exponential gaps; any other value draws
+	// the gaps from a Gamma distribution of shape 1/CV² and mean 1/Rate,
+	// bursty above 1 (Llumnix's burst experiments use CV = 2 to 8, with
+	// Gamma arrivals). Poisson runs draw exactly what they drew before CV
+	// existed.
+	CV    float64
+	Trace Trace
 	// Tokens maps a draw in [0, 1<<31) to a prompt token id; default:
 	// printable ASCII (32..126), which every lumen engine accepts.
 	Tokens func(uint32) int32
@@ -168,6 +175,9 @@ func GenerateLazy(c Config) ([]Request, error) {
 	if c.Rate <= 0 || c.Duration <= 0 {
 		return nil, fmt.Errorf("workload: rate (%g/s) and duration (%s) must be positive", c.Rate, c.Duration)
 	}
+	if c.CV < 0 || math.IsNaN(c.CV) || math.IsInf(c.CV, 0) {
+		return nil, fmt.Errorf("workload: the arrivals' CV (%g) must be a finite number >= 0", c.CV)
+	}
 	if len(c.Trace.Prompt) < 2 || len(c.Trace.Output) < 2 {
 		return nil, fmt.Errorf("workload: trace %q has no length distributions", c.Trace.Name)
 	}
@@ -178,10 +188,15 @@ func GenerateLazy(c Config) ([]Request, error) {
 	draw := func(x uint32) int32 { return tok(x >> 1) }
 	src := rand.NewPCG(c.Seed, 0x6c756d656e)
 	r := rand.New(src)
+	gap := func() float64 { return r.ExpFloat64() / c.Rate }
+	if c.CV != 0 && c.CV != 1 {
+		shape := 1 / (c.CV * c.CV)
+		gap = func() float64 { return Gamma(r, shape) / (shape * c.Rate) }
+	}
 	var out []Request
 	t := 0.0
 	for {
-		t += r.ExpFloat64() / c.Rate
+		t += gap()
 		at := time.Duration(t * float64(time.Second))
 		if at >= c.Duration {
 			return out, nil
@@ -190,5 +205,28 @@ func GenerateLazy(c Config) ([]Request, error) {
 		req := Lazy(at, n, 0, src, draw)
 		req.Output = c.Trace.Output.Sample(r)
 		out = append(out, req)
+	}
+}
+
+// Gamma draws from the Gamma distribution of the given shape and scale 1
+// (mean shape, variance shape): Marsaglia and Tsang's method, with
+// Gamma(k) = Gamma(k+1)·U^(1/k) for a shape k below 1.
+func Gamma(r *rand.Rand, shape float64) float64 {
+	if shape < 1 {
+		return Gamma(r, shape+1) * math.Pow(r.Float64(), 1/shape)
+	}
+	d := shape - 1.0/3
+	c := 1 / math.Sqrt(9*d)
+	for {
+		x := r.NormFloat64()
+		v := 1 + c*x
+		if v <= 0 {
+			continue
+		}
+		v = v * v * v
+		u := r.Float64()
+		if u < 1-0.0331*x*x*x*x || math.Log(u) < 0.5*x*x+d*(1-v+math.Log(v)) {
+			return d * v
+		}
 	}
 }

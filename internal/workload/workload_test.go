@@ -98,3 +98,52 @@ func TestGenerateLazy(t *testing.T) {
 		}
 	}
 }
+
+// TestGamma checks the sampler's mean and coefficient of variation at the
+// shapes the bursty arrivals use (CV = 4 is shape 1/16), and that Generate
+// with a CV keeps the rate and makes the gaps that bursty.
+func TestGamma(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, cv := range []float64{0.5, 2, 4} {
+		shape := 1 / (cv * cv)
+		const n = 400000
+		var sum, sq float64
+		for range n {
+			x := Gamma(r, shape)
+			if x < 0 || math.IsNaN(x) {
+				t.Fatalf("shape %g: drew %g", shape, x)
+			}
+			sum += x
+			sq += x * x
+		}
+		mean := sum / n
+		sd := math.Sqrt(sq/n - mean*mean)
+		if math.Abs(mean/shape-1) > 0.03 || math.Abs(sd/mean/cv-1) > 0.05 {
+			t.Errorf("shape %g: mean %g (want %g), CV %g (want %g)", shape, mean, shape, sd/mean, cv)
+		}
+	}
+	c := Config{Seed: 9, Rate: 200, Duration: 100 * time.Second, Trace: AzureConversation, CV: 4}
+	a, err := GenerateLazy(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The count over 100 s is far more variable than Poisson's (its
+	// standard deviation is about CV·sqrt(rate·duration) = 566): 4 sigma.
+	if n := len(a); n < 20000-2300 || n > 20000+2300 {
+		t.Fatalf("%d arrivals at 200/s over 100 s with CV 4", n)
+	}
+	var sum, sq float64
+	for i := 1; i < len(a); i++ {
+		g := (a[i].At - a[i-1].At).Seconds()
+		sum += g
+		sq += g * g
+	}
+	n := float64(len(a) - 1)
+	mean := sum / n
+	if cv := math.Sqrt(sq/n-mean*mean) / mean; cv < 3 || cv > 5 {
+		t.Errorf("the gaps' CV is %.2f, asked 4", cv)
+	}
+	if _, err := Generate(Config{Rate: 1, Duration: time.Second, Trace: AzureConversation, CV: -1}); err == nil {
+		t.Fatal("CV -1 accepted")
+	}
+}

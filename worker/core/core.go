@@ -513,8 +513,9 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		return st
 	}
 	free -= len(c.running)
-	// A request migrating in holds a running slot from its first stage.
-	for len(c.waiting) > 0 && budget > 0 && len(c.running)+len(c.incoming) < c.cfg.MaxRunning {
+	// A request migrating in holds a running slot from its first stage,
+	// one stopped for its migration's commit until the commit.
+	for len(c.waiting) > 0 && budget > 0 && c.slots() < c.cfg.MaxRunning {
 		r := c.waiting[0]
 		pages, hashes := c.restorable(r)
 		if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget)) > free {
@@ -564,7 +565,7 @@ func (c *Core) makeRoom(free int) int {
 		r := c.waiting[0]
 		pages, _ := c.restorable(r)
 		need := PagesFor(min(len(r.History), len(pages)*engine.PageTokens+c.cfg.TokenBudget))
-		if need <= free-len(c.running) && len(c.running)+len(c.incoming) < c.cfg.MaxRunning {
+		if need <= free-len(c.running) && c.slots() < c.cfg.MaxRunning {
 			return free
 		}
 		vi := -1

@@ -360,9 +360,9 @@ func (c *Core) AcceptStage(now time.Time, s IncomingStage, free int) (engine.Seq
 	if s.Tail < 0 || s.Tail >= engine.PageTokens || (s.Tail > 0 && !s.Last) {
 		return bad("a tail of %d positions on a stage that is last=%v", s.Tail, s.Last)
 	}
-	if in == nil && len(c.running)+len(c.incoming) >= c.cfg.MaxRunning {
-		return 0, fmt.Errorf("%w: request %q: %d requests run and %d migrate in, the most this worker runs is %d",
-			ErrMigrationFull, s.ID, len(c.running), len(c.incoming), c.cfg.MaxRunning)
+	if in == nil && c.slots() >= c.cfg.MaxRunning {
+		return 0, fmt.Errorf("%w: request %q: %d requests run, %d stand stopped for their migration out and %d migrate in, the most this worker runs is %d",
+			ErrMigrationFull, s.ID, len(c.running), len(c.stopped), len(c.incoming), c.cfg.MaxRunning)
 	}
 	headroom := len(c.running)
 	if need := s.pages(); need > free-headroom {
@@ -418,6 +418,13 @@ func (c *Core) IncomingPages(id string) int {
 	}
 	return 0
 }
+
+// slots is the running slots (Config.MaxRunning) taken: the running
+// requests, those stopped for their migration's commit (an abort puts one
+// back in the running set: its slot must still be there), and the
+// pre-allocations of migrations in (the adoption puts the request in the
+// running set).
+func (c *Core) slots() int { return len(c.running) + len(c.stopped) + len(c.incoming) }
 
 // Stopped is how many requests stand stopped for the commit of their
 // migration out.

@@ -552,3 +552,57 @@ func TestAdoptionKeepsTheCheckpointProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestStoppedRequestKeepsItsSlot: a request stopped for its migration's
+// commit keeps its running slot, so an abort that puts it back in the
+// running set never takes the worker over MaxRunning (the simulator's
+// budget check caught a source that admitted a waiting request into the
+// stopped one's slot, then ran 33 of 32 after the destination refused the
+// last stage).
+func TestStoppedRequestKeepsItsSlot(t *testing.T) {
+	seed := uint64(43)
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	src := newHarness(t, 128, Config{Self: "w1", MaxRunning: 2}, nil)
+	for _, id := range []string{"a", "b", "c"} {
+		src.submit(id, prompt(rng, 40), nil, 20)
+	}
+	src.step()
+	if src.c.Running() != 2 || src.c.Waiting() != 1 {
+		t.Fatalf("%d running, %d waiting; want 2 and 1", src.c.Running(), src.c.Waiting())
+	}
+	if err := src.c.MigrateOut("a", 0); err != nil {
+		t.Fatal(err)
+	}
+	st, err := src.c.NextStage("a", 0)
+	src.apply()
+	if err != nil || !st.Last {
+		t.Fatalf("a 3-page request's first stage is not the last: %+v, %v", st, err)
+	}
+	src.step()
+	if src.c.Running() != 1 || src.c.Waiting() != 1 {
+		t.Fatalf("with a stopped: %d running, %d waiting; want 1 and 1 (c waits for a's slot)", src.c.Running(), src.c.Waiting())
+	}
+	dst := newHarness(t, 128, Config{Self: "w2", MaxRunning: 2}, nil)
+	dst.submit("d", prompt(rng, 40), nil, 20)
+	dst.step()
+	if _, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: "x", Stage: 1}, dst.eng.FreePages()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: "y", Stage: 1}, dst.eng.FreePages()); !errors.Is(err, ErrMigrationFull) {
+		t.Fatalf("a second migration into a worker with one running and one migrating in of 2: %v, want ErrMigrationFull", err)
+	}
+	if !src.c.AbortOut("a", 0) {
+		t.Fatal("no migration to abort")
+	}
+	if src.c.Running() != 2 {
+		t.Fatalf("%d running after the abort, MaxRunning is 2", src.c.Running())
+	}
+	src.run()
+	for _, id := range []string{"a", "b", "c"} {
+		if len(src.out[id]) != 20 || src.errs[id] != nil {
+			t.Fatalf("%s: %d tokens, %v", id, len(src.out[id]), src.errs[id])
+		}
+	}
+	src.checkAllFree(t, "source")
+}
