@@ -1,0 +1,1411 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/completions"
+	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/servingstats"
+	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
+)
+
+// `lumen bench migration`: live migration (Llumnix) on real processes —
+// three controllers, a gateway and synthetic workers paced as Qwen3-14B on
+// an H100 — in three phases:
+//
+//   - downtime: two workers, each decoding a background batch; requests at
+//     256 to 8192 tokens of context are migrated (Operator.Migrate) while
+//     they stream, and each is run again, the same length, not migrated.
+//     The downtime is the gateway's lumen_gateway_migration_downtime_seconds
+//     (the client's token times agree, and split it); the background's
+//     token gaps inside the migrated windows against the same windows not
+//     migrated are the slowdown. Then an 8192-token request's worker is
+//     killed under stop-and-restart: the resume elsewhere recomputes it all.
+//   - burst: eight workers, Gamma arrivals with cv 4 at the Azure
+//     conversation lengths, migration on and then off on the same arrivals.
+//   - drain: a worker with 32 streams is drained (DRAINING) while three
+//     others serve their own; every stream must equal the reference and no
+//     token may be recomputed.
+//
+// The arithmetic (what the runs measured, as plain values, turned into the
+// figures under their JSON keys and the table) comes first; the runs after.
+
+// downtimeSample is one migration of the downtime phase. Times are offsets
+// from the phase's start, as the client (the bench) saw them, but stamp,
+// which is the controller leader's: when it proposed the commit.
+type downtimeSample struct {
+	length int // tokens of context when the migration started
+	// gatewayMs is the gateway's lumen_gateway_migration_downtime_seconds
+	// for this migration (the histogram's sum grew by it), in ms.
+	gatewayMs float64
+	// tokens are the client's token arrival times; trigger when the
+	// migration was asked for.
+	tokens  []time.Duration
+	trigger time.Duration
+	// started: the STARTED event's leader stamp; stamp: the COMMITTED
+	// event's leader stamp (the FinishMigration's proposal); seen: when
+	// the bench's event stream delivered COMMITTED.
+	started, stamp, seen time.Duration
+	// rpc is the Operator.Migrate call's latency: one Raft commit through
+	// the leader, as the source's FinishMigration is.
+	rpc time.Duration
+}
+
+// switchGap finds the switch in a stream of token times: the two tokens
+// either side of at (the commit's stamp). Without one it takes the
+// longest gap after from.
+func switchGap(tokens []time.Duration, at, from time.Duration) (last, first time.Duration, ok bool) {
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i-1] < at && at <= tokens[i] {
+			return tokens[i-1], tokens[i], true
+		}
+	}
+	best := time.Duration(-1)
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i-1] >= from && tokens[i]-tokens[i-1] > best {
+			best, last, first, ok = tokens[i]-tokens[i-1], tokens[i-1], tokens[i], true
+		}
+	}
+	return last, first, ok
+}
+
+// downtimeParts splits one migration's client-side downtime: stop and
+// copy (the last source token to the leader's commit proposal: the last
+// stage's copy and ack, the FinishMigration call), commit (the proposal to
+// the COMMITTED event reaching a watcher: the Raft round, apply, fan-out),
+// and switch (that event to the destination's first token: the gateway's
+// new call, the adoption, the destination's wait for its step and the step
+// itself). The parts add up to gap.
+func downtimeParts(s downtimeSample) (gap, stopCopy, commit, sw time.Duration, ok bool) {
+	last, first, ok := switchGap(s.tokens, s.stamp, s.trigger)
+	if !ok {
+		return 0, 0, 0, 0, false
+	}
+	return first - last, s.stamp - last, s.seen - s.stamp, first - s.seen, true
+}
+
+// window is a span of time, [from, to].
+type window struct{ from, to time.Duration }
+
+// windowGaps are the gaps between consecutive tokens of the streams that
+// lie wholly inside one of the windows.
+func windowGaps(streams [][]time.Duration, wins []window) []time.Duration {
+	var out []time.Duration
+	for _, toks := range streams {
+		for i := 1; i < len(toks); i++ {
+			for _, w := range wins {
+				if toks[i-1] >= w.from && toks[i] <= w.to {
+					out = append(out, toks[i]-toks[i-1])
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// medianMs is the median of d in milliseconds (the mean of the two middle
+// values for an even count), or 0 for none. d is not changed.
+func medianMs(d []time.Duration) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return msOf(s[n/2])
+	}
+	return (msOf(s[n/2-1]) + msOf(s[n/2])) / 2
+}
+
+func medianOf(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// recomputeSample is one resume by recompute of the downtime phase's
+// recompute step: the request's worker killed, the request resumed
+// elsewhere with its history, every token prefilled again.
+type recomputeSample struct {
+	// seen: the recovery (the request's RecoveryPlan or move) reached the
+	// bench; first: the first token after the kill; lastBefore: the last
+	// one before it.
+	lastBefore, kill, seen, first time.Duration
+	recomputed                    float64 // tokens the destination prefilled again
+}
+
+// burstResult is one run of the burst phase.
+type burstResult struct {
+	recs   []*servingstats.Record
+	failed int
+	wrong  int // outputs that differ from the reference
+	// Counters summed over the workers.
+	preemptions, migrations, aborted, recomputed float64
+	// The gateway's migration downtime histogram.
+	downtimeCount, downtimeSum float64
+}
+
+// tokens is the output tokens delivered, and makespan the time from the
+// run's start to the last token.
+func (b *burstResult) throughput() (tokens int, makespan time.Duration) {
+	for _, r := range b.recs {
+		if r == nil {
+			continue
+		}
+		tokens += len(r.Chunks)
+		if n := len(r.Chunks); n > 0 && r.Chunks[n-1] > makespan {
+			makespan = r.Chunks[n-1]
+		}
+	}
+	return tokens, makespan
+}
+
+func (b *burstResult) ttfts() []time.Duration {
+	var out []time.Duration
+	for _, r := range b.recs {
+		if r == nil || r.Err != nil {
+			continue
+		}
+		if d, ok := r.TTFT(); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// drainResult is the drain phase.
+type drainResult struct {
+	streams, onDrained int // streams in all, on the drained worker at the drain
+	// empty: the drain's start to the last migration off the worker
+	// committing (as the event reached the bench); left: to its LEFT.
+	empty, left           time.Duration
+	committed, aborted    int
+	recomputed            float64
+	differing, failed     int
+	downtimeN, downtimeMs float64 // the gateway's switches during the drain and their mean
+}
+
+// migrationRaw is everything the phases measured.
+type migrationRaw struct {
+	// profileStep: the profile's decode step at the batch the migrated
+	// requests ran in (batch).
+	profileStep time.Duration
+	batch       int
+	samples     []downtimeSample
+	aborted     int // migrations of the downtime phase that did not commit
+	// The other requests' token gaps inside the migrated requests' windows
+	// (from the migration's request to the stream's end), with migrations
+	// and in the same windows of the same requests not migrated.
+	bgOn, bgOff []time.Duration
+	// Outputs of the downtime phase's requests that differ from the
+	// reference, and streams that failed.
+	differing, failed int
+	recompute         []recomputeSample
+	burstOn, burstOff *burstResult
+	drain             *drainResult
+}
+
+// migrationLengths are the context lengths of the downtime phase.
+var migrationLengths = []int{256, 1024, 4096, 8192}
+
+// migrationFigures turns what the phases measured into the figures, under
+// their JSON keys (the contract keys first; the rest explain them). A
+// phase not run leaves its keys out.
+func migrationFigures(r *migrationRaw) map[string]float64 {
+	f := map[string]float64{}
+	if len(r.samples) > 0 {
+		f["decode_step_ms"] = msOf(r.profileStep)
+		f["decode_batch"] = float64(r.batch)
+		if len(r.bgOff) > 0 {
+			f["decode_step_measured_ms"] = medianMs(r.bgOff)
+		}
+		lo, hi := math.Inf(1), 0.0
+		var rpcs []time.Duration
+		for _, n := range migrationLengths {
+			var gw []float64
+			var gap, stopCopy, commit, sw, copyAll []time.Duration
+			for _, s := range r.samples {
+				if s.length != n {
+					continue
+				}
+				gw = append(gw, s.gatewayMs)
+				rpcs = append(rpcs, s.rpc)
+				if g, a, b, c, ok := downtimeParts(s); ok {
+					gap, stopCopy, commit, sw = append(gap, g), append(stopCopy, a), append(commit, b), append(sw, c)
+				}
+				copyAll = append(copyAll, s.stamp-s.started)
+			}
+			if len(gw) == 0 {
+				continue
+			}
+			m := medianOf(gw)
+			f[fmt.Sprintf("downtime_ms_%d", n)] = m
+			f[fmt.Sprintf("downtime_migrations_%d", n)] = float64(len(gw))
+			f[fmt.Sprintf("downtime_max_ms_%d", n)] = slices.Max(gw)
+			f[fmt.Sprintf("downtime_client_ms_%d", n)] = medianMs(gap)
+			f[fmt.Sprintf("downtime_stop_copy_ms_%d", n)] = medianMs(stopCopy)
+			f[fmt.Sprintf("downtime_commit_ms_%d", n)] = medianMs(commit)
+			f[fmt.Sprintf("downtime_switch_ms_%d", n)] = medianMs(sw)
+			f[fmt.Sprintf("migration_ms_%d", n)] = medianMs(copyAll)
+			lo, hi = math.Min(lo, m), math.Max(hi, m)
+		}
+		if lo > 0 && hi > 0 {
+			f["downtime_flatness"] = hi / lo
+		}
+		f["migrate_rpc_ms"] = medianMs(rpcs)
+		f["downtime_aborted"] = float64(r.aborted)
+		f["downtime_outputs_differing"] = float64(r.differing)
+		f["downtime_failed"] = float64(r.failed)
+		if len(r.bgOn) > 0 && len(r.bgOff) > 0 {
+			on, off := servingstats.Mean(r.bgOn), servingstats.Mean(r.bgOff)
+			f["slowdown_pct"] = 100 * (on/off - 1)
+			f["tpot_during_migration_ms"], f["tpot_without_migration_ms"] = on, off
+		}
+	}
+	if len(r.recompute) > 0 {
+		var rc, gap []time.Duration
+		var toks []float64
+		for _, s := range r.recompute {
+			rc, gap = append(rc, s.first-s.seen), append(gap, s.first-s.lastBefore)
+			toks = append(toks, s.recomputed)
+		}
+		f["recompute_ms_8192"] = medianMs(rc)
+		f["recompute_gap_ms_8192"] = medianMs(gap)
+		f["recompute_tokens_8192"] = medianOf(toks)
+	}
+	if r.burstOn != nil && r.burstOff != nil {
+		on, off := r.burstOn, r.burstOff
+		f["burst_p99_ttft_ms_on"] = servingstats.Percentile(on.ttfts(), 0.99)
+		f["burst_p99_ttft_ms_off"] = servingstats.Percentile(off.ttfts(), 0.99)
+		f["burst_mean_ttft_ms_on"] = servingstats.Mean(on.ttfts())
+		f["burst_mean_ttft_ms_off"] = servingstats.Mean(off.ttfts())
+		tOn, mOn := on.throughput()
+		tOff, mOff := off.throughput()
+		if mOn > 0 && mOff > 0 {
+			a, b := float64(tOn)/mOn.Seconds(), float64(tOff)/mOff.Seconds()
+			f["burst_tokens_per_s_on"], f["burst_tokens_per_s_off"] = a, b
+			f["burst_throughput_loss_pct"] = 100 * (1 - a/b)
+		}
+		f["burst_preemptions_on"], f["burst_preemptions_off"] = on.preemptions, off.preemptions
+		f["burst_migrations_on"], f["burst_migrations_aborted_on"] = on.migrations, on.aborted
+		f["burst_recomputed_tokens_on"], f["burst_recomputed_tokens_off"] = on.recomputed, off.recomputed
+		f["burst_requests"] = float64(len(on.recs))
+		f["burst_failed_on"], f["burst_failed_off"] = float64(on.failed), float64(off.failed)
+		f["burst_outputs_differing_on"], f["burst_outputs_differing_off"] = float64(on.wrong), float64(off.wrong)
+		if on.downtimeCount > 0 {
+			f["burst_downtime_mean_ms"] = 1000 * on.downtimeSum / on.downtimeCount
+		}
+	}
+	if d := r.drain; d != nil {
+		f["drain_recomputed_tokens"] = d.recomputed
+		f["drain_outputs_differing"] = float64(d.differing)
+		f["drain_failed"] = float64(d.failed)
+		f["drain_streams"], f["drain_streams_on_worker"] = float64(d.streams), float64(d.onDrained)
+		f["drain_empty_s"], f["drain_left_s"] = d.empty.Seconds(), d.left.Seconds()
+		f["drain_migrations"], f["drain_migrations_aborted"] = float64(d.committed), float64(d.aborted)
+		if d.downtimeN > 0 {
+			f["drain_downtime_mean_ms"] = d.downtimeMs
+		}
+	}
+	return f
+}
+
+// verdict says whether a goal is met.
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+// printMigrationTable prints the table `lumen bench migration` ends with
+// (Markdown, as docs/benchmarks.md shows it). Missing figures (a phase not
+// run) leave their rows out.
+func printMigrationTable(w io.Writer, f map[string]float64) {
+	has := func(k ...string) bool {
+		for _, x := range k {
+			if _, ok := f[x]; !ok {
+				return false
+			}
+		}
+		return true
+	}
+	fmt.Fprintf(w, "\n| measure | result | goal | verdict |\n| --- | --- | --- | --- |\n")
+	row := func(m, res, goal, v string) { fmt.Fprintf(w, "| %s | %s | %s | %s |\n", m, res, goal, v) }
+	step := f["decode_step_ms"]
+	if has("decode_step_ms") {
+		for _, n := range migrationLengths {
+			k := fmt.Sprintf("downtime_ms_%d", n)
+			if !has(k) {
+				continue
+			}
+			row(fmt.Sprintf("downtime, %d tokens (median of %.0f; max)", n, f[fmt.Sprintf("downtime_migrations_%d", n)]),
+				fmt.Sprintf("%.1f ms = %.1f steps (max %.1f)", f[k], f[k]/step, f[fmt.Sprintf("downtime_max_ms_%d", n)]),
+				fmt.Sprintf("≤ one step (%.1f ms)", step), verdict(f[k] <= step))
+		}
+		if has("downtime_flatness") {
+			row("downtime max/min over the lengths", fmt.Sprintf("%.2f", f["downtime_flatness"]), "≤ 1.5", verdict(f["downtime_flatness"] <= 1.5))
+		}
+		meas := ""
+		if has("decode_step_measured_ms") {
+			meas = fmt.Sprintf("; measured %.1f ms", f["decode_step_measured_ms"])
+		}
+		row(fmt.Sprintf("decode step at batch %.0f", f["decode_batch"]), fmt.Sprintf("profile %.2f ms%s", step, meas), "—", "—")
+	}
+	if has("recompute_ms_8192") {
+		row("recompute 8192 tokens instead (kill, resume elsewhere)", fmt.Sprintf("%.0f ms (%.0f tokens; client gap %.0f ms)",
+			f["recompute_ms_8192"], f["recompute_tokens_8192"], f["recompute_gap_ms_8192"]), "—", "—")
+	}
+	if has("slowdown_pct") {
+		row("TPOT of the other requests, during migrations vs without", fmt.Sprintf("%+.2f%% (%.2f vs %.2f ms)",
+			f["slowdown_pct"], f["tpot_during_migration_ms"], f["tpot_without_migration_ms"]), "≤ 1%", verdict(f["slowdown_pct"] <= 1))
+	}
+	if has("burst_p99_ttft_ms_on", "burst_p99_ttft_ms_off") {
+		on, off := f["burst_p99_ttft_ms_on"], f["burst_p99_ttft_ms_off"]
+		ratio := "n/a"
+		if on > 0 {
+			ratio = fmt.Sprintf("%.2f× lower", off/on)
+		}
+		row("burst p99 TTFT, migration on / off", fmt.Sprintf("%.0f / %.0f ms (%s)", on, off, ratio), "on ≤ half of off", verdict(on <= off/2))
+		row("burst mean TTFT, on / off", fmt.Sprintf("%.0f / %.0f ms", f["burst_mean_ttft_ms_on"], f["burst_mean_ttft_ms_off"]), "—", "—")
+		loss := f["burst_throughput_loss_pct"]
+		row("burst throughput loss (tokens / makespan)", fmt.Sprintf("%+.2f%% (%.0f vs %.0f tokens/s)", loss, f["burst_tokens_per_s_on"],
+			f["burst_tokens_per_s_off"]), "within 1%", verdict(math.Abs(loss) <= 1))
+		row("burst preemptions, on / off", fmt.Sprintf("%.0f / %.0f", f["burst_preemptions_on"], f["burst_preemptions_off"]), "—", "—")
+		row("burst migrations (committed / aborted)", fmt.Sprintf("%.0f / %.0f", f["burst_migrations_on"], f["burst_migrations_aborted_on"]), "—", "—")
+		row("burst outputs ≠ reference, on / off", fmt.Sprintf("%.0f / %.0f of %.0f (failed %.0f / %.0f)", f["burst_outputs_differing_on"],
+			f["burst_outputs_differing_off"], f["burst_requests"], f["burst_failed_on"], f["burst_failed_off"]), "0", verdict(f["burst_outputs_differing_on"]+f["burst_outputs_differing_off"]+f["burst_failed_on"]+f["burst_failed_off"] == 0))
+	}
+	if has("drain_recomputed_tokens") {
+		row(fmt.Sprintf("drain of a worker with %.0f streams: time to empty / to LEFT", f["drain_streams_on_worker"]),
+			fmt.Sprintf("%.2f s / %.2f s (%.0f migrations, %.0f aborted)", f["drain_empty_s"], f["drain_left_s"], f["drain_migrations"], f["drain_migrations_aborted"]), "—", "—")
+		row("drain: tokens recomputed", fmt.Sprintf("%.0f", f["drain_recomputed_tokens"]), "0", verdict(f["drain_recomputed_tokens"] == 0))
+		row("drain: outputs ≠ reference", fmt.Sprintf("%.0f of %.0f (failed %.0f)", f["drain_outputs_differing"], f["drain_streams"], f["drain_failed"]),
+			"0", verdict(f["drain_outputs_differing"]+f["drain_failed"] == 0))
+	}
+	if has("decode_step_ms", "downtime_ms_8192") {
+		fmt.Fprintf(w, "\nDowntime, the client's view, split (medians, ms): the last source token → the leader's commit proposal\n"+
+			"(the last stage's copy and ack, FinishMigration) → the COMMITTED event at a watcher (Raft, apply, fan-out)\n"+
+			"→ the destination's first token (the gateway's new call, adoption, the destination's step).\n\n")
+		fmt.Fprintf(w, "| context | gateway | client gap | stop + copy | commit | switch + first step | whole migration |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, n := range migrationLengths {
+			k := func(p string) float64 { return f[fmt.Sprintf("%s_%d", p, n)] }
+			if !has(fmt.Sprintf("downtime_ms_%d", n)) {
+				continue
+			}
+			fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", n, k("downtime_ms"), k("downtime_client_ms"),
+				k("downtime_stop_copy_ms"), k("downtime_commit_ms"), k("downtime_switch_ms"), k("migration_ms"))
+		}
+		fmt.Fprintf(w, "(Operator.Migrate, one Raft commit through the leader: median %.1f ms)\n", f["migrate_rpc_ms"])
+	}
+}
+
+// gammaGaps returns n inter-arrival gaps of a Gamma renewal process with
+// mean 1/rate seconds and coefficient of variation cv (shape 1/cv²): cv 1
+// is Poisson, larger is burstier.
+func gammaGaps(r *rand.Rand, rate, cv float64, n int) []time.Duration {
+	k := 1 / (cv * cv)
+	theta := 1 / (rate * k)
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = time.Duration(theta * gammaSample(r, k) * float64(time.Second))
+	}
+	return out
+}
+
+// gammaSample draws from Gamma(k, 1) (Marsaglia and Tsang; for k < 1,
+// Gamma(k+1)·U^(1/k)).
+func gammaSample(r *rand.Rand, k float64) float64 {
+	if k < 1 {
+		return gammaSample(r, k+1) * math.Pow(r.Float64(), 1/k)
+	}
+	d := k - 1.0/3
+	c := 1 / math.Sqrt(9*d)
+	for {
+		x := r.NormFloat64()
+		v := 1 + c*x
+		if v <= 0 {
+			continue
+		}
+		v = v * v * v
+		u := r.Float64()
+		if u < 1-0.0331*x*x*x*x || math.Log(u) < 0.5*x*x+d*(1-v+math.Log(v)) {
+			return d * v
+		}
+	}
+}
+
+// MigrationConfig is `lumen bench migration`.
+type MigrationConfig struct {
+	// Quick is fewer migrations per length and a shorter burst, same keys.
+	Quick bool
+	// JSONPath, when set, receives the figures as JSON (after every phase).
+	JSONPath string
+	// Seed seeds the prompts and the burst's arrivals.
+	Seed uint64
+	// Load is the burst's mean offered load, a fraction of the cluster's
+	// modelled saturated throughput, in (0, 1.5].
+	Load float64
+	// Phases is a comma-separated list of phases: downtime, burst, drain.
+	Phases string
+	// Dir keeps logs and data; empty means a temporary directory, removed.
+	Dir string
+}
+
+// DefaultMigrationConfig is `lumen bench migration` without flags.
+func DefaultMigrationConfig() MigrationConfig {
+	return MigrationConfig{Seed: 1, Load: 0.6, Phases: "downtime,burst,drain"}
+}
+
+// migrationPlan is the size of each phase.
+type migrationPlan struct {
+	// Downtime: migrations per length; tokens streamed before the
+	// migration (the prompt is the length less these) and after it;
+	// background streams per worker; resumes by recompute.
+	reps, lead, tail, background, recomputeReps int
+	// Burst: how long arrivals come, on how many workers, and the
+	// arrivals' coefficient of variation.
+	burst        time.Duration
+	burstWorkers int
+	burstCV      float64
+	// Drain: streams on the drained worker, on the others, and workers.
+	drainStreams, drainOthers, drainWorkers int
+}
+
+func migrationPlanFor(quick bool) migrationPlan {
+	p := migrationPlan{reps: 8, lead: 16, tail: 48, background: 8, recomputeReps: 3,
+		burst: 60 * time.Second, burstWorkers: 8, burstCV: 4, drainStreams: 32, drainOthers: 24, drainWorkers: 4}
+	if quick {
+		p.reps, p.recomputeReps, p.burst = 3, 1, 20*time.Second
+	}
+	return p
+}
+
+// migProfile is every worker's timing profile.
+const migProfile = "qwen3-14b-h100"
+
+// migWorkerArgs are every worker's flags: paced, no model load to wait for.
+var migWorkerArgs = []string{"-engine", "synthetic", "-profile", migProfile, "-time-scale", "1", "-emulate-load=false",
+	"-token-budget", "2048"}
+
+// Migration runs `lumen bench migration`.
+func Migration(cfg MigrationConfig) error {
+	if cfg.Load <= 0 || cfg.Load > 1.5 {
+		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", cfg.Load)
+	}
+	phases := map[string]bool{}
+	for _, p := range strings.Split(cfg.Phases, ",") {
+		p = strings.TrimSpace(p)
+		switch p {
+		case "downtime", "burst", "drain":
+			phases[p] = true
+		default:
+			return fmt.Errorf("-phases: unknown phase %q: use downtime, burst, drain", p)
+		}
+	}
+	plan := migrationPlanFor(cfg.Quick)
+	dir := cfg.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "lumen-bench-migration-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	raw := &migrationRaw{}
+	begin := time.Now()
+	save := func() error {
+		if cfg.JSONPath == "" {
+			return nil
+		}
+		return writeJSON(cfg.JSONPath, migrationFigures(raw))
+	}
+	if phases["downtime"] {
+		if err := raw.runDowntime(ctx, plan, filepath.Join(dir, "downtime"), cfg.Seed); err != nil {
+			return fmt.Errorf("downtime: %w", err)
+		}
+		if err := save(); err != nil {
+			return err
+		}
+	}
+	if phases["burst"] {
+		if err := raw.runBurst(ctx, plan, filepath.Join(dir, "burst"), cfg.Seed, cfg.Load); err != nil {
+			return fmt.Errorf("burst: %w", err)
+		}
+		if err := save(); err != nil {
+			return err
+		}
+	}
+	if phases["drain"] {
+		if err := raw.runDrain(ctx, plan, filepath.Join(dir, "drain"), cfg.Seed); err != nil {
+			return fmt.Errorf("drain: %w", err)
+		}
+		if err := save(); err != nil {
+			return err
+		}
+	}
+	printMigrationTable(os.Stdout, migrationFigures(raw))
+	fmt.Printf("\n(%s in all)\n", time.Since(begin).Round(time.Second))
+	return nil
+}
+
+// migCluster is one phase's cluster: three controllers, workers w1..wN, a
+// gateway, and the controllers' events as the bench saw them.
+type migCluster struct {
+	cl    *devcluster.Cluster
+	ctl   *ctlclient.Client
+	gw    *devcluster.Gateway
+	start time.Time
+	httpc *http.Client
+	args  []string
+
+	mu   sync.Mutex
+	evs  []seenEvent
+	wake chan struct{}
+}
+
+// seenEvent is an event and when the bench received it.
+type seenEvent struct {
+	ev *pb.Event
+	at time.Duration
+}
+
+// startMigCluster starts a cluster with n workers with args and live
+// migration set to mode.
+func startMigCluster(ctx context.Context, dir string, n int, args []string, mode pb.MigrationMode) (*migCluster, error) {
+	// Every phase starts from empty data directories (a -dir kept from an
+	// earlier invocation would restart its old quorum).
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: dir, Controllers: 3, Args: []string{"-log-level", "warn"}})
+	if err != nil {
+		return nil, err
+	}
+	m := &migCluster{cl: cl, args: args, wake: make(chan struct{}),
+		httpc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096}}}
+	ok := false
+	defer func() {
+		if !ok {
+			m.close()
+		}
+	}()
+	if m.ctl, err = ctlclient.New(cl.GRPCAddrs(), nil); err != nil {
+		return nil, err
+	}
+	if err := m.setStrategy(ctx, &pb.SetStrategyRequest{Migration: mode}); err != nil {
+		return nil, err
+	}
+	for i := 1; i <= n; i++ {
+		if _, err := cl.AddWorkerContext(ctx, fmt.Sprintf("w%d", i), args...); err != nil {
+			return nil, err
+		}
+	}
+	if m.gw, err = cl.StartGateway("", "-max-concurrent", "16384", "-max-context", "32768"); err != nil {
+		return nil, err
+	}
+	if err := m.gw.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	if err := waitWorkersServing(ctx, m.ctl, n); err != nil {
+		return nil, err
+	}
+	st, err := m.ctl.ClusterStatus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.start = time.Now()
+	go m.watch(ctx, st.AppliedIndex)
+	ok = true
+	return m, nil
+}
+
+func (m *migCluster) close() {
+	if m.ctl != nil {
+		m.ctl.Close()
+	}
+	m.cl.Stop()
+}
+
+func (m *migCluster) setStrategy(ctx context.Context, req *pb.SetStrategyRequest) error {
+	err := m.ctl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+		_, err := op.SetStrategy(ctx, req)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set strategy: %w", err)
+	}
+	return nil
+}
+
+// since is the time since the phase's start; stamp turns a controller's
+// time stamp into the same clock.
+func (m *migCluster) since() time.Duration               { return time.Since(m.start) }
+func (m *migCluster) stamp(unixNano int64) time.Duration { return time.Unix(0, unixNano).Sub(m.start) }
+
+// watch keeps the controllers' events, from index from, reconnecting
+// after a break, until ctx ends.
+func (m *migCluster) watch(ctx context.Context, from uint64) {
+	var last *pb.Event
+	for ctx.Err() == nil {
+		stream, err := m.ctl.WatchEvents(ctx, from)
+		if err != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				break
+			}
+			if last != nil && (ev.Index < last.Index || (ev.Index == last.Index && ev.Seq <= last.Seq)) {
+				continue // seen before the reconnection
+			}
+			last, from = ev, ev.Index
+			at := m.since()
+			m.mu.Lock()
+			m.evs = append(m.evs, seenEvent{ev, at})
+			close(m.wake)
+			m.wake = make(chan struct{})
+			m.mu.Unlock()
+		}
+	}
+}
+
+// waitEvent waits up to timeout for an event that match says is the one.
+func (m *migCluster) waitEvent(ctx context.Context, timeout time.Duration, what string, match func(*pb.Event) bool) (seenEvent, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		m.mu.Lock()
+		for _, e := range m.evs {
+			if match(e.ev) {
+				m.mu.Unlock()
+				return e, nil
+			}
+		}
+		wake := m.wake
+		m.mu.Unlock()
+		select {
+		case <-wake:
+		case <-t.C:
+			return seenEvent{}, fmt.Errorf("no event for %s within %s", what, timeout)
+		case <-ctx.Done():
+			return seenEvent{}, ctx.Err()
+		}
+	}
+}
+
+// events returns the events seen so far that match.
+func (m *migCluster) events(match func(*pb.Event) bool) []seenEvent {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []seenEvent
+	for _, e := range m.evs {
+		if match(e.ev) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func migrationOf(id string, stages ...pb.Migration_Stage) func(*pb.Event) bool {
+	return func(ev *pb.Event) bool {
+		mg := ev.GetMigration()
+		return mg != nil && mg.Placement.GetRequestId() == id && slices.Contains(stages, mg.Stage)
+	}
+}
+
+func (m *migCluster) worker(id string) *devcluster.Worker {
+	for _, w := range m.cl.Workers {
+		if w.ID == id {
+			return w
+		}
+	}
+	return nil
+}
+
+// sumMetric sums a metric over the running workers; a worker that does not
+// answer is said so and left out.
+func (m *migCluster) sumMetric(ctx context.Context, name string) float64 {
+	sum := 0.0
+	for _, w := range m.cl.Workers {
+		if !w.Running() {
+			continue
+		}
+		v, err := w.Metric(ctx, name)
+		if err != nil {
+			fmt.Printf("   %v\n", err)
+			continue
+		}
+		sum += v
+	}
+	return sum
+}
+
+// downtimeHist reads the gateway's migration downtime histogram: switches
+// and their sum in seconds.
+func (m *migCluster) downtimeHist(ctx context.Context) (count, sum float64, err error) {
+	url := "http://" + m.gw.Addr + "/metrics"
+	if count, err = devcluster.ScrapeMetric(ctx, url, "lumen_gateway_migration_downtime_seconds_count"); err != nil {
+		return 0, 0, err
+	}
+	sum, err = devcluster.ScrapeMetric(ctx, url, "lumen_gateway_migration_downtime_seconds_sum")
+	return count, sum, err
+}
+
+func labelledMetric(name, label, value string) string {
+	return fmt.Sprintf("%s{%s=%q}", name, label, value)
+}
+
+// migStream is one streaming completion through the gateway, with the
+// time of every token.
+type migStream struct {
+	id    string
+	toks  []time.Duration
+	text  string
+	err   error
+	first chan struct{} // closed at the first token (or the end)
+	nth   chan struct{} // closed at the lead-th token (or the end)
+	done  chan struct{}
+}
+
+// stream starts a completion of body; lead is the token nth waits for.
+func (m *migCluster) stream(ctx context.Context, body []byte, lead int) *migStream {
+	s := &migStream{first: make(chan struct{}), nth: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		res, err := completions.Stream(ctx, m.httpc, m.gw.Addr, body, func(c completions.Chunk) {
+			if c.Text == "" {
+				return
+			}
+			s.toks = append(s.toks, m.since())
+			if len(s.toks) == 1 {
+				s.id = c.ID
+				close(s.first)
+			}
+			if len(s.toks) == lead {
+				close(s.nth)
+			}
+		})
+		s.text, s.err = res.Text, err
+		if len(s.toks) == 0 {
+			close(s.first)
+		}
+		if len(s.toks) < lead {
+			close(s.nth)
+		}
+	}()
+	return s
+}
+
+// wait waits for c, or ctx's end.
+func wait(ctx context.Context, c <-chan struct{}) error {
+	select {
+	case <-c:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// randomPrompt is n printable token ids.
+func randomPrompt(r *rand.Rand, n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = 32 + int32(r.IntN(95))
+	}
+	return p
+}
+
+// reference is a prompt's greedy output on the synthetic engine, alone.
+func reference(prompt []int32, n int) (string, error) {
+	e, err := engine.NewSynthetic(engine.SyntheticConfig{Pages: 1024})
+	if err != nil {
+		return "", err
+	}
+	return engine.GreedyText(e, prompt, n), nil
+}
+
+// placementOf reads a request's placement, linearizably.
+func (m *migCluster) placementOf(ctx context.Context, id string) (*pb.Placement, error) {
+	resp, err := m.ctl.GetPlacement(ctx, &pb.GetPlacementRequest{RequestId: id, Consistency: pb.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		return nil, fmt.Errorf("placement of %s: %w", id, err)
+	}
+	return resp.Placement, nil
+}
+
+// runDowntime is the downtime phase: the migrations at each length, the
+// same requests not migrated, then the resumes by recompute.
+func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir string, seed uint64) error {
+	prof, _, err := engine.LookupProfile(migProfile)
+	if err != nil {
+		return err
+	}
+	r.batch = plan.background + 1
+	r.profileStep = prof.StepTime(r.batch, 0)
+	fmt.Printf("== downtime: 2 workers paced as %s, %d background streams each (a decode step at batch %d is %s);\n"+
+		"   %d migrations per length at %v tokens of context, each followed by the same length not migrated\n",
+		migProfile, plan.background, r.batch, r.profileStep, plan.reps, migrationLengths)
+	m, err := startMigCluster(ctx, dir, 2, append(slices.Clone(migWorkerArgs), "-max-running", "64"), pb.MigrationMode_MIGRATION_MODE_OFF)
+	if err != nil {
+		return err
+	}
+	defer m.close()
+	rng := rand.New(rand.NewPCG(seed, 0x6d6967))
+
+	// The background: long streams decoding through the whole phase,
+	// placed one after the other so that dispatch spreads them.
+	bgCtx, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	bg := make([]*migStream, 2*plan.background)
+	for i := range bg {
+		bg[i] = m.stream(bgCtx, completions.Body(randomPrompt(rng, 64), 30000, false), 0)
+		if err := wait(ctx, bg[i].first); err != nil {
+			return err
+		}
+		if bg[i].id == "" {
+			<-bg[i].done
+			return fmt.Errorf("background stream %d got no token: %v", i, bg[i].err)
+		}
+	}
+	on := map[string]int{}
+	for _, s := range bg {
+		pl, err := m.placementOf(ctx, s.id)
+		if err != nil {
+			return err
+		}
+		on[pl.WorkerId]++
+	}
+	fmt.Printf("   background: %d on w1, %d on w2\n", on["w1"], on["w2"])
+
+	var winOn, winOff []window
+	prevCount, prevSum, err := m.downtimeHist(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range migrationLengths {
+		var gw []float64
+		for rep := 0; rep < plan.reps; rep++ {
+			for _, migrate := range []bool{true, false} {
+				prompt := randomPrompt(rng, n-plan.lead)
+				want, err := reference(prompt, plan.lead+plan.tail)
+				if err != nil {
+					return err
+				}
+				s := m.stream(ctx, completions.Body(prompt, plan.lead+plan.tail, false), plan.lead)
+				if err := wait(ctx, s.nth); err != nil {
+					return err
+				}
+				trigger := m.since()
+				sample := downtimeSample{length: n, trigger: trigger}
+				committed := false
+				if migrate && s.id != "" {
+					committed, err = m.migrateOne(ctx, s.id, &sample)
+					if err != nil {
+						return err
+					}
+					if !committed {
+						r.aborted++
+					}
+				}
+				if err := wait(ctx, s.done); err != nil {
+					return err
+				}
+				if s.err != nil || len(s.toks) == 0 {
+					r.failed++
+					fmt.Printf("   %d tokens: a stream failed: %v\n", n, s.err)
+					continue
+				}
+				if s.text != want {
+					r.differing++
+					fmt.Printf("   %d tokens: %s differs from the reference\n", n, s.id)
+				}
+				end := s.toks[len(s.toks)-1]
+				if !migrate {
+					winOff = append(winOff, window{trigger, end})
+					continue
+				}
+				winOn = append(winOn, window{trigger, end})
+				count, sum, err := m.downtimeHist(ctx)
+				if err != nil {
+					return err
+				}
+				if committed {
+					if count-prevCount != 1 {
+						fmt.Printf("   the gateway recorded %.0f switches for one migration\n", count-prevCount)
+					}
+					if count > prevCount {
+						sample.gatewayMs = 1000 * (sum - prevSum) / (count - prevCount)
+						sample.tokens = s.toks
+						r.samples = append(r.samples, sample)
+						gw = append(gw, sample.gatewayMs)
+					}
+				}
+				prevCount, prevSum = count, sum
+			}
+		}
+		fmt.Printf("   t=%4.0fs  %5d tokens: %d migrations committed; the gateway's downtime median %.1f ms, max %.1f ms\n",
+			m.since().Seconds(), n, len(gw), medianOf(gw), maxOf(gw))
+	}
+	stopBG()
+	streams := make([][]time.Duration, len(bg))
+	for i, s := range bg {
+		<-s.done
+		streams[i] = s.toks
+	}
+	r.bgOn, r.bgOff = windowGaps(streams, winOn), windowGaps(streams, winOff)
+	fmt.Printf("   the background's TPOT inside the migrated windows %.2f ms (%d gaps), inside the windows not migrated %.2f ms (%d gaps)\n",
+		servingstats.Mean(r.bgOn), len(r.bgOn), servingstats.Mean(r.bgOff), len(r.bgOff))
+	return r.runRecompute(ctx, plan, m, rng)
+}
+
+func maxOf(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	return slices.Max(v)
+}
+
+// migrateOne migrates request id to the other worker and waits for the
+// migration to end; a commit fills sample's times.
+func (m *migCluster) migrateOne(ctx context.Context, id string, sample *downtimeSample) (committed bool, err error) {
+	pl, err := m.placementOf(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	to := "w1"
+	if pl.WorkerId == "w1" {
+		to = "w2"
+	}
+	t0 := time.Now()
+	_, err = m.ctl.Migrate(ctx, &pb.MigrateRequest{RequestId: id, ToWorker: to})
+	sample.rpc = time.Since(t0)
+	if err != nil {
+		fmt.Printf("   migrate %s to %s: %v\n", id, to, err)
+		return false, nil
+	}
+	st, err := m.waitEvent(ctx, 15*time.Second, id+"'s migration start", migrationOf(id, pb.Migration_STAGE_STARTED))
+	if err != nil {
+		return false, err
+	}
+	end, err := m.waitEvent(ctx, 15*time.Second, id+"'s migration end", migrationOf(id, pb.Migration_STAGE_COMMITTED, pb.Migration_STAGE_ABORTED))
+	if err != nil {
+		return false, err
+	}
+	if mg := end.ev.GetMigration(); mg.Stage != pb.Migration_STAGE_COMMITTED {
+		fmt.Printf("   the migration of %s to %s was aborted: %s\n", id, to, mg.Reason)
+		return false, nil
+	}
+	sample.started, sample.stamp, sample.seen = m.stamp(st.ev.UnixNano), m.stamp(end.ev.UnixNano), end.at
+	return true, nil
+}
+
+// runRecompute kills the worker of an 8192-token request under
+// stop-and-restart (no checkpoint): the request resumes on the other
+// worker, which prefills its whole history again. The figure is the
+// recovery reaching the bench (the gateway follows the same event) to the
+// first token after it.
+func (r *migrationRaw) runRecompute(ctx context.Context, plan migrationPlan, m *migCluster, rng *rand.Rand) error {
+	if err := m.setStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(policy.StopAndRestart)}); err != nil {
+		return err
+	}
+	fmt.Printf("-- recompute instead: %d × an 8192-token request whose worker is killed (stop-and-restart: no checkpoint)\n", plan.recomputeReps)
+	const n = 8192
+	for rep := 0; rep < plan.recomputeReps; rep++ {
+		prompt := randomPrompt(rng, n-plan.lead)
+		want, err := reference(prompt, plan.lead+plan.tail)
+		if err != nil {
+			return err
+		}
+		s := m.stream(ctx, completions.Body(prompt, plan.lead+plan.tail, false), plan.lead)
+		if err := wait(ctx, s.nth); err != nil {
+			return err
+		}
+		if s.id == "" {
+			<-s.done
+			return fmt.Errorf("an 8192-token request got no token: %v", s.err)
+		}
+		pl, err := m.placementOf(ctx, s.id)
+		if err != nil {
+			return err
+		}
+		victim := m.worker(pl.WorkerId)
+		survivor := m.worker("w1")
+		if victim.ID == "w1" {
+			survivor = m.worker("w2")
+		}
+		recomputed := "lumen_worker_resume_recomputed_tokens_total"
+		before, err := survivor.Metric(ctx, recomputed)
+		if err != nil {
+			return err
+		}
+		kill := m.since()
+		m.cl.KillWorker(victim)
+		ev, err := m.waitEvent(ctx, 30*time.Second, s.id+"'s recovery", func(ev *pb.Event) bool {
+			if rp := ev.GetRecoveryPlan(); rp != nil && rp.FailedWorker == victim.ID {
+				for _, a := range rp.Assignments {
+					if id, _, _ := strings.Cut(a.RequestId, "~"); id == s.id {
+						return true
+					}
+				}
+			}
+			mv := ev.GetPlacementMoved()
+			return mv != nil && mv.Placement.GetRequestId() == s.id
+		})
+		if err != nil {
+			return err
+		}
+		if err := wait(ctx, s.done); err != nil {
+			return err
+		}
+		after, err := survivor.Metric(ctx, recomputed)
+		if err != nil {
+			return err
+		}
+		switch {
+		case s.err != nil:
+			r.failed++
+			fmt.Printf("   the 8192-token request failed: %v\n", s.err)
+		case s.text != want:
+			r.differing++
+			fmt.Printf("   the 8192-token request %s differs from the reference\n", s.id)
+		}
+		sample := recomputeSample{kill: kill, seen: ev.at, recomputed: after - before}
+		for _, t := range s.toks {
+			if t < kill {
+				sample.lastBefore = t
+			} else {
+				sample.first = t
+				break
+			}
+		}
+		if sample.first > 0 {
+			r.recompute = append(r.recompute, sample)
+			fmt.Printf("   t=%4.0fs  %s killed: the recovery reached the bench %.0f ms later, the first token %.0f ms after that (%.0f tokens recomputed)\n",
+				m.since().Seconds(), victim.ID, msOf(sample.seen-kill), msOf(sample.first-sample.seen), sample.recomputed)
+		}
+		if err := m.cl.StartWorker(victim); err != nil {
+			return fmt.Errorf("restart %s: %w", victim.ID, err)
+		}
+		if err := waitWorkersServing(ctx, m.ctl, 2); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// burstWorkload is the burst's arrivals: Gamma with cv over d at rate,
+// carrying the Azure conversation trace's requests (lengths and prompts
+// from internal/workload, whose arrivals are Poisson) in order.
+func burstWorkload(seed uint64, rate, cv float64, d time.Duration) ([]workload.Request, error) {
+	r := rand.New(rand.NewPCG(seed, 0x6275727374))
+	var at []time.Duration
+	for t := time.Duration(0); ; {
+		t += gammaGaps(r, rate, cv, 1)[0]
+		if t >= d {
+			break
+		}
+		at = append(at, t)
+	}
+	if len(at) == 0 {
+		return nil, errors.New("bench: no arrival in the burst's duration")
+	}
+	span := d
+	for {
+		reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: span, Trace: workload.AzureConversation})
+		if err != nil {
+			return nil, err
+		}
+		if len(reqs) >= len(at) {
+			reqs = reqs[:len(at)]
+			for i := range reqs {
+				reqs[i].At = at[i]
+			}
+			return reqs, nil
+		}
+		span *= 2
+	}
+}
+
+// runBurst is the burst phase: the same arrivals with migration on, then
+// off.
+func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir string, seed uint64, load float64) error {
+	prof, _, err := engine.LookupProfile(migProfile)
+	if err != nil {
+		return err
+	}
+	tr := workload.AzureConversation
+	per, batch := prof.SaturatedRate(32, tr.Prompt.Mean(), tr.Output.Mean())
+	rate := load * per * float64(plan.burstWorkers)
+	reqs, err := burstWorkload(seed, rate, plan.burstCV, plan.burst)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("== burst: %d workers paced as %s (batch up to 32: the model saturates at %.1f requests/s, batch %d);\n"+
+		"   %d requests, Gamma arrivals with cv %g at %.1f/s (%.0f%% of that) over %s, %s lengths, seed %d\n",
+		plan.burstWorkers, migProfile, per*float64(plan.burstWorkers), batch, len(reqs), plan.burstCV, rate, 100*load, plan.burst, tr.Name, seed)
+	refs, err := syntheticReferences(reqs)
+	if err != nil {
+		return err
+	}
+	bodies := requestBodies(reqs)
+	args := append(slices.Clone(migWorkerArgs), "-max-running", "32", "-checkpoint-budget", "80GB")
+	for _, mode := range []pb.MigrationMode{pb.MigrationMode_MIGRATION_MODE_ON, pb.MigrationMode_MIGRATION_MODE_OFF} {
+		name := "on"
+		if mode == pb.MigrationMode_MIGRATION_MODE_OFF {
+			name = "off"
+		}
+		fmt.Printf("-- burst, migration %s\n", name)
+		o, err := burstRun(ctx, filepath.Join(dir, name), plan.burstWorkers, args, mode, reqs, bodies, refs)
+		if err != nil {
+			return fmt.Errorf("migration %s: %w", name, err)
+		}
+		if mode == pb.MigrationMode_MIGRATION_MODE_ON {
+			r.burstOn = o
+		} else {
+			r.burstOff = o
+		}
+		tok, span := o.throughput()
+		fmt.Printf("   TTFT p99 %.0f ms, mean %.0f ms; %d tokens in %.1f s; %.0f preemptions, %.0f migrations (%.0f aborted); %d failed, %d outputs differ\n",
+			servingstats.Percentile(o.ttfts(), 0.99), servingstats.Mean(o.ttfts()), tok, span.Seconds(), o.preemptions, o.migrations, o.aborted, o.failed, o.wrong)
+	}
+	return nil
+}
+
+// burstRun runs the arrivals on a fresh cluster.
+func burstRun(ctx context.Context, dir string, workers int, args []string, mode pb.MigrationMode, reqs []workload.Request, bodies [][]byte, refs []string) (*burstResult, error) {
+	m, err := startMigCluster(ctx, dir, workers, args, mode)
+	if err != nil {
+		return nil, err
+	}
+	defer m.close()
+	o := &burstResult{recs: make([]*servingstats.Record, len(reqs))}
+	texts := make([]string, len(reqs))
+	start := time.Now()
+	since := func() time.Duration { return time.Since(start) }
+	var wg sync.WaitGroup
+	var done, failed atomicCounter
+	progress := time.NewTicker(10 * time.Second)
+	defer progress.Stop()
+	for i := range reqs {
+		for wait := reqs[i].At - since(); wait > 0; wait = reqs[i].At - since() {
+			select {
+			case <-progress.C:
+				fmt.Printf("   t=%4.0fs  %d sent, %d done, %d failed\n", since().Seconds(), i, done.load(), failed.load())
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		rec := &servingstats.Record{Arrival: since()}
+		o.recs[i] = rec
+		wg.Go(func() {
+			texts[i], rec.ID, rec.Err = streamOne(ctx, m.httpc, m.gw.Addr, bodies[i], rec, since)
+			if rec.Err != nil {
+				failed.add()
+			}
+			done.add()
+		})
+	}
+	fmt.Printf("   t=%4.0fs  all %d sent; waiting for the last streams\n", since().Seconds(), len(reqs))
+	wg.Wait()
+	shown := 0
+	for i, rec := range o.recs {
+		switch {
+		case rec.Err != nil:
+			o.failed++
+			if shown < 5 {
+				fmt.Printf("   request %d (%s) failed: %v\n", i, rec.ID, rec.Err)
+				shown++
+			}
+		case texts[i] != refs[i]:
+			o.wrong++
+		}
+	}
+	o.preemptions = m.sumMetric(ctx, "lumen_worker_preemptions_total")
+	o.migrations = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "committed"))
+	o.aborted = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "aborted"))
+	o.recomputed = m.sumMetric(ctx, "lumen_worker_resume_recomputed_tokens_total")
+	if o.downtimeCount, o.downtimeSum, err = m.downtimeHist(ctx); err != nil {
+		fmt.Printf("   %v\n", err)
+	}
+	return o, nil
+}
+
+// atomicCounter counts across goroutines.
+type atomicCounter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *atomicCounter) add() { c.mu.Lock(); c.n++; c.mu.Unlock() }
+func (c *atomicCounter) load() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// runDrain is the drain phase: w1 serves drainStreams streams alone; then
+// the other workers join and serve streams of their own; then w1 is
+// drained. Every stream must equal the reference, none may be recomputed.
+func (r *migrationRaw) runDrain(ctx context.Context, plan migrationPlan, dir string, seed uint64) error {
+	n := plan.drainStreams + plan.drainOthers
+	fmt.Printf("== drain: w1 serves %d streams; %d more workers join and serve %d; then w1 is drained (DRAINING)\n",
+		plan.drainStreams, plan.drainWorkers-1, plan.drainOthers)
+	reqs, err := workload.Generate(workload.Config{Seed: seed + 7, Rate: 10, Duration: time.Hour, Trace: workload.AzureConversation})
+	if err != nil {
+		return err
+	}
+	if len(reqs) < n {
+		return fmt.Errorf("bench: %d requests generated, the drain needs %d", len(reqs), n)
+	}
+	reqs = reqs[:n]
+	// Outputs long enough to outlast the drain: 800 to 1200 tokens
+	// (15–18 s at a batch of 32).
+	for i := range reqs {
+		reqs[i].Output = 800 + (i*97)%400
+	}
+	refs, err := syntheticReferences(reqs)
+	if err != nil {
+		return err
+	}
+	args := append(slices.Clone(migWorkerArgs), "-max-running", "64")
+	m, err := startMigCluster(ctx, dir, 1, args, pb.MigrationMode_MIGRATION_MODE_OFF)
+	if err != nil {
+		return err
+	}
+	defer m.close()
+	streams := make([]*migStream, n)
+	start := func(i int) {
+		streams[i] = m.stream(ctx, completions.Body(reqs[i].Prompt, reqs[i].Output, false), 1)
+	}
+	for i := 0; i < plan.drainStreams; i++ {
+		start(i)
+	}
+	for i := 0; i < plan.drainStreams; i++ {
+		if err := wait(ctx, streams[i].first); err != nil {
+			return err
+		}
+	}
+	for i := 2; i <= plan.drainWorkers; i++ {
+		if _, err := m.cl.AddWorkerContext(ctx, fmt.Sprintf("w%d", i), args...); err != nil {
+			return err
+		}
+	}
+	if err := waitWorkersServing(ctx, m.ctl, plan.drainWorkers); err != nil {
+		return err
+	}
+	for i := plan.drainStreams; i < n; i++ {
+		start(i)
+	}
+	for i := plan.drainStreams; i < n; i++ {
+		if err := wait(ctx, streams[i].first); err != nil {
+			return err
+		}
+	}
+	d := &drainResult{streams: n}
+	for i := range streams {
+		if streams[i].id == "" {
+			continue
+		}
+		pl, err := m.placementOf(ctx, streams[i].id)
+		if err != nil {
+			return err
+		}
+		if pl.WorkerId == "w1" {
+			d.onDrained++
+		}
+	}
+	lw, err := m.ctl.ListWorkers(ctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		return err
+	}
+	var inc uint64
+	for _, w := range lw.Workers {
+		if w.Id == "w1" {
+			inc = w.Incarnation
+		}
+	}
+	c0, s0, err := m.downtimeHist(ctx)
+	if err != nil {
+		return err
+	}
+	t0 := m.since()
+	if _, err := m.ctl.SetWorkerPhase(ctx, &pb.SetWorkerPhaseRequest{WorkerId: "w1", Incarnation: inc,
+		Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING, Reason: "lumen bench migration: drain"}); err != nil {
+		return fmt.Errorf("drain w1: %w", err)
+	}
+	fmt.Printf("   t=%4.1fs  w1 DRAINING with %d streams\n", t0.Seconds(), d.onDrained)
+	left, err := m.waitEvent(ctx, 2*time.Minute, "w1 to leave", func(ev *pb.Event) bool {
+		pc := ev.GetPhaseChanged()
+		return pc != nil && pc.WorkerId == "w1" && pc.Incarnation == inc && pc.To == pb.WorkerPhase_WORKER_PHASE_LEFT
+	})
+	if err != nil {
+		return err
+	}
+	d.left = left.at - t0
+	for _, e := range m.events(func(ev *pb.Event) bool { return ev.GetMigration().GetFromWorker() == "w1" }) {
+		switch e.ev.GetMigration().Stage {
+		case pb.Migration_STAGE_COMMITTED:
+			d.committed++
+			d.empty = max(d.empty, e.at-t0)
+		case pb.Migration_STAGE_ABORTED:
+			d.aborted++
+		}
+	}
+	fmt.Printf("   t=%4.1fs  w1 LEFT: %d migrations committed, %d aborted, the last commit %.2f s after the drain began\n",
+		left.at.Seconds(), d.committed, d.aborted, d.empty.Seconds())
+	for i, s := range streams {
+		if err := wait(ctx, s.done); err != nil {
+			return err
+		}
+		switch {
+		case s.err != nil:
+			d.failed++
+			fmt.Printf("   stream %d (%s) failed: %v\n", i, s.id, s.err)
+		case s.text != refs[i]:
+			d.differing++
+			fmt.Printf("   stream %d (%s) differs from the reference\n", i, s.id)
+		}
+	}
+	d.recomputed = m.sumMetric(ctx, "lumen_worker_resume_recomputed_tokens_total")
+	if c1, s1, err := m.downtimeHist(ctx); err == nil && c1 > c0 {
+		d.downtimeN, d.downtimeMs = c1-c0, 1000*(s1-s0)/(c1-c0)
+	}
+	fmt.Printf("   t=%4.1fs  every stream ended: %d failed, %d differ; %.0f tokens recomputed; %.0f switches, %.1f ms downtime on average\n",
+		m.since().Seconds(), d.failed, d.differing, d.recomputed, d.downtimeN, d.downtimeMs)
+	r.drain = d
+	return nil
+}
