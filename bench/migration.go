@@ -60,8 +60,9 @@ type downtimeSample struct {
 	trigger time.Duration
 	// started: the STARTED event's leader stamp; stamp: the COMMITTED
 	// event's leader stamp (the FinishMigration's proposal); seen: when
-	// the bench's event stream delivered COMMITTED.
-	started, stamp, seen time.Duration
+	// the leader's event stream delivered COMMITTED to the bench (it
+	// applied there), seenLast when the last replica's did.
+	started, stamp, seen, seenLast time.Duration
 	// rpc is the Operator.Migrate call's latency: one Raft commit through
 	// the leader, as the source's FinishMigration is.
 	rpc time.Duration
@@ -88,7 +89,8 @@ func switchGap(tokens []time.Duration, at, from time.Duration) (last, first time
 // downtimeParts splits one migration's client-side downtime: stop and
 // copy (the last source token to the leader's commit proposal: the last
 // stage's copy and ack, the FinishMigration call), commit (the proposal to
-// the COMMITTED event reaching a watcher: the Raft round, apply, fan-out),
+// the leader's COMMITTED event reaching a watcher: the Raft round, apply,
+// fan-out),
 // and switch (that event to the destination's first token: the gateway's
 // new call, the adoption, the destination's wait for its step and the step
 // itself). The parts add up to gap.
@@ -163,6 +165,8 @@ type recomputeSample struct {
 
 // burstResult is one run of the burst phase.
 type burstResult struct {
+	// window is how long arrivals came.
+	window time.Duration
 	recs   []*servingstats.Record
 	failed int
 	wrong  int // outputs that differ from the reference
@@ -185,6 +189,22 @@ func (b *burstResult) throughput() (tokens int, makespan time.Duration) {
 		}
 	}
 	return tokens, makespan
+}
+
+// windowTokens is the output tokens delivered while arrivals came.
+func (b *burstResult) windowTokens() int {
+	n := 0
+	for _, r := range b.recs {
+		if r == nil {
+			continue
+		}
+		for _, c := range r.Chunks {
+			if c < b.window {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (b *burstResult) ttfts() []time.Duration {
@@ -247,7 +267,7 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 			f["decode_step_measured_ms"] = medianMs(r.bgOff)
 		}
 		lo, hi := math.Inf(1), 0.0
-		var rpcs []time.Duration
+		var rpcs, lag []time.Duration
 		for _, n := range migrationLengths {
 			var gw []float64
 			var gap, stopCopy, commit, sw, copyAll []time.Duration
@@ -261,6 +281,7 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 					gap, stopCopy, commit, sw = append(gap, g), append(stopCopy, a), append(commit, b), append(sw, c)
 				}
 				copyAll = append(copyAll, s.stamp-s.started)
+				lag = append(lag, s.seenLast-s.seen)
 			}
 			if len(gw) == 0 {
 				continue
@@ -280,6 +301,7 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 			f["downtime_flatness"] = hi / lo
 		}
 		f["migrate_rpc_ms"] = medianMs(rpcs)
+		f["commit_follower_lag_ms"] = medianMs(lag)
 		f["downtime_aborted"] = float64(r.aborted)
 		f["downtime_outputs_differing"] = float64(r.differing)
 		f["downtime_failed"] = float64(r.failed)
@@ -312,6 +334,12 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 			a, b := float64(tOn)/mOn.Seconds(), float64(tOff)/mOff.Seconds()
 			f["burst_tokens_per_s_on"], f["burst_tokens_per_s_off"] = a, b
 			f["burst_throughput_loss_pct"] = 100 * (1 - a/b)
+			f["burst_makespan_s_on"], f["burst_makespan_s_off"] = mOn.Seconds(), mOff.Seconds()
+		}
+		if wOn, wOff := on.windowTokens(), off.windowTokens(); wOff > 0 && on.window > 0 {
+			f["burst_window_tokens_per_s_on"] = float64(wOn) / on.window.Seconds()
+			f["burst_window_tokens_per_s_off"] = float64(wOff) / off.window.Seconds()
+			f["burst_window_loss_pct"] = 100 * (1 - float64(wOn)/float64(wOff))
 		}
 		f["burst_preemptions_on"], f["burst_preemptions_off"] = on.preemptions, off.preemptions
 		f["burst_migrations_on"], f["burst_migrations_aborted_on"] = on.migrations, on.aborted
@@ -396,8 +424,12 @@ func printMigrationTable(w io.Writer, f map[string]float64) {
 		row("burst p99 TTFT, migration on / off", fmt.Sprintf("%.0f / %.0f ms (%s)", on, off, ratio), "on ≤ half of off", verdict(on <= off/2))
 		row("burst mean TTFT, on / off", fmt.Sprintf("%.0f / %.0f ms", f["burst_mean_ttft_ms_on"], f["burst_mean_ttft_ms_off"]), "—", "—")
 		loss := f["burst_throughput_loss_pct"]
-		row("burst throughput loss (tokens / makespan)", fmt.Sprintf("%+.2f%% (%.0f vs %.0f tokens/s)", loss, f["burst_tokens_per_s_on"],
-			f["burst_tokens_per_s_off"]), "within 1%", verdict(math.Abs(loss) <= 1))
+		row("burst throughput loss (output tokens / makespan)", fmt.Sprintf("%+.2f%% (%.0f vs %.0f tokens/s; %.1f vs %.1f s)", loss,
+			f["burst_tokens_per_s_on"], f["burst_tokens_per_s_off"], f["burst_makespan_s_on"], f["burst_makespan_s_off"]), "within 1%", verdict(math.Abs(loss) <= 1))
+		if has("burst_window_loss_pct") {
+			row("burst tokens delivered while arrivals came, loss", fmt.Sprintf("%+.2f%% (%.0f vs %.0f tokens/s)", f["burst_window_loss_pct"],
+				f["burst_window_tokens_per_s_on"], f["burst_window_tokens_per_s_off"]), "—", "—")
+		}
 		row("burst preemptions, on / off", fmt.Sprintf("%.0f / %.0f", f["burst_preemptions_on"], f["burst_preemptions_off"]), "—", "—")
 		row("burst migrations (committed / aborted)", fmt.Sprintf("%.0f / %.0f", f["burst_migrations_on"], f["burst_migrations_aborted_on"]), "—", "—")
 		row("burst outputs ≠ reference, on / off", fmt.Sprintf("%.0f / %.0f of %.0f (failed %.0f / %.0f)", f["burst_outputs_differing_on"],
@@ -423,7 +455,8 @@ func printMigrationTable(w io.Writer, f map[string]float64) {
 			fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", n, k("downtime_ms"), k("downtime_client_ms"),
 				k("downtime_stop_copy_ms"), k("downtime_commit_ms"), k("downtime_switch_ms"), k("migration_ms"))
 		}
-		fmt.Fprintf(w, "(Operator.Migrate, one Raft commit through the leader: median %.1f ms)\n", f["migrate_rpc_ms"])
+		fmt.Fprintf(w, "(Operator.Migrate, one Raft commit through the leader: median %.1f ms; the last follower's COMMITTED event\n"+
+			"came %.1f ms after the leader's, median)\n", f["migrate_rpc_ms"], f["commit_follower_lag_ms"])
 	}
 }
 
@@ -500,10 +533,10 @@ type migrationPlan struct {
 }
 
 func migrationPlanFor(quick bool) migrationPlan {
-	p := migrationPlan{reps: 8, lead: 16, tail: 48, background: 8, recomputeReps: 3,
-		burst: 60 * time.Second, burstWorkers: 8, burstCV: 4, drainStreams: 32, drainOthers: 24, drainWorkers: 4}
+	p := migrationPlan{reps: 10, lead: 16, tail: 48, background: 8, recomputeReps: 3,
+		burst: 90 * time.Second, burstWorkers: 8, burstCV: 4, drainStreams: 32, drainOthers: 24, drainWorkers: 4}
 	if quick {
-		p.reps, p.recomputeReps, p.burst = 3, 1, 20*time.Second
+		p.reps, p.recomputeReps, p.burst = 4, 1, 30*time.Second
 	}
 	return p
 }
@@ -589,15 +622,22 @@ type migCluster struct {
 	httpc *http.Client
 	args  []string
 
-	mu   sync.Mutex
-	evs  []seenEvent
-	wake chan struct{}
+	// leader is the controller leader's index (it does not change: no
+	// controller fails here).
+	leader int
+
+	mu    sync.Mutex
+	evs   []*seenEvent
+	byKey map[[2]uint64]*seenEvent
+	wake  chan struct{}
 }
 
-// seenEvent is an event and when the bench received it.
+// seenEvent is an event and when the bench received it: first over every
+// replica's stream, and from each replica.
 type seenEvent struct {
 	ev *pb.Event
 	at time.Duration
+	by []time.Duration // by replica index; 0 until that replica's stream delivers it
 }
 
 // startMigCluster starts a cluster with n workers with args and live
@@ -612,7 +652,7 @@ func startMigCluster(ctx context.Context, dir string, n int, args []string, mode
 	if err != nil {
 		return nil, err
 	}
-	m := &migCluster{cl: cl, args: args, wake: make(chan struct{}),
+	m := &migCluster{cl: cl, args: args, wake: make(chan struct{}), byKey: map[[2]uint64]*seenEvent{},
 		httpc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096}}}
 	ok := false
 	defer func() {
@@ -640,12 +680,17 @@ func startMigCluster(ctx context.Context, dir string, n int, args []string, mode
 	if err := waitWorkersServing(ctx, m.ctl, n); err != nil {
 		return nil, err
 	}
+	if m.leader, err = cl.WaitLeader(ctx); err != nil {
+		return nil, err
+	}
 	st, err := m.ctl.ClusterStatus(ctx)
 	if err != nil {
 		return nil, err
 	}
 	m.start = time.Now()
-	go m.watch(ctx, st.AppliedIndex)
+	for i := range cl.Controllers {
+		go m.watch(ctx, i, st.AppliedIndex)
+	}
 	ok = true
 	return m, nil
 }
@@ -673,12 +718,14 @@ func (m *migCluster) setStrategy(ctx context.Context, req *pb.SetStrategyRequest
 func (m *migCluster) since() time.Duration               { return time.Since(m.start) }
 func (m *migCluster) stamp(unixNano int64) time.Duration { return time.Unix(0, unixNano).Sub(m.start) }
 
-// watch keeps the controllers' events, from index from, reconnecting
-// after a break, until ctx ends.
-func (m *migCluster) watch(ctx context.Context, from uint64) {
-	var last *pb.Event
+// watch keeps the events of controller i, from index from, reconnecting
+// after a break, until ctx ends. Every replica is watched: the leader's
+// stream shows when a command applied there, the followers' how much later
+// they did (a gateway follows one replica's stream).
+func (m *migCluster) watch(ctx context.Context, i int, from uint64) {
+	n := len(m.cl.Controllers)
 	for ctx.Err() == nil {
-		stream, err := m.ctl.WatchEvents(ctx, from)
+		stream, err := pb.NewControllerClient(m.ctl.Conn(i)).WatchEvents(ctx, &pb.WatchEventsRequest{FromIndex: from})
 		if err != nil {
 			time.Sleep(100 * time.Millisecond)
 			continue
@@ -688,22 +735,35 @@ func (m *migCluster) watch(ctx context.Context, from uint64) {
 			if err != nil {
 				break
 			}
-			if last != nil && (ev.Index < last.Index || (ev.Index == last.Index && ev.Seq <= last.Seq)) {
-				continue // seen before the reconnection
-			}
-			last, from = ev, ev.Index
 			at := m.since()
+			from = ev.Index
+			key := [2]uint64{ev.Index, uint64(ev.Seq)}
 			m.mu.Lock()
-			m.evs = append(m.evs, seenEvent{ev, at})
-			close(m.wake)
-			m.wake = make(chan struct{})
+			e := m.byKey[key]
+			if e == nil {
+				e = &seenEvent{ev: ev, at: at, by: make([]time.Duration, n)}
+				m.byKey[key] = e
+				m.evs = append(m.evs, e)
+				close(m.wake)
+				m.wake = make(chan struct{})
+			}
+			if e.by[i] == 0 {
+				e.by[i] = at
+			}
 			m.mu.Unlock()
 		}
 	}
 }
 
+// receipts returns when each replica's stream delivered e (0: not yet).
+func (m *migCluster) receipts(e *seenEvent) []time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(e.by)
+}
+
 // waitEvent waits up to timeout for an event that match says is the one.
-func (m *migCluster) waitEvent(ctx context.Context, timeout time.Duration, what string, match func(*pb.Event) bool) (seenEvent, error) {
+func (m *migCluster) waitEvent(ctx context.Context, timeout time.Duration, what string, match func(*pb.Event) bool) (*seenEvent, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	for {
@@ -719,18 +779,18 @@ func (m *migCluster) waitEvent(ctx context.Context, timeout time.Duration, what 
 		select {
 		case <-wake:
 		case <-t.C:
-			return seenEvent{}, fmt.Errorf("no event for %s within %s", what, timeout)
+			return nil, fmt.Errorf("no event for %s within %s", what, timeout)
 		case <-ctx.Done():
-			return seenEvent{}, ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 }
 
 // events returns the events seen so far that match.
-func (m *migCluster) events(match func(*pb.Event) bool) []seenEvent {
+func (m *migCluster) events(match func(*pb.Event) bool) []*seenEvent {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []seenEvent
+	var out []*seenEvent
 	for _, e := range m.evs {
 		if match(e.ev) {
 			out = append(out, e)
@@ -930,13 +990,12 @@ func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir 
 				}
 				trigger := m.since()
 				sample := downtimeSample{length: n, trigger: trigger}
-				committed := false
+				var commit *seenEvent
 				if migrate && s.id != "" {
-					committed, err = m.migrateOne(ctx, s.id, &sample)
-					if err != nil {
+					if commit, err = m.migrateOne(ctx, s.id, &sample); err != nil {
 						return err
 					}
-					if !committed {
+					if commit == nil {
 						r.aborted++
 					}
 				}
@@ -962,7 +1021,9 @@ func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir 
 				if err != nil {
 					return err
 				}
-				if committed {
+				if commit != nil {
+					by := m.receipts(commit)
+					sample.seen, sample.seenLast = by[m.leader], slices.Max(by)
 					if count-prevCount != 1 {
 						fmt.Printf("   the gateway recorded %.0f switches for one migration\n", count-prevCount)
 					}
@@ -999,11 +1060,12 @@ func maxOf(v []float64) float64 {
 }
 
 // migrateOne migrates request id to the other worker and waits for the
-// migration to end; a commit fills sample's times.
-func (m *migCluster) migrateOne(ctx context.Context, id string, sample *downtimeSample) (committed bool, err error) {
+// migration to end. A commit fills sample's stamps and returns the
+// COMMITTED event (nil: no commit).
+func (m *migCluster) migrateOne(ctx context.Context, id string, sample *downtimeSample) (*seenEvent, error) {
 	pl, err := m.placementOf(ctx, id)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	to := "w1"
 	if pl.WorkerId == "w1" {
@@ -1014,22 +1076,22 @@ func (m *migCluster) migrateOne(ctx context.Context, id string, sample *downtime
 	sample.rpc = time.Since(t0)
 	if err != nil {
 		fmt.Printf("   migrate %s to %s: %v\n", id, to, err)
-		return false, nil
+		return nil, nil
 	}
 	st, err := m.waitEvent(ctx, 15*time.Second, id+"'s migration start", migrationOf(id, pb.Migration_STAGE_STARTED))
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	end, err := m.waitEvent(ctx, 15*time.Second, id+"'s migration end", migrationOf(id, pb.Migration_STAGE_COMMITTED, pb.Migration_STAGE_ABORTED))
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if mg := end.ev.GetMigration(); mg.Stage != pb.Migration_STAGE_COMMITTED {
 		fmt.Printf("   the migration of %s to %s was aborted: %s\n", id, to, mg.Reason)
-		return false, nil
+		return nil, nil
 	}
-	sample.started, sample.stamp, sample.seen = m.stamp(st.ev.UnixNano), m.stamp(end.ev.UnixNano), end.at
-	return true, nil
+	sample.started, sample.stamp = m.stamp(st.ev.UnixNano), m.stamp(end.ev.UnixNano)
+	return end, nil
 }
 
 // runRecompute kills the worker of an 8192-token request under
@@ -1188,7 +1250,7 @@ func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir str
 			name = "off"
 		}
 		fmt.Printf("-- burst, migration %s\n", name)
-		o, err := burstRun(ctx, filepath.Join(dir, name), plan.burstWorkers, args, mode, reqs, bodies, refs)
+		o, err := burstRun(ctx, filepath.Join(dir, name), plan.burstWorkers, args, mode, plan.burst, reqs, bodies, refs)
 		if err != nil {
 			return fmt.Errorf("migration %s: %w", name, err)
 		}
@@ -1205,13 +1267,14 @@ func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir str
 }
 
 // burstRun runs the arrivals on a fresh cluster.
-func burstRun(ctx context.Context, dir string, workers int, args []string, mode pb.MigrationMode, reqs []workload.Request, bodies [][]byte, refs []string) (*burstResult, error) {
+func burstRun(ctx context.Context, dir string, workers int, args []string, mode pb.MigrationMode, window time.Duration,
+	reqs []workload.Request, bodies [][]byte, refs []string) (*burstResult, error) {
 	m, err := startMigCluster(ctx, dir, workers, args, mode)
 	if err != nil {
 		return nil, err
 	}
 	defer m.close()
-	o := &burstResult{recs: make([]*servingstats.Record, len(reqs))}
+	o := &burstResult{recs: make([]*servingstats.Record, len(reqs)), window: window}
 	texts := make([]string, len(reqs))
 	start := time.Now()
 	since := func() time.Duration { return time.Since(start) }

@@ -140,11 +140,12 @@ func TestBurstWorkload(t *testing.T) {
 }
 
 // sampleAt is a migration at n tokens whose client gap is gap ms: the
-// source's last token at 100 ms, the commit's stamp 5 ms later, seen 3 ms
-// after that.
+// source's last token at 100 ms, the commit's stamp 5 ms later, the
+// leader's event 3 ms after that, the last follower's 2 ms later still.
 func sampleAt(n int, gatewayMs float64, gap int) downtimeSample {
 	return downtimeSample{length: n, gatewayMs: gatewayMs, tokens: ms(88, 100, 100+gap, 100+gap+12), trigger: 88 * time.Millisecond,
-		started: 60 * time.Millisecond, stamp: 105 * time.Millisecond, seen: 108 * time.Millisecond, rpc: 4 * time.Millisecond}
+		started: 60 * time.Millisecond, stamp: 105 * time.Millisecond, seen: 108 * time.Millisecond, seenLast: 110 * time.Millisecond,
+		rpc: 4 * time.Millisecond}
 }
 
 func testMigrationRaw() *migrationRaw {
@@ -166,9 +167,9 @@ func testMigrationRaw() *migrationRaw {
 		}
 		return &servingstats.Record{Arrival: time.Duration(arrival) * time.Millisecond, Chunks: c}
 	}
-	r.burstOn = &burstResult{recs: []*servingstats.Record{rec(0, 100, 10), rec(0, 300, 11)}, preemptions: 2, migrations: 7, aborted: 1,
+	r.burstOn = &burstResult{window: 150 * time.Millisecond, recs: []*servingstats.Record{rec(0, 100, 10), rec(0, 300, 11)}, preemptions: 2, migrations: 7, aborted: 1,
 		downtimeCount: 7, downtimeSum: 0.21}
-	r.burstOff = &burstResult{recs: []*servingstats.Record{rec(0, 100, 10), rec(0, 500, 10), {Arrival: 0, Err: errors.New("HTTP 503")}},
+	r.burstOff = &burstResult{window: 150 * time.Millisecond, recs: []*servingstats.Record{rec(0, 100, 10), rec(0, 500, 10), {Arrival: 0, Err: errors.New("HTTP 503")}},
 		preemptions: 5, failed: 1, wrong: 1}
 	r.drain = &drainResult{streams: 56, onDrained: 32, empty: 5500 * time.Millisecond, left: 6 * time.Second, committed: 32,
 		downtimeN: 32, downtimeMs: 31}
@@ -202,6 +203,7 @@ func TestMigrationFigures(t *testing.T) {
 	near("downtime_switch_ms_1024", 32-8)
 	near("migration_ms_4096", 45)
 	near("migrate_rpc_ms", 4)
+	near("commit_follower_lag_ms", 2)
 	near("downtime_migrations_256", 3)
 	near("downtime_aborted", 1)
 	near("decode_step_ms", 12.63)
@@ -221,6 +223,10 @@ func TestMigrationFigures(t *testing.T) {
 	near("burst_tokens_per_s_on", 52.5)
 	near("burst_tokens_per_s_off", 20/0.59)
 	near("burst_throughput_loss_pct", 100*(1-52.5/(20/0.59)))
+	near("burst_makespan_s_on", 0.4)
+	// Before 150 ms: 5 tokens on, 5 off (the 300 and 500 ms streams start later).
+	near("burst_window_tokens_per_s_on", 5/0.15)
+	near("burst_window_loss_pct", 0)
 	near("burst_preemptions_on", 2)
 	near("burst_preemptions_off", 5)
 	near("burst_requests", 2)
