@@ -63,6 +63,12 @@ type downtimeSample struct {
 	// the leader's event stream delivered COMMITTED to the bench (it
 	// applied there), seenLast when the last replica's did.
 	started, stamp, seen, seenLast time.Duration
+	// dest is the destination's own part: from the gateway's call to the
+	// first token it computed (its lumen_worker_ttft_seconds for the
+	// adopted call: the wait for the step in progress, and the step);
+	// destOK says it was measured.
+	dest   time.Duration
+	destOK bool
 	// rpc is the Operator.Migrate call's latency: one Raft commit through
 	// the leader, as the source's FinishMigration is.
 	rpc time.Duration
@@ -86,20 +92,39 @@ func switchGap(tokens []time.Duration, at, from time.Duration) (last, first time
 	return last, first, ok
 }
 
-// downtimeParts splits one migration's client-side downtime: stop and
-// copy (the last source token to the leader's commit proposal: the last
-// stage's copy and ack, the FinishMigration call), commit (the proposal to
-// the leader's COMMITTED event reaching a watcher: the Raft round, apply,
-// fan-out),
-// and switch (that event to the destination's first token: the gateway's
-// new call, the adoption, the destination's wait for its step and the step
-// itself). The parts add up to gap.
-func downtimeParts(s downtimeSample) (gap, stopCopy, commit, sw time.Duration, ok bool) {
+// downtimeParts is one migration's client-side downtime and its parts,
+// which add up to it.
+type downtimeParts struct {
+	gap time.Duration
+	// stopCopy: the source's last token to the leader's commit proposal
+	// (the last stage's copy, the destination taking it between two of its
+	// steps and acknowledging it, the FinishMigration call).
+	stopCopy time.Duration
+	// commit: the proposal to the leader's COMMITTED event reaching a
+	// watcher (the Raft round, apply, fan-out).
+	commit time.Duration
+	// gateway: that event to the gateway's call reaching the destination
+	// (the gateway learns of the commit from its event stream or from the
+	// source's last message, and calls the destination); with dest unknown
+	// it holds the destination's part too.
+	gateway time.Duration
+	// dest: the call to the destination's first token (dest).
+	dest time.Duration
+}
+
+// partsOf splits a migration's downtime; false when the stream shows no
+// switch.
+func partsOf(s downtimeSample) (downtimeParts, bool) {
 	last, first, ok := switchGap(s.tokens, s.stamp, s.trigger)
 	if !ok {
-		return 0, 0, 0, 0, false
+		return downtimeParts{}, false
 	}
-	return first - last, s.stamp - last, s.seen - s.stamp, first - s.seen, true
+	p := downtimeParts{gap: first - last, stopCopy: s.stamp - last, commit: s.seen - s.stamp, gateway: first - s.seen}
+	if s.destOK {
+		p.gateway -= s.dest
+		p.dest = s.dest
+	}
+	return p, true
 }
 
 // window is a span of time, [from, to].
@@ -174,6 +199,8 @@ type burstResult struct {
 	preemptions, migrations, aborted, recomputed float64
 	// The gateway's migration downtime histogram.
 	downtimeCount, downtimeSum float64
+	// The engines' paced and emulated seconds, summed.
+	paced, emulated float64
 }
 
 // tokens is the output tokens delivered, and makespan the time from the
@@ -220,6 +247,35 @@ func (b *burstResult) ttfts() []time.Duration {
 	return out
 }
 
+// burstTotals pools runs of the burst phase: every request's TTFT, the
+// tokens and times summed, the counters summed.
+type burstTotals struct {
+	ttft                                   []time.Duration
+	tokens, windowTokens, requests         int
+	makespan, window                       time.Duration
+	failed, wrong                          int
+	preemptions, migrations, aborted       float64
+	recomputed, downtimeCount, downtimeSum float64
+	paced, emulated                        float64
+}
+
+func burstTotalsOf(rs []*burstResult) burstTotals {
+	var t burstTotals
+	for _, b := range rs {
+		t.ttft = append(t.ttft, b.ttfts()...)
+		n, span := b.throughput()
+		t.tokens, t.makespan = t.tokens+n, t.makespan+span
+		t.windowTokens, t.window = t.windowTokens+b.windowTokens(), t.window+b.window
+		t.requests += len(b.recs)
+		t.failed, t.wrong = t.failed+b.failed, t.wrong+b.wrong
+		t.preemptions, t.migrations, t.aborted = t.preemptions+b.preemptions, t.migrations+b.migrations, t.aborted+b.aborted
+		t.recomputed += b.recomputed
+		t.downtimeCount, t.downtimeSum = t.downtimeCount+b.downtimeCount, t.downtimeSum+b.downtimeSum
+		t.paced, t.emulated = t.paced+b.paced, t.emulated+b.emulated
+	}
+	return t
+}
+
 // drainResult is the drain phase.
 type drainResult struct {
 	streams, onDrained int // streams in all, on the drained worker at the drain
@@ -248,7 +304,9 @@ type migrationRaw struct {
 	// reference, and streams that failed.
 	differing, failed int
 	recompute         []recomputeSample
-	burstOn, burstOff *burstResult
+	// The burst runs, with migration on and off, pairwise on the same
+	// arrivals.
+	burstOn, burstOff []*burstResult
 	drain             *drainResult
 }
 
@@ -270,15 +328,18 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 		var rpcs, lag []time.Duration
 		for _, n := range migrationLengths {
 			var gw []float64
-			var gap, stopCopy, commit, sw, copyAll []time.Duration
+			var gap, stopCopy, commit, gwPart, dest, copyAll []time.Duration
 			for _, s := range r.samples {
 				if s.length != n {
 					continue
 				}
 				gw = append(gw, s.gatewayMs)
 				rpcs = append(rpcs, s.rpc)
-				if g, a, b, c, ok := downtimeParts(s); ok {
-					gap, stopCopy, commit, sw = append(gap, g), append(stopCopy, a), append(commit, b), append(sw, c)
+				if p, ok := partsOf(s); ok {
+					gap, stopCopy, commit, gwPart = append(gap, p.gap), append(stopCopy, p.stopCopy), append(commit, p.commit), append(gwPart, p.gateway)
+					if s.destOK {
+						dest = append(dest, p.dest)
+					}
 				}
 				copyAll = append(copyAll, s.stamp-s.started)
 				lag = append(lag, s.seenLast-s.seen)
@@ -293,7 +354,10 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 			f[fmt.Sprintf("downtime_client_ms_%d", n)] = medianMs(gap)
 			f[fmt.Sprintf("downtime_stop_copy_ms_%d", n)] = medianMs(stopCopy)
 			f[fmt.Sprintf("downtime_commit_ms_%d", n)] = medianMs(commit)
-			f[fmt.Sprintf("downtime_switch_ms_%d", n)] = medianMs(sw)
+			f[fmt.Sprintf("downtime_gateway_ms_%d", n)] = medianMs(gwPart)
+			if len(dest) > 0 {
+				f[fmt.Sprintf("downtime_dest_ms_%d", n)] = medianMs(dest)
+			}
 			f[fmt.Sprintf("migration_ms_%d", n)] = medianMs(copyAll)
 			lo, hi = math.Min(lo, m), math.Max(hi, m)
 		}
@@ -322,33 +386,42 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 		f["recompute_gap_ms_8192"] = medianMs(gap)
 		f["recompute_tokens_8192"] = medianOf(toks)
 	}
-	if r.burstOn != nil && r.burstOff != nil {
-		on, off := r.burstOn, r.burstOff
-		f["burst_p99_ttft_ms_on"] = servingstats.Percentile(on.ttfts(), 0.99)
-		f["burst_p99_ttft_ms_off"] = servingstats.Percentile(off.ttfts(), 0.99)
-		f["burst_mean_ttft_ms_on"] = servingstats.Mean(on.ttfts())
-		f["burst_mean_ttft_ms_off"] = servingstats.Mean(off.ttfts())
-		tOn, mOn := on.throughput()
-		tOff, mOff := off.throughput()
-		if mOn > 0 && mOff > 0 {
-			a, b := float64(tOn)/mOn.Seconds(), float64(tOff)/mOff.Seconds()
+	if len(r.burstOn) > 0 && len(r.burstOff) > 0 {
+		on, off := burstTotalsOf(r.burstOn), burstTotalsOf(r.burstOff)
+		f["burst_p99_ttft_ms_on"] = servingstats.Percentile(on.ttft, 0.99)
+		f["burst_p99_ttft_ms_off"] = servingstats.Percentile(off.ttft, 0.99)
+		f["burst_mean_ttft_ms_on"] = servingstats.Mean(on.ttft)
+		f["burst_mean_ttft_ms_off"] = servingstats.Mean(off.ttft)
+		for i, b := range r.burstOn {
+			f[fmt.Sprintf("burst_p99_ttft_ms_on_%d", i+1)] = servingstats.Percentile(b.ttfts(), 0.99)
+		}
+		for i, b := range r.burstOff {
+			f[fmt.Sprintf("burst_p99_ttft_ms_off_%d", i+1)] = servingstats.Percentile(b.ttfts(), 0.99)
+		}
+		if on.makespan > 0 && off.makespan > 0 {
+			a, b := float64(on.tokens)/on.makespan.Seconds(), float64(off.tokens)/off.makespan.Seconds()
 			f["burst_tokens_per_s_on"], f["burst_tokens_per_s_off"] = a, b
 			f["burst_throughput_loss_pct"] = 100 * (1 - a/b)
-			f["burst_makespan_s_on"], f["burst_makespan_s_off"] = mOn.Seconds(), mOff.Seconds()
+			f["burst_makespan_s_on"], f["burst_makespan_s_off"] = on.makespan.Seconds(), off.makespan.Seconds()
 		}
-		if wOn, wOff := on.windowTokens(), off.windowTokens(); wOff > 0 && on.window > 0 {
-			f["burst_window_tokens_per_s_on"] = float64(wOn) / on.window.Seconds()
-			f["burst_window_tokens_per_s_off"] = float64(wOff) / off.window.Seconds()
-			f["burst_window_loss_pct"] = 100 * (1 - float64(wOn)/float64(wOff))
+		if on.window > 0 && off.window > 0 && off.windowTokens > 0 {
+			a, b := float64(on.windowTokens)/on.window.Seconds(), float64(off.windowTokens)/off.window.Seconds()
+			f["burst_window_tokens_per_s_on"], f["burst_window_tokens_per_s_off"] = a, b
+			f["burst_window_loss_pct"] = 100 * (1 - a/b)
 		}
 		f["burst_preemptions_on"], f["burst_preemptions_off"] = on.preemptions, off.preemptions
 		f["burst_migrations_on"], f["burst_migrations_aborted_on"] = on.migrations, on.aborted
 		f["burst_recomputed_tokens_on"], f["burst_recomputed_tokens_off"] = on.recomputed, off.recomputed
-		f["burst_requests"] = float64(len(on.recs))
+		f["burst_requests"] = float64(on.requests)
+		f["burst_runs"] = float64(len(r.burstOn))
 		f["burst_failed_on"], f["burst_failed_off"] = float64(on.failed), float64(off.failed)
 		f["burst_outputs_differing_on"], f["burst_outputs_differing_off"] = float64(on.wrong), float64(off.wrong)
 		if on.downtimeCount > 0 {
 			f["burst_downtime_mean_ms"] = 1000 * on.downtimeSum / on.downtimeCount
+		}
+		if on.emulated > 0 && off.emulated > 0 {
+			f["burst_pacing_overrun_pct_on"] = 100 * (on.paced/on.emulated - 1)
+			f["burst_pacing_overrun_pct_off"] = 100 * (off.paced/off.emulated - 1)
 		}
 	}
 	if d := r.drain; d != nil {
@@ -421,7 +494,16 @@ func printMigrationTable(w io.Writer, f map[string]float64) {
 		if on > 0 {
 			ratio = fmt.Sprintf("%.2f× lower", off/on)
 		}
-		row("burst p99 TTFT, migration on / off", fmt.Sprintf("%.0f / %.0f ms (%s)", on, off, ratio), "on ≤ half of off", verdict(on <= off/2))
+		var runs []string
+		for i := 1; has(fmt.Sprintf("burst_p99_ttft_ms_on_%d", i), fmt.Sprintf("burst_p99_ttft_ms_off_%d", i)); i++ {
+			runs = append(runs, fmt.Sprintf("%.0f / %.0f", f[fmt.Sprintf("burst_p99_ttft_ms_on_%d", i)], f[fmt.Sprintf("burst_p99_ttft_ms_off_%d", i)]))
+		}
+		each := ""
+		if len(runs) > 1 {
+			each = "; each pair: " + strings.Join(runs, ", ")
+		}
+		row(fmt.Sprintf("burst p99 TTFT, migration on / off (%.0f requests in %.0f run(s) each)", f["burst_requests"], f["burst_runs"]),
+			fmt.Sprintf("%.0f / %.0f ms (%s%s)", on, off, ratio, each), "on ≤ half of off", verdict(on <= off/2))
 		row("burst mean TTFT, on / off", fmt.Sprintf("%.0f / %.0f ms", f["burst_mean_ttft_ms_on"], f["burst_mean_ttft_ms_off"]), "—", "—")
 		loss := f["burst_throughput_loss_pct"]
 		row("burst throughput loss (output tokens / makespan)", fmt.Sprintf("%+.2f%% (%.0f vs %.0f tokens/s; %.1f vs %.1f s)", loss,
@@ -431,6 +513,10 @@ func printMigrationTable(w io.Writer, f map[string]float64) {
 				f["burst_window_tokens_per_s_on"], f["burst_window_tokens_per_s_off"]), "—", "—")
 		}
 		row("burst preemptions, on / off", fmt.Sprintf("%.0f / %.0f", f["burst_preemptions_on"], f["burst_preemptions_off"]), "—", "—")
+		if has("burst_pacing_overrun_pct_on") {
+			row("burst engine steps over the profile's time, on / off", fmt.Sprintf("%.1f%% / %.1f%%", f["burst_pacing_overrun_pct_on"],
+				f["burst_pacing_overrun_pct_off"]), "—", "—")
+		}
 		row("burst migrations (committed / aborted)", fmt.Sprintf("%.0f / %.0f", f["burst_migrations_on"], f["burst_migrations_aborted_on"]), "—", "—")
 		row("burst outputs ≠ reference, on / off", fmt.Sprintf("%.0f / %.0f of %.0f (failed %.0f / %.0f)", f["burst_outputs_differing_on"],
 			f["burst_outputs_differing_off"], f["burst_requests"], f["burst_failed_on"], f["burst_failed_off"]), "0", verdict(f["burst_outputs_differing_on"]+f["burst_outputs_differing_off"]+f["burst_failed_on"]+f["burst_failed_off"] == 0))
@@ -443,17 +529,25 @@ func printMigrationTable(w io.Writer, f map[string]float64) {
 			"0", verdict(f["drain_outputs_differing"]+f["drain_failed"] == 0))
 	}
 	if has("decode_step_ms", "downtime_ms_8192") {
-		fmt.Fprintf(w, "\nDowntime, the client's view, split (medians, ms): the last source token → the leader's commit proposal\n"+
-			"(the last stage's copy and ack, FinishMigration) → the COMMITTED event at a watcher (Raft, apply, fan-out)\n"+
-			"→ the destination's first token (the gateway's new call, adoption, the destination's step).\n\n")
-		fmt.Fprintf(w, "| context | gateway | client gap | stop + copy | commit | switch + first step | whole migration |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+		fmt.Fprintf(w, "\nDowntime, the client's view, split (medians, ms): the source's last token → the leader's commit proposal\n"+
+			"(the last stage's copy, taken by the destination between its steps, acknowledged; FinishMigration) → the leader's\n"+
+			"COMMITTED event (Raft, apply, fan-out) → the gateway's call at the destination → the destination's first token\n"+
+			"(its step in progress, then the step that computes it). The whole migration runs from its start to the commit.\n\n")
+		fmt.Fprintf(w, "| context | gateway's downtime | client gap | stop + copy | commit | gateway | destination | whole migration |\n"+
+			"| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, n := range migrationLengths {
-			k := func(p string) float64 { return f[fmt.Sprintf("%s_%d", p, n)] }
+			k := func(p string) string {
+				v, ok := f[fmt.Sprintf("%s_%d", p, n)]
+				if !ok {
+					return "—"
+				}
+				return fmt.Sprintf("%.1f", v)
+			}
 			if !has(fmt.Sprintf("downtime_ms_%d", n)) {
 				continue
 			}
-			fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", n, k("downtime_ms"), k("downtime_client_ms"),
-				k("downtime_stop_copy_ms"), k("downtime_commit_ms"), k("downtime_switch_ms"), k("migration_ms"))
+			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s |\n", n, k("downtime_ms"), k("downtime_client_ms"),
+				k("downtime_stop_copy_ms"), k("downtime_commit_ms"), k("downtime_gateway_ms"), k("downtime_dest_ms"), k("migration_ms"))
 		}
 		fmt.Fprintf(w, "(Operator.Migrate, one Raft commit through the leader: median %.1f ms; the last follower's COMMITTED event\n"+
 			"came %.1f ms after the leader's, median)\n", f["migrate_rpc_ms"], f["commit_follower_lag_ms"])
@@ -528,15 +622,16 @@ type migrationPlan struct {
 	burst        time.Duration
 	burstWorkers int
 	burstCV      float64
+	burstPairs   int
 	// Drain: streams on the drained worker, on the others, and workers.
 	drainStreams, drainOthers, drainWorkers int
 }
 
 func migrationPlanFor(quick bool) migrationPlan {
 	p := migrationPlan{reps: 10, lead: 16, tail: 48, background: 8, recomputeReps: 3,
-		burst: 90 * time.Second, burstWorkers: 8, burstCV: 4, drainStreams: 32, drainOthers: 24, drainWorkers: 4}
+		burst: 60 * time.Second, burstWorkers: 8, burstCV: 4, burstPairs: 2, drainStreams: 32, drainOthers: 24, drainWorkers: 4}
 	if quick {
-		p.reps, p.recomputeReps, p.burst = 4, 1, 30*time.Second
+		p.reps, p.recomputeReps, p.burst, p.burstPairs = 4, 1, 30*time.Second, 1
 	}
 	return p
 }
@@ -991,8 +1086,20 @@ func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir 
 				trigger := m.since()
 				sample := downtimeSample{length: n, trigger: trigger}
 				var commit *seenEvent
+				var dest *devcluster.Worker
+				// Both workers' first-token histograms before the
+				// migration: the adopted call is the only first token
+				// the destination computes until the stream ends.
+				var ttft0 [2][2]float64
+				if migrate {
+					for i, id := range []string{"w1", "w2"} {
+						if ttft0[i][0], ttft0[i][1], err = ttftHist(ctx, m.worker(id)); err != nil {
+							return err
+						}
+					}
+				}
 				if migrate && s.id != "" {
-					if commit, err = m.migrateOne(ctx, s.id, &sample); err != nil {
+					if commit, dest, err = m.migrateOne(ctx, s.id, &sample); err != nil {
 						return err
 					}
 					if commit == nil {
@@ -1024,6 +1131,13 @@ func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir 
 				if commit != nil {
 					by := m.receipts(commit)
 					sample.seen, sample.seenLast = by[m.leader], slices.Max(by)
+					i := 0
+					if dest.ID == "w2" {
+						i = 1
+					}
+					if c, sum, err := ttftHist(ctx, dest); err == nil && c == ttft0[i][0]+1 {
+						sample.dest, sample.destOK = time.Duration((sum-ttft0[i][1])*float64(time.Second)), true
+					}
 					if count-prevCount != 1 {
 						fmt.Printf("   the gateway recorded %.0f switches for one migration\n", count-prevCount)
 					}
@@ -1061,37 +1175,46 @@ func maxOf(v []float64) float64 {
 
 // migrateOne migrates request id to the other worker and waits for the
 // migration to end. A commit fills sample's stamps and returns the
-// COMMITTED event (nil: no commit).
-func (m *migCluster) migrateOne(ctx context.Context, id string, sample *downtimeSample) (*seenEvent, error) {
+// COMMITTED event (nil: no commit) and the destination.
+func (m *migCluster) migrateOne(ctx context.Context, id string, sample *downtimeSample) (*seenEvent, *devcluster.Worker, error) {
 	pl, err := m.placementOf(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	to := "w1"
+	to := m.worker("w1")
 	if pl.WorkerId == "w1" {
-		to = "w2"
+		to = m.worker("w2")
 	}
 	t0 := time.Now()
-	_, err = m.ctl.Migrate(ctx, &pb.MigrateRequest{RequestId: id, ToWorker: to})
+	_, err = m.ctl.Migrate(ctx, &pb.MigrateRequest{RequestId: id, ToWorker: to.ID})
 	sample.rpc = time.Since(t0)
 	if err != nil {
-		fmt.Printf("   migrate %s to %s: %v\n", id, to, err)
-		return nil, nil
+		fmt.Printf("   migrate %s to %s: %v\n", id, to.ID, err)
+		return nil, nil, nil
 	}
 	st, err := m.waitEvent(ctx, 15*time.Second, id+"'s migration start", migrationOf(id, pb.Migration_STAGE_STARTED))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	end, err := m.waitEvent(ctx, 15*time.Second, id+"'s migration end", migrationOf(id, pb.Migration_STAGE_COMMITTED, pb.Migration_STAGE_ABORTED))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if mg := end.ev.GetMigration(); mg.Stage != pb.Migration_STAGE_COMMITTED {
-		fmt.Printf("   the migration of %s to %s was aborted: %s\n", id, to, mg.Reason)
-		return nil, nil
+		fmt.Printf("   the migration of %s to %s was aborted: %s\n", id, to.ID, mg.Reason)
+		return nil, nil, nil
 	}
 	sample.started, sample.stamp = m.stamp(st.ev.UnixNano), m.stamp(end.ev.UnixNano)
-	return end, nil
+	return end, to, nil
+}
+
+// ttftHist reads a worker's lumen_worker_ttft_seconds: count and sum.
+func ttftHist(ctx context.Context, w *devcluster.Worker) (count, sum float64, err error) {
+	if count, err = w.Metric(ctx, "lumen_worker_ttft_seconds_count"); err != nil {
+		return 0, 0, err
+	}
+	sum, err = w.Metric(ctx, "lumen_worker_ttft_seconds_sum")
+	return count, sum, err
 }
 
 // runRecompute kills the worker of an 8192-token request under
@@ -1221,8 +1344,9 @@ func burstWorkload(seed uint64, rate, cv float64, d time.Duration) ([]workload.R
 	}
 }
 
-// runBurst is the burst phase: the same arrivals with migration on, then
-// off.
+// runBurst is the burst phase: pairs of runs on the same arrivals, one
+// with migration on and one off (the second pair in the other order, and
+// on arrivals of the next seed).
 func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir string, seed uint64, load float64) error {
 	prof, _, err := engine.LookupProfile(migProfile)
 	if err != nil {
@@ -1231,37 +1355,49 @@ func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir str
 	tr := workload.AzureConversation
 	per, batch := prof.SaturatedRate(32, tr.Prompt.Mean(), tr.Output.Mean())
 	rate := load * per * float64(plan.burstWorkers)
-	reqs, err := burstWorkload(seed, rate, plan.burstCV, plan.burst)
-	if err != nil {
-		return err
-	}
 	fmt.Printf("== burst: %d workers paced as %s (batch up to 32: the model saturates at %.1f requests/s, batch %d);\n"+
-		"   %d requests, Gamma arrivals with cv %g at %.1f/s (%.0f%% of that) over %s, %s lengths, seed %d\n",
-		plan.burstWorkers, migProfile, per*float64(plan.burstWorkers), batch, len(reqs), plan.burstCV, rate, 100*load, plan.burst, tr.Name, seed)
-	refs, err := syntheticReferences(reqs)
-	if err != nil {
-		return err
-	}
-	bodies := requestBodies(reqs)
+		"   Gamma arrivals with cv %g at %.1f/s (%.0f%% of that) over %s, %s lengths; %d pair(s) of runs, migration on and off\n",
+		plan.burstWorkers, migProfile, per*float64(plan.burstWorkers), batch, plan.burstCV, rate, 100*load, plan.burst, tr.Name, plan.burstPairs)
 	args := append(slices.Clone(migWorkerArgs), "-max-running", "32", "-checkpoint-budget", "80GB")
-	for _, mode := range []pb.MigrationMode{pb.MigrationMode_MIGRATION_MODE_ON, pb.MigrationMode_MIGRATION_MODE_OFF} {
-		name := "on"
-		if mode == pb.MigrationMode_MIGRATION_MODE_OFF {
-			name = "off"
-		}
-		fmt.Printf("-- burst, migration %s\n", name)
-		o, err := burstRun(ctx, filepath.Join(dir, name), plan.burstWorkers, args, mode, plan.burst, reqs, bodies, refs)
+	for pair := 0; pair < plan.burstPairs; pair++ {
+		s := seed + uint64(pair)
+		reqs, err := burstWorkload(s, rate, plan.burstCV, plan.burst)
 		if err != nil {
-			return fmt.Errorf("migration %s: %w", name, err)
+			return err
 		}
-		if mode == pb.MigrationMode_MIGRATION_MODE_ON {
-			r.burstOn = o
-		} else {
-			r.burstOff = o
+		refs, err := syntheticReferences(reqs)
+		if err != nil {
+			return err
 		}
-		tok, span := o.throughput()
-		fmt.Printf("   TTFT p99 %.0f ms, mean %.0f ms; %d tokens in %.1f s; %.0f preemptions, %.0f migrations (%.0f aborted); %d failed, %d outputs differ\n",
-			servingstats.Percentile(o.ttfts(), 0.99), servingstats.Mean(o.ttfts()), tok, span.Seconds(), o.preemptions, o.migrations, o.aborted, o.failed, o.wrong)
+		bodies := requestBodies(reqs)
+		modes := []pb.MigrationMode{pb.MigrationMode_MIGRATION_MODE_ON, pb.MigrationMode_MIGRATION_MODE_OFF}
+		if pair%2 == 1 {
+			modes[0], modes[1] = modes[1], modes[0]
+		}
+		for _, mode := range modes {
+			name := "on"
+			if mode == pb.MigrationMode_MIGRATION_MODE_OFF {
+				name = "off"
+			}
+			fmt.Printf("-- burst %d (seed %d, %d requests), migration %s\n", pair+1, s, len(reqs), name)
+			o, err := burstRun(ctx, filepath.Join(dir, fmt.Sprintf("%s-%d", name, pair+1)), plan.burstWorkers, args, mode, plan.burst, reqs, bodies, refs)
+			if err != nil {
+				return fmt.Errorf("migration %s: %w", name, err)
+			}
+			if mode == pb.MigrationMode_MIGRATION_MODE_ON {
+				r.burstOn = append(r.burstOn, o)
+			} else {
+				r.burstOff = append(r.burstOff, o)
+			}
+			tok, span := o.throughput()
+			overrun := 0.0
+			if o.emulated > 0 {
+				overrun = 100 * (o.paced/o.emulated - 1)
+			}
+			fmt.Printf("   TTFT p99 %.0f ms, mean %.0f ms; %d tokens in %.1f s; %.0f preemptions, %.0f migrations (%.0f aborted); %d failed, %d outputs differ; steps %.1f%% over the profile\n",
+				servingstats.Percentile(o.ttfts(), 0.99), servingstats.Mean(o.ttfts()), tok, span.Seconds(), o.preemptions, o.migrations, o.aborted,
+				o.failed, o.wrong, overrun)
+		}
 	}
 	return nil
 }
@@ -1321,6 +1457,8 @@ func burstRun(ctx context.Context, dir string, workers int, args []string, mode 
 	o.migrations = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "committed"))
 	o.aborted = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "aborted"))
 	o.recomputed = m.sumMetric(ctx, "lumen_worker_resume_recomputed_tokens_total")
+	o.paced = m.sumMetric(ctx, "lumen_worker_paced_seconds_total")
+	o.emulated = m.sumMetric(ctx, "lumen_worker_emulated_seconds_total")
 	if o.downtimeCount, o.downtimeSum, err = m.downtimeHist(ctx); err != nil {
 		fmt.Printf("   %v\n", err)
 	}
