@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -201,6 +202,62 @@ type burstResult struct {
 	downtimeCount, downtimeSum float64
 	// The engines' paced and emulated seconds, summed.
 	paced, emulated float64
+	// aborts counts the aborted migrations by abortReason.
+	aborts map[string]int
+}
+
+// abortReason shortens an ABORTED event's reason to its kind: the
+// destination's refusal, why the request left its source, the stage
+// timeout, or the reason's start.
+func abortReason(r string) string {
+	if i := strings.Index(r, "MIGRATE_REFUSAL_"); i >= 0 {
+		k := r[i+len("MIGRATE_REFUSAL_"):]
+		if j := strings.IndexAny(k, "): "); j >= 0 {
+			k = k[:j]
+		}
+		return "refused: " + strings.ToLower(k)
+	}
+	if _, why, ok := strings.Cut(r, "the request left the source: "); ok {
+		return why
+	}
+	if strings.HasPrefix(r, "stage timeout") {
+		return "stage timeout"
+	}
+	// Request ids and numbers apart, the same failure reads the same.
+	r = quotedRE.ReplaceAllString(r, `"…"`)
+	r = digitsRE.ReplaceAllString(r, "N")
+	if len(r) > 160 {
+		r = r[:160] + "…"
+	}
+	return r
+}
+
+var (
+	quotedRE = regexp.MustCompile(`"[^"]*"`)
+	digitsRE = regexp.MustCompile(`[0-9]+`)
+)
+
+// abortSummary lists the abort reasons, most frequent first.
+func abortSummary(aborts map[string]int) string {
+	type kv struct {
+		k string
+		n int
+	}
+	var l []kv
+	for k, n := range aborts {
+		l = append(l, kv{k, n})
+	}
+	slices.SortFunc(l, func(a, b kv) int {
+		if a.n != b.n {
+			return b.n - a.n
+		}
+		return strings.Compare(a.k, b.k)
+	})
+	var out []string
+	for _, x := range l {
+		out = append(out, fmt.Sprintf("%d %s", x.n, x.k))
+	}
+	return strings.Join(out, ", ")
 }
 
 // tokens is the output tokens delivered, and makespan the time from the
@@ -602,6 +659,10 @@ type MigrationConfig struct {
 	Load float64
 	// Phases is a comma-separated list of phases: downtime, burst, drain.
 	Phases string
+	// BurstKVPages, when > 0, gives the burst's workers this many KV pages
+	// instead of the profile's GPU's (a smaller GPU: memory binds before
+	// the batch cap, as in Llumnix's setups).
+	BurstKVPages int
 	// Dir keeps logs and data; empty means a temporary directory, removed.
 	Dir string
 }
@@ -687,7 +748,7 @@ func Migration(cfg MigrationConfig) error {
 		}
 	}
 	if phases["burst"] {
-		if err := raw.runBurst(ctx, plan, filepath.Join(dir, "burst"), cfg.Seed, cfg.Load); err != nil {
+		if err := raw.runBurst(ctx, plan, filepath.Join(dir, "burst"), cfg.Seed, cfg.Load, cfg.BurstKVPages); err != nil {
 			return fmt.Errorf("burst: %w", err)
 		}
 		if err := save(); err != nil {
@@ -1347,10 +1408,19 @@ func burstWorkload(seed uint64, rate, cv float64, d time.Duration) ([]workload.R
 // runBurst is the burst phase: pairs of runs on the same arrivals, one
 // with migration on and one off (the second pair in the other order, and
 // on arrivals of the next seed).
-func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir string, seed uint64, load float64) error {
+func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir string, seed uint64, load float64, kvPages int) error {
 	prof, _, err := engine.LookupProfile(migProfile)
 	if err != nil {
 		return err
+	}
+	args := append(slices.Clone(migWorkerArgs), "-max-running", "32", "-checkpoint-budget", "80GB")
+	if kvPages > 0 {
+		// The same model on a GPU with room for kvPages pages: the
+		// saturated rate is the model's at that cache.
+		prof.GPUMemBytes = int64((float64(int64(kvPages)*engine.PageTokens*prof.KVBytesPerToken()+prof.WeightBytes) + 1) / 0.9)
+		args = append(args, "-kv-pages", fmt.Sprint(kvPages))
+		fmt.Printf("== burst: every worker has %d KV pages (%d tokens), not the profile's %d\n", prof.KVPages(), prof.KVPages()*engine.PageTokens,
+			engine.Profiles[migProfile].KVPages())
 	}
 	tr := workload.AzureConversation
 	per, batch := prof.SaturatedRate(32, tr.Prompt.Mean(), tr.Output.Mean())
@@ -1358,7 +1428,6 @@ func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir str
 	fmt.Printf("== burst: %d workers paced as %s (batch up to 32: the model saturates at %.1f requests/s, batch %d);\n"+
 		"   Gamma arrivals with cv %g at %.1f/s (%.0f%% of that) over %s, %s lengths; %d pair(s) of runs, migration on and off\n",
 		plan.burstWorkers, migProfile, per*float64(plan.burstWorkers), batch, plan.burstCV, rate, 100*load, plan.burst, tr.Name, plan.burstPairs)
-	args := append(slices.Clone(migWorkerArgs), "-max-running", "32", "-checkpoint-budget", "80GB")
 	for pair := 0; pair < plan.burstPairs; pair++ {
 		s := seed + uint64(pair)
 		reqs, err := burstWorkload(s, rate, plan.burstCV, plan.burst)
@@ -1397,6 +1466,9 @@ func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir str
 			fmt.Printf("   TTFT p99 %.0f ms, mean %.0f ms; %d tokens in %.1f s; %.0f preemptions, %.0f migrations (%.0f aborted); %d failed, %d outputs differ; steps %.1f%% over the profile\n",
 				servingstats.Percentile(o.ttfts(), 0.99), servingstats.Mean(o.ttfts()), tok, span.Seconds(), o.preemptions, o.migrations, o.aborted,
 				o.failed, o.wrong, overrun)
+			if len(o.aborts) > 0 {
+				fmt.Printf("   migrations aborted: %s\n", abortSummary(o.aborts))
+			}
 		}
 	}
 	return nil
@@ -1457,6 +1529,10 @@ func burstRun(ctx context.Context, dir string, workers int, args []string, mode 
 	o.migrations = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "committed"))
 	o.aborted = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "aborted"))
 	o.recomputed = m.sumMetric(ctx, "lumen_worker_resume_recomputed_tokens_total")
+	o.aborts = map[string]int{}
+	for _, e := range m.events(func(ev *pb.Event) bool { return ev.GetMigration().GetStage() == pb.Migration_STAGE_ABORTED }) {
+		o.aborts[abortReason(e.ev.GetMigration().Reason)]++
+	}
 	o.paced = m.sumMetric(ctx, "lumen_worker_paced_seconds_total")
 	o.emulated = m.sumMetric(ctx, "lumen_worker_emulated_seconds_total")
 	if o.downtimeCount, o.downtimeSum, err = m.downtimeHist(ctx); err != nil {

@@ -324,3 +324,21 @@ func TestPrintMigrationTable(t *testing.T) {
 		t.Errorf("drain only:\n%s", w.String())
 	}
 }
+
+func TestAbortReason(t *testing.T) {
+	for in, want := range map[string]string{
+		"the destination w3 refused stage 1 (MIGRATE_REFUSAL_OUT_OF_PAGES): worker: migration: the destination is out of KV pages": "refused: out_of_pages",
+		"worker: migration: the request left the source: the request was preempted":                                                "the request was preempted",
+		"stage timeout: not committed within 5s of its start":                                                                      "stage timeout",
+		"request completed": "request completed",
+		"stage 1: export the partial page: 0 positions, the core counts 0: engine: bad input: unknown sequence 176": "stage N: export the partial page: N positions, the core counts N: engine: bad input: unknown sequence N",
+		`worker: migration: no such request here under that epoch: request "cmpl-8efb", epoch 0`:                    `worker: migration: no such request here under that epoch: request "…", epoch N`,
+	} {
+		if got := abortReason(in); got != want {
+			t.Errorf("abortReason(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := abortSummary(map[string]int{"b": 2, "a": 2, "c": 5}); got != "5 c, 2 a, 2 b" {
+		t.Errorf("summary %q", got)
+	}
+}
