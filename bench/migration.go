@@ -574,13 +574,18 @@ func printMigrationTable(w io.Writer, f map[string]float64) {
 			row("burst engine steps over the profile's time, on / off", fmt.Sprintf("%.1f%% / %.1f%%", f["burst_pacing_overrun_pct_on"],
 				f["burst_pacing_overrun_pct_off"]), "—", "—")
 		}
-		row("burst migrations (committed / aborted)", fmt.Sprintf("%.0f / %.0f", f["burst_migrations_on"], f["burst_migrations_aborted_on"]), "—", "—")
+		mig := fmt.Sprintf("%.0f / %.0f", f["burst_migrations_on"], f["burst_migrations_aborted_on"])
+		if has("burst_downtime_mean_ms") {
+			mig += fmt.Sprintf("; downtime %.1f ms on average", f["burst_downtime_mean_ms"])
+		}
+		row("burst migrations (committed / aborted)", mig, "—", "—")
 		row("burst outputs ≠ reference, on / off", fmt.Sprintf("%.0f / %.0f of %.0f (failed %.0f / %.0f)", f["burst_outputs_differing_on"],
 			f["burst_outputs_differing_off"], f["burst_requests"], f["burst_failed_on"], f["burst_failed_off"]), "0", verdict(f["burst_outputs_differing_on"]+f["burst_outputs_differing_off"]+f["burst_failed_on"]+f["burst_failed_off"] == 0))
 	}
 	if has("drain_recomputed_tokens") {
 		row(fmt.Sprintf("drain of a worker with %.0f streams: time to empty / to LEFT", f["drain_streams_on_worker"]),
-			fmt.Sprintf("%.2f s / %.2f s (%.0f migrations, %.0f aborted)", f["drain_empty_s"], f["drain_left_s"], f["drain_migrations"], f["drain_migrations_aborted"]), "—", "—")
+			fmt.Sprintf("%.2f s / %.2f s (%.0f migrations, %.0f aborted; downtime %.1f ms on average)", f["drain_empty_s"], f["drain_left_s"],
+				f["drain_migrations"], f["drain_migrations_aborted"], f["drain_downtime_mean_ms"]), "—", "—")
 		row("drain: tokens recomputed", fmt.Sprintf("%.0f", f["drain_recomputed_tokens"]), "0", verdict(f["drain_recomputed_tokens"] == 0))
 		row("drain: outputs ≠ reference", fmt.Sprintf("%.0f of %.0f (failed %.0f)", f["drain_outputs_differing"], f["drain_streams"], f["drain_failed"]),
 			"0", verdict(f["drain_outputs_differing"]+f["drain_failed"] == 0))
