@@ -786,6 +786,8 @@ type migCluster struct {
 	// leader is the controller leader's index (it does not change: no
 	// controller fails here).
 	leader int
+	// stopWatch ends the event watches (close).
+	stopWatch context.CancelFunc
 
 	mu    sync.Mutex
 	evs   []*seenEvent
@@ -849,14 +851,19 @@ func startMigCluster(ctx context.Context, dir string, n int, args []string, mode
 		return nil, err
 	}
 	m.start = time.Now()
+	wctx, stop := context.WithCancel(ctx)
+	m.stopWatch = stop
 	for i := range cl.Controllers {
-		go m.watch(ctx, i, st.AppliedIndex)
+		go m.watch(wctx, i, st.AppliedIndex)
 	}
 	ok = true
 	return m, nil
 }
 
 func (m *migCluster) close() {
+	if m.stopWatch != nil {
+		m.stopWatch()
+	}
 	if m.ctl != nil {
 		m.ctl.Close()
 	}
@@ -888,7 +895,10 @@ func (m *migCluster) watch(ctx context.Context, i int, from uint64) {
 	for ctx.Err() == nil {
 		stream, err := pb.NewControllerClient(m.ctl.Conn(i)).WatchEvents(ctx, &pb.WatchEventsRequest{FromIndex: from})
 		if err != nil {
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
 			continue
 		}
 		for {
