@@ -11,6 +11,7 @@ func init() {
 	register("bench controller", "measure a 3-replica quorum: Dispatch/s, linearizable reads/s, failover", runBenchController)
 	register("bench gateway", "TTFT and throughput through the gateway vs straight to the worker, at 1/100/500 streams", runBenchGateway)
 	register("bench pacing", "64 paced synthetic engines decoding at once: does each step take the profile's time?", runBenchPacing)
+	register("bench migration", "live migration on real processes: downtime vs context length, slowdown, burst balance, drain", runBenchMigration)
 	register("bench recovery", "the recovery strategies side by side on real processes: one worker (or 4 of 8) killed under an Azure-like load", runBenchRecovery)
 }
 
@@ -73,6 +74,22 @@ func runBenchRecovery(args []string) error {
 		return err
 	}
 	return bench.Recovery(cfg)
+}
+
+func runBenchMigration(args []string) error {
+	cfg := bench.DefaultMigrationConfig()
+	fs := flag.NewFlagSet("bench migration", flag.ContinueOnError)
+	fs.BoolVar(&cfg.Quick, "quick", false, "fewer migrations per length and a shorter burst (under 5 minutes), same keys")
+	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON (after every phase)")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the prompts and of the burst's arrivals")
+	fs.Float64Var(&cfg.Load, "load", cfg.Load, "the burst's mean offered load as a fraction of the cluster's modelled saturated throughput")
+	fs.StringVar(&cfg.Phases, "phases", cfg.Phases, "comma-separated phases to run: downtime, burst, drain")
+	fs.IntVar(&cfg.BurstKVPages, "burst-kv-pages", 0, "KV pages of each burst worker (default: the profile's GPU); fewer make memory bind before the batch cap")
+	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return bench.Migration(cfg)
 }
 
 // stringList is a repeatable string flag.
