@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.7.0
 
 PROTO_FILES := $(wildcard proto/*.proto)
 
-.PHONY: jepsen bench-recovery fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean chromium
+.PHONY: jepsen bench-recovery bench-migration fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean chromium
 
 all: build
 
@@ -98,7 +98,7 @@ $(TOOLS)/staticcheck:
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 ## bench: every benchmark; figures go in docs/benchmarks.md.
-bench: bench-go bench-controller bench-pacing bench-gateway bench-recovery
+bench: bench-go bench-controller bench-pacing bench-gateway bench-recovery bench-migration
 
 bench-go:
 	$(GO) test -run '^$$' -bench Holder10k -benchtime 20000x -count 5 ./policy/
@@ -115,6 +115,10 @@ bench-gateway: build
 bench-controller: build
 	mkdir -p bench-results
 	./$(BIN) bench controller -json bench-results/controller.json
+
+bench-migration: build
+	mkdir -p bench-results
+	./$(BIN) bench migration -json bench-results/migration.json
 
 bench-recovery: build
 	mkdir -p bench-results
