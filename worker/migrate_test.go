@@ -81,9 +81,11 @@ func (c *cluster) migrate(id, to string) (*pb.Placement, error) {
 // the copied pages (nothing recomputed) and the output is the reference.
 // Every page is free on both workers at the end.
 func TestMigrationMovesARunningRequest(t *testing.T) {
-	// Paced as Qwen3-14B on an H100: steps of at least 12 ms, so the
-	// request still decodes when the migration runs.
-	c := startCluster(t, func(wc *Config) { wc.Engine = engine.NewPaced(wc.Engine, engine.Profiles["qwen3-14b-h100"], 1) })
+	// Paced as Qwen3-14B on an H100 slowed fivefold: steps of at least
+	// 60 ms, so the request still decodes (35 steps, 2 s) when the
+	// migration runs even on a loaded machine under the race detector;
+	// at 12 ms steps CI once saw the request finish first.
+	c := startCluster(t, func(wc *Config) { wc.Engine = engine.NewPaced(wc.Engine, engine.Profiles["qwen3-14b-h100"], 5) })
 	rng := rand.New(rand.NewSource(51))
 	prompt := randomPrompt(rng, 280) // 18 pages: more than 16, two stages
 	const maxTokens = 40
