@@ -324,9 +324,18 @@ type DispatchRequest struct {
 	// expired or unknown session fails FailedPrecondition with ErrorInfo
 	// reason SESSION_EXPIRED. Empty: the placement belongs to no session and
 	// only Complete removes it (tools that complete their own requests).
-	SessionId     string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SessionId string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The serving worker the gateway chose from its replica of the load
+	// table, and the incarnation it saw; the request already runs there when
+	// the placement commits. Apply accepts it while that incarnation is
+	// alive (not FAILED or LEFT); otherwise the Dispatch fails
+	// FailedPrecondition with ErrorInfo reason WORKER_UNAVAILABLE and the
+	// gateway places the request again with its token history. Empty: Apply
+	// chooses (policy.PickServing), as before.
+	WorkerId          string `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	WorkerIncarnation uint64 `protobuf:"varint,6,opt,name=worker_incarnation,json=workerIncarnation,proto3" json:"worker_incarnation,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *DispatchRequest) Reset() {
@@ -385,6 +394,20 @@ func (x *DispatchRequest) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *DispatchRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *DispatchRequest) GetWorkerIncarnation() uint64 {
+	if x != nil {
+		return x.WorkerIncarnation
+	}
+	return 0
 }
 
 type DispatchResponse struct {
@@ -2464,6 +2487,521 @@ func (x *DestroySessionResponse) GetIndex() uint64 {
 	return 0
 }
 
+type PlaceBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gateway's batch number on this stream; the answer repeats it.
+	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// New placements (each with session_id, and worker_id when the gateway
+	// chose the worker). At most 4096 per batch.
+	Dispatches []*DispatchRequest `protobuf:"bytes,2,rep,name=dispatches,proto3" json:"dispatches,omitempty"`
+	// Requests that ended: completed after the batch's dispatches. At most
+	// 4096 per batch.
+	Completes     []string `protobuf:"bytes,3,rep,name=completes,proto3" json:"completes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlaceBatch) Reset() {
+	*x = PlaceBatch{}
+	mi := &file_controller_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlaceBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlaceBatch) ProtoMessage() {}
+
+func (x *PlaceBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlaceBatch.ProtoReflect.Descriptor instead.
+func (*PlaceBatch) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *PlaceBatch) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *PlaceBatch) GetDispatches() []*DispatchRequest {
+	if x != nil {
+		return x.Dispatches
+	}
+	return nil
+}
+
+func (x *PlaceBatch) GetCompletes() []string {
+	if x != nil {
+		return x.Completes
+	}
+	return nil
+}
+
+// PlaceResult is one dispatch's outcome: a placement, or an error with the
+// gRPC code, message and ErrorInfo reason the unary Dispatch would return.
+type PlaceResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Response      *DispatchResponse      `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	Code          uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlaceResult) Reset() {
+	*x = PlaceResult{}
+	mi := &file_controller_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlaceResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlaceResult) ProtoMessage() {}
+
+func (x *PlaceResult) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlaceResult.ProtoReflect.Descriptor instead.
+func (*PlaceResult) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *PlaceResult) GetResponse() *DispatchResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *PlaceResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PlaceResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *PlaceResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type PlaceResults struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// One per dispatch of the batch, in its order.
+	Dispatches []*PlaceResult `protobuf:"bytes,2,rep,name=dispatches,proto3" json:"dispatches,omitempty"`
+	// The batch's completions (absent when it had none).
+	Complete      *CompleteResponse `protobuf:"bytes,3,opt,name=complete,proto3" json:"complete,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlaceResults) Reset() {
+	*x = PlaceResults{}
+	mi := &file_controller_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlaceResults) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlaceResults) ProtoMessage() {}
+
+func (x *PlaceResults) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlaceResults.ProtoReflect.Descriptor instead.
+func (*PlaceResults) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *PlaceResults) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *PlaceResults) GetDispatches() []*PlaceResult {
+	if x != nil {
+		return x.Dispatches
+	}
+	return nil
+}
+
+func (x *PlaceResults) GetComplete() *CompleteResponse {
+	if x != nil {
+		return x.Complete
+	}
+	return nil
+}
+
+type WatchLoadRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most often a table is sent, in milliseconds (0: 10 ms; at least 1).
+	IntervalMs    uint32 `protobuf:"varint,1,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchLoadRequest) Reset() {
+	*x = WatchLoadRequest{}
+	mi := &file_controller_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchLoadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchLoadRequest) ProtoMessage() {}
+
+func (x *WatchLoadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchLoadRequest.ProtoReflect.Descriptor instead.
+func (*WatchLoadRequest) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *WatchLoadRequest) GetIntervalMs() uint32 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+// WorkerLoad is what a gateway needs of one worker to run
+// policy.PickServing as Apply would: the worker's phase and last load
+// report, and what Apply counts as dispatched to it since.
+type WorkerLoad struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId        string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Incarnation     uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Phase           WorkerPhase            `protobuf:"varint,3,opt,name=phase,proto3,enum=lumen.v1.WorkerPhase" json:"phase,omitempty"`
+	Load            *LoadRecord            `protobuf:"bytes,4,opt,name=load,proto3" json:"load,omitempty"`
+	PendingRequests uint32                 `protobuf:"varint,5,opt,name=pending_requests,json=pendingRequests,proto3" json:"pending_requests,omitempty"`
+	PendingPages    uint64                 `protobuf:"varint,6,opt,name=pending_pages,json=pendingPages,proto3" json:"pending_pages,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *WorkerLoad) Reset() {
+	*x = WorkerLoad{}
+	mi := &file_controller_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerLoad) ProtoMessage() {}
+
+func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
+func (*WorkerLoad) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *WorkerLoad) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *WorkerLoad) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *WorkerLoad) GetPhase() WorkerPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return WorkerPhase_WORKER_PHASE_UNSPECIFIED
+}
+
+func (x *WorkerLoad) GetLoad() *LoadRecord {
+	if x != nil {
+		return x.Load
+	}
+	return nil
+}
+
+func (x *WorkerLoad) GetPendingRequests() uint32 {
+	if x != nil {
+		return x.PendingRequests
+	}
+	return 0
+}
+
+func (x *WorkerLoad) GetPendingPages() uint64 {
+	if x != nil {
+		return x.PendingPages
+	}
+	return 0
+}
+
+type LoadTable struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replica's applied index: every placement committed at or below it
+	// is counted in the table.
+	AppliedIndex uint64        `protobuf:"varint,1,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Workers      []*WorkerLoad `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	// The replica that served it, and whether it is the leader.
+	ControllerId  string `protobuf:"bytes,3,opt,name=controller_id,json=controllerId,proto3" json:"controller_id,omitempty"`
+	Leader        bool   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadTable) Reset() {
+	*x = LoadTable{}
+	mi := &file_controller_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadTable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadTable) ProtoMessage() {}
+
+func (x *LoadTable) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadTable.ProtoReflect.Descriptor instead.
+func (*LoadTable) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *LoadTable) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *LoadTable) GetWorkers() []*WorkerLoad {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *LoadTable) GetControllerId() string {
+	if x != nil {
+		return x.ControllerId
+	}
+	return ""
+}
+
+func (x *LoadTable) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+type GetPlacementsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 4096 ids.
+	RequestIds    []string    `protobuf:"bytes,1,rep,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
+	Consistency   Consistency `protobuf:"varint,2,opt,name=consistency,proto3,enum=lumen.v1.Consistency" json:"consistency,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPlacementsRequest) Reset() {
+	*x = GetPlacementsRequest{}
+	mi := &file_controller_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPlacementsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPlacementsRequest) ProtoMessage() {}
+
+func (x *GetPlacementsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPlacementsRequest.ProtoReflect.Descriptor instead.
+func (*GetPlacementsRequest) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *GetPlacementsRequest) GetRequestIds() []string {
+	if x != nil {
+		return x.RequestIds
+	}
+	return nil
+}
+
+func (x *GetPlacementsRequest) GetConsistency() Consistency {
+	if x != nil {
+		return x.Consistency
+	}
+	return Consistency_CONSISTENCY_LINEARIZABLE
+}
+
+type GetPlacementsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per id found, in the request's order; ids with no placement are in
+	// not_found.
+	Placements    []*Placement `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`
+	NotFound      []string     `protobuf:"bytes,2,rep,name=not_found,json=notFound,proto3" json:"not_found,omitempty"`
+	AppliedIndex  uint64       `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPlacementsResponse) Reset() {
+	*x = GetPlacementsResponse{}
+	mi := &file_controller_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPlacementsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPlacementsResponse) ProtoMessage() {}
+
+func (x *GetPlacementsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPlacementsResponse.ProtoReflect.Descriptor instead.
+func (*GetPlacementsResponse) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *GetPlacementsResponse) GetPlacements() []*Placement {
+	if x != nil {
+		return x.Placements
+	}
+	return nil
+}
+
+func (x *GetPlacementsResponse) GetNotFound() []string {
+	if x != nil {
+		return x.NotFound
+	}
+	return nil
+}
+
+func (x *GetPlacementsResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
 var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
@@ -2486,7 +3024,7 @@ const file_controller_proto_rawDesc = "" +
 	"\tto_worker\x18\x02 \x01(\tR\btoWorker\"Z\n" +
 	"\x0fMigrateResponse\x121\n" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\x93\x01\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\xdf\x01\n" +
 	"\x0fDispatchRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -2494,7 +3032,9 @@ const file_controller_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x03 \x01(\rR\tmaxTokens\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x04 \x01(\tR\tsessionId\"\xa2\x01\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x1b\n" +
+	"\tworker_id\x18\x05 \x01(\tR\bworkerId\x12-\n" +
+	"\x12worker_incarnation\x18\x06 \x01(\x04R\x11workerIncarnation\"\xa2\x01\n" +
 	"\x10DispatchResponse\x121\n" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12\x1b\n" +
 	"\tno_holder\x18\x02 \x01(\bR\bnoHolder\x12(\n" +
@@ -2634,10 +3174,54 @@ const file_controller_proto_rawDesc = "" +
 	"\x16DestroySessionResponse\x12\x1c\n" +
 	"\tdestroyed\x18\x01 \x01(\bR\tdestroyed\x12\x1c\n" +
 	"\tcompleted\x18\x02 \x01(\rR\tcompleted\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index*B\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"w\n" +
+	"\n" +
+	"PlaceBatch\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x129\n" +
+	"\n" +
+	"dispatches\x18\x02 \x03(\v2\x19.lumen.v1.DispatchRequestR\n" +
+	"dispatches\x12\x1c\n" +
+	"\tcompletes\x18\x03 \x03(\tR\tcompletes\"\x8b\x01\n" +
+	"\vPlaceResult\x126\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1a.lumen.v1.DispatchResponseR\bresponse\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x8f\x01\n" +
+	"\fPlaceResults\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x125\n" +
+	"\n" +
+	"dispatches\x18\x02 \x03(\v2\x15.lumen.v1.PlaceResultR\n" +
+	"dispatches\x126\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x1a.lumen.v1.CompleteResponseR\bcomplete\"3\n" +
+	"\x10WatchLoadRequest\x12\x1f\n" +
+	"\vinterval_ms\x18\x01 \x01(\rR\n" +
+	"intervalMs\"\xf2\x01\n" +
+	"\n" +
+	"WorkerLoad\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
+	"\x05phase\x18\x03 \x01(\x0e2\x15.lumen.v1.WorkerPhaseR\x05phase\x12(\n" +
+	"\x04load\x18\x04 \x01(\v2\x14.lumen.v1.LoadRecordR\x04load\x12)\n" +
+	"\x10pending_requests\x18\x05 \x01(\rR\x0fpendingRequests\x12#\n" +
+	"\rpending_pages\x18\x06 \x01(\x04R\fpendingPages\"\x9d\x01\n" +
+	"\tLoadTable\x12#\n" +
+	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12.\n" +
+	"\aworkers\x18\x02 \x03(\v2\x14.lumen.v1.WorkerLoadR\aworkers\x12#\n" +
+	"\rcontroller_id\x18\x03 \x01(\tR\fcontrollerId\x12\x16\n" +
+	"\x06leader\x18\x04 \x01(\bR\x06leader\"p\n" +
+	"\x14GetPlacementsRequest\x12\x1f\n" +
+	"\vrequest_ids\x18\x01 \x03(\tR\n" +
+	"requestIds\x127\n" +
+	"\vconsistency\x18\x02 \x01(\x0e2\x15.lumen.v1.ConsistencyR\vconsistency\"\x8e\x01\n" +
+	"\x15GetPlacementsResponse\x123\n" +
+	"\n" +
+	"placements\x18\x01 \x03(\v2\x13.lumen.v1.PlacementR\n" +
+	"placements\x12\x1b\n" +
+	"\tnot_found\x18\x02 \x03(\tR\bnotFound\x12#\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex*B\n" +
 	"\vConsistency\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x00\x12\x15\n" +
-	"\x11CONSISTENCY_STALE\x10\x012\x8c\b\n" +
+	"\x11CONSISTENCY_STALE\x10\x012\xd9\t\n" +
 	"\n" +
 	"Controller\x12A\n" +
 	"\bDispatch\x12\x19.lumen.v1.DispatchRequest\x1a\x1a.lumen.v1.DispatchResponse\x12A\n" +
@@ -2653,7 +3237,10 @@ const file_controller_proto_rawDesc = "" +
 	"\rCreateSession\x12\x1e.lumen.v1.CreateSessionRequest\x1a\x1f.lumen.v1.CreateSessionResponse\x12M\n" +
 	"\fRenewSession\x12\x1d.lumen.v1.RenewSessionRequest\x1a\x1e.lumen.v1.RenewSessionResponse\x12S\n" +
 	"\x0eDestroySession\x12\x1f.lumen.v1.DestroySessionRequest\x1a .lumen.v1.DestroySessionResponse\x12V\n" +
-	"\x0fFinishMigration\x12 .lumen.v1.FinishMigrationRequest\x1a!.lumen.v1.FinishMigrationResponse2\x9b\x04\n" +
+	"\x0fFinishMigration\x12 .lumen.v1.FinishMigrationRequest\x1a!.lumen.v1.FinishMigrationResponse\x129\n" +
+	"\x05Place\x12\x14.lumen.v1.PlaceBatch\x1a\x16.lumen.v1.PlaceResults(\x010\x01\x12>\n" +
+	"\tWatchLoad\x12\x1a.lumen.v1.WatchLoadRequest\x1a\x13.lumen.v1.LoadTable0\x01\x12P\n" +
+	"\rGetPlacements\x12\x1e.lumen.v1.GetPlacementsRequest\x1a\x1f.lumen.v1.GetPlacementsResponse2\x9b\x04\n" +
 	"\bOperator\x12D\n" +
 	"\tRaftPeers\x12\x1a.lumen.v1.RaftPeersRequest\x1a\x1b.lumen.v1.RaftPeersResponse\x12A\n" +
 	"\bAddVoter\x12\x19.lumen.v1.AddVoterRequest\x1a\x1a.lumen.v1.AddVoterResponse\x12G\n" +
@@ -2677,7 +3264,7 @@ func file_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_controller_proto_goTypes = []any{
 	(Consistency)(0),                   // 0: lumen.v1.Consistency
 	(*FinishMigrationRequest)(nil),     // 1: lumen.v1.FinishMigrationRequest
@@ -2722,84 +3309,107 @@ var file_controller_proto_goTypes = []any{
 	(*RenewSessionResponse)(nil),       // 40: lumen.v1.RenewSessionResponse
 	(*DestroySessionRequest)(nil),      // 41: lumen.v1.DestroySessionRequest
 	(*DestroySessionResponse)(nil),     // 42: lumen.v1.DestroySessionResponse
-	(*Placement)(nil),                  // 43: lumen.v1.Placement
-	(*LoadRecord)(nil),                 // 44: lumen.v1.LoadRecord
-	(*Worker)(nil),                     // 45: lumen.v1.Worker
-	(Strategy)(0),                      // 46: lumen.v1.Strategy
-	(MigrationMode)(0),                 // 47: lumen.v1.MigrationMode
-	(WorkerPhase)(0),                   // 48: lumen.v1.WorkerPhase
-	(*Session)(nil),                    // 49: lumen.v1.Session
-	(*Event)(nil),                      // 50: lumen.v1.Event
+	(*PlaceBatch)(nil),                 // 43: lumen.v1.PlaceBatch
+	(*PlaceResult)(nil),                // 44: lumen.v1.PlaceResult
+	(*PlaceResults)(nil),               // 45: lumen.v1.PlaceResults
+	(*WatchLoadRequest)(nil),           // 46: lumen.v1.WatchLoadRequest
+	(*WorkerLoad)(nil),                 // 47: lumen.v1.WorkerLoad
+	(*LoadTable)(nil),                  // 48: lumen.v1.LoadTable
+	(*GetPlacementsRequest)(nil),       // 49: lumen.v1.GetPlacementsRequest
+	(*GetPlacementsResponse)(nil),      // 50: lumen.v1.GetPlacementsResponse
+	(*Placement)(nil),                  // 51: lumen.v1.Placement
+	(*LoadRecord)(nil),                 // 52: lumen.v1.LoadRecord
+	(*Worker)(nil),                     // 53: lumen.v1.Worker
+	(Strategy)(0),                      // 54: lumen.v1.Strategy
+	(MigrationMode)(0),                 // 55: lumen.v1.MigrationMode
+	(WorkerPhase)(0),                   // 56: lumen.v1.WorkerPhase
+	(*Session)(nil),                    // 57: lumen.v1.Session
+	(*Event)(nil),                      // 58: lumen.v1.Event
 }
 var file_controller_proto_depIdxs = []int32{
-	43, // 0: lumen.v1.FinishMigrationResponse.placement:type_name -> lumen.v1.Placement
-	43, // 1: lumen.v1.MigrateResponse.placement:type_name -> lumen.v1.Placement
-	43, // 2: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
-	44, // 3: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
-	45, // 4: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
-	45, // 5: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
+	51, // 0: lumen.v1.FinishMigrationResponse.placement:type_name -> lumen.v1.Placement
+	51, // 1: lumen.v1.MigrateResponse.placement:type_name -> lumen.v1.Placement
+	51, // 2: lumen.v1.DispatchResponse.placement:type_name -> lumen.v1.Placement
+	52, // 3: lumen.v1.ReportLoadRequest.load:type_name -> lumen.v1.LoadRecord
+	53, // 4: lumen.v1.RegisterWorkerRequest.worker:type_name -> lumen.v1.Worker
+	53, // 5: lumen.v1.RegisterWorkerResponse.worker:type_name -> lumen.v1.Worker
 	0,  // 6: lumen.v1.GetPlacementRequest.consistency:type_name -> lumen.v1.Consistency
-	43, // 7: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
+	51, // 7: lumen.v1.GetPlacementResponse.placement:type_name -> lumen.v1.Placement
 	0,  // 8: lumen.v1.ListWorkersRequest.consistency:type_name -> lumen.v1.Consistency
-	45, // 9: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
-	44, // 10: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
+	53, // 9: lumen.v1.ListWorkersResponse.workers:type_name -> lumen.v1.Worker
+	52, // 10: lumen.v1.ListWorkersResponse.loads:type_name -> lumen.v1.LoadRecord
 	18, // 11: lumen.v1.ListWorkersResponse.reservations:type_name -> lumen.v1.HolderReservation
 	17, // 12: lumen.v1.ListWorkersResponse.migrations:type_name -> lumen.v1.WorkerMigrations
 	21, // 13: lumen.v1.RaftPeersResponse.peers:type_name -> lumen.v1.RaftPeer
-	46, // 14: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
-	47, // 15: lumen.v1.SetStrategyRequest.migration:type_name -> lumen.v1.MigrationMode
-	46, // 16: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
-	46, // 17: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
-	47, // 18: lumen.v1.ClusterStatusResponse.migration:type_name -> lumen.v1.MigrationMode
-	48, // 19: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
-	45, // 20: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
-	49, // 21: lumen.v1.CreateSessionResponse.session:type_name -> lumen.v1.Session
-	49, // 22: lumen.v1.RenewSessionResponse.session:type_name -> lumen.v1.Session
-	5,  // 23: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
-	7,  // 24: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
-	9,  // 25: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
-	11, // 26: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
-	13, // 27: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
-	15, // 28: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
-	19, // 29: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
-	33, // 30: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
-	35, // 31: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
-	37, // 32: lumen.v1.Controller.CreateSession:input_type -> lumen.v1.CreateSessionRequest
-	39, // 33: lumen.v1.Controller.RenewSession:input_type -> lumen.v1.RenewSessionRequest
-	41, // 34: lumen.v1.Controller.DestroySession:input_type -> lumen.v1.DestroySessionRequest
-	1,  // 35: lumen.v1.Controller.FinishMigration:input_type -> lumen.v1.FinishMigrationRequest
-	20, // 36: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
-	23, // 37: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
-	25, // 38: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
-	27, // 39: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
-	29, // 40: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
-	31, // 41: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
-	3,  // 42: lumen.v1.Operator.Migrate:input_type -> lumen.v1.MigrateRequest
-	6,  // 43: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
-	8,  // 44: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
-	10, // 45: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
-	12, // 46: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
-	14, // 47: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
-	16, // 48: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
-	50, // 49: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
-	34, // 50: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
-	36, // 51: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
-	38, // 52: lumen.v1.Controller.CreateSession:output_type -> lumen.v1.CreateSessionResponse
-	40, // 53: lumen.v1.Controller.RenewSession:output_type -> lumen.v1.RenewSessionResponse
-	42, // 54: lumen.v1.Controller.DestroySession:output_type -> lumen.v1.DestroySessionResponse
-	2,  // 55: lumen.v1.Controller.FinishMigration:output_type -> lumen.v1.FinishMigrationResponse
-	22, // 56: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
-	24, // 57: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
-	26, // 58: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
-	28, // 59: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
-	30, // 60: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
-	32, // 61: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
-	4,  // 62: lumen.v1.Operator.Migrate:output_type -> lumen.v1.MigrateResponse
-	43, // [43:63] is the sub-list for method output_type
-	23, // [23:43] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	54, // 14: lumen.v1.SetStrategyRequest.strategy:type_name -> lumen.v1.Strategy
+	55, // 15: lumen.v1.SetStrategyRequest.migration:type_name -> lumen.v1.MigrationMode
+	54, // 16: lumen.v1.SetStrategyResponse.previous:type_name -> lumen.v1.Strategy
+	54, // 17: lumen.v1.ClusterStatusResponse.strategy:type_name -> lumen.v1.Strategy
+	55, // 18: lumen.v1.ClusterStatusResponse.migration:type_name -> lumen.v1.MigrationMode
+	56, // 19: lumen.v1.SetWorkerPhaseRequest.phase:type_name -> lumen.v1.WorkerPhase
+	53, // 20: lumen.v1.SetWorkerPhaseResponse.worker:type_name -> lumen.v1.Worker
+	57, // 21: lumen.v1.CreateSessionResponse.session:type_name -> lumen.v1.Session
+	57, // 22: lumen.v1.RenewSessionResponse.session:type_name -> lumen.v1.Session
+	5,  // 23: lumen.v1.PlaceBatch.dispatches:type_name -> lumen.v1.DispatchRequest
+	6,  // 24: lumen.v1.PlaceResult.response:type_name -> lumen.v1.DispatchResponse
+	44, // 25: lumen.v1.PlaceResults.dispatches:type_name -> lumen.v1.PlaceResult
+	8,  // 26: lumen.v1.PlaceResults.complete:type_name -> lumen.v1.CompleteResponse
+	56, // 27: lumen.v1.WorkerLoad.phase:type_name -> lumen.v1.WorkerPhase
+	52, // 28: lumen.v1.WorkerLoad.load:type_name -> lumen.v1.LoadRecord
+	47, // 29: lumen.v1.LoadTable.workers:type_name -> lumen.v1.WorkerLoad
+	0,  // 30: lumen.v1.GetPlacementsRequest.consistency:type_name -> lumen.v1.Consistency
+	51, // 31: lumen.v1.GetPlacementsResponse.placements:type_name -> lumen.v1.Placement
+	5,  // 32: lumen.v1.Controller.Dispatch:input_type -> lumen.v1.DispatchRequest
+	7,  // 33: lumen.v1.Controller.Complete:input_type -> lumen.v1.CompleteRequest
+	9,  // 34: lumen.v1.Controller.ReportLoad:input_type -> lumen.v1.ReportLoadRequest
+	11, // 35: lumen.v1.Controller.RegisterWorker:input_type -> lumen.v1.RegisterWorkerRequest
+	13, // 36: lumen.v1.Controller.GetPlacement:input_type -> lumen.v1.GetPlacementRequest
+	15, // 37: lumen.v1.Controller.ListWorkers:input_type -> lumen.v1.ListWorkersRequest
+	19, // 38: lumen.v1.Controller.WatchEvents:input_type -> lumen.v1.WatchEventsRequest
+	33, // 39: lumen.v1.Controller.SetWorkerPhase:input_type -> lumen.v1.SetWorkerPhaseRequest
+	35, // 40: lumen.v1.Controller.ReportUnreachable:input_type -> lumen.v1.ReportUnreachableRequest
+	37, // 41: lumen.v1.Controller.CreateSession:input_type -> lumen.v1.CreateSessionRequest
+	39, // 42: lumen.v1.Controller.RenewSession:input_type -> lumen.v1.RenewSessionRequest
+	41, // 43: lumen.v1.Controller.DestroySession:input_type -> lumen.v1.DestroySessionRequest
+	1,  // 44: lumen.v1.Controller.FinishMigration:input_type -> lumen.v1.FinishMigrationRequest
+	43, // 45: lumen.v1.Controller.Place:input_type -> lumen.v1.PlaceBatch
+	46, // 46: lumen.v1.Controller.WatchLoad:input_type -> lumen.v1.WatchLoadRequest
+	49, // 47: lumen.v1.Controller.GetPlacements:input_type -> lumen.v1.GetPlacementsRequest
+	20, // 48: lumen.v1.Operator.RaftPeers:input_type -> lumen.v1.RaftPeersRequest
+	23, // 49: lumen.v1.Operator.AddVoter:input_type -> lumen.v1.AddVoterRequest
+	25, // 50: lumen.v1.Operator.RemovePeer:input_type -> lumen.v1.RemovePeerRequest
+	27, // 51: lumen.v1.Operator.TransferLeadership:input_type -> lumen.v1.TransferLeadershipRequest
+	29, // 52: lumen.v1.Operator.SetStrategy:input_type -> lumen.v1.SetStrategyRequest
+	31, // 53: lumen.v1.Operator.ClusterStatus:input_type -> lumen.v1.ClusterStatusRequest
+	3,  // 54: lumen.v1.Operator.Migrate:input_type -> lumen.v1.MigrateRequest
+	6,  // 55: lumen.v1.Controller.Dispatch:output_type -> lumen.v1.DispatchResponse
+	8,  // 56: lumen.v1.Controller.Complete:output_type -> lumen.v1.CompleteResponse
+	10, // 57: lumen.v1.Controller.ReportLoad:output_type -> lumen.v1.ReportLoadResponse
+	12, // 58: lumen.v1.Controller.RegisterWorker:output_type -> lumen.v1.RegisterWorkerResponse
+	14, // 59: lumen.v1.Controller.GetPlacement:output_type -> lumen.v1.GetPlacementResponse
+	16, // 60: lumen.v1.Controller.ListWorkers:output_type -> lumen.v1.ListWorkersResponse
+	58, // 61: lumen.v1.Controller.WatchEvents:output_type -> lumen.v1.Event
+	34, // 62: lumen.v1.Controller.SetWorkerPhase:output_type -> lumen.v1.SetWorkerPhaseResponse
+	36, // 63: lumen.v1.Controller.ReportUnreachable:output_type -> lumen.v1.ReportUnreachableResponse
+	38, // 64: lumen.v1.Controller.CreateSession:output_type -> lumen.v1.CreateSessionResponse
+	40, // 65: lumen.v1.Controller.RenewSession:output_type -> lumen.v1.RenewSessionResponse
+	42, // 66: lumen.v1.Controller.DestroySession:output_type -> lumen.v1.DestroySessionResponse
+	2,  // 67: lumen.v1.Controller.FinishMigration:output_type -> lumen.v1.FinishMigrationResponse
+	45, // 68: lumen.v1.Controller.Place:output_type -> lumen.v1.PlaceResults
+	48, // 69: lumen.v1.Controller.WatchLoad:output_type -> lumen.v1.LoadTable
+	50, // 70: lumen.v1.Controller.GetPlacements:output_type -> lumen.v1.GetPlacementsResponse
+	22, // 71: lumen.v1.Operator.RaftPeers:output_type -> lumen.v1.RaftPeersResponse
+	24, // 72: lumen.v1.Operator.AddVoter:output_type -> lumen.v1.AddVoterResponse
+	26, // 73: lumen.v1.Operator.RemovePeer:output_type -> lumen.v1.RemovePeerResponse
+	28, // 74: lumen.v1.Operator.TransferLeadership:output_type -> lumen.v1.TransferLeadershipResponse
+	30, // 75: lumen.v1.Operator.SetStrategy:output_type -> lumen.v1.SetStrategyResponse
+	32, // 76: lumen.v1.Operator.ClusterStatus:output_type -> lumen.v1.ClusterStatusResponse
+	4,  // 77: lumen.v1.Operator.Migrate:output_type -> lumen.v1.MigrateResponse
+	55, // [55:78] is the sub-list for method output_type
+	32, // [32:55] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -2815,7 +3425,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

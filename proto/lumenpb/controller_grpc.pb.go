@@ -35,6 +35,9 @@ const (
 	Controller_RenewSession_FullMethodName      = "/lumen.v1.Controller/RenewSession"
 	Controller_DestroySession_FullMethodName    = "/lumen.v1.Controller/DestroySession"
 	Controller_FinishMigration_FullMethodName   = "/lumen.v1.Controller/FinishMigration"
+	Controller_Place_FullMethodName             = "/lumen.v1.Controller/Place"
+	Controller_WatchLoad_FullMethodName         = "/lumen.v1.Controller/WatchLoad"
+	Controller_GetPlacements_FullMethodName     = "/lumen.v1.Controller/GetPlacements"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -76,6 +79,24 @@ type ControllerClient interface {
 	// or aborts it (it stays on its source). A stale epoch fails
 	// FailedPrecondition.
 	FinishMigration(ctx context.Context, in *FinishMigrationRequest, opts ...grpc.CallOption) (*FinishMigrationResponse, error)
+	// Place is a gateway's stream of placements and completions (one stream
+	// per gateway, many requests). Only the leader serves it: a follower ends
+	// the stream at once with Unavailable, naming the leader when it knows
+	// it. Each PlaceBatch is answered by one PlaceResults with the same seq,
+	// in order; the leader proposes the batch's commands together (group
+	// commit). A stream that breaks leaves its unanswered batches unknown:
+	// the gateway sends them again on the next leader (both commands are
+	// idempotent by request id).
+	Place(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PlaceBatch, PlaceResults], error)
+	// WatchLoad streams the load table a gateway chooses serving workers
+	// from: a snapshot at once, then one whenever it changed, at most one per
+	// interval. Served from any replica's local state (stale by design:
+	// applied_index says how fresh).
+	WatchLoad(ctx context.Context, in *WatchLoadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LoadTable], error)
+	// GetPlacements reads many placements at once. Linearizable batches
+	// share one read round on the leader: each id's read reflects every write
+	// acknowledged before the call began.
+	GetPlacements(ctx context.Context, in *GetPlacementsRequest, opts ...grpc.CallOption) (*GetPlacementsResponse, error)
 }
 
 type controllerClient struct {
@@ -225,6 +246,48 @@ func (c *controllerClient) FinishMigration(ctx context.Context, in *FinishMigrat
 	return out, nil
 }
 
+func (c *controllerClient) Place(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PlaceBatch, PlaceResults], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[1], Controller_Place_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PlaceBatch, PlaceResults]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_PlaceClient = grpc.BidiStreamingClient[PlaceBatch, PlaceResults]
+
+func (c *controllerClient) WatchLoad(ctx context.Context, in *WatchLoadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LoadTable], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[2], Controller_WatchLoad_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchLoadRequest, LoadTable]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_WatchLoadClient = grpc.ServerStreamingClient[LoadTable]
+
+func (c *controllerClient) GetPlacements(ctx context.Context, in *GetPlacementsRequest, opts ...grpc.CallOption) (*GetPlacementsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetPlacementsResponse)
+	err := c.cc.Invoke(ctx, Controller_GetPlacements_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -264,6 +327,24 @@ type ControllerServer interface {
 	// or aborts it (it stays on its source). A stale epoch fails
 	// FailedPrecondition.
 	FinishMigration(context.Context, *FinishMigrationRequest) (*FinishMigrationResponse, error)
+	// Place is a gateway's stream of placements and completions (one stream
+	// per gateway, many requests). Only the leader serves it: a follower ends
+	// the stream at once with Unavailable, naming the leader when it knows
+	// it. Each PlaceBatch is answered by one PlaceResults with the same seq,
+	// in order; the leader proposes the batch's commands together (group
+	// commit). A stream that breaks leaves its unanswered batches unknown:
+	// the gateway sends them again on the next leader (both commands are
+	// idempotent by request id).
+	Place(grpc.BidiStreamingServer[PlaceBatch, PlaceResults]) error
+	// WatchLoad streams the load table a gateway chooses serving workers
+	// from: a snapshot at once, then one whenever it changed, at most one per
+	// interval. Served from any replica's local state (stale by design:
+	// applied_index says how fresh).
+	WatchLoad(*WatchLoadRequest, grpc.ServerStreamingServer[LoadTable]) error
+	// GetPlacements reads many placements at once. Linearizable batches
+	// share one read round on the leader: each id's read reflects every write
+	// acknowledged before the call began.
+	GetPlacements(context.Context, *GetPlacementsRequest) (*GetPlacementsResponse, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -312,6 +393,15 @@ func (UnimplementedControllerServer) DestroySession(context.Context, *DestroySes
 }
 func (UnimplementedControllerServer) FinishMigration(context.Context, *FinishMigrationRequest) (*FinishMigrationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FinishMigration not implemented")
+}
+func (UnimplementedControllerServer) Place(grpc.BidiStreamingServer[PlaceBatch, PlaceResults]) error {
+	return status.Error(codes.Unimplemented, "method Place not implemented")
+}
+func (UnimplementedControllerServer) WatchLoad(*WatchLoadRequest, grpc.ServerStreamingServer[LoadTable]) error {
+	return status.Error(codes.Unimplemented, "method WatchLoad not implemented")
+}
+func (UnimplementedControllerServer) GetPlacements(context.Context, *GetPlacementsRequest) (*GetPlacementsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPlacements not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -561,6 +651,42 @@ func _Controller_FinishMigration_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Controller_Place_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ControllerServer).Place(&grpc.GenericServerStream[PlaceBatch, PlaceResults]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_PlaceServer = grpc.BidiStreamingServer[PlaceBatch, PlaceResults]
+
+func _Controller_WatchLoad_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchLoadRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).WatchLoad(m, &grpc.GenericServerStream[WatchLoadRequest, LoadTable]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_WatchLoadServer = grpc.ServerStreamingServer[LoadTable]
+
+func _Controller_GetPlacements_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPlacementsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).GetPlacements(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_GetPlacements_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).GetPlacements(ctx, req.(*GetPlacementsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -616,11 +742,26 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "FinishMigration",
 			Handler:    _Controller_FinishMigration_Handler,
 		},
+		{
+			MethodName: "GetPlacements",
+			Handler:    _Controller_GetPlacements_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "WatchEvents",
 			Handler:       _Controller_WatchEvents_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Place",
+			Handler:       _Controller_Place_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "WatchLoad",
+			Handler:       _Controller_WatchLoad_Handler,
 			ServerStreams: true,
 		},
 	},

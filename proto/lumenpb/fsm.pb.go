@@ -579,9 +579,13 @@ type DispatchCmd struct {
 	// The session the placement belongs to; it is completed when the session
 	// expires or is destroyed. Empty: a placement of no session, which only
 	// Complete removes.
-	SessionId     string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SessionId string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The serving worker a gateway chose (DispatchRequest.worker_id); empty:
+	// Apply chooses.
+	WorkerId          string `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	WorkerIncarnation uint64 `protobuf:"varint,6,opt,name=worker_incarnation,json=workerIncarnation,proto3" json:"worker_incarnation,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *DispatchCmd) Reset() {
@@ -640,6 +644,20 @@ func (x *DispatchCmd) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *DispatchCmd) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *DispatchCmd) GetWorkerIncarnation() uint64 {
+	if x != nil {
+		return x.WorkerIncarnation
+	}
+	return 0
 }
 
 type CompleteCmd struct {
@@ -1575,7 +1593,7 @@ const file_fsm_proto_rawDesc = "" +
 	"\tto_worker\x18\x05 \x01(\tR\btoWorker\x12%\n" +
 	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\"=\n" +
 	"\x11RegisterWorkerCmd\x12(\n" +
-	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"\x8f\x01\n" +
+	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"\xdb\x01\n" +
 	"\vDispatchCmd\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1583,7 +1601,9 @@ const file_fsm_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x03 \x01(\rR\tmaxTokens\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x04 \x01(\tR\tsessionId\".\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x1b\n" +
+	"\tworker_id\x18\x05 \x01(\tR\bworkerId\x12-\n" +
+	"\x12worker_incarnation\x18\x06 \x01(\x04R\x11workerIncarnation\".\n" +
 	"\vCompleteCmd\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
 	"requestIds\"9\n" +

@@ -144,6 +144,110 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_worker_proto_rawDescGZIP(), []int{1}
 }
 
+type SetHolderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Holder        string                 `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetHolderRequest) Reset() {
+	*x = SetHolderRequest{}
+	mi := &file_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetHolderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetHolderRequest) ProtoMessage() {}
+
+func (x *SetHolderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetHolderRequest.ProtoReflect.Descriptor instead.
+func (*SetHolderRequest) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SetHolderRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *SetHolderRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SetHolderRequest) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+type SetHolderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Applied       bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetHolderResponse) Reset() {
+	*x = SetHolderResponse{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetHolderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetHolderResponse) ProtoMessage() {}
+
+func (x *SetHolderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetHolderResponse.ProtoReflect.Descriptor instead.
+func (*SetHolderResponse) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetHolderResponse) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
 // MigrateMessage is one message of the source: a part of a stage, or the
 // migration's end.
 type MigrateMessage struct {
@@ -159,7 +263,7 @@ type MigrateMessage struct {
 
 func (x *MigrateMessage) Reset() {
 	*x = MigrateMessage{}
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -171,7 +275,7 @@ func (x *MigrateMessage) String() string {
 func (*MigrateMessage) ProtoMessage() {}
 
 func (x *MigrateMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -184,7 +288,7 @@ func (x *MigrateMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateMessage.ProtoReflect.Descriptor instead.
 func (*MigrateMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *MigrateMessage) GetBody() isMigrateMessage_Body {
@@ -267,7 +371,7 @@ type MigrationStage struct {
 
 func (x *MigrationStage) Reset() {
 	*x = MigrationStage{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +383,7 @@ func (x *MigrationStage) String() string {
 func (*MigrationStage) ProtoMessage() {}
 
 func (x *MigrationStage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +396,7 @@ func (x *MigrationStage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationStage.ProtoReflect.Descriptor instead.
 func (*MigrationStage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MigrationStage) GetRequestId() string {
@@ -412,7 +516,7 @@ type MigrationEnd struct {
 
 func (x *MigrationEnd) Reset() {
 	*x = MigrationEnd{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +528,7 @@ func (x *MigrationEnd) String() string {
 func (*MigrationEnd) ProtoMessage() {}
 
 func (x *MigrationEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +541,7 @@ func (x *MigrationEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationEnd.ProtoReflect.Descriptor instead.
 func (*MigrationEnd) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MigrationEnd) GetCommitted() bool {
@@ -469,7 +573,7 @@ type MigrateAck struct {
 
 func (x *MigrateAck) Reset() {
 	*x = MigrateAck{}
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +585,7 @@ func (x *MigrateAck) String() string {
 func (*MigrateAck) ProtoMessage() {}
 
 func (x *MigrateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +598,7 @@ func (x *MigrateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateAck.ProtoReflect.Descriptor instead.
 func (*MigrateAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MigrateAck) GetStage() uint32 {
@@ -538,7 +642,7 @@ type DraftBatch struct {
 
 func (x *DraftBatch) Reset() {
 	*x = DraftBatch{}
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +654,7 @@ func (x *DraftBatch) String() string {
 func (*DraftBatch) ProtoMessage() {}
 
 func (x *DraftBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +667,7 @@ func (x *DraftBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftBatch.ProtoReflect.Descriptor instead.
 func (*DraftBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DraftBatch) GetDrafterId() string {
@@ -601,7 +705,7 @@ type DraftTokens struct {
 
 func (x *DraftTokens) Reset() {
 	*x = DraftTokens{}
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +717,7 @@ func (x *DraftTokens) String() string {
 func (*DraftTokens) ProtoMessage() {}
 
 func (x *DraftTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +730,7 @@ func (x *DraftTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftTokens.ProtoReflect.Descriptor instead.
 func (*DraftTokens) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{5}
+	return file_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DraftTokens) GetRequestId() string {
@@ -663,7 +767,7 @@ type MirrorBatch struct {
 
 func (x *MirrorBatch) Reset() {
 	*x = MirrorBatch{}
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +779,7 @@ func (x *MirrorBatch) String() string {
 func (*MirrorBatch) ProtoMessage() {}
 
 func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +792,7 @@ func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorBatch.ProtoReflect.Descriptor instead.
 func (*MirrorBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{6}
+	return file_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MirrorBatch) GetUpdates() []*MirrorUpdate {
@@ -720,7 +824,7 @@ type MirrorUpdate struct {
 
 func (x *MirrorUpdate) Reset() {
 	*x = MirrorUpdate{}
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +836,7 @@ func (x *MirrorUpdate) String() string {
 func (*MirrorUpdate) ProtoMessage() {}
 
 func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +849,7 @@ func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorUpdate.ProtoReflect.Descriptor instead.
 func (*MirrorUpdate) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{7}
+	return file_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MirrorUpdate) GetRequestId() string {
@@ -796,7 +900,7 @@ type CheckpointMessage struct {
 
 func (x *CheckpointMessage) Reset() {
 	*x = CheckpointMessage{}
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +912,7 @@ func (x *CheckpointMessage) String() string {
 func (*CheckpointMessage) ProtoMessage() {}
 
 func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +925,7 @@ func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointMessage.ProtoReflect.Descriptor instead.
 func (*CheckpointMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{8}
+	return file_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CheckpointMessage) GetRequestId() string {
@@ -876,7 +980,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +992,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1005,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{9}
+	return file_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CheckpointAck) GetStored() uint32 {
@@ -931,7 +1035,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1047,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1060,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{10}
+	return file_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -997,14 +1101,19 @@ type GenerateRequest struct {
 	// The placement's epoch. A worker running the request under a newer
 	// epoch refuses the call (FAILED_PRECONDITION): it is a stale call from
 	// before a move. An equal or newer epoch takes the request over.
-	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Log probabilities: with logprobs each token comes with its own log
+	// probability, and with top_logprobs > 0 also the top_logprobs most
+	// likely tokens at its position (at most 20), as vLLM returns them.
+	Logprobs      bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs   uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1125,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1138,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{11}
+	return file_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GenerateRequest) GetRequestId() string {
@@ -1088,6 +1197,72 @@ func (x *GenerateRequest) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *GenerateRequest) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
+}
+
+func (x *GenerateRequest) GetTopLogprobs() uint32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return 0
+}
+
+type TokenLogprob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         int32                  `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float32                `protobuf:"fixed32,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenLogprob) Reset() {
+	*x = TokenLogprob{}
+	mi := &file_worker_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenLogprob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenLogprob) ProtoMessage() {}
+
+func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
+func (*TokenLogprob) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TokenLogprob) GetToken() int32 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *TokenLogprob) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
 type GenerateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Token int32                  `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -1100,14 +1275,19 @@ type GenerateResponse struct {
 	// Set only on the stream's last message when the request moved (a live
 	// migration committed): no token comes with it; the call continues at
 	// this placement with the tokens streamed so far.
-	Moved         *Placement `protobuf:"bytes,6,opt,name=moved,proto3" json:"moved,omitempty"`
+	Moved *Placement `protobuf:"bytes,6,opt,name=moved,proto3" json:"moved,omitempty"`
+	// With GenerateRequest.logprobs: the token's log probability under the
+	// model's distribution at its position (before temperature and top-p),
+	// and the most likely tokens there, most likely first.
+	Logprob       float32         `protobuf:"fixed32,7,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopLogprobs   []*TokenLogprob `protobuf:"bytes,8,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1299,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1312,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{12}
+	return file_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GenerateResponse) GetToken() int32 {
@@ -1177,11 +1357,32 @@ func (x *GenerateResponse) GetMoved() *Placement {
 	return nil
 }
 
+func (x *GenerateResponse) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *GenerateResponse) GetTopLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"v\n" +
+	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"_\n" +
+	"\x10SetHolderRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\"-\n" +
+	"\x11SetHolderResponse\x12\x18\n" +
+	"\aapplied\x18\x01 \x01(\bR\aapplied\"v\n" +
 	"\x0eMigrateMessage\x120\n" +
 	"\x05stage\x18\x01 \x01(\v2\x18.lumen.v1.MigrationStageH\x00R\x05stage\x12*\n" +
 	"\x03end\x18\x02 \x01(\v2\x16.lumen.v1.MigrationEndH\x00R\x03endB\x06\n" +
@@ -1252,7 +1453,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\x8a\x02\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xc9\x02\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1264,14 +1465,22 @@ const file_worker_proto_rawDesc = "" +
 	"\vstop_tokens\x18\x06 \x03(\x05R\n" +
 	"stopTokens\x12\x16\n" +
 	"\x06holder\x18\a \x01(\tR\x06holder\x12\x14\n" +
-	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\xdf\x01\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\blogprobs\x18\n" +
+	" \x01(\bR\blogprobs\x12!\n" +
+	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\">\n" +
+	"\fTokenLogprob\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
+	"\alogprob\x18\x02 \x01(\x02R\alogprob\"\xb4\x02\n" +
 	"\x10GenerateResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +
 	"\x04done\x18\x03 \x01(\bR\x04done\x12;\n" +
 	"\rfinish_reason\x18\x04 \x01(\x0e2\x16.lumen.v1.FinishReasonR\ffinishReason\x12#\n" +
 	"\rprompt_tokens\x18\x05 \x01(\rR\fpromptTokens\x12)\n" +
-	"\x05moved\x18\x06 \x01(\v2\x13.lumen.v1.PlacementR\x05moved*\xd9\x01\n" +
+	"\x05moved\x18\x06 \x01(\v2\x13.lumen.v1.PlacementR\x05moved\x12\x18\n" +
+	"\alogprob\x18\a \x01(\x02R\alogprob\x129\n" +
+	"\ftop_logprobs\x18\b \x03(\v2\x16.lumen.v1.TokenLogprobR\vtopLogprobs*\xd9\x01\n" +
 	"\x0eMigrateRefusal\x12\x1f\n" +
 	"\x1bMIGRATE_REFUSAL_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cMIGRATE_REFUSAL_OUT_OF_PAGES\x10\x01\x12\x1f\n" +
@@ -1282,13 +1491,14 @@ const file_worker_proto_rawDesc = "" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
-	"\x14FINISH_REASON_LENGTH\x10\x022\x90\x02\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x022\xd6\x02\n" +
 	"\tInference\x12C\n" +
 	"\bGenerate\x12\x19.lumen.v1.GenerateRequest\x1a\x1a.lumen.v1.GenerateResponse0\x01\x12D\n" +
 	"\n" +
 	"Checkpoint\x12\x1b.lumen.v1.CheckpointMessage\x1a\x17.lumen.v1.CheckpointAck(\x01\x129\n" +
 	"\x06Assist\x12\x14.lumen.v1.DraftBatch\x1a\x15.lumen.v1.MirrorBatch(\x010\x01\x12=\n" +
-	"\aMigrate\x12\x18.lumen.v1.MigrateMessage\x1a\x14.lumen.v1.MigrateAck(\x010\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
+	"\aMigrate\x12\x18.lumen.v1.MigrateMessage\x1a\x14.lumen.v1.MigrateAck(\x010\x01\x12D\n" +
+	"\tSetHolder\x12\x1a.lumen.v1.SetHolderRequest\x1a\x1b.lumen.v1.SetHolderResponseB.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
 
 var (
 	file_worker_proto_rawDescOnce sync.Once
@@ -1303,47 +1513,53 @@ func file_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_worker_proto_goTypes = []any{
 	(MigrateRefusal)(0),       // 0: lumen.v1.MigrateRefusal
 	(FinishReason)(0),         // 1: lumen.v1.FinishReason
-	(*MigrateMessage)(nil),    // 2: lumen.v1.MigrateMessage
-	(*MigrationStage)(nil),    // 3: lumen.v1.MigrationStage
-	(*MigrationEnd)(nil),      // 4: lumen.v1.MigrationEnd
-	(*MigrateAck)(nil),        // 5: lumen.v1.MigrateAck
-	(*DraftBatch)(nil),        // 6: lumen.v1.DraftBatch
-	(*DraftTokens)(nil),       // 7: lumen.v1.DraftTokens
-	(*MirrorBatch)(nil),       // 8: lumen.v1.MirrorBatch
-	(*MirrorUpdate)(nil),      // 9: lumen.v1.MirrorUpdate
-	(*CheckpointMessage)(nil), // 10: lumen.v1.CheckpointMessage
-	(*CheckpointAck)(nil),     // 11: lumen.v1.CheckpointAck
-	(*SamplingParams)(nil),    // 12: lumen.v1.SamplingParams
-	(*GenerateRequest)(nil),   // 13: lumen.v1.GenerateRequest
-	(*GenerateResponse)(nil),  // 14: lumen.v1.GenerateResponse
-	(*Placement)(nil),         // 15: lumen.v1.Placement
+	(*SetHolderRequest)(nil),  // 2: lumen.v1.SetHolderRequest
+	(*SetHolderResponse)(nil), // 3: lumen.v1.SetHolderResponse
+	(*MigrateMessage)(nil),    // 4: lumen.v1.MigrateMessage
+	(*MigrationStage)(nil),    // 5: lumen.v1.MigrationStage
+	(*MigrationEnd)(nil),      // 6: lumen.v1.MigrationEnd
+	(*MigrateAck)(nil),        // 7: lumen.v1.MigrateAck
+	(*DraftBatch)(nil),        // 8: lumen.v1.DraftBatch
+	(*DraftTokens)(nil),       // 9: lumen.v1.DraftTokens
+	(*MirrorBatch)(nil),       // 10: lumen.v1.MirrorBatch
+	(*MirrorUpdate)(nil),      // 11: lumen.v1.MirrorUpdate
+	(*CheckpointMessage)(nil), // 12: lumen.v1.CheckpointMessage
+	(*CheckpointAck)(nil),     // 13: lumen.v1.CheckpointAck
+	(*SamplingParams)(nil),    // 14: lumen.v1.SamplingParams
+	(*GenerateRequest)(nil),   // 15: lumen.v1.GenerateRequest
+	(*TokenLogprob)(nil),      // 16: lumen.v1.TokenLogprob
+	(*GenerateResponse)(nil),  // 17: lumen.v1.GenerateResponse
+	(*Placement)(nil),         // 18: lumen.v1.Placement
 }
 var file_worker_proto_depIdxs = []int32{
-	3,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
-	4,  // 1: lumen.v1.MigrateMessage.end:type_name -> lumen.v1.MigrationEnd
+	5,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
+	6,  // 1: lumen.v1.MigrateMessage.end:type_name -> lumen.v1.MigrationEnd
 	0,  // 2: lumen.v1.MigrateAck.refusal:type_name -> lumen.v1.MigrateRefusal
-	7,  // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
-	9,  // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
-	12, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
+	9,  // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
+	11, // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
+	14, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
 	1,  // 6: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
-	15, // 7: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
-	13, // 8: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
-	10, // 9: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
-	6,  // 10: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
-	2,  // 11: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
-	14, // 12: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
-	11, // 13: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
-	8,  // 14: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
-	5,  // 15: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	18, // 7: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
+	16, // 8: lumen.v1.GenerateResponse.top_logprobs:type_name -> lumen.v1.TokenLogprob
+	15, // 9: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
+	12, // 10: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
+	8,  // 11: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
+	4,  // 12: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
+	2,  // 13: lumen.v1.Inference.SetHolder:input_type -> lumen.v1.SetHolderRequest
+	17, // 14: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
+	13, // 15: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
+	10, // 16: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
+	7,  // 17: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
+	3,  // 18: lumen.v1.Inference.SetHolder:output_type -> lumen.v1.SetHolderResponse
+	14, // [14:19] is the sub-list for method output_type
+	9,  // [9:14] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -1352,7 +1568,7 @@ func file_worker_proto_init() {
 		return
 	}
 	file_types_proto_init()
-	file_worker_proto_msgTypes[0].OneofWrappers = []any{
+	file_worker_proto_msgTypes[2].OneofWrappers = []any{
 		(*MigrateMessage_Stage)(nil),
 		(*MigrateMessage_End)(nil),
 	}
@@ -1362,7 +1578,7 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

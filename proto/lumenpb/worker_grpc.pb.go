@@ -25,6 +25,7 @@ const (
 	Inference_Checkpoint_FullMethodName = "/lumen.v1.Inference/Checkpoint"
 	Inference_Assist_FullMethodName     = "/lumen.v1.Inference/Assist"
 	Inference_Migrate_FullMethodName    = "/lumen.v1.Inference/Migrate"
+	Inference_SetHolder_FullMethodName  = "/lumen.v1.Inference/SetHolder"
 )
 
 // InferenceClient is the client API for Inference service.
@@ -57,6 +58,13 @@ type InferenceClient interface {
 	// migration timeout: the source may have died, and a recovery that places
 	// the request at the destination reuses its pages as a checkpoint.
 	Migrate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[MigrateMessage, MigrateAck], error)
+	// SetHolder tells the worker a request's checkpoint holder once its
+	// placement commits: the gateway starts a request before its placement
+	// is committed (issue 16), with no holder; the worker decodes meanwhile
+	// and streams every full page to the holder from then on. A call for a
+	// request the worker does not run, or under another epoch, is answered
+	// with applied = false.
+	SetHolder(ctx context.Context, in *SetHolderRequest, opts ...grpc.CallOption) (*SetHolderResponse, error)
 }
 
 type inferenceClient struct {
@@ -125,6 +133,16 @@ func (c *inferenceClient) Migrate(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_MigrateClient = grpc.BidiStreamingClient[MigrateMessage, MigrateAck]
 
+func (c *inferenceClient) SetHolder(ctx context.Context, in *SetHolderRequest, opts ...grpc.CallOption) (*SetHolderResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetHolderResponse)
+	err := c.cc.Invoke(ctx, Inference_SetHolder_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InferenceServer is the server API for Inference service.
 // All implementations must embed UnimplementedInferenceServer
 // for forward compatibility.
@@ -155,6 +173,13 @@ type InferenceServer interface {
 	// migration timeout: the source may have died, and a recovery that places
 	// the request at the destination reuses its pages as a checkpoint.
 	Migrate(grpc.BidiStreamingServer[MigrateMessage, MigrateAck]) error
+	// SetHolder tells the worker a request's checkpoint holder once its
+	// placement commits: the gateway starts a request before its placement
+	// is committed (issue 16), with no holder; the worker decodes meanwhile
+	// and streams every full page to the holder from then on. A call for a
+	// request the worker does not run, or under another epoch, is answered
+	// with applied = false.
+	SetHolder(context.Context, *SetHolderRequest) (*SetHolderResponse, error)
 	mustEmbedUnimplementedInferenceServer()
 }
 
@@ -176,6 +201,9 @@ func (UnimplementedInferenceServer) Assist(grpc.BidiStreamingServer[DraftBatch, 
 }
 func (UnimplementedInferenceServer) Migrate(grpc.BidiStreamingServer[MigrateMessage, MigrateAck]) error {
 	return status.Error(codes.Unimplemented, "method Migrate not implemented")
+}
+func (UnimplementedInferenceServer) SetHolder(context.Context, *SetHolderRequest) (*SetHolderResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetHolder not implemented")
 }
 func (UnimplementedInferenceServer) mustEmbedUnimplementedInferenceServer() {}
 func (UnimplementedInferenceServer) testEmbeddedByValue()                   {}
@@ -230,13 +258,36 @@ func _Inference_Migrate_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_MigrateServer = grpc.BidiStreamingServer[MigrateMessage, MigrateAck]
 
+func _Inference_SetHolder_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetHolderRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InferenceServer).SetHolder(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Inference_SetHolder_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InferenceServer).SetHolder(ctx, req.(*SetHolderRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Inference_ServiceDesc is the grpc.ServiceDesc for Inference service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Inference_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "lumen.v1.Inference",
 	HandlerType: (*InferenceServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "SetHolder",
+			Handler:    _Inference_SetHolder_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Generate",

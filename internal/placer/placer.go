@@ -1,0 +1,177 @@
+// Package placer is a gateway's replica of the load table, from which it
+// chooses the serving worker of a new request without waiting for Raft
+// (issue 16): the request starts on that worker at once and its placement
+// commits in parallel.
+//
+// The replica is the last LoadTable a controller sent (WatchLoad: the
+// FSM's own views, stale by the replica's lag) plus the placements this
+// gateway made that the table does not count yet: those not committed, and
+// those committed after the table's applied index. The choice is
+// policy.PickServing over that view — the function Apply runs — so one
+// gateway with a fresh table chooses what Apply would; several gateways
+// each miss the others' placements of the last interval. The package is
+// pure and deterministic (no clock, no I/O): the gateway and the simulator
+// run the same code.
+package placer
+
+import (
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// own is a placement this gateway made that the table may not count yet.
+type own struct {
+	worker string
+	pages  uint64
+	index  uint64 // commit index; 0 while not committed
+}
+
+// Replica is safe for concurrent use.
+type Replica struct {
+	mu      sync.Mutex
+	views   []policy.Worker // sorted by ID, as the FSM keeps them
+	incs    []uint64        // incarnation of views[i]
+	applied uint64
+	tables  uint64
+	own     map[string]own
+}
+
+// New returns an empty replica: Choose finds no worker until the first
+// table arrives.
+func New() *Replica { return &Replica{own: map[string]own{}} }
+
+// View turns a load table row into policy's view of the worker, the fields
+// PickServing reads exactly as the FSM holds them.
+func View(w *pb.WorkerLoad) policy.Worker {
+	l := w.GetLoad()
+	return policy.Worker{
+		ID:              w.WorkerId,
+		Eligible:        w.Phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE,
+		Draining:        w.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING,
+		QueueWaitMs:     l.GetQueueWaitMs(),
+		KVPagesTotal:    l.GetKvPagesTotal(),
+		KVPagesUsed:     l.GetKvPagesUsed(),
+		QueueHeadPages:  l.GetQueueHeadPages(),
+		Running:         l.GetRunning(),
+		Waiting:         l.GetWaiting(),
+		PendingRequests: w.PendingRequests,
+		PendingPages:    w.PendingPages,
+	}
+}
+
+// Update replaces the table. A table older than the one held (a lagging
+// replica after a reconnect) is ignored. Own placements the new table
+// counts (committed at or below its applied index) are dropped.
+func (r *Replica) Update(t *pb.LoadTable) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t.AppliedIndex < r.applied {
+		return
+	}
+	ws := slices.Clone(t.Workers)
+	sort.Slice(ws, func(i, j int) bool { return ws[i].WorkerId < ws[j].WorkerId })
+	r.views = r.views[:0]
+	r.incs = r.incs[:0]
+	for _, w := range ws {
+		r.views = append(r.views, View(w))
+		r.incs = append(r.incs, w.Incarnation)
+	}
+	r.applied = t.AppliedIndex
+	r.tables++
+	for id, o := range r.own {
+		if o.index != 0 && o.index <= t.AppliedIndex {
+			delete(r.own, id)
+		}
+	}
+}
+
+// Applied returns the applied index of the table held, and how many tables
+// were taken.
+func (r *Replica) Applied() (index, tables uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.applied, r.tables
+}
+
+// Views returns the view Choose decides from: the table plus this
+// gateway's placements it does not count.
+func (r *Replica) Views() []policy.Worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.viewsLocked()
+}
+
+func (r *Replica) viewsLocked() []policy.Worker {
+	vs := slices.Clone(r.views)
+	for _, o := range r.own {
+		if i, ok := r.find(o.worker); ok {
+			vs[i].PendingRequests++
+			vs[i].PendingPages += o.pages
+		}
+	}
+	return vs
+}
+
+func (r *Replica) find(id string) (int, bool) {
+	i := sort.Search(len(r.views), func(i int) bool { return r.views[i].ID >= id })
+	return i, i < len(r.views) && r.views[i].ID == id
+}
+
+// Take chooses the serving worker of a new request — the freest eligible
+// worker of the view, excluding the ones named (a worker that just refused
+// or failed the request) — and counts the request there until a table
+// counts it. ok is false when no worker is eligible.
+func (r *Replica) Take(requestID string, promptTokens uint32, exclude ...string) (worker string, incarnation uint64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vs := r.viewsLocked()
+	for _, x := range exclude {
+		if i, found := r.find(x); found {
+			vs[i].Eligible = false
+		}
+	}
+	i := policy.PickServing(vs)
+	if i < 0 {
+		return "", 0, false
+	}
+	r.own[requestID] = own{worker: vs[i].ID, pages: policy.Pages(uint64(promptTokens))}
+	return vs[i].ID, r.incs[i], true
+}
+
+// Committed records that the request's placement committed at index (on
+// its worker, which may differ from the one Take chose when Apply placed
+// it): the request stays counted until a table at or past index arrives.
+func (r *Replica) Committed(requestID, worker string, index uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o, ok := r.own[requestID]
+	if !ok {
+		return
+	}
+	if index <= r.applied {
+		delete(r.own, requestID)
+		return
+	}
+	o.worker, o.index = worker, index
+	r.own[requestID] = o
+}
+
+// Forget drops a request Take counted that will not be placed there (its
+// placement was refused, or the gateway gave it up).
+func (r *Replica) Forget(requestID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.own, requestID)
+}
+
+// Pending returns how many of this gateway's placements the table does not
+// count yet.
+func (r *Replica) Pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.own)
+}

@@ -1,0 +1,82 @@
+package placer
+
+import (
+	"testing"
+
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+func row(id string, inc uint64, phase pb.WorkerPhase, used, running uint32) *pb.WorkerLoad {
+	return &pb.WorkerLoad{WorkerId: id, Incarnation: inc, Phase: phase,
+		Load: &pb.LoadRecord{WorkerId: id, Incarnation: inc, KvPagesTotal: 100, KvPagesUsed: uint64(used), Running: running}}
+}
+
+const full = pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE
+
+// TestTakeIsPickServingOverTheTable: with no own placements the choice is
+// exactly policy.PickServing over the table's views, whatever the order of
+// the table's rows.
+func TestTakeIsPickServingOverTheTable(t *testing.T) {
+	r := New()
+	if _, _, ok := r.Take("a", 10); ok {
+		t.Fatal("an empty replica chose a worker")
+	}
+	tab := &pb.LoadTable{AppliedIndex: 5, Workers: []*pb.WorkerLoad{
+		row("w3", 1, full, 50, 2), row("w1", 7, full, 90, 4), row("w2", 2, pb.WorkerPhase_WORKER_PHASE_FAILED, 0, 0)}}
+	r.Update(tab)
+	var vs []policy.Worker
+	for _, id := range []string{"w1", "w2", "w3"} {
+		for _, w := range tab.Workers {
+			if w.WorkerId == id {
+				vs = append(vs, View(w))
+			}
+		}
+	}
+	want := vs[policy.PickServing(vs)].ID
+	w, inc, ok := r.Take("a", 10)
+	if !ok || w != want || w != "w3" || inc != 1 {
+		t.Fatalf("took %s@%d (%v), want %s@1", w, inc, ok, want)
+	}
+}
+
+// TestOwnPlacementsCountUntilATableCountsThem: a gateway's placements weigh
+// on its choice until a table at or past their commit index arrives; an
+// older table never replaces a newer one.
+func TestOwnPlacementsCountUntilATableCountsThem(t *testing.T) {
+	r := New()
+	r.Update(&pb.LoadTable{AppliedIndex: 10, Workers: []*pb.WorkerLoad{row("w1", 1, full, 0, 0), row("w2", 1, full, 0, 0)}})
+	w1, _, _ := r.Take("a", 160) // 10 pages on the first (ties: smaller id)
+	w2, _, _ := r.Take("b", 160) // now the other is freer
+	if w1 != "w1" || w2 != "w2" {
+		t.Fatalf("took %s then %s, want w1 then w2", w1, w2)
+	}
+	if r.Pending() != 2 {
+		t.Fatalf("%d pending, want 2", r.Pending())
+	}
+	r.Committed("a", "w1", 12)
+	r.Update(&pb.LoadTable{AppliedIndex: 11, Workers: []*pb.WorkerLoad{row("w1", 1, full, 0, 0), row("w2", 1, full, 0, 0)}})
+	if r.Pending() != 2 {
+		t.Fatalf("a table at 11 dropped a placement committed at 12: %d pending", r.Pending())
+	}
+	r.Update(&pb.LoadTable{AppliedIndex: 9})
+	if idx, _ := r.Applied(); idx != 11 {
+		t.Fatalf("an older table replaced the newer one: applied %d", idx)
+	}
+	tab := &pb.LoadTable{AppliedIndex: 12, Workers: []*pb.WorkerLoad{row("w1", 1, full, 10, 1), row("w2", 1, full, 0, 0)}}
+	tab.Workers[0].PendingRequests = 1
+	r.Update(tab)
+	if r.Pending() != 1 {
+		t.Fatalf("%d pending after the table counted a, want 1 (b)", r.Pending())
+	}
+	r.Forget("b")
+	if r.Pending() != 0 {
+		t.Fatalf("%d pending after Forget", r.Pending())
+	}
+	if w, _, _ := r.Take("c", 16, "w2"); w != "w1" {
+		t.Fatalf("took %s with w2 excluded", w)
+	}
+	if _, _, ok := r.Take("d", 16, "w1", "w2"); ok {
+		t.Fatal("took a worker with every worker excluded")
+	}
+}
