@@ -1,0 +1,477 @@
+package plot
+
+import (
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+)
+
+// figures are the keys of one strategy's column that the plots read
+// (bench/recovery.go's recoveryFigures, sim.Figures).
+type figures struct {
+	TTFTMeanMs float64 `json:"ttft_mean_ms"`
+	TTFTP99Ms  float64 `json:"ttft_p99_ms"`
+	RecoveryS  float64 `json:"recovery_s"`
+	Series     *Series `json:"series,omitempty"`
+}
+
+// Series is a run's time series in bins of BinS seconds: the requests
+// that arrived in each bin, their mean TTFT (0 when none arrived), and the
+// mean number of requests waiting at the live workers. FailAtS is when the
+// failure was injected (0: none). `lumen bench recovery` writes it under
+// "series" in each strategy's figures.
+type Series struct {
+	BinS       float64   `json:"bin_s"`
+	FailAtS    float64   `json:"fail_at_s,omitempty"`
+	TS         []float64 `json:"t_s"`
+	Arrivals   []int     `json:"arrivals"`
+	TTFTMeanMs []float64 `json:"ttft_mean_ms"`
+	Waiting    []float64 `json:"waiting_mean"`
+}
+
+// paperFigure is the simulator's -figure JSON.
+type paperFigure struct {
+	Name   string `json:"name"`
+	XLabel string `json:"x_label"`
+	Points []struct {
+		X       float64             `json:"x"`
+		Columns map[string]*figures `json:"columns"`
+	} `json:"points"`
+}
+
+func figurePanels(data []byte) ([]*plot.Plot, error) {
+	var f paperFigure
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	cols := map[string]bool{}
+	for _, p := range f.Points {
+		for c := range p.Columns {
+			cols[c] = true
+		}
+	}
+	names := strategyOrder(sortedKeys(cols))
+	var out []*plot.Plot
+	for _, m := range []struct {
+		title string
+		get   func(*figures) float64
+	}{
+		{"TTFT mean (ms)", func(f *figures) float64 { return f.TTFTMeanMs }},
+		{"TTFT p99 (ms)", func(f *figures) float64 { return f.TTFTP99Ms }},
+		{"recovery (s)", func(f *figures) float64 { return f.RecoveryS }},
+	} {
+		p := newPlot(fmt.Sprintf("%s: %s", f.Name, m.title), f.XLabel, m.title)
+		var lines []line
+		for _, c := range names {
+			l := line{name: c}
+			for _, pt := range f.Points {
+				if v := pt.Columns[c]; v != nil {
+					l.xy = append(l.xy, plotter.XY{X: pt.X, Y: m.get(v)})
+				}
+			}
+			lines = append(lines, l)
+		}
+		if err := addLines(p, lines, true); err != nil {
+			return nil, err
+		}
+		var xs []float64
+		for _, pt := range f.Points {
+			xs = append(xs, pt.X)
+		}
+		logX(p, xs)
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// isSetups reports whether raw is setup → strategy → figures.
+func isSetups(raw map[string]json.RawMessage) bool {
+	if len(raw) == 0 {
+		return false
+	}
+	for _, v := range raw {
+		var cols map[string]map[string]json.RawMessage
+		if json.Unmarshal(v, &cols) != nil || len(cols) == 0 {
+			return false
+		}
+		for _, c := range cols {
+			if c["ttft_mean_ms"] == nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func setupsPanels(data []byte) ([]*plot.Plot, error) {
+	var s map[string]map[string]*figures
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, err
+	}
+	setups := sortedKeys(s)
+	cols := map[string]bool{}
+	for _, c := range s {
+		for k := range c {
+			cols[k] = true
+		}
+	}
+	names := strategyOrder(sortedKeys(cols))
+	var out []*plot.Plot
+	for _, m := range []struct {
+		title string
+		get   func(*figures) float64
+	}{
+		{"TTFT mean (ms)", func(f *figures) float64 { return f.TTFTMeanMs }},
+		{"TTFT p99 (ms)", func(f *figures) float64 { return f.TTFTP99Ms }},
+		{"recovery (s)", func(f *figures) float64 { return f.RecoveryS }},
+	} {
+		p := newPlot(m.title+" per strategy", "setup", m.title)
+		vals := make([][]float64, len(names))
+		for i, c := range names {
+			for _, st := range setups {
+				v := 0.0
+				if f := s[st][c]; f != nil {
+					v = m.get(f)
+				}
+				vals[i] = append(vals[i], v)
+			}
+		}
+		if err := addBars(p, setups, names, vals); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	for _, st := range setups {
+		series := map[string]*Series{}
+		for c, f := range s[st] {
+			if f.Series != nil {
+				series[c] = f.Series
+			}
+		}
+		if len(series) > 0 {
+			ps, err := seriesPanels(st, series)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ps...)
+		}
+	}
+	return out, nil
+}
+
+// seriesPanels are TTFT and queue length over time, a line per strategy,
+// the failure marked.
+func seriesPanels(setup string, series map[string]*Series) ([]*plot.Plot, error) {
+	names := strategyOrder(sortedKeys(series))
+	ttft := newPlot(setup+": TTFT of the requests arriving", "time (s)", "TTFT mean (ms)")
+	queue := newPlot(setup+": requests waiting at live workers", "time (s)", "queue length")
+	var tl, ql []line
+	failAt := 0.0
+	for _, c := range names {
+		s := series[c]
+		if len(s.TS) != len(s.TTFTMeanMs) || len(s.TS) != len(s.Waiting) || len(s.TS) != len(s.Arrivals) {
+			return nil, fmt.Errorf("%s/%s: series of unequal lengths", setup, c)
+		}
+		t, q := line{name: c}, line{name: c}
+		for i, x := range s.TS {
+			if s.Arrivals[i] > 0 {
+				t.xy = append(t.xy, plotter.XY{X: x, Y: s.TTFTMeanMs[i]})
+			}
+			q.xy = append(q.xy, plotter.XY{X: x, Y: s.Waiting[i]})
+		}
+		tl, ql = append(tl, t), append(ql, q)
+		failAt = math.Max(failAt, s.FailAtS)
+	}
+	for _, pl := range []struct {
+		p     *plot.Plot
+		lines []line
+	}{{ttft, tl}, {queue, ql}} {
+		if err := addLines(pl.p, pl.lines, false); err != nil {
+			return nil, err
+		}
+		pl.p.Y.Min = 0
+		if failAt > 0 {
+			if err := vline(pl.p, "failure", failAt); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return []*plot.Plot{ttft, queue}, nil
+}
+
+// seriesCSVHeader starts the simulator's -csv output (sim.SeriesHeader).
+const seriesCSVHeader = "setup,column,t_s,arrivals,ttft_mean_ms,waiting_mean"
+
+func csvSeriesPanels(data []byte) ([]*plot.Plot, error) {
+	rows, err := csv.NewReader(bytes.NewReader(data)).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	bySetup := map[string]map[string]*Series{}
+	for i, r := range rows[1:] {
+		if len(r) != 6 {
+			return nil, fmt.Errorf("line %d: %d fields, want 6", i+2, len(r))
+		}
+		var v [4]float64
+		for j := range v {
+			if v[j], err = strconv.ParseFloat(r[2+j], 64); err != nil {
+				return nil, fmt.Errorf("line %d: %w", i+2, err)
+			}
+		}
+		if bySetup[r[0]] == nil {
+			bySetup[r[0]] = map[string]*Series{}
+		}
+		s := bySetup[r[0]][r[1]]
+		if s == nil {
+			s = &Series{}
+			bySetup[r[0]][r[1]] = s
+		}
+		s.TS, s.Arrivals = append(s.TS, v[0]), append(s.Arrivals, int(v[1]))
+		s.TTFTMeanMs, s.Waiting = append(s.TTFTMeanMs, v[2]), append(s.Waiting, v[3])
+	}
+	var out []*plot.Plot
+	for _, st := range sortedKeys(bySetup) {
+		ps, err := seriesPanels(st, bySetup[st])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ps...)
+	}
+	return out, nil
+}
+
+// migrationPanels: `lumen bench migration`'s downtime against the
+// sequence length, one decode step as a line; and its burst, off and on.
+func migrationPanels(data []byte) ([]*plot.Plot, error) {
+	var m map[string]float64
+	if err := json.Unmarshal(data, &flatNumbers{m: &m}); err != nil {
+		return nil, err
+	}
+	var lengths []int
+	for k := range m {
+		if n, ok := strings.CutPrefix(k, "downtime_client_ms_"); ok {
+			if v, err := strconv.Atoi(n); err == nil {
+				lengths = append(lengths, v)
+			}
+		}
+	}
+	sort.Ints(lengths)
+	groups := make([]string, len(lengths))
+	for i, n := range lengths {
+		groups[i] = strconv.Itoa(n)
+	}
+	var out []*plot.Plot
+	p := newPlot("live migration: downtime vs sequence length", "sequence length (tokens)", "ms")
+	var series []string
+	var vals [][]float64
+	for _, c := range []struct{ key, name string }{
+		{"downtime_ms_", "downtime (source stops → destination's first token)"},
+		{"downtime_client_ms_", "client-visible gap"},
+		{"downtime_stop_copy_ms_", "stop-and-copy"},
+		{"migration_ms_", "whole migration"},
+	} {
+		row := make([]float64, len(lengths))
+		found := false
+		for i, n := range lengths {
+			v, ok := m[c.key+strconv.Itoa(n)]
+			row[i], found = v, found || ok
+		}
+		if found {
+			series, vals = append(series, c.name), append(vals, row)
+		}
+	}
+	if err := addBars(p, groups, series, vals); err != nil {
+		return nil, err
+	}
+	if step, ok := m["decode_step_ms"]; ok && len(lengths) > 0 {
+		if err := hline(p, "one decode step", step, -0.5, float64(len(lengths))-0.5, palette[3]); err != nil {
+			return nil, err
+		}
+	}
+	if rc, ok := m["recompute_ms_8192"]; ok {
+		if err := hline(p, "recompute 8192 tokens instead", rc, -0.5, float64(len(lengths))-0.5, palette[1]); err != nil {
+			return nil, err
+		}
+	}
+	out = append(out, p)
+	if _, ok := m["burst_p99_ttft_ms_off"]; ok {
+		b := newPlot("burst: migration off vs on", "", "ms")
+		groups := []string{"TTFT p99", "TTFT mean", "TPOT"}
+		vals := [][]float64{
+			{m["burst_p99_ttft_ms_off"], m["burst_mean_ttft_ms_off"], m["tpot_without_migration_ms"]},
+			{m["burst_p99_ttft_ms_on"], m["burst_mean_ttft_ms_on"], m["tpot_during_migration_ms"]},
+		}
+		if err := addBars(b, groups, []string{"off", "on"}, vals); err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// burstPanels: `lumen sim -figure burst`, off and on per cluster and load.
+func burstPanels(data []byte) ([]*plot.Plot, error) {
+	var f struct {
+		Points []struct {
+			Workers int                        `json:"workers"`
+			Load    float64                    `json:"load"`
+			RawOff  map[string]json.RawMessage `json:"off"`
+			RawOn   map[string]json.RawMessage `json:"on"`
+		} `json:"points"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	num := func(m map[string]json.RawMessage, k string) float64 {
+		var v float64
+		_ = json.Unmarshal(m[k], &v)
+		return v
+	}
+	var groups []string
+	for _, p := range f.Points {
+		groups = append(groups, fmt.Sprintf("%dw@%g", p.Workers, p.Load))
+	}
+	var out []*plot.Plot
+	for _, m := range []struct{ key, title string }{{"ttft_p99_ms", "TTFT p99 (ms)"}, {"ttft_mean_ms", "TTFT mean (ms)"}, {"throughput_tok_s", "tokens/s"}} {
+		p := newPlot("burst, migration off vs on: "+m.title, "workers @ load", m.title)
+		vals := [][]float64{{}, {}}
+		for _, pt := range f.Points {
+			vals[0] = append(vals[0], num(pt.RawOff, m.key))
+			vals[1] = append(vals[1], num(pt.RawOn, m.key))
+		}
+		if err := addBars(p, groups, []string{"off", "on"}, vals); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// specKPanels: `lumen sim -figure spec-k`, tokens/s against a fixed K per
+// acceptance and batch, adaptive K as a point at its mean K.
+func specKPanels(data []byte) ([]*plot.Plot, error) {
+	var f struct {
+		Points []struct {
+			Alpha     float64   `json:"alpha"`
+			Batch     int       `json:"batch"`
+			Fixed     []float64 `json:"fixed_tok_s"`
+			Adaptive  float64   `json:"adaptive_tok_s"`
+			AdaptiveK float64   `json:"adaptive_k_mean"`
+		} `json:"points"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	byAlpha := map[float64][]int{}
+	for i, p := range f.Points {
+		byAlpha[p.Alpha] = append(byAlpha[p.Alpha], i)
+	}
+	alphas := make([]float64, 0, len(byAlpha))
+	for a := range byAlpha {
+		alphas = append(alphas, a)
+	}
+	sort.Float64s(alphas)
+	var out []*plot.Plot
+	for _, a := range alphas {
+		p := newPlot(fmt.Sprintf("speculation, acceptance %g: fixed K vs adaptive", a), "K (drafts per step)", "tokens/s")
+		var lines, adaptive []line
+		for _, i := range byAlpha[a] {
+			pt := f.Points[i]
+			l := line{name: fmt.Sprintf("batch %d, fixed K", pt.Batch)}
+			for k, v := range pt.Fixed {
+				l.xy = append(l.xy, plotter.XY{X: float64(k), Y: v})
+			}
+			lines = append(lines, l)
+			adaptive = append(adaptive, line{name: fmt.Sprintf("batch %d, adaptive", pt.Batch), xy: plotter.XYs{{X: pt.AdaptiveK, Y: pt.Adaptive}}})
+		}
+		if err := addLines(p, lines, true); err != nil {
+			return nil, err
+		}
+		for i, l := range adaptive {
+			sc, err := plotter.NewScatter(l.xy)
+			if err != nil {
+				return nil, err
+			}
+			sc.Color, sc.Radius = colour(lines[i].name, i), 6
+			p.Add(sc)
+			legend(p, l.name, sc)
+		}
+		p.Y.Min = 0
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// flatPanels plots any flat object of numbers (`lumen bench controller`,
+// gateway, pacing): bars grouped by the unit the key ends with.
+func flatPanels(data []byte) ([]*plot.Plot, error) {
+	var m map[string]float64
+	if err := json.Unmarshal(data, &flatNumbers{m: &m}); err != nil {
+		return nil, err
+	}
+	units := []struct{ suffix, title string }{{"_per_s", "per second"}, {"_ms", "milliseconds"}, {"_s", "seconds"}, {"_pct", "percent"}}
+	byUnit := map[int][]string{}
+	for k := range m {
+		for i, u := range units {
+			if strings.HasSuffix(k, u.suffix) {
+				byUnit[i] = append(byUnit[i], k)
+				break
+			}
+		}
+	}
+	var out []*plot.Plot
+	for i, u := range units {
+		keys := byUnit[i]
+		if len(keys) == 0 {
+			continue
+		}
+		sort.Strings(keys)
+		p := newPlot(u.title, "", u.title)
+		vals := make([]float64, len(keys))
+		names := make([]string, len(keys))
+		for j, k := range keys {
+			vals[j], names[j] = m[k], strings.TrimSuffix(k, u.suffix)
+		}
+		b, err := plotter.NewBarChart(plotter.Values(vals), 14)
+		if err != nil {
+			return nil, err
+		}
+		b.Color, b.LineStyle.Width = palette[0], 0
+		p.Add(b)
+		p.NominalX(names...)
+		p.X.Tick.Label.Rotation = math.Pi / 6
+		p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = -1, -0.5
+		p.Y.Min = 0
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no key ends with _per_s, _ms, _s or _pct", ErrUnknown)
+	}
+	return out, nil
+}
+
+// flatNumbers decodes the numeric fields of an object, skipping others.
+type flatNumbers struct{ m *map[string]float64 }
+
+func (f *flatNumbers) UnmarshalJSON(b []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	*f.m = map[string]float64{}
+	for k, v := range raw {
+		var x float64
+		if json.Unmarshal(v, &x) == nil {
+			(*f.m)[k] = x
+		}
+	}
+	return nil
+}

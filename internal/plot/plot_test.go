@@ -1,0 +1,169 @@
+package plot
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// wellFormed parses svg as XML and returns the text of its <text> elements.
+func wellFormed(t *testing.T, svg []byte) []string {
+	t.Helper()
+	d := xml.NewDecoder(bytes.NewReader(svg))
+	var texts []string
+	inText, root := false, ""
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not well-formed XML: %v", err)
+		}
+		switch el := tok.(type) {
+		case xml.StartElement:
+			if root == "" {
+				root = el.Name.Local
+			}
+			inText = el.Name.Local == "text"
+		case xml.CharData:
+			if inText {
+				texts = append(texts, strings.TrimSpace(string(el)))
+			}
+		case xml.EndElement:
+			inText = false
+		}
+	}
+	if root != "svg" {
+		t.Fatalf("root element %q, want svg", root)
+	}
+	return texts
+}
+
+func contains(texts []string, want string) bool {
+	for _, s := range texts {
+		if s == want {
+			return true
+		}
+	}
+	return false
+}
+
+// TestCommittedResults plots every JSON under bench-results/ (what
+// docs/benchmarks.md shows) and checks each SVG is well-formed XML naming
+// the series it was given.
+func TestCommittedResults(t *testing.T) {
+	files, err := filepath.Glob("../../bench-results/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no bench-results: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			svg, err := Render(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			texts := wellFormed(t, svg)
+			var want []string
+			base := filepath.Base(f)
+			switch {
+			case strings.HasPrefix(base, "recovery-"), strings.HasPrefix(base, "sim-setups"),
+				strings.HasPrefix(base, "sim-failures"), strings.HasPrefix(base, "sim-proportional"):
+				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint"}
+			case strings.HasPrefix(base, "migration-"):
+				want = []string{"client-visible gap", "one decode step", "off", "on", "8192"}
+			case strings.HasPrefix(base, "sim-burst"):
+				want = []string{"off", "on"}
+			case strings.HasPrefix(base, "sim-spec-k"):
+				want = []string{"batch 32, fixed K", "batch 32, adaptive"}
+			default:
+				t.Fatalf("no expectation for %s: add one", base)
+			}
+			for _, w := range want {
+				if !contains(texts, w) {
+					t.Errorf("no text %q in the SVG (texts: %q)", w, texts)
+				}
+			}
+		})
+	}
+}
+
+// TestSeries: a recovery JSON carrying time series gets TTFT and queue
+// panels with the failure marked; so does the simulator's CSV.
+func TestSeries(t *testing.T) {
+	s := &Series{BinS: 1, FailAtS: 2.5, TS: []float64{0, 1, 2, 3, 4}, Arrivals: []int{3, 0, 4, 5, 2},
+		TTFTMeanMs: []float64{100, 0, 110, 400, 120}, Waiting: []float64{0, 1, 0, 7, 2}}
+	in := map[string]map[string]any{"w4": {
+		"lumen":            map[string]any{"ttft_mean_ms": 1.0, "ttft_p99_ms": 2.0, "recovery_s": 3.0, "series": s},
+		"stop-and-restart": map[string]any{"ttft_mean_ms": 1.5, "ttft_p99_ms": 2.5, "recovery_s": 9.0, "series": s},
+	}}
+	data, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svg, err := Render(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := wellFormed(t, svg)
+	for _, w := range []string{"w4: TTFT of the requests arriving", "w4: requests waiting at live workers", "failure", "lumen", "stop-and-restart"} {
+		if !contains(texts, w) {
+			t.Errorf("no text %q in %q", w, texts)
+		}
+	}
+	csv := seriesCSVHeader + "\nw8,lumen,0,3,100,0\nw8,lumen,1,2,120,1\nw8,fixed-checkpoint,0,3,100,0\nw8,fixed-checkpoint,1,0,0,4\n"
+	svg, err = Render([]byte(csv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts = wellFormed(t, svg)
+	for _, w := range []string{"w8: TTFT of the requests arriving", "fixed-checkpoint", "lumen"} {
+		if !contains(texts, w) {
+			t.Errorf("csv: no text %q in %q", w, texts)
+		}
+	}
+}
+
+// TestWriteNextTo writes the SVG beside the JSON, and refuses what it
+// cannot plot with an error naming the file.
+func TestWriteNextTo(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "controller.json")
+	if err := os.WriteFile(in, []byte(`{"read_per_s": 51000, "read_p99_ms": 1.2, "failover_median_s": 0.9, "elections_without_faults": 0}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := WriteNextTo(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != filepath.Join(dir, "controller.svg") {
+		t.Fatalf("wrote %s", out)
+	}
+	svg, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := wellFormed(t, svg)
+	for _, w := range []string{"read", "read_p99", "failover_median"} {
+		if !contains(texts, w) {
+			t.Errorf("no bar %q in %q", w, texts)
+		}
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"note": "nothing numeric"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteNextTo(bad); !errors.Is(err, ErrUnknown) || !strings.Contains(err.Error(), "bad.json") {
+		t.Fatalf("err = %v, want ErrUnknown naming bad.json", err)
+	}
+}
