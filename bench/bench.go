@@ -11,12 +11,15 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"sort"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/lumen-project/lumen/internal/plot"
 )
 
 func grpcInsecure() grpc.DialOption { return grpc.WithTransportCredentials(insecure.NewCredentials()) }
@@ -31,11 +34,19 @@ func percentileMs(d []time.Duration, p float64) float64 {
 	return float64(d[int(float64(len(d)-1)*p)].Microseconds()) / 1000
 }
 
-// writeJSON writes v, indented, with a final newline.
+// writeJSON writes v, indented, with a final newline, and its plot next to
+// it (internal/plot: the same name with .svg). A plot that cannot be drawn
+// is said, not fatal: the figures are what a long run must keep.
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if _, err := plot.WriteNextTo(path); err != nil {
+		fmt.Fprintf(os.Stderr, "plot: %v\n", err)
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/plot"
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
@@ -136,6 +137,9 @@ type recoveryFigures struct {
 	DraftTokens    float64 `json:"draft_tokens,omitempty"`
 	AcceptedTokens float64 `json:"accepted_tokens,omitempty"`
 	AssistS        float64 `json:"assist_s,omitempty"`
+	// Series is the run's TTFT and queue length over time (1 s bins),
+	// the failure marked: what the plot shows around it.
+	Series *plot.Series `json:"series,omitempty"`
 }
 
 // Recovery runs the recovery strategies side by side on real processes:
@@ -240,6 +244,7 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 	for _, run := range recoveryRuns {
 		o := outcomes[run.name]
 		f := runFigures(o, refs, time.Duration(float64(tm.warmup)*scale), nominalFail)
+		f.Series = timeSeries(o, time.Second)
 		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
 		f.Recovered = true
 		if run.fail {
@@ -306,6 +311,52 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 		f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
 	}
 	return f
+}
+
+// timeSeries bins a run by arrival: the requests that arrived in each bin
+// and their mean TTFT, and the mean queue length sampled in it (the
+// simulator's -csv series, sim.WriteSeries, for real processes).
+func timeSeries(o *runOutcome, bin time.Duration) *plot.Series {
+	var end time.Duration
+	for _, r := range o.recs {
+		if r != nil {
+			end = max(end, r.Arrival)
+		}
+	}
+	for _, q := range o.queue {
+		end = max(end, q.At)
+	}
+	n := int(end/bin) + 1
+	s := &plot.Series{BinS: bin.Seconds(), FailAtS: o.failAt.Seconds(), TS: make([]float64, n), Arrivals: make([]int, n),
+		TTFTMeanMs: make([]float64, n), Waiting: make([]float64, n)}
+	samples := make([]int, n)
+	for i := range s.TS {
+		s.TS[i] = float64(i) * bin.Seconds()
+	}
+	for _, r := range o.recs {
+		if r == nil || r.Err != nil {
+			continue
+		}
+		if d, ok := r.TTFT(); ok {
+			k := int(r.Arrival / bin)
+			s.TTFTMeanMs[k] += float64(d) / 1e6
+			s.Arrivals[k]++
+		}
+	}
+	for _, q := range o.queue {
+		k := int(q.At / bin)
+		s.Waiting[k] += q.Waiting
+		samples[k]++
+	}
+	for i := range s.TS {
+		if s.Arrivals[i] > 0 {
+			s.TTFTMeanMs[i] /= float64(s.Arrivals[i])
+		}
+		if samples[i] > 0 {
+			s.Waiting[i] /= float64(samples[i])
+		}
+	}
+	return s
 }
 
 // requestBodies are the streaming requests of reqs, with usage.

@@ -43,7 +43,7 @@ func TestFiguresSmall(t *testing.T) {
 	}
 }
 
-// TestFigureSVG: the plot is well-formed XML with a line per series.
+// TestFigureSVG: the plot is well-formed XML naming every strategy.
 func TestFigureSVG(t *testing.T) {
 	f := &Figure{Name: "t", XLabel: "x", Points: []Point{
 		{X: 1, Columns: map[string]*Figures{"lumen": {TTFTMeanMs: 100}, "stop-and-restart": {TTFTMeanMs: 150}, "fixed-checkpoint": {TTFTMeanMs: 120}, "lumen-no-failure": {TTFTMeanMs: 90}}},
@@ -54,7 +54,8 @@ func TestFigureSVG(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := xml.NewDecoder(strings.NewReader(b.String()))
-	lines := 0
+	texts := map[string]bool{}
+	inText := false
 	for {
 		tok, err := d.Token()
 		if err == io.EOF {
@@ -63,11 +64,20 @@ func TestFigureSVG(t *testing.T) {
 		if err != nil {
 			t.Fatalf("not XML: %v", err)
 		}
-		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
-			lines++
+		switch el := tok.(type) {
+		case xml.StartElement:
+			inText = el.Name.Local == "text"
+		case xml.CharData:
+			if inText {
+				texts[strings.TrimSpace(string(el))] = true
+			}
+		case xml.EndElement:
+			inText = false
 		}
 	}
-	if lines != len(plotSeries) {
-		t.Fatalf("%d lines, want %d", lines, len(plotSeries))
+	for _, s := range []string{"lumen", "stop-and-restart", "fixed-checkpoint", "lumen-no-failure", "t: TTFT mean (ms)"} {
+		if !texts[s] {
+			t.Errorf("no %q in the plot", s)
+		}
 	}
 }

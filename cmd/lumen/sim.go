@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/plot"
 	"github.com/lumen-project/lumen/sim"
 	"github.com/lumen-project/lumen/worker/core"
 )
@@ -104,7 +105,7 @@ func runSim(args []string) error {
 			if err != nil {
 				return err
 			}
-			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
+			return writeJSONAndPlot(*jsonPath, data)
 		}
 		return nil
 	}
@@ -140,7 +141,7 @@ func runSim(args []string) error {
 			if err != nil {
 				return err
 			}
-			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
+			return writeJSONAndPlot(*jsonPath, data)
 		}
 		return nil
 	}
@@ -176,7 +177,7 @@ func runSim(args []string) error {
 			if err != nil {
 				return err
 			}
-			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
+			return writeJSONAndPlot(*jsonPath, data)
 		}
 		return nil
 	}
@@ -204,8 +205,33 @@ func runSim(args []string) error {
 	if _, err := sim.RunStudies(o); err != nil {
 		return err
 	}
+	for _, p := range []string{*jsonPath, *csvPath} {
+		if p != "" {
+			plotNextTo(p)
+		}
+	}
 	fmt.Printf("simulated in %s of wall time\n", time.Since(start).Round(10*time.Millisecond))
 	return nil
+}
+
+// writeJSONAndPlot writes a figure's JSON and its plot next to it.
+func writeJSONAndPlot(path string, data []byte) error {
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	plotNextTo(path)
+	return nil
+}
+
+// plotNextTo plots path into the same name with .svg (internal/plot); a
+// plot that cannot be drawn is said, not fatal.
+func plotNextTo(path string) {
+	out, err := plot.WriteNextTo(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "plot: %v\n", err)
+		return
+	}
+	fmt.Printf("wrote %s\n", out)
 }
 
 func writeSVG(f *sim.Figure, path string) error {
