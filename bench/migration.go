@@ -19,6 +19,7 @@ import (
 	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
@@ -738,6 +739,8 @@ func Migration(cfg MigrationConfig) error {
 	defer cancel()
 	raw := &migrationRaw{}
 	begin := time.Now()
+	meter := progress.New("bench migration", "phases", float64(len(phases)))
+	defer meter.Finish("")
 	save := func() error {
 		if cfg.JSONPath == "" {
 			return nil
@@ -745,28 +748,34 @@ func Migration(cfg MigrationConfig) error {
 		return writeJSON(cfg.JSONPath, migrationFigures(raw))
 	}
 	if phases["downtime"] {
+		meter.Set(meter.Done(), "downtime")
 		if err := raw.runDowntime(ctx, plan, filepath.Join(dir, "downtime"), cfg.Seed); err != nil {
 			return fmt.Errorf("downtime: %w", err)
 		}
 		if err := save(); err != nil {
 			return err
 		}
+		meter.Add(1, "downtime done")
 	}
 	if phases["burst"] {
+		meter.Set(meter.Done(), "burst")
 		if err := raw.runBurst(ctx, plan, filepath.Join(dir, "burst"), cfg.Seed, cfg.Load, cfg.BurstKVPages); err != nil {
 			return fmt.Errorf("burst: %w", err)
 		}
 		if err := save(); err != nil {
 			return err
 		}
+		meter.Add(1, "burst done")
 	}
 	if phases["drain"] {
+		meter.Set(meter.Done(), "drain")
 		if err := raw.runDrain(ctx, plan, filepath.Join(dir, "drain"), cfg.Seed); err != nil {
 			return fmt.Errorf("drain: %w", err)
 		}
 		if err := save(); err != nil {
 			return err
 		}
+		meter.Add(1, "drain done")
 	}
 	printMigrationTable(os.Stdout, migrationFigures(raw))
 	fmt.Printf("\n(%s in all)\n", time.Since(begin).Round(time.Second))

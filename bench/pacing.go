@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -47,6 +48,20 @@ func Pacing(cfg PacingConfig) error {
 	var ratios []float64
 	var wg sync.WaitGroup
 	start := time.Now()
+	meter := progress.New("bench pacing", "s", cfg.Duration.Seconds())
+	stopMeter := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopMeter:
+				return
+			case <-t.C:
+				meter.Set(time.Since(start).Round(time.Second).Seconds(), "decoding")
+			}
+		}
+	}()
 	for w := 0; w < cfg.Workers; w++ {
 		wg.Go(func() {
 			syn, _ := engine.NewSynthetic(engine.SyntheticConfig{Pages: profile.KVPages(), MaxContext: profile.MaxContext})
@@ -78,6 +93,8 @@ func Pacing(cfg PacingConfig) error {
 		})
 	}
 	wg.Wait()
+	close(stopMeter)
+	meter.Finish("")
 	res, err := pacingSummary(ratios, want)
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	"github.com/lumen-project/lumen/internal/plot"
+	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
@@ -91,6 +92,9 @@ var recoveryRuns = []recoveryRun{
 type benchTiming struct {
 	warmup, failAt, duration, calibration time.Duration
 	loadScale                             float64
+	// progress counts runs (calibration included); a run adds its
+	// arrivals sent as a fraction.
+	progress *progress.Meter
 }
 
 // runOutcome is everything one run measured.
@@ -176,6 +180,8 @@ func Recovery(cfg RecoveryConfig) error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
+	timing.progress = progress.New("bench recovery", "runs", float64(len(setups)*(len(recoveryRuns)+1)))
+	defer timing.progress.Finish("")
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
 		figs, err := benchSetup(s, timing, cfg.Seed, cfg.Load, cfg.TimeScale, filepath.Join(dir, s.name))
@@ -445,6 +451,8 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 	}
 
 	o := &runOutcome{recs: make([]*servingstats.Record, len(reqs)), texts: make([]string, len(reqs)), interrupted: map[string]bool{}}
+	base := tm.progress.Done()
+	defer tm.progress.Set(base+1, s.name+" / "+run.name+" done")
 	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096}}
 	start := time.Now()
 	since := func() time.Duration { return time.Since(start) }
@@ -558,6 +566,7 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 			select {
 			case <-progress.C:
 				fmt.Printf("   t=%4.0fs  %d sent, %d done, %d failed\n", since().Seconds(), i, done.Load(), failed.Load())
+				tm.progress.Set(base+0.9*float64(i)/float64(len(reqs)), s.name+" / "+run.name)
 			case <-time.After(wait):
 			}
 		}

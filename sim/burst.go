@@ -126,6 +126,8 @@ func RunBurst(o BurstOptions) (*BurstFigure, error) {
 			fmt.Fprintf(o.Log, format, args...)
 		}
 	}
+	meter := newMeter(o.Log, "sim -figure burst", float64(len(o.Sizes)*len(o.Loads)*2))
+	defer meter.Finish("")
 	for _, n := range o.Sizes {
 		st := Study{Setup: Setup{Name: fmt.Sprintf("burst-%d", n), Workers: n, Profile: o.Profile, MaxRunning: o.MaxRunning, Budget: o.Budget,
 			KVPages: o.KVPages},
@@ -160,6 +162,7 @@ func RunBurst(o BurstOptions) (*BurstFigure, error) {
 				}
 				logf("   burst: %d workers, load %g (%.1f/s, %d requests), migration %-3s: p99 TTFT %8.1f ms, %d migrations (%.1fs of wall time)\n",
 					n, load, rate, len(reqs), onOff(on), bf.TTFTP99Ms, bf.MigrationsCommitted, time.Since(start).Seconds())
+				meter.Add(1, fmt.Sprintf("%d workers, load %g, migration %s", n, load, onOff(on)))
 			}
 			if pt.On.TTFTP99Ms > 0 {
 				pt.P99Ratio = pt.Off.TTFTP99Ms / pt.On.TTFTP99Ms

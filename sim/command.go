@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/internal/workload"
 )
 
@@ -46,6 +47,15 @@ type Options struct {
 	Log       io.Writer
 }
 
+// newMeter is a progress meter of runs on standard error for a command
+// that logs (the CLI), nil (nothing) for a quiet caller (tests).
+func newMeter(log io.Writer, name string, runs float64) *progress.Meter {
+	if log == nil {
+		return nil
+	}
+	return progress.New(name, "runs", runs)
+}
+
 // CustomSetup is a setup outside the prototype's, named "custom" in the
 // JSON.
 func CustomSetup(workers int, profile string, failures, maxRunning int, budget uint64) Setup {
@@ -79,6 +89,8 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%s: %w", o.TracePath, err)
 		}
 	}
+	meter := newMeter(o.Log, "sim", float64(len(o.Setups)*len(Columns)))
+	defer meter.Finish("")
 	for _, s := range o.Setups {
 		tm := FullTimeline()
 		if o.Quick {
@@ -100,7 +112,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
-			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration}
+			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err

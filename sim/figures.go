@@ -126,6 +126,8 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 		return nil, fmt.Errorf("%w: unknown figure %q: use one of %v", ErrInvalid, name, FigureNames)
 	}
 	saturated := map[string]float64{} // by cluster shape: calibrate once
+	meter := newMeter(o.Log, "sim -figure "+name, float64(len(pts)*max(o.Seeds, 1)*len(Columns)))
+	defer meter.Finish("")
 	for _, pt := range pts {
 		start := time.Now()
 		var runs []map[string]*Figures
@@ -133,7 +135,7 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 			seed := o.Seed + uint64(k)
 			key := fmt.Sprintf("%d/%d/%d", pt.setup.Workers, pt.setup.MaxRunning, seed)
 			st := Study{Setup: pt.setup, Timeline: o.Timeline, Seed: seed, Load: pt.load, Lambda: pt.lam, Timing: o.Timing,
-				Saturated: saturated[key], Spec: o.Spec}
+				Saturated: saturated[key], Spec: o.Spec, Meter: meter}
 			if st.Saturated == 0 {
 				sat, _, err := st.Calibrate()
 				if err != nil {

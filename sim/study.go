@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
@@ -167,6 +168,9 @@ type Study struct {
 	// Migration turns live migration on in every column (not in the
 	// calibration: the saturated throughput is the cluster's without it).
 	Migration bool
+	// Meter, when set, counts the columns run (internal/progress), a
+	// column's requests done as a fraction.
+	Meter *progress.Meter
 }
 
 // arrivals returns the requests of a run at rate for d: from the trace
@@ -273,11 +277,15 @@ func (st *Study) Run() (map[string]*Figures, error) {
 				cfg.Failures = append(cfg.Failures, Failure{Worker: i, At: tm.FailAt, Restart: !st.NoRestart})
 			}
 		}
-		if st.Log != nil {
+		base := st.Meter.Done()
+		if st.Log != nil || st.Meter != nil {
 			name := col.Name
 			cfg.Progress = func(now time.Duration, done, total int) {
-				if now%(60*time.Second) < 10*time.Second {
+				if st.Log != nil && now%(60*time.Second) < 10*time.Second {
 					st.logf("   %s/%s: t=%4.0fs  %d of %d requests done\n", st.Setup.Name, name, now.Seconds(), done, total)
+				}
+				if total > 0 {
+					st.Meter.Set(base+float64(done)/float64(total), st.Setup.Name+" / "+name)
 				}
 			}
 		}
@@ -290,6 +298,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		st.logf("-- %s / %-24s %8d events in %6.2fs of wall time (%.0f events/s), %s simulated\n", st.Setup.Name, col.Name,
 			res.Events, wall.Seconds(), float64(res.Events)/wall.Seconds(), res.End.Round(time.Millisecond))
 		results[col.Name] = res
+		st.Meter.Set(base+1, st.Setup.Name+" / "+col.Name+" done")
 	}
 	rule := servingstats.DefaultRecoveryRule(rate, p.StepTime(batch, 0))
 	figs := map[string]*Figures{}

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/jepsen"
 )
 
@@ -86,6 +87,8 @@ func runJepsen(args []string) error {
 	fmt.Printf("jepsen: %d run(s) of %s each, seed %d, results in %s\n", len(runs), *duration, *seed, root)
 	var reports []*jepsen.Report
 	failed := 0
+	meter := progress.New("jepsen", "runs", float64(len(runs)))
+	defer meter.Finish("")
 	for k, r := range runs {
 		name := strings.Join(r.nemeses, "+")
 		if r.controllers != 3 {
@@ -99,6 +102,7 @@ func runJepsen(args []string) error {
 		cfg := jepsen.Config{Name: name, Bin: bin, Dir: filepath.Join(root, fmt.Sprintf("%02d-%s", k+1, strings.ReplaceAll(name, "/", "-"))),
 			ModelDir: filepath.Join(root, "model"), Seed: *seed + int64(k), Controllers: r.controllers, Workers: *workers,
 			Duration: *duration, Nemeses: r.nemeses, Interval: *interval, Partitions: partitionMode, PlacementClients: 6, ServingClients: 2, SessionTTL: *sessionTTL, Log: os.Stdout}
+		meter.Set(float64(k), name)
 		rep, err := jepsen.Run(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("%s: %w (logs in %s)", name, err, cfg.Dir)
@@ -107,6 +111,7 @@ func runJepsen(args []string) error {
 		if !rep.OK() {
 			failed++
 		}
+		meter.Set(float64(k+1), fmt.Sprintf("%s done, %d with violations", name, failed))
 		if ctx.Err() != nil {
 			break
 		}
