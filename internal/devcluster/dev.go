@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/lumen-project/lumen/internal/progress"
 )
 
 // DevStateFile, in a dev cluster's directory, records the controllers'
@@ -89,8 +91,17 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 		state = "the kept state"
 	}
 	fmt.Fprintf(out, "starting 3 controllers, %d %s workers and a gateway under %s (%s)\n", cfg.Workers, cfg.Engine, cfg.Dir, state)
+	// Progress while the quorum forms and the workers load: the steps
+	// are the quorum, each worker, the gateway.
+	tty := false
+	if f, ok := out.(*os.File); ok {
+		tty = progress.IsTerminal(f)
+	}
+	meter := progress.NewTo(out, tty, "starting", "steps", float64(cfg.Workers+2))
+	meter.Set(0, "3 controllers: forming the quorum")
 	cl, err := Start(startCtx, opts)
 	if err != nil {
+		meter.Finish("failed")
 		return interrupted(ctx, err)
 	}
 	defer func() {
@@ -101,18 +112,24 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 		return err
 	}
 	for i := 1; i <= cfg.Workers; i++ {
+		meter.Set(float64(i), fmt.Sprintf("a leader; worker-%d of %d starting", i, cfg.Workers))
 		if _, err := cl.AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), "-engine", cfg.Engine, "-model-dir", cfg.ModelDir,
 			"-profile", cfg.Profile, "-time-scale", cfg.TimeScale); err != nil {
+			meter.Finish("failed")
 			return interrupted(ctx, err)
 		}
 	}
+	meter.Set(float64(cfg.Workers+1), "the gateway: waiting for a worker in full service")
 	gw, err := cl.StartGatewayContext(startCtx, cfg.HTTPAddr)
 	if err != nil {
+		meter.Finish("failed")
 		return interrupted(ctx, err)
 	}
 	if err := gw.WaitReady(startCtx); err != nil {
+		meter.Finish("failed")
 		return interrupted(ctx, err)
 	}
+	meter.Finish("ready")
 	fmt.Fprintf(out, "\n  gateway      http://%s/v1   (OpenAI API; model %q)\n", gw.Addr, "lumen-tiny")
 	fmt.Fprintf(out, "  controllers  %s\n", strings.Join(cl.GRPCAddrs(), ","))
 	var others []string
