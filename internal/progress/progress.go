@@ -58,11 +58,17 @@ func IsTerminal(f *os.File) bool {
 
 // NewTo returns a meter on w; tty chooses the in-place bar.
 func NewTo(w io.Writer, tty bool, name, unit string, total float64) *Meter {
-	m := &Meter{w: w, tty: tty, name: name, unit: unit, total: total, now: time.Now, stop: make(chan struct{})}
+	return newMeter(w, tty, name, unit, total, time.Now, true)
+}
+
+// newMeter is NewTo with a clock; tick starts the redraw: every second on
+// a terminal (the elapsed time and the estimate move while a long step
+// runs), and a plain line when Every has passed without one (a long wait
+// still shows in a log).
+func newMeter(w io.Writer, tty bool, name, unit string, total float64, now func() time.Time, tick bool) *Meter {
+	m := &Meter{w: w, tty: tty, name: name, unit: unit, total: total, now: now, stop: make(chan struct{})}
 	m.start = m.now()
-	if tty {
-		// Redraw every second: the elapsed time and the estimate move even
-		// while a long step runs.
+	if tick {
 		go func() {
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
@@ -72,8 +78,8 @@ func NewTo(w io.Writer, tty bool, name, unit string, total float64) *Meter {
 					return
 				case <-t.C:
 					m.mu.Lock()
-					if !m.finished {
-						m.draw()
+					if !m.finished && (m.tty || !m.lastLine.IsZero()) {
+						m.emit(false)
 					}
 					m.mu.Unlock()
 				}

@@ -11,10 +11,8 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
-func newMeter(b *strings.Builder, c *clock) *Meter {
-	m := NewTo(b, false, "bench recovery", "runs", 10)
-	m.now, m.start = c.now, c.now()
-	return m
+func plainMeter(b *strings.Builder, c *clock) *Meter {
+	return newMeter(b, false, "bench recovery", "runs", 10, c.now, false)
 }
 
 // TestPlainLines: off a terminal, a line at the first update, then at most
@@ -23,7 +21,7 @@ func newMeter(b *strings.Builder, c *clock) *Meter {
 func TestPlainLines(t *testing.T) {
 	var b strings.Builder
 	c := &clock{t: time.Unix(1000, 0)}
-	m := newMeter(&b, c)
+	m := plainMeter(&b, c)
 	m.Set(0, "calibration")
 	c.advance(30 * time.Second)
 	m.Set(1, "w4 / stop-and-restart")
@@ -58,7 +56,7 @@ func TestPlainLines(t *testing.T) {
 // newline.
 func TestTerminal(t *testing.T) {
 	var b strings.Builder
-	m := NewTo(&b, true, "jepsen -matrix", "runs", 4)
+	m := newMeter(&b, true, "jepsen -matrix", "runs", 4, time.Now, false)
 	m.Set(2, "partition")
 	m.Finish("")
 	out := b.String()
