@@ -15,6 +15,7 @@ func init() {
 func runPlot(args []string) error {
 	fs := flag.NewFlagSet("plot", flag.ContinueOnError)
 	outPath := fs.String("o", "", "with one file: write the SVG here (default: the file's name with .svg)")
+	failAt := fs.Duration("fail-at", 0, "mark the failure at this time on lumen sim -csv series (their rows do not carry it; lumen sim's is 30s, 12s with -quick)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: lumen plot [-o OUT.svg] FILE.json|FILE.csv ...\n\n"+
 			"Plots what lumen bench recovery|migration|controller|gateway|pacing and lumen sim wrote\n"+
@@ -33,23 +34,19 @@ func runPlot(args []string) error {
 		return fmt.Errorf("-o with %d files: give one file", len(files))
 	}
 	for _, f := range files {
-		if *outPath != "" {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				return err
-			}
-			svg, err := plot.Render(data)
-			if err != nil {
-				return fmt.Errorf("%s: %w", f, err)
-			}
-			if err := os.WriteFile(*outPath, svg, 0o644); err != nil {
-				return err
-			}
-			fmt.Println("wrote", *outPath)
-			continue
-		}
-		out, err := plot.WriteNextTo(f)
+		data, err := os.ReadFile(f)
 		if err != nil {
+			return err
+		}
+		svg, err := plot.RenderWith(data, plot.Options{FailAtS: failAt.Seconds()})
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		out := *outPath
+		if out == "" {
+			out = plot.SVGPath(f)
+		}
+		if err := os.WriteFile(out, svg, 0o644); err != nil {
 			return err
 		}
 		fmt.Println("wrote", out)

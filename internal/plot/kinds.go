@@ -171,8 +171,8 @@ func setupsPanels(data []byte) ([]*plot.Plot, error) {
 // the failure marked.
 func seriesPanels(setup string, series map[string]*Series) ([]*plot.Plot, error) {
 	names := strategyOrder(sortedKeys(series))
-	ttft := newPlot(setup+": TTFT of the requests arriving", "time (s)", "TTFT mean (ms)")
-	queue := newPlot(setup+": requests waiting at live workers", "time (s)", "queue length")
+	ttft := newPlot(setup+": TTFT of the requests arriving", "time (s), 5 s moving mean", "TTFT mean (ms)")
+	queue := newPlot(setup+": requests waiting at live workers", "time (s), 5 s moving mean", "queue length")
 	var tl, ql []line
 	failAt := 0.0
 	for _, c := range names {
@@ -181,11 +181,25 @@ func seriesPanels(setup string, series map[string]*Series) ([]*plot.Plot, error)
 			return nil, fmt.Errorf("%s/%s: series of unequal lengths", setup, c)
 		}
 		t, q := line{name: c}, line{name: c}
+		// A 5 s window (the recovery rule's) ending at each bin: TTFT
+		// weighted by arrivals, the queue by bins.
+		w := 5
+		if s.BinS > 0 {
+			w = max(1, int(math.Round(5/s.BinS)))
+		}
 		for i, x := range s.TS {
-			if s.Arrivals[i] > 0 {
-				t.xy = append(t.xy, plotter.XY{X: x, Y: s.TTFTMeanMs[i]})
+			var sum, qsum float64
+			n := 0
+			lo := max(0, i-w+1)
+			for j := lo; j <= i; j++ {
+				sum += s.TTFTMeanMs[j] * float64(s.Arrivals[j])
+				n += s.Arrivals[j]
+				qsum += s.Waiting[j]
 			}
-			q.xy = append(q.xy, plotter.XY{X: x, Y: s.Waiting[i]})
+			if n > 0 {
+				t.xy = append(t.xy, plotter.XY{X: x, Y: sum / float64(n)})
+			}
+			q.xy = append(q.xy, plotter.XY{X: x, Y: qsum / float64(i-lo+1)})
 		}
 		tl, ql = append(tl, t), append(ql, q)
 		failAt = math.Max(failAt, s.FailAtS)
@@ -210,7 +224,7 @@ func seriesPanels(setup string, series map[string]*Series) ([]*plot.Plot, error)
 // seriesCSVHeader starts the simulator's -csv output (sim.SeriesHeader).
 const seriesCSVHeader = "setup,column,t_s,arrivals,ttft_mean_ms,waiting_mean"
 
-func csvSeriesPanels(data []byte) ([]*plot.Plot, error) {
+func csvSeriesPanels(data []byte, failAtS float64) ([]*plot.Plot, error) {
 	rows, err := csv.NewReader(bytes.NewReader(data)).ReadAll()
 	if err != nil {
 		return nil, err
@@ -231,7 +245,7 @@ func csvSeriesPanels(data []byte) ([]*plot.Plot, error) {
 		}
 		s := bySetup[r[0]][r[1]]
 		if s == nil {
-			s = &Series{}
+			s = &Series{FailAtS: failAtS}
 			bySetup[r[0]][r[1]] = s
 		}
 		s.TS, s.Arrivals = append(s.TS, v[0]), append(s.Arrivals, int(v[1]))

@@ -73,11 +73,22 @@ func WriteNextTo(path string) (string, error) {
 	return out, os.WriteFile(out, svg, 0o644)
 }
 
+// Options are what a file does not say.
+type Options struct {
+	// FailAtS marks the failure, in seconds, on the simulator's -csv
+	// series (its rows do not carry it; `lumen sim`'s default is 30 s, 12 s
+	// with -quick).
+	FailAtS float64
+}
+
 // Render returns the SVG of a benchmark's or the simulator's output.
-func Render(data []byte) ([]byte, error) {
+func Render(data []byte) ([]byte, error) { return RenderWith(data, Options{}) }
+
+// RenderWith is Render with options.
+func RenderWith(data []byte, o Options) ([]byte, error) {
 	trimmed := bytes.TrimSpace(data)
 	if bytes.HasPrefix(trimmed, []byte(seriesCSVHeader)) {
-		panels, err := csvSeriesPanels(trimmed)
+		panels, err := csvSeriesPanels(trimmed, o.FailAtS)
 		if err != nil {
 			return nil, err
 		}
@@ -300,17 +311,37 @@ func hline(p *plot.Plot, name string, y, x0, x1 float64, c color.Color) error {
 	return nil
 }
 
-// vline marks x (a failure) across the plot's y range, once the y range is
-// known: call it after the data are added.
+// vline marks x (a failure) from the bottom to the top of the data area,
+// whatever the y range ends up being.
 func vline(p *plot.Plot, name string, x float64) error {
-	ln, err := plotter.NewLine(plotter.XYs{{X: x, Y: p.Y.Min}, {X: x, Y: p.Y.Max}})
-	if err != nil {
-		return err
-	}
-	ln.Color, ln.Dashes, ln.Width = color.Black, []vg.Length{vg.Points(2), vg.Points(2)}, vg.Points(1)
-	p.Add(ln)
-	legend(p, name, ln)
+	l := &vLine{X: x, LineStyle: draw.LineStyle{Color: color.Black, Width: vg.Points(1), Dashes: []vg.Length{vg.Points(2), vg.Points(2)}}}
+	p.Add(l)
+	legend(p, name, l)
 	return nil
+}
+
+// vLine is a vertical line across a plot's data area.
+type vLine struct {
+	X float64
+	draw.LineStyle
+}
+
+// Plot implements plot.Plotter.
+func (l *vLine) Plot(c draw.Canvas, p *plot.Plot) {
+	trX, _ := p.Transforms(&c)
+	x := trX(l.X)
+	c.StrokeLine2(l.LineStyle, x, c.Min.Y, x, c.Max.Y)
+}
+
+// DataRange implements plot.DataRanger: x only, y left to the data.
+func (l *vLine) DataRange() (xmin, xmax, ymin, ymax float64) {
+	return l.X, l.X, math.Inf(1), math.Inf(-1)
+}
+
+// Thumbnail implements plot.Thumbnailer.
+func (l *vLine) Thumbnail(c *draw.Canvas) {
+	y := c.Center().Y
+	c.StrokeLine2(l.LineStyle, c.Min.X, y, c.Max.X, y)
 }
 
 func stringField(raw map[string]json.RawMessage, k string) string {
