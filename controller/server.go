@@ -7,6 +7,7 @@ package controller
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -213,7 +214,7 @@ func (s *server) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachabl
 		if w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT {
 			return &pb.ReportUnreachableResponse{MarkedFailed: true}, nil
 		}
-		probeErr := probeWorker(ctx, w.GrpcAddr, s.n.cfg.ProbeTimeout)
+		probeErr := probeWorker(ctx, w.GrpcAddr, s.n.cfg.ProbeTimeout, s.n.clientTLS)
 		if probeErr == nil {
 			return &pb.ReportUnreachableResponse{}, nil
 		}
@@ -234,7 +235,7 @@ func (s *server) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachabl
 
 // probeWorker checks that a worker accepts a connection and answers its
 // gRPC health check within timeout.
-func probeWorker(ctx context.Context, addr string, timeout time.Duration) error {
+func probeWorker(ctx context.Context, addr string, timeout time.Duration, clientTLS *tls.Config) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
@@ -243,7 +244,7 @@ func probeWorker(ctx context.Context, addr string, timeout time.Duration) error 
 		return err
 	}
 	c.Close()
-	cc, err := grpc.NewClient(addr, DialOptions(nil)...)
+	cc, err := grpc.NewClient(addr, DialOptions(clientTLS)...)
 	if err != nil {
 		return err
 	}

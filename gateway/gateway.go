@@ -26,11 +26,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/liveness"
+	"github.com/lumen-project/lumen/internal/tlsconf"
 	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/tokenizer"
@@ -51,6 +51,9 @@ type Config struct {
 	APIKeys []string
 	// TLSCert and TLSKey serve HTTPS when both are set.
 	TLSCert, TLSKey string
+	// ClusterTLS, when enabled, dials the controllers and the workers with
+	// mutual TLS (their -tls-* CA; a certificate it signs).
+	ClusterTLS tlsconf.Files
 	// MaxBodyBytes caps a request body (default 1 MiB).
 	MaxBodyBytes int64
 	// MaxConcurrent caps requests in flight; more get 429 (default 1024).
@@ -201,20 +204,23 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "gateway"})
 	}
-	ctl, err := ctlclient.New(cfg.Controllers, nil)
+	_, clusterTLS, err := cfg.ClusterTLS.Load()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: -cluster-tls-*: %w", err)
+	}
+	creds := tlsconf.DialOption(clusterTLS)
+	ctl, err := ctlclient.New(cfg.Controllers, clusterTLS)
 	if err != nil {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, metrics: newMetrics(),
 		admit: make(chan struct{}, cfg.MaxConcurrent), done: make(chan string, 4096),
-		workers: workerdir.New(ctl, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
+		workers: workerdir.New(ctl, creds, liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
 		maxContext: cfg.MaxContext, stop: make(chan struct{}), closeGrace: 5 * time.Second,
 		flights: map[string]*flight{}}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	for _, addr := range ctl.Addrs() {
-		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout))
+		cc, err := grpc.NewClient(addr, creds, liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout))
 		if err != nil {
 			g.cancel()
 			g.closeConns()

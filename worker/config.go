@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lumen-project/lumen/gpu"
+	"github.com/lumen-project/lumen/internal/tlsconf"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 )
@@ -38,6 +39,13 @@ type Config struct {
 	// Controllers are controller gRPC addresses; empty runs standalone (no
 	// registration, no load reports).
 	Controllers []string
+	// TLS, when enabled, serves the Inference API with mutual TLS and dials
+	// the controllers and the other workers with this certificate: the
+	// controllers' -tls-* files, a certificate the same CA signs.
+	TLS tlsconf.Files
+	// GossipKey encrypts Serf traffic (16, 24 or 32 bytes): the
+	// controllers' key, or the worker is not let into their pool.
+	GossipKey []byte
 
 	// Engine serves the tokens. Required. Loaded already when Recovery is
 	// nil; otherwise the worker loads it (Recovery.Target).
@@ -131,6 +139,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Engine == nil {
 		errs = append(errs, errors.New("an Engine is required"))
+	}
+	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
+		errs = append(errs, fmt.Errorf("GossipKey is %d bytes; it must be 16, 24 or 32", n))
 	}
 	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
 		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/liveness"
@@ -361,8 +360,7 @@ func (w *Worker) assistSession(ctx context.Context, p partner, d *core.Drafter, 
 	defer wg.Wait() // the stream's reader and the pairing's watcher, once cancelled and closed
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	cc, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		liveness.DialOption(liveness.DefaultTime, liveness.DefaultTimeout))
+	cc, err := grpc.NewClient(p.addr, w.dialCreds, liveness.DialOption(liveness.DefaultTime, liveness.DefaultTimeout))
 	if err != nil {
 		return err
 	}

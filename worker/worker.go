@@ -26,6 +26,7 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/gossip"
 	"github.com/lumen-project/lumen/internal/liveness"
+	"github.com/lumen-project/lumen/internal/tlsconf"
 	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -44,6 +45,9 @@ type Worker struct {
 	httpSrv *http.Server
 	serf    *serf.Serf
 	ctl     *ctlclient.Client
+	// dialCreds are the transport credentials of this worker's calls to
+	// other workers (mutual TLS when configured).
+	dialCreds grpc.DialOption
 
 	store *ckptStore
 	peers *workerdir.Directory // checkpoint holders, by id
@@ -131,14 +135,19 @@ func New(cfg Config) (w *Worker, err error) {
 		}
 		w.setLocalPhase(pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE)
 	}
+	serverTLS, clientTLS, err := cfg.TLS.Load()
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w.dialCreds = tlsconf.DialOption(clientTLS)
 	var table workerdir.Lister // none standalone: no holder can be found
 	if len(cfg.Controllers) > 0 {
-		if w.ctl, err = ctlclient.New(cfg.Controllers, nil); err != nil {
+		if w.ctl, err = ctlclient.New(cfg.Controllers, clientTLS); err != nil {
 			return nil, err
 		}
 		table = w.ctl
 	}
-	w.peers = workerdir.New(table)
+	w.peers = workerdir.New(table, w.dialCreds)
 	info := cfg.Engine.Info()
 	w.metrics.kvTotal.Set(float64(info.TotalPages))
 	if w.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -147,7 +156,7 @@ func New(cfg Config) (w *Worker, err error) {
 	w.cfg.GRPCAddr = w.lis.Addr().String()
 	w.sched = newScheduler(w)
 	w.goFunc(w.sched.run)
-	w.grpc = grpc.NewServer(liveness.ServerOptions()...)
+	w.grpc = grpc.NewServer(append(liveness.ServerOptions(), tlsconf.ServerOptions(serverTLS)...)...)
 	pb.RegisterInferenceServer(w.grpc, &inferenceServer{w: w})
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpc, w.health)
@@ -161,7 +170,7 @@ func New(cfg Config) (w *Worker, err error) {
 		}
 	}
 	if cfg.SerfAddr != "" {
-		w.serf, err = gossip.Start(gossip.Config{NodeName: cfg.ID, BindAddr: cfg.SerfAddr, Logger: w.log.Named("serf"),
+		w.serf, err = gossip.Start(gossip.Config{NodeName: cfg.ID, BindAddr: cfg.SerfAddr, Key: cfg.GossipKey, Logger: w.log.Named("serf"),
 			Tags: map[string]string{gossip.TagRole: gossip.RoleWorker, gossip.TagGRPCAddr: w.cfg.GRPCAddr,
 				gossip.TagIncarnation: strconv.FormatUint(inc, 10)}})
 		if err != nil {

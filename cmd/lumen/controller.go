@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lumen-project/lumen/controller"
+	"github.com/lumen-project/lumen/internal/gossip"
 )
 
 func init() {
@@ -60,13 +60,11 @@ func runController(args []string) error {
 			cfg.RaftPeerAddrs[id] = addr
 		}
 	}
-	if *gossipKey != "" {
-		k, err := base64.StdEncoding.DecodeString(*gossipKey)
-		if err != nil {
-			return fmt.Errorf("-gossip-key is not base64: %w", err)
-		}
-		cfg.GossipKey = k
+	k, err := gossip.ParseKey(*gossipKey)
+	if err != nil {
+		return err
 	}
+	cfg.GossipKey = k
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "controller", Level: hclog.LevelFromString(*level), Output: os.Stderr})
 	n, err := controller.New(cfg)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lumen-project/lumen/gpu"
+	"github.com/lumen-project/lumen/internal/gossip"
 	"github.com/lumen-project/lumen/worker"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -36,6 +37,10 @@ func runWorker(args []string) error {
 	fs.StringVar(&cfg.SerfAddr, "serf-addr", "127.0.0.1:7600", "Serf gossip host:port (empty: no gossip)")
 	join := fs.String("join", "", "comma-separated Serf addresses to join (controllers)")
 	controllers := fs.String("controllers", "", "comma-separated controller gRPC addresses (empty: standalone)")
+	gossipKey := fs.String("gossip-key", "", "base64 key (16, 24 or 32 bytes) encrypting Serf traffic: the controllers' -gossip-key")
+	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "PEM certificate for the Inference API and calls to controllers and workers (mutual TLS)")
+	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "PEM private key")
+	fs.StringVar(&cfg.TLS.CA, "tls-ca", "", "PEM CA certificate that signs every peer")
 	backend := fs.String("engine", "transformer", "transformer or synthetic")
 	modelDir := fs.String("model-dir", engine.DefaultModelDir(), "model directory (made on first use when absent)")
 	profileName := fs.String("profile", "none", "timing profile to emulate: none, "+strings.Join(profileNames(), ", "))
@@ -69,6 +74,9 @@ func runWorker(args []string) error {
 	}
 	if *controllers != "" {
 		cfg.Controllers = strings.Split(*controllers, ",")
+	}
+	if cfg.GossipKey, err = gossip.ParseKey(*gossipKey); err != nil {
+		return err
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "worker", Level: hclog.LevelFromString(*level), Output: os.Stderr})
 	cfg.Logger = logger

@@ -4,6 +4,7 @@
 package gossip
 
 import (
+	"encoding/base64"
 	"fmt"
 	"net"
 	"strconv"
@@ -123,4 +124,21 @@ func freePort(host string) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("gossip: no port free for both TCP and UDP on %s", host)
+}
+
+// ParseKey decodes a -gossip-key: base64 of 16, 24 or 32 bytes (an
+// AES-128, -192 or -256 key, as `consul keygen` prints one). Empty is no
+// key.
+func ParseKey(s string) ([]byte, error) {
+	if s == "" {
+		return nil, nil
+	}
+	k, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return nil, fmt.Errorf("-gossip-key is not base64: %w", err)
+	}
+	if n := len(k); n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("-gossip-key is %d bytes; it must be 16, 24 or 32", n)
+	}
+	return k, nil
 }

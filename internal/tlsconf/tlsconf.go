@@ -9,6 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Files names the PEM files. All three are set, or none.
@@ -84,4 +88,22 @@ func verifyChain(raw [][]byte, pool *x509.CertPool) error {
 		return fmt.Errorf("tlsconf: peer certificate: %w", err)
 	}
 	return nil
+}
+
+// DialOption is a gRPC client's transport credentials: mutual TLS with
+// client (from Load), or plaintext when client is nil.
+func DialOption(client *tls.Config) grpc.DialOption {
+	if client == nil {
+		return grpc.WithTransportCredentials(insecure.NewCredentials())
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(client))
+}
+
+// ServerOptions are a gRPC server's: mutual TLS with server (from Load), or
+// none (plaintext) when server is nil.
+func ServerOptions(server *tls.Config) []grpc.ServerOption {
+	if server == nil {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(server))}
 }
