@@ -215,7 +215,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, metrics: newMetrics(),
 		admit: make(chan struct{}, cfg.MaxConcurrent), done: make(chan string, 4096),
-		workers: workerdir.New(ctl, creds, liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
+		workers:    workerdir.New(ctl, creds, liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
 		maxContext: cfg.MaxContext, stop: make(chan struct{}), closeGrace: 5 * time.Second,
 		flights: map[string]*flight{}}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
