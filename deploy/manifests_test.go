@@ -702,15 +702,16 @@ func TestServices(t *testing.T) {
 	}
 }
 
-// TestSecrets: files the flags name are on mounted volumes (a Secret's keys
-// where the volume is a Secret); the gossip key is given to every member of
-// the Serf pool or to none (workers join the controllers' pool; Serf drops
-// what it cannot decrypt); controllers serve mutual TLS only if every
-// client presents a certificate.
+// TestSecrets: TLS files are on mounted Secrets that hold them; the
+// gossip key is on every Serf member of an overlay or on none, and comes
+// from a Secret; where the controllers serve mutual TLS every client has a
+// certificate (the gateway's -cluster-tls-*, the others' -tls-*, the drain
+// hook's too), and no probe of a mutual-TLS gRPC server is a gRPC probe
+// (the kubelet's speaks no TLS).
 func TestSecrets(t *testing.T) {
 	ps := procs(t)
 	for _, p := range ps {
-		for _, f := range []string{"tls-cert", "tls-key", "tls-ca"} {
+		for _, f := range []string{"tls-cert", "tls-key", "tls-ca", "cluster-tls-cert", "cluster-tls-key", "cluster-tls-ca"} {
 			file := p.flags[f]
 			if file == "" {
 				continue
@@ -741,6 +742,21 @@ func TestSecrets(t *testing.T) {
 				}
 			}
 		}
+		if p.flags["tls-cert"] != "" && p.sub != "gateway" {
+			for name, pr := range map[string]*corev1.Probe{"startup": p.c.StartupProbe, "liveness": p.c.LivenessProbe, "readiness": p.c.ReadinessProbe} {
+				if pr != nil && pr.GRPC != nil {
+					t.Errorf("%s: the %s probe is gRPC, but the gRPC server asks for a client certificate the kubelet does not have: probe GET /healthz", p, name)
+				}
+			}
+		}
+		for _, e := range p.c.Env {
+			if e.Name == "LUMEN_GOSSIP_KEY" && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+				t.Errorf("%s: LUMEN_GOSSIP_KEY is written in the manifest: take it from a Secret (secretKeyRef)", p)
+			}
+		}
+		if p.raw["gossip-key"] != "" {
+			t.Errorf("%s: -gossip-key on the command line shows the key in every process list: set LUMEN_GOSSIP_KEY from a Secret", p)
+		}
 	}
 	for _, o := range renderAll(t) {
 		var keyed, plain []string
@@ -748,22 +764,37 @@ func TestSecrets(t *testing.T) {
 			if p.ov != o || p.flags["serf-addr"] == "" {
 				continue
 			}
-			if p.flags["gossip-key"] != "" {
+			if p.flags["gossip-key"] != "" || p.env["LUMEN_GOSSIP_KEY"] != "" {
 				keyed = append(keyed, p.w.name)
 			} else {
 				plain = append(plain, p.w.name)
 			}
 		}
 		if len(keyed) > 0 && len(plain) > 0 {
-			t.Errorf("%s: -gossip-key on %v but not on %v, which gossip with them", o.dir, keyed, plain)
+			t.Errorf("%s: the gossip key on %v but not on %v, which gossip with them", o.dir, keyed, plain)
 		}
 		c := controllers(t, ps, o)
 		if c.flags["tls-cert"] == "" {
 			continue
 		}
 		for _, p := range ps {
-			if p.ov == o && p.sub != "controller" && (p.flags["tls-ca"] == "" || p.flags["tls-cert"] == "") {
-				t.Errorf("%s: the controllers serve mutual TLS, but this client has no -tls-ca and -tls-cert", p)
+			if p.ov != o || p.sub == "controller" {
+				continue
+			}
+			prefix := "tls-"
+			if p.sub == "gateway" {
+				prefix = "cluster-tls-" // its -tls-* serve HTTPS
+			}
+			if p.flags[prefix+"ca"] == "" || p.flags[prefix+"cert"] == "" || p.flags[prefix+"key"] == "" {
+				t.Errorf("%s: the controllers serve mutual TLS, but this client has no -%sca, -%scert and -%skey", p, prefix, prefix, prefix)
+			}
+			if h := p.c.Lifecycle; p.sub == "worker" && h != nil && h.PreStop != nil && h.PreStop.Exec != nil {
+				script := strings.Join(h.PreStop.Exec.Command, " ")
+				for _, f := range []string{"-tls-cert=", "-tls-key=", "-tls-ca="} {
+					if !strings.Contains(script, f+p.flags[strings.TrimSuffix(strings.TrimPrefix(f, "-"), "=")]) {
+						t.Errorf("%s: the preStop drain has no %s%s: the controllers would refuse it", p, f, p.flags[strings.TrimSuffix(strings.TrimPrefix(f, "-"), "=")])
+					}
+				}
 			}
 		}
 	}

@@ -38,7 +38,7 @@ func runController(args []string) error {
 	fs.IntVar(&cfg.BatchMax, "batch-max", cfg.BatchMax, "most commands coalesced into one log entry")
 	fs.DurationVar(&cfg.MigrationInterval, "migration-interval", cfg.MigrationInterval, "how often the leader schedules live migrations (balance when on, drains always)")
 	fs.DurationVar(&cfg.MigrationTimeout, "migration-timeout", cfg.MigrationTimeout, "the leader aborts a live migration not committed this long after it started")
-	gossipKey := fs.String("gossip-key", "", "base64 key (16, 24 or 32 bytes) encrypting Serf traffic")
+	gossipKey := fs.String("gossip-key", os.Getenv("LUMEN_GOSSIP_KEY"), "base64 key (16, 24 or 32 bytes) encrypting Serf traffic (env LUMEN_GOSSIP_KEY, which keeps it off the command line)")
 	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "PEM certificate for gRPC and Raft (mutual TLS)")
 	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "PEM private key")
 	fs.StringVar(&cfg.TLS.CA, "tls-ca", "", "PEM CA certificate that signs every peer")

@@ -37,7 +37,7 @@ func runWorker(args []string) error {
 	fs.StringVar(&cfg.SerfAddr, "serf-addr", "127.0.0.1:7600", "Serf gossip host:port (empty: no gossip)")
 	join := fs.String("join", "", "comma-separated Serf addresses to join (controllers)")
 	controllers := fs.String("controllers", "", "comma-separated controller gRPC addresses (empty: standalone)")
-	gossipKey := fs.String("gossip-key", "", "base64 key (16, 24 or 32 bytes) encrypting Serf traffic: the controllers' -gossip-key")
+	gossipKey := fs.String("gossip-key", os.Getenv("LUMEN_GOSSIP_KEY"), "base64 key (16, 24 or 32 bytes) encrypting Serf traffic: the controllers' -gossip-key (env LUMEN_GOSSIP_KEY, which keeps it off the command line)")
 	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "PEM certificate for the Inference API and calls to controllers and workers (mutual TLS)")
 	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "PEM private key")
 	fs.StringVar(&cfg.TLS.CA, "tls-ca", "", "PEM CA certificate that signs every peer")
