@@ -66,7 +66,7 @@ type downtimeSample struct {
 	// applied there), seenLast when the last replica's did.
 	started, stamp, seen, seenLast time.Duration
 	// dest is the destination's own part: from the gateway's call to the
-	// first token it computed (its lumen_worker_ttft_seconds for the
+	// first token it computed (its lumen_worker_time_to_first_token_seconds for the
 	// adopted call: the wait for the step in progress, and the step);
 	// destOK says it was measured.
 	dest   time.Duration
@@ -1293,12 +1293,12 @@ func (m *migCluster) migrateOne(ctx context.Context, id string, sample *downtime
 	return end, to, nil
 }
 
-// ttftHist reads a worker's lumen_worker_ttft_seconds: count and sum.
+// ttftHist reads a worker's lumen_worker_time_to_first_token_seconds: count and sum.
 func ttftHist(ctx context.Context, w *devcluster.Worker) (count, sum float64, err error) {
-	if count, err = w.Metric(ctx, "lumen_worker_ttft_seconds_count"); err != nil {
+	if count, err = w.Metric(ctx, "lumen_worker_time_to_first_token_seconds_count"); err != nil {
 		return 0, 0, err
 	}
-	sum, err = w.Metric(ctx, "lumen_worker_ttft_seconds_sum")
+	sum, err = w.Metric(ctx, "lumen_worker_time_to_first_token_seconds_sum")
 	return count, sum, err
 }
 
@@ -1549,7 +1549,7 @@ func burstRun(ctx context.Context, dir string, workers int, args []string, mode 
 			o.wrong++
 		}
 	}
-	o.preemptions = m.sumMetric(ctx, "lumen_worker_preemptions_total")
+	o.preemptions = m.sumMetric(ctx, "lumen_worker_num_preemptions_total")
 	o.migrations = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "committed"))
 	o.aborted = m.sumMetric(ctx, labelledMetric("lumen_worker_migrations_out_total", "outcome", "aborted"))
 	o.recomputed = m.sumMetric(ctx, "lumen_worker_resume_recomputed_tokens_total")

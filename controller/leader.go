@@ -231,6 +231,7 @@ func (n *Node) observe() {
 			n.metrics.raftState.Set(float64(n.raft.State()))
 			n.metrics.applied.Set(float64(n.fsm.Applied()))
 			n.metrics.commit.Set(float64(n.raft.CommitIndex()))
+			n.metrics.term.Set(float64(n.raft.CurrentTerm()))
 		case <-n.shutdownCh:
 			return
 		}

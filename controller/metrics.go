@@ -1,10 +1,14 @@
 package controller
 
 import (
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/lumen-project/lumen/fsm"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
 // metrics are a replica's Prometheus metrics, in a registry of its own so
@@ -22,6 +26,11 @@ type metrics struct {
 	panics     prometheus.Counter
 	applyTime  *prometheus.HistogramVec
 	migrations *prometheus.CounterVec
+	term       prometheus.Gauge
+	// Recovery plans committed (one per MarkFailed that found requests or
+	// not), and their requests by mode, from the applied log.
+	recoveryPlans    prometheus.Counter
+	recoveryRequests *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -54,6 +63,17 @@ func newMetrics() *metrics {
 		Help: "Live migrations started, committed and aborted, by cause (fsm.MigrationCause: started balance/drain/operator; " +
 			"aborted timeout/destination/source_failed/finished/worker), counted from the applied log: every replica counts every one."},
 		[]string{"stage", "cause"})
+	m.term = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_controller_raft_term",
+		Help: "Raft term this replica is in (a rise is an election)."})
+	m.recoveryPlans = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_recovery_plans_total",
+		Help: "Recovery plans committed (one per worker failure), counted from the applied log: every replica counts every one."})
+	m.recoveryRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_recovery_requests_total",
+		Help: "Requests the recovery plans assigned to a new worker, by mode (REUSE: from checkpoint pages; RECOMPUTE: prefilled again)."},
+		[]string{"mode"})
+	for _, mode := range []string{"REUSE", "RECOMPUTE"} {
+		m.recoveryRequests.WithLabelValues(mode)
+	}
+	m.reg.MustRegister(m.term, m.recoveryPlans, m.recoveryRequests)
 	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded, m.panics, m.applyTime, m.migrations,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -62,4 +82,47 @@ func newMetrics() *metrics {
 // observeApply records one command's apply time (fsm.ObserveApply).
 func (m *metrics) observeApply(command string, d time.Duration) {
 	m.applyTime.WithLabelValues(command).Observe(d.Seconds())
+}
+
+// workerTable exports, per worker of the replicated table, what the
+// controllers decide with: the checkpoint budget and the bytes reserved on
+// it, and q_w as the last load report carried it. Read at each scrape.
+type workerTable struct {
+	f                           *fsm.FSM
+	budget, reserved, queueWait *prometheus.Desc
+}
+
+func newWorkerTable(f *fsm.FSM) *workerTable {
+	return &workerTable{f: f,
+		budget: prometheus.NewDesc("lumen_controller_worker_checkpoint_budget_bytes",
+			"A worker's host memory for other workers' checkpoints, as registered.", []string{"worker"}, nil),
+		reserved: prometheus.NewDesc("lumen_controller_worker_checkpoint_reserved_bytes",
+			"Checkpoint bytes the placements reserve on a worker (its budget less these is what h(r) can still place there).", []string{"worker"}, nil),
+		queueWait: prometheus.NewDesc("lumen_controller_worker_queue_wait_seconds",
+			"q_w of a worker: the mean wait from arrival to prefill start over its window, as its last load report carried it.", []string{"worker"}, nil)}
+}
+
+func (t *workerTable) Describe(ch chan<- *prometheus.Desc) {
+	ch <- t.budget
+	ch <- t.reserved
+	ch <- t.queueWait
+}
+
+func (t *workerTable) Collect(ch chan<- prometheus.Metric) {
+	tab := t.f.Workers()
+	for _, r := range tab.Reservations {
+		ch <- prometheus.MustNewConstMetric(t.budget, prometheus.GaugeValue, float64(r.BudgetBytes), r.WorkerId)
+		ch <- prometheus.MustNewConstMetric(t.reserved, prometheus.GaugeValue, float64(r.ReservedBytes), r.WorkerId)
+	}
+	for _, l := range tab.Loads {
+		ch <- prometheus.MustNewConstMetric(t.queueWait, prometheus.GaugeValue, l.QueueWaitMs/1000, l.WorkerId)
+	}
+}
+
+// countRecovery counts a committed recovery plan and its requests by mode.
+func (m *metrics) countRecovery(rp *pb.RecoveryPlan) {
+	m.recoveryPlans.Inc()
+	for _, a := range rp.Assignments {
+		m.recoveryRequests.WithLabelValues(strings.TrimPrefix(a.Mode.String(), "RECOVERY_MODE_")).Inc()
+	}
 }

@@ -78,6 +78,9 @@ func (n *Node) countMigrations() {
 			if m := ev.GetMigration(); m != nil {
 				n.metrics.migrations.WithLabelValues(migrationStage(m.Stage), fsm.MigrationCause(m)).Inc()
 			}
+			if rp := ev.GetRecoveryPlan(); rp != nil {
+				n.metrics.countRecovery(rp)
+			}
 		}
 		select {
 		case <-changed:

@@ -103,6 +103,7 @@ func New(cfg Config) (n *Node, err error) {
 		metrics:      newMetrics(),
 	}
 	n.fsm.ObserveApply(n.metrics.observeApply)
+	n.metrics.reg.MustRegister(newWorkerTable(n.fsm))
 	// Every failed start returns (nil, err), so the cleanup must hold on to
 	// the node itself rather than read the named result.
 	started := n

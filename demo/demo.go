@@ -429,11 +429,11 @@ func checkStreams(out io.Writer, streams []*stream, wants []string) (ok int) {
 
 // workerInFlight is a worker's running plus waiting requests.
 func workerInFlight(ctx context.Context, w *devcluster.Worker) (int, error) {
-	running, err := w.Metric(ctx, "lumen_worker_running")
+	running, err := w.Metric(ctx, "lumen_worker_num_requests_running")
 	if err != nil {
 		return 0, err
 	}
-	waiting, err := w.Metric(ctx, "lumen_worker_waiting")
+	waiting, err := w.Metric(ctx, "lumen_worker_num_requests_waiting")
 	return int(running + waiting), err
 }
 

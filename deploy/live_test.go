@@ -194,7 +194,7 @@ func streamAndDo(ctx context.Context, cl *devcluster.Cluster, do func(*devcluste
 			continue
 		}
 		fams, err := scrape(ctx, "http://"+w.HTTPAddr+"/metrics")
-		if err == nil && gaugeWith(fams, "lumen_worker_running", "", "") > 0 {
+		if err == nil && gaugeWith(fams, "lumen_worker_num_requests_running", "", "") > 0 {
 			serving = w
 		}
 	}

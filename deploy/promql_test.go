@@ -197,9 +197,9 @@ func TestSelectors(t *testing.T) {
 		expr string
 		want []selector
 	}{
-		{`lumen_worker_running`, []selector{{metric: "lumen_worker_running"}}},
-		{`histogram_quantile(0.99, sum by (le, pod) (rate(lumen_gateway_ttft_seconds_bucket{namespace=~"$namespace"}[$__rate_interval])))`,
-			[]selector{{"lumen_gateway_ttft_seconds_bucket", []string{"namespace"}}}},
+		{`lumen_worker_num_requests_running`, []selector{{metric: "lumen_worker_num_requests_running"}}},
+		{`histogram_quantile(0.99, sum by (le, pod) (rate(lumen_gateway_time_to_first_token_seconds_bucket{namespace=~"$namespace"}[$__rate_interval])))`,
+			[]selector{{"lumen_gateway_time_to_first_token_seconds_bucket", []string{"namespace"}}}},
 		{`sum without (instance) (lumen_worker_kv_pages_used) / on (pod) group_left sum by (pod) (lumen_worker_kv_pages_total{job="x", pod!~"a,b}"})`,
 			[]selector{{metric: "lumen_worker_kv_pages_used"}, {"lumen_worker_kv_pages_total", []string{"job", "pod"}}}},
 		{`max by (phase) (lumen_worker_phase == 1) or vector(0) and 1e3 > bool 2`, []selector{{metric: "lumen_worker_phase"}}},

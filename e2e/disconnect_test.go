@@ -45,7 +45,7 @@ func TestClientDisconnectCancelsOnWorker(t *testing.T) {
 	url := "http://" + w.HTTPAddr + "/metrics"
 	// The worker publishes its gauges after the step that produced the
 	// token the client just read: wait for them to catch up.
-	for start := time.Now(); metricValue(t, url, "lumen_worker_running") != 1; time.Sleep(10 * time.Millisecond) {
+	for start := time.Now(); metricValue(t, url, "lumen_worker_num_requests_running") != 1; time.Sleep(10 * time.Millisecond) {
 		if time.Since(start) > 10*time.Second {
 			t.Fatal("the worker is not running the request")
 		}
@@ -53,9 +53,9 @@ func TestClientDisconnectCancelsOnWorker(t *testing.T) {
 	rcancel()
 	resp.Body.Close()
 	deadline := time.Now().Add(10 * time.Second)
-	for metricValue(t, url, "lumen_worker_running") != 0 || metricValue(t, url, "lumen_worker_kv_pages_used") != 0 {
+	for metricValue(t, url, "lumen_worker_num_requests_running") != 0 || metricValue(t, url, "lumen_worker_kv_pages_used") != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("after the client left: running %v, KV pages used %v", metricValue(t, url, "lumen_worker_running"),
+			t.Fatalf("after the client left: running %v, KV pages used %v", metricValue(t, url, "lumen_worker_num_requests_running"),
 				metricValue(t, url, "lumen_worker_kv_pages_used"))
 		}
 		time.Sleep(20 * time.Millisecond)

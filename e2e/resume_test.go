@@ -126,7 +126,7 @@ func TestStreamsSurviveWorkerKill(t *testing.T) {
 func countInFlight(t *testing.T, w *devcluster.Worker) int {
 	t.Helper()
 	n := 0
-	for _, name := range []string{"lumen_worker_running", "lumen_worker_waiting"} {
+	for _, name := range []string{"lumen_worker_num_requests_running", "lumen_worker_num_requests_waiting"} {
 		n += int(metricValue(t, "http://"+w.HTTPAddr+"/metrics", name))
 	}
 	return n

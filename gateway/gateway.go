@@ -213,7 +213,7 @@ func New(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, metrics: newMetrics(),
+	g := &Gateway{cfg: cfg, log: cfg.Logger, ctl: ctl, metrics: newMetrics(cfg.Model),
 		admit: make(chan struct{}, cfg.MaxConcurrent), done: make(chan string, 4096),
 		workers:    workerdir.New(ctl, creds, liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
 		maxContext: cfg.MaxContext, stop: make(chan struct{}), closeGrace: 5 * time.Second,

@@ -21,16 +21,23 @@ type metrics struct {
 	migrationDowntime prometheus.Histogram
 }
 
-func newMetrics() *metrics {
+// newMetrics makes the gateway's metrics. The end-to-end latency means
+// vLLM's e2e_request_latency_seconds: its name after lumen_gateway_ and
+// vLLM's model_name label (the model clients ask for).
+func newMetrics(model string) *metrics {
 	lat := prometheus.ExponentialBuckets(0.001, 2, 18)
+	var vl prometheus.Labels
+	if model != "" {
+		vl = prometheus.Labels{"model_name": model}
+	}
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_requests_total",
 			Help: "Requests by endpoint and HTTP status."}, []string{"endpoint", "code"}),
-		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_ttft_seconds",
-			Help: "Time from a request's arrival to its first token, through the gateway.", Buckets: lat}),
-		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_request_seconds",
-			Help: "Time from arrival to the last token.", Buckets: lat}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_time_to_first_token_seconds",
+			Help: "Time from a request's arrival to its first token, through the gateway (resumes included: the client's view; vllm:time_to_first_token_seconds is the worker's).", Buckets: lat}),
+		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_e2e_request_latency_seconds",
+			Help: "Time from arrival to the last token.", Buckets: lat, ConstLabels: vl}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_resumes_total",
 			Help: "Broken worker streams resumed, by how: moved (the placement moved), migrated (a live migration committed), retry (same worker), redispatch (before the first token)."}, []string{"how"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_gateway_inflight", Help: "Requests in flight."}),

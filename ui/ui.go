@@ -20,7 +20,7 @@
 // replica's ClusterStatus over gRPC, polled only while someone watches.
 //
 // The controller knows no TTFT (the gateway measures it:
-// lumen_gateway_ttft_seconds on its /metrics); the charts show what the
+// lumen_gateway_time_to_first_token_seconds on its /metrics); the charts show what the
 // controller does know: the queue (waiting and running requests, from the
 // workers' load reports), q_w (the queue wait before prefill each worker
 // reports, the part of TTFT that failures and recovery stretch) and the

@@ -69,7 +69,7 @@ func syntheticDraft(t *testing.T) *engine.Synthetic {
 // drafterFor returns a drafter worker: the drafting half of a Worker, with
 // no controller.
 func drafterFor(id string) *Worker {
-	w := &Worker{cfg: Config{ID: id}, log: hclog.NewNullLogger(), metrics: newMetrics()}
+	w := &Worker{cfg: Config{ID: id}, log: hclog.NewNullLogger(), metrics: newMetrics("")}
 	w.incarnation.Store(1)
 	return w
 }

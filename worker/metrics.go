@@ -19,6 +19,9 @@ type metrics struct {
 	batchRows   prometheus.Histogram
 	kvUsed      prometheus.Gauge
 	kvTotal     prometheus.Gauge
+	kvUsage     prometheus.Gauge
+	queueWait   prometheus.Gauge
+	ckptBudget  prometheus.Gauge
 	running     prometheus.Gauge
 	waiting     prometheus.Gauge
 	preemptions prometheus.Counter
@@ -58,26 +61,41 @@ type metrics struct {
 	gpuFaults       *prometheus.CounterVec // by kind
 }
 
-func newMetrics() *metrics {
+// newMetrics makes a worker's metrics. Those that mean what a vLLM metric
+// means carry vLLM's name after lumen_worker_ (vllm:time_to_first_token_seconds
+// is lumen_worker_time_to_first_token_seconds) and vLLM's model_name label
+// (model, when not empty); deploy/prometheus/vllm-compat.rules.yml records
+// them under vLLM's own names for dashboards built for vLLM.
+func newMetrics(model string) *metrics {
 	lat := prometheus.ExponentialBuckets(0.001, 2, 16)
+	var vl prometheus.Labels
+	if model != "" {
+		vl = prometheus.Labels{"model_name": model}
+	}
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
-		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_ttft_seconds",
-			Help: "Time from a request's arrival to its first output token.", Buckets: lat}),
-		tpot: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_tpot_seconds",
-			Help: "Time between consecutive output tokens of a request.", Buckets: lat}),
-		queueDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_queue_delay_seconds",
-			Help: "Time from arrival to the first prefill chunk (the q_w samples).", Buckets: lat}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_time_to_first_token_seconds",
+			Help: "Time from a request's arrival to its first output token.", Buckets: lat, ConstLabels: vl}),
+		tpot: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_inter_token_latency_seconds",
+			Help: "Time between consecutive output tokens of a request (TPOT).", Buckets: lat, ConstLabels: vl}),
+		queueDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_request_queue_time_seconds",
+			Help: "Time from arrival to the first prefill chunk, waiting (the q_w samples).", Buckets: lat, ConstLabels: vl}),
 		stepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_step_seconds",
 			Help: "Wall time of one engine step, pacing included.", Buckets: lat}),
 		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_batch_tokens",
 			Help: "Tokens computed per engine step.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		kvUsed:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_kv_pages_used", Help: "KV cache pages in use."}),
 		kvTotal: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_kv_pages_total", Help: "KV cache pages."}),
-		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_running", Help: "Requests in the running batch."}),
-		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_waiting", Help: "Requests waiting to start."}),
-		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_preemptions_total",
-			Help: "Requests preempted (cache dropped, recomputed later) when KV pages ran out."}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_num_requests_running", Help: "Requests in the running batch.", ConstLabels: vl}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_num_requests_waiting", Help: "Requests waiting to start.", ConstLabels: vl}),
+		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_num_preemptions_total",
+			Help: "Requests preempted (cache dropped, recomputed later) when KV pages ran out.", ConstLabels: vl}),
+		kvUsage: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_kv_cache_usage_perc",
+			Help: "KV cache in use, 0 to 1 (lumen_worker_kv_pages_used over lumen_worker_kv_pages_total).", ConstLabels: vl}),
+		queueWait: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_queue_wait_seconds",
+			Help: "q_w: the mean wait from arrival to prefill start over the sliding window, as the last load report carried it (what h(r) and placement read)."}),
+		ckptBudget: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_checkpoint_budget_bytes",
+			Help: "Host memory this worker offers for other workers' checkpoints (-checkpoint-budget)."}),
 		completed: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_requests_completed_total", Help: "Requests finished."}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_requests_rejected_total",
 			Help: "Generate calls refused, by gRPC code."}, []string{"code"}),
@@ -156,7 +174,7 @@ func newMetrics() *metrics {
 		m.assistStreams, m.drafted, m.draftSteps, m.assistSecs)
 	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptFreed, m.ckptPasses, m.restoredPages, m.recomputed)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
-		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins,
+		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins, m.kvUsage, m.queueWait, m.ckptBudget,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

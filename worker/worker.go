@@ -100,7 +100,7 @@ func New(cfg Config) (w *Worker, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "worker", Level: hclog.Info})
 	}
-	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(),
+	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(cfg.Engine.Info().Model),
 		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
 		senders: map[string]*ckptSender{}, registered: make(chan struct{}), outgoing: map[string]*migrationOut{},
 		migDone: map[string]uint64{}, exited: make(chan struct{})}
@@ -150,6 +150,7 @@ func New(cfg Config) (w *Worker, err error) {
 	w.peers = workerdir.New(table, w.dialCreds)
 	info := cfg.Engine.Info()
 	w.metrics.kvTotal.Set(float64(info.TotalPages))
+	w.metrics.ckptBudget.Set(float64(cfg.CheckpointBudget))
 	if w.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("worker: listen on %s: %w", cfg.GRPCAddr, err)
 	}
@@ -394,6 +395,10 @@ func (w *Worker) Load() *pb.LoadRecord {
 	free := w.cfg.Engine.FreePages()
 	used := info.TotalPages - free
 	w.metrics.kvUsed.Set(float64(used))
+	if info.TotalPages > 0 {
+		w.metrics.kvUsage.Set(float64(used) / float64(info.TotalPages))
+	}
+	w.metrics.queueWait.Set(qw / 1000)
 	ckUsed, ckBudget, _ := w.store.usage()
 	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(), QueueWaitMs: qw,
 		FreeCheckpointBytes: ckBudget - ckUsed, StoredCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),

@@ -13,9 +13,10 @@ import (
 // metricsClient gives up on a process that does not answer (a paused one).
 var metricsClient = &http.Client{Timeout: 2 * time.Second}
 
-// ScrapeMetric reads one unlabelled metric from the Prometheus endpoint at
-// url. A failed scrape, an answer other than 200, a value that does not
-// parse or a metric not exposed is an error, never a 0.
+// ScrapeMetric reads one metric from the Prometheus endpoint at url: the
+// sum of its series (one, unlabelled, or vLLM-named ones with their
+// model_name label). A failed scrape, an answer other than 200, a value
+// that does not parse or a metric not exposed is an error, never a 0.
 func ScrapeMetric(ctx context.Context, url, name string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	if err != nil {
@@ -31,22 +32,36 @@ func ScrapeMetric(ctx context.Context, url, name string) (float64, error) {
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	sum, found := 0.0, false
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err != nil {
-				return 0, fmt.Errorf("devcluster: scrape %s: %s: %w", url, name, err)
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name+" ")
+		if !ok {
+			if labelled, ok2 := strings.CutPrefix(line, name+"{"); ok2 {
+				if i := strings.LastIndex(labelled, "} "); i >= 0 {
+					rest, ok = labelled[i+2:], true
+				}
 			}
-			return v, nil
 		}
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil {
+			return 0, fmt.Errorf("devcluster: scrape %s: %s: %w", url, name, err)
+		}
+		sum, found = sum+v, true
 	}
 	if err := sc.Err(); err != nil {
 		return 0, fmt.Errorf("devcluster: scrape %s: %w", url, err)
 	}
-	return 0, fmt.Errorf("devcluster: scrape %s: no unlabelled metric %s", url, name)
+	if !found {
+		return 0, fmt.Errorf("devcluster: scrape %s: no metric %s", url, name)
+	}
+	return sum, nil
 }
 
-// Metric reads one unlabelled metric of the worker (ScrapeMetric).
+// Metric reads one metric of the worker, summed over its series (ScrapeMetric).
 func (w *Worker) Metric(ctx context.Context, name string) (float64, error) {
 	return ScrapeMetric(ctx, "http://"+w.HTTPAddr+"/metrics", name)
 }

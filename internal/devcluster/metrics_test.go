@@ -13,19 +13,20 @@ import (
 func TestScrapeMetricFailsOnBadScrape(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprint(w, "# HELP a_total x\na_total 3\nb_gauge not-a-number\nc{l=\"x\"} 1\nd 1.5e+06\n")
+		fmt.Fprint(w, "# HELP a_total x\na_total 3\nb_gauge not-a-number\nc{l=\"x\"} 1\nc{l=\"y\"} 2.5\nd 1.5e+06\n")
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	ctx := context.Background()
-	for name, want := range map[string]float64{"a_total": 3, "d": 1.5e6} {
+	// A labelled metric (vLLM's names carry model_name) reads as the sum
+	// of its series.
+	for name, want := range map[string]float64{"a_total": 3, "d": 1.5e6, "c": 3.5} {
 		if v, err := ScrapeMetric(ctx, srv.URL+"/metrics", name); err != nil || v != want {
 			t.Fatalf("%s: %v %v, want %v", name, v, err, want)
 		}
 	}
 	for _, c := range []struct{ url, name string }{
 		{srv.URL + "/metrics", "b_gauge"},       // does not parse
-		{srv.URL + "/metrics", "c"},             // labelled only
 		{srv.URL + "/metrics", "missing_total"}, // not exposed
 		{srv.URL + "/nothing", "a_total"},       // HTTP 404
 		{"http://127.0.0.1:1/metrics", "a"},     // nobody listens

@@ -1,0 +1,94 @@
+package controller
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// gauge is the value of name's series with label=value in n's registry
+// (any series when label is empty), and whether there is one.
+func gauge(t *testing.T, n *Node, name, label, value string) (float64, bool) {
+	t.Helper()
+	fams, err := n.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			ok := label == ""
+			for _, l := range m.GetLabel() {
+				ok = ok || (l.GetName() == label && l.GetValue() == value)
+			}
+			if !ok {
+				continue
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue(), true
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestTableAndRecoveryMetrics: a replica exports each worker's checkpoint
+// budget and the bytes reserved on it as the table has them, its Raft
+// term, and counts a committed recovery plan and its requests by mode.
+func TestTableAndRecoveryMetrics(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	n := c.waitLeader()
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	budgets := map[string]uint64{"w-a": 64 << 20, "w-b": 128 << 20}
+	for id, b := range budgets {
+		if _, err := c.client(n).RegisterWorker(ctxT(t, 5*time.Second), &pb.RegisterWorkerRequest{Worker: &pb.Worker{
+			Id: id, Incarnation: 1, GrpcAddr: deadAddr, Capacity: &pb.Capacity{KvPagesTotal: 1000, KvBytesPerToken: 1024, CheckpointBudgetBytes: b,
+				MaxContextTokens: 8192, H2DBytesPerSec: 25e9}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := c.client(n).Dispatch(ctxT(t, 5*time.Second), &pb.DispatchRequest{RequestId: "r", PromptTokens: 100, MaxTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := resp.Placement
+	for id, b := range budgets {
+		if v, ok := gauge(t, n, "lumen_controller_worker_checkpoint_budget_bytes", "worker", id); !ok || v != float64(b) {
+			t.Errorf("%s: budget gauge %v (exported %v), want %d", id, v, ok, b)
+		}
+	}
+	if pl.HolderId != "" {
+		if v, _ := gauge(t, n, "lumen_controller_worker_checkpoint_reserved_bytes", "worker", pl.HolderId); v != float64(pl.ReservedBytes) {
+			t.Errorf("reserved on the holder %s: gauge %v, placement %d", pl.HolderId, v, pl.ReservedBytes)
+		}
+	}
+	waitFor(t, 5*time.Second, "the Raft term gauge", func() bool {
+		v, _ := gauge(t, n, "lumen_controller_raft_term", "", "")
+		return v >= 1
+	})
+	r, err := c.client(n).ReportUnreachable(ctxT(t, 5*time.Second), &pb.ReportUnreachableRequest{WorkerId: pl.WorkerId, Reporter: "test"})
+	if err != nil || !r.MarkedFailed {
+		t.Fatalf("%s was not marked failed: %v %v", pl.WorkerId, r, err)
+	}
+	waitFor(t, 5*time.Second, "one recovery plan counted", func() bool {
+		v, _ := gauge(t, n, "lumen_controller_recovery_plans_total", "", "")
+		return v == 1
+	})
+	reuse, _ := gauge(t, n, "lumen_controller_recovery_requests_total", "mode", "REUSE")
+	recompute, _ := gauge(t, n, "lumen_controller_recovery_requests_total", "mode", "RECOMPUTE")
+	if reuse+recompute != 1 {
+		t.Fatalf("recovered requests by mode: REUSE %v, RECOMPUTE %v; want one in all", reuse, recompute)
+	}
+}
