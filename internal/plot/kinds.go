@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -424,50 +425,97 @@ func specKPanels(data []byte) ([]*plot.Plot, error) {
 	return out, nil
 }
 
+// flatKey is a flat key read as NAME UNIT [_N]: read_p99_ms,
+// gateway_ttft_p99_ms_100 (N: the streams, the sequence length).
+var flatKey = regexp.MustCompile(`^(.+?)(_per_s|_ms|_s|_pct)(?:_(\d+))?$`)
+
 // flatPanels plots any flat object of numbers (`lumen bench controller`,
-// gateway, pacing): bars grouped by the unit the key ends with.
+// gateway, pacing): bars by the unit the key ends with; keys that end with
+// a number after their unit (gateway_ttft_p99_ms_100) as groups by that
+// number, a bar per name.
 func flatPanels(data []byte) ([]*plot.Plot, error) {
 	var m map[string]float64
 	if err := json.Unmarshal(data, &flatNumbers{m: &m}); err != nil {
 		return nil, err
 	}
 	units := []struct{ suffix, title string }{{"_per_s", "per second"}, {"_ms", "milliseconds"}, {"_s", "seconds"}, {"_pct", "percent"}}
-	byUnit := map[int][]string{}
-	for k := range m {
-		for i, u := range units {
-			if strings.HasSuffix(k, u.suffix) {
-				byUnit[i] = append(byUnit[i], k)
-				break
-			}
-		}
-	}
-	var out []*plot.Plot
-	for i, u := range units {
-		keys := byUnit[i]
-		if len(keys) == 0 {
+	plain := map[string]map[string]float64{}           // unit → name → value
+	grouped := map[string]map[string]map[int]float64{} // unit → name → N → value
+	for k, v := range m {
+		g := flatKey.FindStringSubmatch(k)
+		if g == nil {
 			continue
 		}
-		sort.Strings(keys)
-		p := newPlot(u.title, "", u.title)
-		vals := make([]float64, len(keys))
-		names := make([]string, len(keys))
-		for j, k := range keys {
-			vals[j], names[j] = m[k], strings.TrimSuffix(k, u.suffix)
+		name, unit := g[1], g[2]
+		if g[3] == "" {
+			if plain[unit] == nil {
+				plain[unit] = map[string]float64{}
+			}
+			plain[unit][name] = v
+			continue
 		}
-		b, err := plotter.NewBarChart(plotter.Values(vals), 14)
-		if err != nil {
-			return nil, err
+		n, _ := strconv.Atoi(g[3])
+		if grouped[unit] == nil {
+			grouped[unit] = map[string]map[int]float64{}
 		}
-		b.Color, b.LineStyle.Width = palette[0], 0
-		p.Add(b)
-		p.NominalX(names...)
-		p.X.Tick.Label.Rotation = math.Pi / 6
-		p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = -1, -0.5
-		p.Y.Min = 0
-		out = append(out, p)
+		if grouped[unit][name] == nil {
+			grouped[unit][name] = map[int]float64{}
+		}
+		grouped[unit][name][n] = v
+	}
+	var out []*plot.Plot
+	for _, u := range units {
+		if vals := plain[u.suffix]; len(vals) > 0 {
+			names := sortedKeys(vals)
+			p := newPlot(u.title, "", u.title)
+			v := make([]float64, len(names))
+			for j, k := range names {
+				v[j] = vals[k]
+			}
+			b, err := plotter.NewBarChart(plotter.Values(v), 14)
+			if err != nil {
+				return nil, err
+			}
+			b.Color, b.LineStyle.Width = palette[0], 0
+			p.Add(b)
+			p.NominalX(names...)
+			p.X.Tick.Label.Rotation = math.Pi / 6
+			p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = -1, -0.5
+			p.Y.Min = 0
+			out = append(out, p)
+		}
+		if series := grouped[u.suffix]; len(series) > 0 {
+			ns := map[int]bool{}
+			for _, byN := range series {
+				for n := range byN {
+					ns[n] = true
+				}
+			}
+			var sortedN []int
+			for n := range ns {
+				sortedN = append(sortedN, n)
+			}
+			sort.Ints(sortedN)
+			groups := make([]string, len(sortedN))
+			for i, n := range sortedN {
+				groups[i] = strconv.Itoa(n)
+			}
+			names := sortedKeys(series)
+			vals := make([][]float64, len(names))
+			for i, name := range names {
+				for _, n := range sortedN {
+					vals[i] = append(vals[i], series[name][n])
+				}
+			}
+			p := newPlot(u.title+", by the number each key ends with", "", u.title)
+			if err := addBars(p, groups, names, vals); err != nil {
+				return nil, err
+			}
+			out = append(out, p)
+		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: no key ends with _per_s, _ms, _s or _pct", ErrUnknown)
+		return nil, fmt.Errorf("%w: no key ends with _per_s, _ms, _s or _pct (and an optional _N)", ErrUnknown)
 	}
 	return out, nil
 }

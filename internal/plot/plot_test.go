@@ -159,6 +159,23 @@ func TestWriteNextTo(t *testing.T) {
 			t.Errorf("no bar %q in %q", w, texts)
 		}
 	}
+	gw := filepath.Join(dir, "gateway.json")
+	if err := os.WriteFile(gw, []byte(`{"direct_ttft_p99_ms_1": 20, "gateway_ttft_p99_ms_1": 21, "direct_ttft_p99_ms_100": 40, "gateway_ttft_p99_ms_100": 45, "gateway_tokens_per_s_100": 9000}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = WriteNextTo(gw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svg, err = os.ReadFile(out); err != nil {
+		t.Fatal(err)
+	}
+	texts = wellFormed(t, svg)
+	for _, w := range []string{"direct_ttft_p99", "gateway_ttft_p99", "100", "gateway_tokens"} {
+		if !contains(texts, w) {
+			t.Errorf("gateway: no %q in %q", w, texts)
+		}
+	}
 	bad := filepath.Join(dir, "bad.json")
 	if err := os.WriteFile(bad, []byte(`{"note": "nothing numeric"}`), 0o644); err != nil {
 		t.Fatal(err)
