@@ -288,7 +288,7 @@ func migrationPanels(data []byte) ([]*plot.Plot, error) {
 	var series []string
 	var vals [][]float64
 	for _, c := range []struct{ key, name string }{
-		{"downtime_ms_", "downtime (source stops → destination's first token)"},
+		{"downtime_ms_", "downtime (gateway: source's last token → destination's first)"},
 		{"downtime_client_ms_", "client-visible gap"},
 		{"downtime_stop_copy_ms_", "stop-and-copy"},
 		{"migration_ms_", "whole migration"},
@@ -479,6 +479,8 @@ func flatPanels(data []byte) ([]*plot.Plot, error) {
 			b.Color, b.LineStyle.Width = palette[0], 0
 			p.Add(b)
 			p.NominalX(names...)
+			p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
+			noVerticalGrid(p)
 			p.X.Tick.Label.Rotation = math.Pi / 6
 			p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = -1, -0.5
 			p.Y.Min = 0

@@ -155,7 +155,11 @@ func draw1(panels []*plot.Plot) ([]byte, error) {
 	if _, err := c.WriteTo(&b); err != nil {
 		return nil, err
 	}
-	return b.Bytes(), nil
+	// Text is measured with Liberation Sans, which the SVG names but does
+	// not embed (that would add 400 KB a file); Arial has the same metrics,
+	// so a viewer without Liberation lays the labels out the same.
+	return bytes.ReplaceAll(b.Bytes(), []byte("font-family:Liberation Sans;"),
+		[]byte("font-family:'Liberation Sans',Arial,Helvetica,sans-serif;")), nil
 }
 
 // palette colours series by name, so that a strategy keeps its colour in
@@ -202,7 +206,11 @@ func newPlot(title, x, y string) *plot.Plot {
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, x, y
 	p.Legend.Top = true
 	p.Legend.TextStyle.Font.Size = vg.Points(9)
-	p.Add(plotter.NewGrid())
+	g := plotter.NewGrid()
+	p.Add(g)
+	legendMu.Lock()
+	grids[p] = g
+	legendMu.Unlock()
 	return p
 }
 
@@ -211,6 +219,7 @@ func newPlot(title, x, y string) *plot.Plot {
 var (
 	legendMu   sync.Mutex
 	legendRows = map[*plot.Plot]int{}
+	grids      = map[*plot.Plot]*plotter.Grid{}
 )
 
 func legend(p *plot.Plot, name string, thumbs ...plot.Thumbnailer) {
@@ -226,6 +235,7 @@ func headroom(p *plot.Plot) {
 	legendMu.Lock()
 	n := legendRows[p]
 	delete(legendRows, p)
+	delete(grids, p)
 	legendMu.Unlock()
 	if n > 0 && p.Y.Max > p.Y.Min {
 		p.Y.Max = p.Y.Min + (p.Y.Max-p.Y.Min)*(1+0.075*float64(n))
@@ -296,7 +306,20 @@ func addBars(p *plot.Plot, groups, series []string, values [][]float64) error {
 	}
 	p.NominalX(groups...)
 	p.Y.Min = 0
+	// The groups' bars spread around each integer x: keep them all inside
+	// the data area, and no vertical grid line through them.
+	p.X.Min, p.X.Max = -0.5, float64(len(groups))-0.5
+	noVerticalGrid(p)
 	return nil
+}
+
+// noVerticalGrid hides the vertical lines of p's grid.
+func noVerticalGrid(p *plot.Plot) {
+	legendMu.Lock()
+	defer legendMu.Unlock()
+	if g := grids[p]; g != nil {
+		g.Vertical.Color = nil
+	}
 }
 
 // hline draws a dashed horizontal line at y across [x0, x1], named.
