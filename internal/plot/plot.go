@@ -237,6 +237,9 @@ func headroom(p *plot.Plot) {
 	delete(legendRows, p)
 	delete(grids, p)
 	legendMu.Unlock()
+	if p.Y.Min == 0 && p.Y.Max <= 0 {
+		p.Y.Max = 1 // all zeros (no recovery measured): an axis from 0, not around it
+	}
 	if n > 0 && p.Y.Max > p.Y.Min {
 		p.Y.Max = p.Y.Min + (p.Y.Max-p.Y.Min)*(1+0.075*float64(n))
 	}
