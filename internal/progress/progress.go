@@ -124,7 +124,8 @@ func (m *Meter) Done() float64 {
 	return m.done
 }
 
-// Finish writes the last line (the whole job's time) and stops redrawing.
+// Finish writes the last line (the whole job's time; "done" when all the
+// work was, "stopped" otherwise) and stops redrawing.
 func (m *Meter) Finish(note string) {
 	if m == nil {
 		return
@@ -188,8 +189,10 @@ func (m *Meter) status(now time.Time, last bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s/%s %s (%.0f%%), %s elapsed", num(m.done), num(m.total), m.unit, pct, round(elapsed))
 	switch {
-	case last:
+	case last && m.done >= m.total:
 		b.WriteString(", done")
+	case last:
+		b.WriteString(", stopped") // an error, or Ctrl-C
 	case m.done > 0 && m.done < m.total:
 		left := time.Duration(float64(elapsed) * (m.total - m.done) / m.done)
 		fmt.Fprintf(&b, ", about %s left", round(left))

@@ -46,6 +46,13 @@ func TestPlainLines(t *testing.T) {
 	if strings.ContainsAny(b.String(), "\r\x1b") {
 		t.Fatal("control characters in plain output")
 	}
+	var stopped strings.Builder
+	s := plainMeter(&stopped, c)
+	s.Set(2, "w4 / lumen")
+	s.Finish("interrupted")
+	if got := strings.Split(strings.TrimSpace(stopped.String()), "\n"); got[len(got)-1] != "bench recovery: 2/10 runs (20%), 0s elapsed, stopped: interrupted" {
+		t.Fatalf("a meter finished early: %q", got)
+	}
 	m.Set(3, "after finish") // ignored
 	if strings.Count(b.String(), "\n") != len(want) {
 		t.Fatal("a line after Finish")
