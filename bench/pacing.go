@@ -94,6 +94,7 @@ func Pacing(cfg PacingConfig) error {
 	}
 	wg.Wait()
 	close(stopMeter)
+	meter.Set(cfg.Duration.Seconds(), "")
 	meter.Finish("")
 	res, err := pacingSummary(ratios, want)
 	if err != nil {

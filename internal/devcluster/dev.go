@@ -129,6 +129,7 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 		meter.Finish("failed")
 		return interrupted(ctx, err)
 	}
+	meter.Set(float64(cfg.Workers+2), "")
 	meter.Finish("ready")
 	fmt.Fprintf(out, "\n  gateway      http://%s/v1   (OpenAI API; model %q)\n", gw.Addr, "lumen-tiny")
 	fmt.Fprintf(out, "  controllers  %s\n", strings.Join(cl.GRPCAddrs(), ","))
