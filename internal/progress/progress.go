@@ -22,7 +22,7 @@ import (
 )
 
 // Every is how often a plain (non-terminal) progress line is written at
-// most; the first and the last are always written.
+// most; the first and the last (Finish) are always written.
 const Every = 10 * time.Second
 
 // Meter is one long job's progress. Its methods are safe for concurrent
@@ -151,7 +151,7 @@ func (m *Meter) emit(last bool) {
 		return
 	}
 	now := m.now()
-	if last || m.lastLine.IsZero() || now.Sub(m.lastLine) >= Every || m.done >= m.total {
+	if last || m.lastLine.IsZero() || now.Sub(m.lastLine) >= Every {
 		m.lastLine = now
 		fmt.Fprintln(m.w, m.line(now, last))
 	}

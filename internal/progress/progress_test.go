@@ -16,7 +16,7 @@ func plainMeter(b *strings.Builder, c *clock) *Meter {
 }
 
 // TestPlainLines: off a terminal, a line at the first update, then at most
-// one per Every, one when the work is all done, and the last; each with the
+// one per Every, and the last; each with the
 // fraction, the elapsed time, the estimate of the time left and the note.
 func TestPlainLines(t *testing.T) {
 	var b strings.Builder
@@ -36,7 +36,7 @@ func TestPlainLines(t *testing.T) {
 		"bench recovery: 0/10 runs (0%), 0s elapsed, estimating: calibration",
 		"bench recovery: 1/10 runs (10%), 30s elapsed, about 4m30s left: w4 / stop-and-restart",
 		"bench recovery: 3/10 runs (30%), 1m0s elapsed, about 2m20s left: w4 / lumen",
-		"bench recovery: 10/10 runs (100%), 1m20s elapsed",
+		"bench recovery: 10/10 runs (100%), 1m20s elapsed", // 20 s after the last line
 		"bench recovery: 10/10 runs (100%), 1m20s elapsed, done: wrote recovery.json",
 	}
 	got := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
