@@ -478,6 +478,7 @@ func (c *Core) adopt(r *Request, i int, in *incoming) bool {
 			r.hashes = in.hashes[:min(len(in.hashes), r.fed/engine.PageTokens)]
 			if r.fed < in.fed {
 				c.out.Truncates = append(c.out.Truncates, Truncate{Seq: in.seq, Len: r.fed})
+				c.out.RecomputedTokens += in.fed - r.fed
 			}
 			lacking = nil
 		}
