@@ -22,6 +22,23 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Message }
 
+// MarshalJSON writes all four of OpenAI's fields, param and code null when
+// unset, as OpenAI does.
+func (e *apiError) MarshalJSON() ([]byte, error) {
+	orNull := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	return json.Marshal(struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}{e.Message, e.Type, orNull(e.Param), orNull(e.Code)})
+}
+
 func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{Status: 400, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
 }
