@@ -48,7 +48,8 @@ type completionLogprobs struct {
 
 // orderedLogMap is a JSON object from token strings to logprobs that keeps
 // its order: the chosen token first, then the most likely ones (vLLM's
-// order). Two tokens with the same string keep the first.
+// order). Two tokens with the same string (all lone bytes above 0x7F read
+// as U+FFFD) keep the first.
 type orderedLogMap []struct {
 	token   string
 	logprob float32
@@ -59,14 +60,16 @@ func (m orderedLogMap) MarshalJSON() ([]byte, error) {
 	b.WriteByte('{')
 	seen := map[string]bool{}
 	for _, e := range m {
-		if seen[e.token] {
+		// Compared as JSON: bytes that are not UTF-8 alone all read as
+		// U+FFFD.
+		k, _ := json.Marshal(e.token)
+		if seen[string(k)] {
 			continue
 		}
-		seen[e.token] = true
+		seen[string(k)] = true
 		if len(seen) > 1 {
 			b.WriteByte(',')
 		}
-		k, _ := json.Marshal(e.token)
 		v, _ := json.Marshal(e.logprob)
 		b.Write(k)
 		b.WriteByte(':')

@@ -235,3 +235,14 @@ func mergeLogprobs(t *testing.T, evs []map[string]any, chat bool) any {
 	}
 	return merged
 }
+
+// TestTopLogprobsKeysAreUnique: lone bytes above 0x7F all read as U+FFFD;
+// the completions' top map keeps the first of them (JSON objects with
+// repeated keys are ambiguous).
+func TestTopLogprobsKeysAreUnique(t *testing.T) {
+	c, _ := completionsLogprobs([]*pb.GenerateResponse{lpResp(0, 0xC3, -1, 0xC3, 0xA9, 'a')}, 0)
+	b, err := json.Marshal(c.TopLogprobs[0])
+	if err != nil || string(b) != `{"\ufffd":-1,"a":-1.5}` {
+		t.Fatalf("top map %s (%v)", b, err)
+	}
+}
