@@ -512,9 +512,10 @@ func (o *responder) withLogprobs(p params) { o.lp, o.lpTop = p.logprobs, p.topLo
 func (o *responder) logprobs(r *pb.GenerateResponse) { o.pending = append(o.pending, r) }
 
 // takeLogprobs formats and clears the queued logprobs: a choice's
-// `logprobs`, null when the request did not ask for them.
+// `logprobs`, null when the request did not ask for them (or a stream's
+// chunk has no token of its own: the last).
 func (o *responder) takeLogprobs() any {
-	if !o.lp {
+	if !o.lp || o.stream && len(o.pending) == 0 {
 		return nil
 	}
 	lps := o.pending
