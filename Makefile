@@ -17,7 +17,7 @@ STATICCHECK_VERSION        := v0.7.0
 
 PROTO_FILES := $(wildcard proto/*.proto)
 
-.PHONY: jepsen bench-recovery bench-migration fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean chromium
+.PHONY: jepsen bench-recovery bench-migration fuzz bench-pacing bench-gateway all build test test-short lint proto proto-check demo bench bench-controller bench-go tools clean chromium npm
 
 all: build
 
@@ -27,8 +27,9 @@ build:
 ## test: vet, every package's tests with the race detector, then the
 ## multi-process e2e suite and a minute of jepsen (without it: the processes
 ## under test are plain builds, and instrumenting the harness only slows the
-## cluster it drives). The e2e suite drives the dashboard in Chromium.
-test: chromium
+## cluster it drives). The e2e suite drives the dashboard in Chromium and
+## the gateway with the official openai npm client.
+test: chromium npm
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /e2e -e /jepsen)
 	$(GO) test -count=1 -timeout 20m ./e2e/ ./jepsen/
@@ -47,6 +48,19 @@ chromium:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 	@command -v chromium >/dev/null 2>&1 || { echo "chromium is required by e2e/ui_test.go: apt-get install chromium (as root)"; exit 1; }
+
+## npm: the official openai npm package for e2e/npm_test.go, installed in
+## e2e/npm from its package-lock.json (npm ci) when node_modules is missing
+## or older than the lock; Node.js and npm from Debian when absent.
+npm:
+	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+		echo "installing nodejs and npm (Debian) for the npm client's test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	fi
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { echo "node and npm are required by e2e/npm_test.go: apt-get install nodejs npm (as root)"; exit 1; }
+	@if [ ! -f e2e/npm/node_modules/.package-lock.json ] || [ e2e/npm/package-lock.json -nt e2e/npm/node_modules/.package-lock.json ]; then \
+		cd e2e/npm && npm ci --no-audit --no-fund; \
+	fi
 
 test-short:
 	$(GO) test -count=1 ./policy/... ./fsm/...

@@ -91,12 +91,21 @@ func TestOpenAISDK(t *testing.T) {
 		want, reason, n := referenceText(t, ref, tk.Encode(prompt), 24, tokenizer.TokEOS)
 		c, err := client.Completions.New(ctx, openai.CompletionNewParams{
 			Model: "lumen-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
-			MaxTokens: openai.Int(24), Temperature: openai.Float(0)})
+			MaxTokens: openai.Int(24), Temperature: openai.Float(0), Logprobs: openai.Int(2)})
 		if err != nil {
 			t.Fatalf("completion %d: %v", i, err)
 		}
 		if c.Choices[0].Text != want || string(c.Choices[0].FinishReason) != reason || c.Usage.CompletionTokens != int64(n) {
 			t.Fatalf("completion %d: %q %s %d, want %q %s %d", i, c.Choices[0].Text, c.Choices[0].FinishReason, c.Usage.CompletionTokens, want, reason, n)
+		}
+		wantLP := referenceLogprobs(t, ref, tk.Encode(prompt), n, 2)
+		if lp := c.Choices[0].Logprobs; len(lp.TokenLogprobs) != n || len(lp.Tokens) != n || len(lp.TopLogprobs) != n || len(lp.TextOffset) != n {
+			t.Fatalf("completion %d: logprobs %+v for %d tokens", i, lp, n)
+		}
+		for j, v := range c.Choices[0].Logprobs.TokenLogprobs {
+			if float32(v) != wantLP[j].Logprob {
+				t.Fatalf("completion %d: token %d logprob %v, reference %v", i, j, v, wantLP[j].Logprob)
+			}
 		}
 		stream := client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
 			Model: "lumen-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: toInt64(tk.Encode(prompt))},
@@ -124,12 +133,23 @@ func TestOpenAISDK(t *testing.T) {
 	want, reason, n := referenceText(t, ref, tk.ApplyChatTemplate(msgs), 32, tokenizer.TokEOS, tokenizer.TokImEnd)
 	params := openai.ChatCompletionNewParams{Model: "lumen-tiny", MaxTokens: openai.Int(32), Temperature: openai.Float(0),
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("where do requests go when a worker dies?")}}
-	cc, err := client.Chat.Completions.New(ctx, params)
+	lpParams := params
+	lpParams.Logprobs, lpParams.TopLogprobs = openai.Bool(true), openai.Int(2)
+	cc, err := client.Chat.Completions.New(ctx, lpParams)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cc.Choices[0].Message.Content != want || string(cc.Choices[0].FinishReason) != reason || cc.Usage.CompletionTokens != int64(n) {
 		t.Fatalf("chat: %q %s, want %q %s", cc.Choices[0].Message.Content, cc.Choices[0].FinishReason, want, reason)
+	}
+	wantLP := referenceLogprobs(t, ref, tk.ApplyChatTemplate(msgs), n, 2)
+	if content := cc.Choices[0].Logprobs.Content; len(content) != n {
+		t.Fatalf("chat: %d logprobs for %d tokens", len(content), n)
+	}
+	for j, e := range cc.Choices[0].Logprobs.Content {
+		if float32(e.Logprob) != wantLP[j].Logprob || len(e.TopLogprobs) != 2 || float32(e.TopLogprobs[0].Logprob) != wantLP[j].Top[0].Logprob {
+			t.Fatalf("chat: token %d: %+v, reference %+v", j, e, wantLP[j])
+		}
 	}
 	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 	cs := client.Chat.Completions.NewStreaming(ctx, params)
@@ -162,6 +182,15 @@ func TestOpenAISDK(t *testing.T) {
 		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "temperature" {
 		t.Fatalf("bad temperature: %v", err)
+	}
+	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny", Logprobs: openai.Int(21),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "logprobs" || !strings.Contains(apiErr.Message, "between 0 and 20") {
+		t.Fatalf("logprobs 21: %v", err)
+	}
+	_, err = client.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "lumen-tiny", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("x")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "unknown_url" {
+		t.Fatalf("an unknown path: %v", err)
 	}
 	bad := openai.NewClient(option.WithBaseURL("http://"+gw.Addr+"/v1"), option.WithAPIKey("sk-wrong"), option.WithMaxRetries(0))
 	_, err = bad.Models.List(ctx)

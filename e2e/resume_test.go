@@ -22,7 +22,9 @@ import (
 // to receive its full output, equal to the reference, without an error. The
 // resume here is the gateway's: it waits for the controller to move the
 // placement (Serf notices the death, the leader commits MarkFailed, Apply
-// plans recovery) and continues there with the token history.
+// plans recovery) and continues there with the token history. Half the
+// streams ask for logprobs: every token's equals the failure-free run's,
+// bit for bit (float32), across the resume.
 func TestStreamsSurviveWorkerKill(t *testing.T) {
 	modelDir := t.TempDir()
 	if _, _, err := engine.InitModel(modelDir, engine.DefaultSeed); err != nil {
@@ -57,24 +59,35 @@ func TestStreamsSurviveWorkerKill(t *testing.T) {
 	const streams, maxTokens = 12, 60
 	prompts := make([]string, streams)
 	wants := make([]string, streams)
+	wantLPs := make([][]engine.Logprobs, streams)
 	for i := range prompts {
 		prompts[i] = fmt.Sprintf("stream %d keeps going", i)
-		wants[i], _, _ = referenceText(t, ref, tk.Encode(prompts[i]), maxTokens, tokenizer.TokEOS)
+		var n int
+		wants[i], _, n = referenceText(t, ref, tk.Encode(prompts[i]), maxTokens, tokenizer.TokEOS)
+		if i%2 == 0 {
+			wantLPs[i] = referenceLogprobs(t, ref, tk.Encode(prompts[i]), n, 2)
+		}
 	}
 	var wg sync.WaitGroup
 	got := make([]string, streams)
+	gotLPs := make([][]float64, streams)
 	errs := make([]error, streams)
 	started := make(chan struct{}, streams)
 	for i := range prompts {
 		wg.Go(func() {
-			s := client.Completions.NewStreaming(ctx, openai.CompletionNewParams{Model: "lumen-tiny",
+			params := openai.CompletionNewParams{Model: "lumen-tiny",
 				Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompts[i])},
-				MaxTokens: openai.Int(maxTokens), Temperature: openai.Float(0)})
+				MaxTokens: openai.Int(maxTokens), Temperature: openai.Float(0)}
+			if wantLPs[i] != nil {
+				params.Logprobs = openai.Int(2)
+			}
+			s := client.Completions.NewStreaming(ctx, params)
 			var sb strings.Builder
 			first := true
 			for s.Next() {
 				if ch := s.Current(); len(ch.Choices) > 0 {
 					sb.WriteString(ch.Choices[0].Text)
+					gotLPs[i] = append(gotLPs[i], ch.Choices[0].Logprobs.TokenLogprobs...)
 					if first && ch.Choices[0].Text != "" {
 						first = false
 						started <- struct{}{}
@@ -105,6 +118,14 @@ func TestStreamsSurviveWorkerKill(t *testing.T) {
 			t.Errorf("stream %d ended with an error: %v", i, errs[i])
 		} else if got[i] != wants[i] {
 			t.Errorf("stream %d:\n got  %q\n want %q", i, got[i], wants[i])
+		} else if want := wantLPs[i]; want != nil {
+			same := len(gotLPs[i]) == len(want)
+			for j := 0; same && j < len(want); j++ {
+				same = float32(gotLPs[i][j]) == want[j].Logprob
+			}
+			if !same {
+				t.Errorf("stream %d: logprobs across the kill %v, reference %v", i, gotLPs[i], want)
+			}
 		}
 	}
 	// The interrupted requests resumed at their holders from checkpointed

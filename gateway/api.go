@@ -22,6 +22,23 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Message }
 
+// MarshalJSON writes all four of OpenAI's fields, param and code null when
+// unset, as OpenAI does.
+func (e *apiError) MarshalJSON() ([]byte, error) {
+	orNull := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	return json.Marshal(struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}{e.Message, e.Type, orNull(e.Param), orNull(e.Code)})
+}
+
 func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{Status: 400, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
 }
@@ -149,6 +166,10 @@ type request struct {
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
 	User                string         `json:"user"`
+	// Logprobs is an integer for completions (the alternatives per token)
+	// and a boolean for chat, which takes the count in TopLogprobs.
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs *int64          `json:"top_logprobs"`
 }
 
 // decodeRequest parses a body and turns JSON type errors into 400s naming
@@ -187,6 +208,10 @@ type params struct {
 	seed        uint64
 	seeded      bool
 	stop        []string
+	// logprobs: each token's logprob, with the topLogprobs most likely
+	// tokens at its position.
+	logprobs    bool
+	topLogprobs int
 }
 
 // validate checks what both endpoints share. defMax is the default
@@ -241,6 +266,9 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 		}
 	}
 	p.stop = req.Stop
+	if aerr := req.validateLogprobs(chat, &p); aerr != nil {
+		return p, aerr
+	}
 	if req.StreamOptions != nil && !req.Stream {
 		return p, badRequest("stream_options", "stream_options is only allowed when stream is true")
 	}
@@ -273,6 +301,51 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 		}
 	}
 	return p, nil
+}
+
+// maxLogprobs is the most alternatives a request may ask for per token
+// (vLLM's default max_logprobs, and OpenAI's limit).
+const maxLogprobs = 20
+
+// validateLogprobs reads the logprob parameters as vLLM takes them:
+// completions' integer `logprobs` (0..20 alternatives per token), chat's
+// boolean `logprobs` with `top_logprobs` (0..20, only with logprobs).
+func (req *request) validateLogprobs(chat bool, p *params) *apiError {
+	raw := bytes.TrimSpace(req.Logprobs)
+	null := len(raw) == 0 || string(raw) == "null"
+	if chat {
+		if !null {
+			if err := json.Unmarshal(raw, &p.logprobs); err != nil {
+				return badRequest("logprobs", "logprobs must be a boolean for chat completions (the alternatives per token go in top_logprobs), got %s", raw)
+			}
+		}
+		if req.TopLogprobs != nil {
+			k := *req.TopLogprobs
+			if k < 0 || k > maxLogprobs {
+				return badRequest("top_logprobs", "top_logprobs must be between 0 and %d, got %d", maxLogprobs, k)
+			}
+			if k > 0 && !p.logprobs {
+				return badRequest("top_logprobs", "top_logprobs needs logprobs set to true")
+			}
+			p.topLogprobs = int(k)
+		}
+		return nil
+	}
+	if req.TopLogprobs != nil {
+		return badRequest("top_logprobs", "completions take the alternatives per token in logprobs (an integer 0..%d), not top_logprobs", maxLogprobs)
+	}
+	if null {
+		return nil
+	}
+	var k int64
+	if err := json.Unmarshal(raw, &k); err != nil {
+		return badRequest("logprobs", "logprobs must be an integer between 0 and %d for completions, got %s", maxLogprobs, raw)
+	}
+	if k < 0 || k > maxLogprobs {
+		return badRequest("logprobs", "logprobs must be between 0 and %d, got %d", maxLogprobs, k)
+	}
+	p.logprobs, p.topLogprobs = true, int(k)
+	return nil
 }
 
 // jsonType names a Go kind as the JSON type a client must send.

@@ -340,7 +340,54 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", g.readyz)
 	mux.Handle("GET /metrics", g.metrics.handler())
-	return mux
+	return jsonNotFound(mux)
+}
+
+// jsonNotFound answers what mux has no route for as OpenAI does, with a
+// JSON error: 404 for an unknown path, 405 with Allow for a method the
+// path does not take (the mux's plain-text answers otherwise).
+func jsonNotFound(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		// The mux's own answer says which (and, for 405, sets Allow).
+		var probe headerProbe
+		h.ServeHTTP(&probe, r)
+		route := fmt.Sprintf("%s %s", r.Method, r.URL.Path)
+		if allow := probe.h.Get("Allow"); probe.code == http.StatusMethodNotAllowed {
+			w.Header().Set("Allow", allow)
+			writeError(w, &apiError{Status: 405, Type: "invalid_request_error", Code: "method_not_allowed",
+				Message: fmt.Sprintf("Invalid method (%s): %s takes %s", route, r.URL.Path, allow)})
+			return
+		}
+		writeError(w, &apiError{Status: 404, Type: "invalid_request_error", Code: "unknown_url",
+			Message: fmt.Sprintf("Invalid URL (%s): lumen serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models", route)})
+	})
+}
+
+// headerProbe is a ResponseWriter that keeps only the status and headers.
+type headerProbe struct {
+	h    http.Header
+	code int
+}
+
+func (p *headerProbe) Header() http.Header {
+	if p.h == nil {
+		p.h = http.Header{}
+	}
+	return p.h
+}
+func (p *headerProbe) WriteHeader(code int) {
+	if p.code == 0 {
+		p.code = code
+	}
+}
+func (p *headerProbe) Write(b []byte) (int, error) {
+	p.WriteHeader(http.StatusOK)
+	return len(b), nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

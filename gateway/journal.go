@@ -3,6 +3,8 @@ package gateway
 import (
 	"errors"
 	"fmt"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
 // errGap: a worker sent a token past the next expected index.
@@ -18,6 +20,16 @@ type entry struct {
 	out      []int32
 	params   params
 	maxToken int
+	// lps[i] are out[i]'s logprobs when the request asks for them.
+	lps []*pb.GenerateResponse
+}
+
+// noteLogprobs keeps the logprobs of the token just accepted (the
+// response that carried it) when the request asks for them.
+func (e *entry) noteLogprobs(r *pb.GenerateResponse) {
+	if e.params.logprobs {
+		e.lps = append(e.lps, &pb.GenerateResponse{Token: r.Token, Logprob: r.Logprob, TopLogprobs: r.TopLogprobs})
+	}
 }
 
 // accept takes the token at index idx. A repeat (idx already held, same

@@ -184,6 +184,7 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	out := newResponder(w, chat, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, e.id, g.cfg.Model)
+	out.withLogprobs(p)
 	text := &textStream{stop: p.stop}
 	first := true
 	finish, err := g.generate(ctx, e, placement, stopTokens, func(tok int32) bool {
@@ -192,6 +193,9 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 			first = false
 		}
 		g.metrics.tokens.Inc()
+		if p.logprobs {
+			out.logprobs(e.lps[len(e.lps)-1])
+		}
 		delta, stopped := text.push([]byte(g.tok.DecodeToken(tok)))
 		out.delta(delta)
 		return stopped
@@ -372,6 +376,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 		RequestId: id, Prompt: e.prompt, Generated: e.out, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
 		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId,
+		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs),
 	})
 	if err != nil {
 		return "", used, false, cut(err)
@@ -402,6 +407,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 			return "", used, progressed, err // a gap or a conflict: resume from the journal
 		}
 		if fresh {
+			e.noteLogprobs(r)
 			progressed = true
 			if onToken(r.Token) {
 				return "stop", used, true, nil
@@ -489,6 +495,37 @@ type responder struct {
 	created      int64
 	text         []byte
 	started      bool
+	// With logprobs: the tokens' logprobs not yet sent, how many
+	// alternatives each lists, and the text offset of the next
+	// (completions).
+	lp      bool
+	lpTop   int
+	pending []*pb.GenerateResponse
+	offset  int
+}
+
+// withLogprobs makes the responses carry the request's logprobs.
+func (o *responder) withLogprobs(p params) { o.lp, o.lpTop = p.logprobs, p.topLogprobs }
+
+// logprobs queues a token's logprobs: they go out with the next delta (the
+// text it adds may be held back, its logprobs are not).
+func (o *responder) logprobs(r *pb.GenerateResponse) { o.pending = append(o.pending, r) }
+
+// takeLogprobs formats and clears the queued logprobs: a choice's
+// `logprobs`, null when the request did not ask for them (or a stream's
+// chunk has no token of its own: the last).
+func (o *responder) takeLogprobs() any {
+	if !o.lp || o.stream && len(o.pending) == 0 {
+		return nil
+	}
+	lps := o.pending
+	o.pending = nil
+	if o.chat {
+		return chatLogprobs(lps, o.lpTop)
+	}
+	c, next := completionsLogprobs(lps, o.offset)
+	o.offset = next
+	return c
 }
 
 func newResponder(w http.ResponseWriter, chat, stream, includeUsage bool, id, model string) *responder {
@@ -532,13 +569,14 @@ func (o *responder) chunk(text string, finish *string) map[string]any {
 		}
 		choice["delta"] = delta
 	} else {
-		choice["text"], choice["logprobs"] = text, nil
+		choice["text"] = text
 	}
+	choice["logprobs"] = o.takeLogprobs()
 	return map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model, "choices": []any{choice}}
 }
 
 func (o *responder) delta(text string) {
-	if text == "" {
+	if text == "" && len(o.pending) == 0 {
 		return
 	}
 	if !o.stream {
@@ -554,8 +592,9 @@ func (o *responder) finish(reason string, u usage) {
 		if o.chat {
 			choice["message"] = map[string]any{"role": "assistant", "content": string(o.text)}
 		} else {
-			choice["text"], choice["logprobs"] = string(o.text), nil
+			choice["text"] = string(o.text)
 		}
+		choice["logprobs"] = o.takeLogprobs()
 		writeJSON(o.w, 200, map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model,
 			"choices": []any{choice}, "usage": u})
 		return

@@ -169,6 +169,12 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	if err := p.Validate(); err != nil {
 		return nil, bad("sampling: %v", strings.TrimPrefix(err.Error(), engine.ErrBadInput.Error()+": "))
 	}
+	if req.TopLogprobs > engine.MaxTopLogprobs {
+		return nil, bad("top_logprobs %d: at most %d", req.TopLogprobs, engine.MaxTopLogprobs)
+	}
+	if req.TopLogprobs > 0 && !req.Logprobs {
+		return nil, bad("top_logprobs %d needs logprobs set", req.TopLogprobs)
+	}
 	stop := map[int32]bool{}
 	for _, id := range req.StopTokens {
 		stop[id] = true
@@ -183,7 +189,7 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	}
 	r := &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
 		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
-		holder: req.Holder, epoch: req.Epoch}
+		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs)}
 	if r.holder != "" {
 		// The footprint the controller reserved on the holder when it placed
 		// the request here: the same function of the same numbers (the

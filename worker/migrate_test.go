@@ -18,9 +18,10 @@ import (
 // placement's worker, and when the stream ends with a move it calls the
 // destination with the tokens so far, as the gateway does. It returns the
 // tokens and the placements it was served from; gaps are the times from
-// the last token before each move to the first after it.
+// the last token before each move to the first after it. With lps not nil
+// it asks for logprobs (5 alternatives) and collects the responses there.
 func (c *cluster) follow(ctx context.Context, pl *pb.Placement, prompt []int32, maxTokens int, got chan<- int32,
-	gaps *[]time.Duration) ([]int32, []*pb.Placement, error) {
+	gaps *[]time.Duration, lps *[]*pb.GenerateResponse) ([]int32, []*pb.Placement, error) {
 	var out []int32
 	used := []*pb.Placement{pl}
 	var last time.Time
@@ -28,7 +29,7 @@ func (c *cluster) follow(ctx context.Context, pl *pb.Placement, prompt []int32, 
 	for {
 		h := c.workers[pl.WorkerId]
 		stream, err := h.cl.Generate(ctx, &pb.GenerateRequest{RequestId: pl.RequestId, Prompt: prompt, Generated: out,
-			MaxTokens: uint32(maxTokens), Epoch: pl.Epoch, Holder: pl.HolderId})
+			MaxTokens: uint32(maxTokens), Epoch: pl.Epoch, Holder: pl.HolderId, Logprobs: lps != nil, TopLogprobs: 5 * uint32(btoi(lps != nil))})
 		if err != nil {
 			return out, used, err
 		}
@@ -54,6 +55,9 @@ func (c *cluster) follow(ctx context.Context, pl *pb.Placement, prompt []int32, 
 				return out, used, fmt.Errorf("%s sent index %d after %d tokens", pl.WorkerId, r.Index, len(out))
 			}
 			out = append(out, r.Token)
+			if lps != nil {
+				*lps = append(*lps, r)
+			}
 			if got != nil {
 				got <- r.Token
 			}
@@ -62,6 +66,13 @@ func (c *cluster) follow(ctx context.Context, pl *pb.Placement, prompt []int32, 
 			}
 		}
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (c *cluster) migrate(id, to string) (*pb.Placement, error) {
@@ -78,8 +89,9 @@ func (c *cluster) migrate(id, to string) (*pb.Placement, error) {
 // TestMigrationMovesARunningRequest: an operator migrates a request while it
 // decodes; the source copies its pages in stages, stops it, commits, and
 // ends its stream with the destination's placement; the call there adopts
-// the copied pages (nothing recomputed) and the output is the reference.
-// Every page is free on both workers at the end.
+// the copied pages (nothing recomputed) and the output is the reference,
+// its logprobs too, bit for bit. Every page is free on both workers at the
+// end.
 func TestMigrationMovesARunningRequest(t *testing.T) {
 	// Paced as Qwen3-14B on an H100 slowed fivefold: steps of at least
 	// 60 ms, so the request still decodes (35 steps, 2 s) when the
@@ -89,8 +101,8 @@ func TestMigrationMovesARunningRequest(t *testing.T) {
 	rng := rand.New(rand.NewSource(51))
 	prompt := randomPrompt(rng, 280) // 18 pages: more than 16, two stages
 	const maxTokens = 40
-	wantc := make(chan []int32, 1)
-	go func() { wantc <- reference(t, prompt, maxTokens) }() // beside the run: the race detector slows the transformer tenfold
+	wantc := make(chan []*pb.GenerateResponse, 1)
+	go func() { wantc <- referenceLogprobs(t, prompt, maxTokens, 5) }() // beside the run: the race detector slows the transformer tenfold
 	pl := c.dispatch("m1", uint32(len(prompt)), maxTokens)
 	src, dst := c.workers[pl.WorkerId], c.workers[pl.HolderId]
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -103,8 +115,9 @@ func TestMigrationMovesARunningRequest(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	var gaps []time.Duration
+	var lps []*pb.GenerateResponse
 	go func() {
-		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, &gaps)
+		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, &gaps, &lps)
 		done <- result{out, used, err}
 	}()
 	for range 5 {
@@ -119,8 +132,11 @@ func TestMigrationMovesARunningRequest(t *testing.T) {
 	if res.err != nil {
 		t.Fatal(res.err)
 	}
-	if !slices.Equal(res.out, want) {
-		t.Fatalf("output differs from the reference:\n got %v\nwant %v", res.out, want)
+	if !slices.Equal(res.out, tokens(want)) {
+		t.Fatalf("output differs from the reference:\n got %v\nwant %v", res.out, tokens(want))
+	}
+	if err := sameLogprobs(lps, want); err != nil {
+		t.Fatalf("logprobs across the migration: %v", err)
 	}
 	t.Logf("the client waited %v between the source's last token and the destination's first", gaps)
 	if len(res.used) != 2 || res.used[1].WorkerId != to || res.used[1].Epoch != pl.Epoch+1 {
@@ -174,7 +190,7 @@ func TestGPUFaultDrainsTheWorker(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, nil)
+		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, nil, nil)
 		done <- result{out, used, err}
 	}()
 	for range 5 {

@@ -57,9 +57,13 @@ type request struct {
 	maxTokens int     // total output tokens
 	params    engine.Sampling
 	stop      map[int32]bool
-	arrived   time.Time
-	lastToken time.Time
-	box       *mailbox
+	// logprobs: each token goes out with its logprobs and the
+	// topLogprobs most likely tokens at its position.
+	logprobs    bool
+	topLogprobs int
+	arrived     time.Time
+	lastToken   time.Time
+	box         *mailbox
 
 	holder   string
 	reserved uint64 // the request's reserved footprint on the holder
@@ -200,7 +204,7 @@ func (s *scheduler) drainIntake() {
 
 func (s *scheduler) admit(r *request) {
 	r.cr = &core.Request{ID: r.id, Epoch: r.epoch, History: r.history, Prompt: r.prompt, MaxTokens: r.maxTokens,
-		Params: r.params, Stop: r.stop, Holder: r.holder, Reserved: r.reserved, Arrived: r.arrived, Sink: r}
+		Params: r.params, Stop: r.stop, Logprobs: r.logprobs, TopLogprobs: r.topLogprobs, Holder: r.holder, Reserved: r.reserved, Arrived: r.arrived, Sink: r}
 	s.core.Submit(r.cr)
 	s.apply()
 	s.w.metrics.waiting.Set(float64(s.core.Waiting()))
@@ -346,6 +350,13 @@ func (s *scheduler) deliver(ev core.Event) {
 		s.w.metrics.tpot.Observe(ev.Latency.Seconds())
 	}
 	resp := &pb.GenerateResponse{Token: ev.Token, Index: uint32(ev.Index), PromptTokens: uint32(ev.Req.Prompt)}
+	if lp := ev.Logprobs; lp != nil {
+		resp.Logprob = lp.Logprob
+		resp.TopLogprobs = make([]*pb.TokenLogprob, len(lp.Top))
+		for i, t := range lp.Top {
+			resp.TopLogprobs[i] = &pb.TokenLogprob{Token: t.Token, Logprob: t.Logprob}
+		}
+	}
 	switch ev.Finish {
 	case core.FinishStop:
 		resp.Done, resp.FinishReason = true, pb.FinishReason_FINISH_REASON_STOP

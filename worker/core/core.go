@@ -70,6 +70,10 @@ type Request struct {
 	MaxTokens int // total output tokens
 	Params    engine.Sampling
 	Stop      map[int32]bool
+	// Logprobs asks for each token's log probabilities (Event.Logprobs),
+	// with the TopLogprobs most likely tokens at its position.
+	Logprobs    bool
+	TopLogprobs int
 	// Holder is the checkpoint holder ("" for none) and Reserved the
 	// request's reserved footprint there.
 	Holder   string
@@ -92,7 +96,19 @@ type Request struct {
 	draftBase int
 	drafts    []int32
 	verifyBuf []int32
-	out       *outgoing // its migration out (migrate.go), or nil
+	lpBuf     []engine.Logprobs // the engine's logprob slots (Logprobs)
+	out       *outgoing         // its migration out (migrate.go), or nil
+}
+
+// logprobSlots returns n slots for the engine to fill with r's logprobs,
+// or nil when r does not ask for them.
+func (r *Request) logprobSlots(n int) []engine.Logprobs {
+	if !r.Logprobs || n == 0 {
+		return nil
+	}
+	r.lpBuf = slices.Grow(r.lpBuf[:0], n)[:n]
+	clear(r.lpBuf)
+	return r.lpBuf
 }
 
 // Outputs is the number of output tokens so far.
@@ -125,6 +141,9 @@ type Event struct {
 	// time since arrival for it (TTFT), since the previous token otherwise.
 	First   bool
 	Latency time.Duration
+	// Logprobs are Token's log probabilities when the request asks for
+	// them (Request.Logprobs), computed in the step that produced it.
+	Logprobs *engine.Logprobs
 }
 
 // CheckpointPage is a full KV page to ship to a request's holder.
@@ -486,7 +505,8 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		if n == len(pending) {
 			sample = 1
 		}
-		st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: pending[:n], Sample: sample, Params: r.Params, OutIndex: r.Outputs()})
+		st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: pending[:n], Sample: sample, Params: r.Params, OutIndex: r.Outputs(),
+			Logprobs: r.logprobSlots(sample), TopLogprobs: r.TopLogprobs})
 		st.Reqs = append(st.Reqs, r)
 		budget -= n
 		free -= PagesFor(r.fed+n) - held
@@ -501,7 +521,8 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 			// Verify: the last committed token, then the drafts, in one
 			// chunk that samples after each of them.
 			r.verifyBuf = append(append(r.verifyBuf[:0], r.History[r.fed]), d...)
-			st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: r.verifyBuf, Sample: len(r.verifyBuf), Params: r.Params, OutIndex: r.Outputs()})
+			st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: r.verifyBuf, Sample: len(r.verifyBuf), Params: r.Params, OutIndex: r.Outputs(),
+				Logprobs: r.logprobSlots(len(r.verifyBuf)), TopLogprobs: r.TopLogprobs})
 			st.Reqs = append(st.Reqs, r)
 			budget -= len(r.verifyBuf)
 			free -= PagesFor(r.fed+len(r.verifyBuf)) - PagesFor(r.fed)
@@ -690,17 +711,28 @@ func (c *Core) Done(now time.Time, out [][]int32) {
 		if len(out[i]) == 0 {
 			continue
 		}
-		c.commit(now, r, out[i][0])
+		c.commit(now, r, out[i][0], chunkLogprobs(ch, 0))
 	}
 	c.checkpoint(st.Reqs)
 }
 
-// commit appends tok to r's history and sends it; when it was r's last
-// token r ends, and commit reports true.
-func (c *Core) commit(now time.Time, r *Request, tok int32) (ended bool) {
+// chunkLogprobs is a copy of the logprobs the engine computed for a
+// chunk's j-th sampled token, or nil when none were asked for.
+func chunkLogprobs(ch engine.Chunk, j int) *engine.Logprobs {
+	if j >= len(ch.Logprobs) {
+		return nil
+	}
+	lp := ch.Logprobs[j]
+	return &lp
+}
+
+// commit appends tok to r's history and sends it, with its logprobs lp
+// (nil: not asked for); when it was r's last token r ends, and commit
+// reports true.
+func (c *Core) commit(now time.Time, r *Request, tok int32, lp *engine.Logprobs) (ended bool) {
 	r.History = append(r.History, tok)
 	idx := r.Outputs() - 1
-	ev := Event{Req: r, Token: tok, Index: idx}
+	ev := Event{Req: r, Token: tok, Index: idx, Logprobs: lp}
 	if idx == r.outStart {
 		ev.First, ev.Latency = true, now.Sub(r.Arrived)
 	} else {

@@ -21,7 +21,8 @@ type harness struct {
 	eng     *engine.Synthetic
 	now     time.Time
 	batches []string
-	out     map[string][]int32 // tokens streamed per request id
+	out     map[string][]int32            // tokens streamed per request id
+	lps     map[string][]*engine.Logprobs // their logprobs (nil: none sent)
 	errs    map[string]error
 	ckpt    map[string][]uint64 // checkpoint pages queued, by request
 	refuse  func(CheckpointPage) bool
@@ -59,7 +60,7 @@ func newHarness(t *testing.T, pages int, cfg Config, store Store) *harness {
 	}
 	cfg.TotalPages = pages
 	return &harness{t: t, c: New(cfg, store), eng: eng, now: time.Unix(1000, 0), out: map[string][]int32{},
-		errs: map[string]error{}, ckpt: map[string][]uint64{}}
+		errs: map[string]error{}, ckpt: map[string][]uint64{}, lps: map[string][]*engine.Logprobs{}}
 }
 
 func (h *harness) apply() {
@@ -67,12 +68,18 @@ func (h *harness) apply() {
 	for _, s := range o.Release {
 		h.eng.Release(s)
 	}
+	for _, tr := range o.Truncates {
+		if err := h.eng.Truncate(tr.Seq, tr.Len); err != nil {
+			h.t.Fatalf("truncate %+v: %v", tr, err)
+		}
+	}
 	for _, ev := range o.Events {
 		if ev.Err != nil {
 			h.errs[ev.Req.ID] = ev.Err
 			continue
 		}
 		h.out[ev.Req.ID] = append(h.out[ev.Req.ID], ev.Token)
+		h.lps[ev.Req.ID] = append(h.lps[ev.Req.ID], ev.Logprobs)
 	}
 	var behind *Request
 	for _, p := range o.Checkpoints {
@@ -187,6 +194,26 @@ func reference(t *testing.T, p []int32, n int) []int32 {
 		toks = append(toks, out[0][0])
 	}
 	return toks
+}
+
+// referenceLogprobs is the synthetic engine's run of p alone, with each
+// token's logprobs and k alternatives.
+func referenceLogprobs(t *testing.T, p []int32, n, k int) []engine.Logprobs {
+	e, err := engine.NewSynthetic(engine.SyntheticConfig{Pages: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lps []engine.Logprobs
+	in := p
+	for len(lps) < n {
+		slot := make([]engine.Logprobs, 1)
+		out, err := e.Forward(context.Background(), []engine.Chunk{{Seq: 1, Tokens: in, Sample: 1, OutIndex: len(lps), Logprobs: slot, TopLogprobs: k}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lps, in = append(lps, slot[0]), out[0]
+	}
+	return lps
 }
 
 // TestCoreScenarios checks the batches the core builds, step by step.

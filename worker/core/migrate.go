@@ -468,14 +468,28 @@ func (c *Core) adopt(r *Request, i int, in *incoming) bool {
 	h := r.History
 	if in.last && len(h) <= len(in.history) && slices.Equal(h, in.history[:len(h)]) && in.fed > 0 {
 		r.seq, r.fed, r.hashes, r.restoreTried = in.seq, in.fed, in.hashes, true
+		lacking := in.history[len(h):]
+		if r.Logprobs && len(lacking) > 0 {
+			// The source computed the tokens r lacks, and their logprobs
+			// did not travel with the cache: the cache is cut back to
+			// before them and they are computed again here (the same
+			// tokens: the logits are a function of the history).
+			r.fed = min(in.fed, len(h)-1)
+			r.hashes = in.hashes[:min(len(in.hashes), r.fed/engine.PageTokens)]
+			if r.fed < in.fed {
+				c.out.Truncates = append(c.out.Truncates, Truncate{Seq: in.seq, Len: r.fed})
+				c.out.RecomputedTokens += in.fed - r.fed
+			}
+			lacking = nil
+		}
 		if r.Holder != "" && r.Holder == in.holder {
-			r.ckptSent = in.checkpointed // the holder has them already
+			r.ckptSent = min(in.checkpointed, len(r.hashes)) // the holder has them already
 		}
 		r.started = r.Arrived
 		c.out.MigratedIn++
 		c.running = append(c.running, r)
-		for _, tok := range in.history[len(h):] {
-			if c.commit(r.Arrived, r, tok) {
+		for _, tok := range lacking {
+			if c.commit(r.Arrived, r, tok, nil) {
 				break // cannot happen: a request that ended does not migrate
 			}
 		}

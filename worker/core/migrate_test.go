@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -84,10 +85,14 @@ func migration(t *testing.T, src, dst *harness, id string, epoch uint64, between
 }
 
 // resume is the gateway's call at the destination after the move: the
-// tokens streamed so far, the newer epoch.
-func resume(dst *harness, id string, p []int32, streamed []int32, maxTokens int, epoch uint64) *Request {
+// tokens streamed so far, the newer epoch; topLogprobs ≥ 0 asks for
+// logprobs.
+func resume(dst *harness, id string, p []int32, streamed []int32, maxTokens int, epoch uint64, topLogprobs ...int) *Request {
 	r := &Request{ID: id, Epoch: epoch, History: append(slices.Clone(p), streamed...), Prompt: len(p), MaxTokens: maxTokens,
 		Arrived: dst.now}
+	if len(topLogprobs) > 0 {
+		r.Logprobs, r.TopLogprobs = true, topLogprobs[0]
+	}
 	dst.c.Submit(r)
 	dst.apply()
 	return r
@@ -209,6 +214,8 @@ func TestMigrationOutputsMatchTheReference(t *testing.T) {
 	}
 	// gw is what the gateway got from the source of each migrated request.
 	gw := map[string][]int32{}
+	var lpIDs []string
+	lacked := 0 // of them, resumed lacking tokens the source computed
 	for i := range 6 {
 		id := fmt.Sprintf("w1-%d", i)
 		for range 3 + rng.IntN(10) {
@@ -233,7 +240,17 @@ func TestMigrationOutputsMatchTheReference(t *testing.T) {
 		streamed := src.out[id]
 		streamed = streamed[:len(streamed)-rng.IntN(min(3, len(streamed))+1)]
 		gw[id] = slices.Clone(streamed)
-		resume(dst, id, prompts[id], streamed, maxTok[id], 1)
+		if i%2 == 0 {
+			// Asking for logprobs: the tokens the gateway lacks are
+			// computed again at the destination, with their logprobs.
+			resume(dst, id, prompts[id], streamed, maxTok[id], 1, 3)
+			lpIDs = append(lpIDs, id)
+			if len(streamed) < len(src.out[id]) {
+				lacked++
+			}
+		} else {
+			resume(dst, id, prompts[id], streamed, maxTok[id], 1)
+		}
 	}
 	src.run()
 	dst.run()
@@ -253,6 +270,21 @@ func TestMigrationOutputsMatchTheReference(t *testing.T) {
 	}
 	if len(gw) < 3 {
 		t.Errorf("only %d of 6 migrations committed", len(gw))
+	}
+	for _, id := range lpIDs {
+		ref := referenceLogprobs(t, prompts[id], maxTok[id], 3)[len(gw[id]):]
+		got := dst.lps[id]
+		if len(got) != len(ref) {
+			t.Fatalf("%s: %d tokens with logprobs at the destination, want %d", id, len(got), len(ref))
+		}
+		for j := range got {
+			if got[j] == nil || !reflect.DeepEqual(*got[j], ref[j]) {
+				t.Fatalf("%s: token %d's logprobs %v, reference %+v", id, len(gw[id])+j, got[j], ref[j])
+			}
+		}
+	}
+	if len(lpIDs) == 0 || lacked == 0 {
+		t.Errorf("%d migrated requests asked for logprobs, %d of them lacking tokens: the test does not exercise their recomputation", len(lpIDs), lacked)
 	}
 	for id, err := range src.errs {
 		if !errors.Is(err, ErrMigrated) {

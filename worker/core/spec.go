@@ -232,7 +232,9 @@ func (c *Core) verified(now time.Time, r *Request, ch engine.Chunk, out []int32)
 	}
 	r.fed += 1 + m
 	for j := 0; j <= m && j < len(out); j++ {
-		if c.commit(now, r, out[j]) {
+		// An accepted draft's logprobs are the target's at that position:
+		// the verification computed the same logits a decode would.
+		if c.commit(now, r, out[j], chunkLogprobs(ch, j)) {
 			return // ended: its sequence is released
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -82,6 +83,11 @@ type specReq struct {
 	want   []int32 // ref up to its first stop token
 	pages  [][]byte
 	hashes []uint64 // of the reference's full pages
+	// logprobs asks for each token's logprobs with top alternatives;
+	// refLP are the reference run's.
+	logprobs bool
+	top      int
+	refLP    []engine.Logprobs
 }
 
 // referenceRun decodes every request without speculation on e, all in one
@@ -94,7 +100,10 @@ func referenceRun(t testing.TB, e engine.Engine, reqs []*specReq) {
 	batch := make([]engine.Chunk, len(reqs))
 	for i, q := range reqs {
 		batch[i] = engine.Chunk{Seq: base + engine.SeqID(i), Tokens: q.prompt, Sample: 1, Params: q.params}
-		q.ref = nil
+		if q.logprobs {
+			batch[i].Logprobs, batch[i].TopLogprobs = make([]engine.Logprobs, 1), q.top
+		}
+		q.ref, q.refLP = nil, nil
 	}
 	for len(batch) > 0 {
 		out, err := e.Forward(ctx, batch)
@@ -105,8 +114,15 @@ func referenceRun(t testing.TB, e engine.Engine, reqs []*specReq) {
 		for i, ch := range batch {
 			q := reqs[ch.Seq-base]
 			q.ref = append(q.ref, out[i][0])
+			if q.logprobs {
+				q.refLP = append(q.refLP, ch.Logprobs[0])
+			}
 			if len(q.ref) < q.max {
-				next = append(next, engine.Chunk{Seq: ch.Seq, Tokens: q.ref[len(q.ref)-1:], Sample: 1, Params: q.params, OutIndex: len(q.ref)})
+				c := engine.Chunk{Seq: ch.Seq, Tokens: q.ref[len(q.ref)-1:], Sample: 1, Params: q.params, OutIndex: len(q.ref)}
+				if q.logprobs {
+					c.Logprobs, c.TopLogprobs = make([]engine.Logprobs, 1), q.top
+				}
+				next = append(next, c)
 			}
 		}
 		batch = next
@@ -252,7 +268,7 @@ func (g *specRig) upTo(n int) int {
 func (g *specRig) submit(q *specReq) {
 	generated := g.out[q.id]
 	r := &Request{ID: q.id, History: slices.Concat(q.prompt, generated), Prompt: len(q.prompt), MaxTokens: q.max,
-		Params: q.params, Stop: q.stop, Holder: g.holder, Reserved: 1 << 40, Arrived: g.now}
+		Params: q.params, Stop: q.stop, Holder: g.holder, Reserved: 1 << 40, Arrived: g.now, Logprobs: q.logprobs, TopLogprobs: q.top}
 	if old := g.calls[q.id]; old != nil {
 		g.superseded[old] = true
 	}
@@ -291,6 +307,14 @@ func (g *specRig) applyTarget() {
 		q := g.reqs[id]
 		if n := len(g.out[id]); n > len(q.want) || g.out[id][n-1] != q.want[n-1] {
 			t.Fatalf("tick %d: request %s: token %d is %d, the reference %v", g.tick, id, n-1, ev.Token, q.want)
+		}
+		// Its logprobs are the reference's, bit for bit, whether it was
+		// decoded, verified as an accepted draft, or computed after a
+		// restore or a preemption.
+		if n := len(g.out[id]); q.logprobs != (ev.Logprobs != nil) {
+			t.Fatalf("tick %d: request %s: token %d's logprobs %v; asked for: %v", g.tick, id, n-1, ev.Logprobs, q.logprobs)
+		} else if q.logprobs && !reflect.DeepEqual(*ev.Logprobs, q.refLP[n-1]) {
+			t.Fatalf("tick %d: request %s: token %d's logprobs %+v, the reference's %+v", g.tick, id, n-1, *ev.Logprobs, q.refLP[n-1])
 		}
 		if ev.Finish != FinishNone {
 			g.finished[id] = ev.Finish
@@ -649,7 +673,8 @@ func (g *specRig) String() string {
 func randomSpecReqs(rng *rand.Rand, n, maxPrompt, maxOut, spread int) []*specReq {
 	var reqs []*specReq
 	for i := range n {
-		q := &specReq{id: fmt.Sprintf("r%02d", i), max: 1 + rng.IntN(maxOut), at: rng.IntN(spread + 1)}
+		q := &specReq{id: fmt.Sprintf("r%02d", i), max: 1 + rng.IntN(maxOut), at: rng.IntN(spread + 1),
+			logprobs: i%3 == 0, top: i % (engine.MaxTopLogprobs + 1)}
 		q.prompt = make([]int32, 1+rng.IntN(maxPrompt))
 		for j := range q.prompt {
 			q.prompt[j] = 32 + int32(rng.IntN(95))

@@ -49,6 +49,12 @@ type Chunk struct {
 	Sample   int
 	Params   Sampling
 	OutIndex int // output index of the first sampled token; seeds sampling
+	// Logprobs, when not nil, has one slot per sampled token (len Sample):
+	// Forward fills slot j with the log probabilities of the j-th token it
+	// samples, with the TopLogprobs (0..MaxTopLogprobs) most likely tokens
+	// at its position. The caller owns the slice.
+	Logprobs    []Logprobs
+	TopLogprobs int
 }
 
 // Info describes an engine.
@@ -120,6 +126,9 @@ func checkBatch(batch []Chunk, vocab, maxContext, free int, held func(SeqID) (n,
 			return fmt.Errorf("%w: sample %d of %d tokens", ErrBadInput, ch.Sample, len(ch.Tokens))
 		}
 		if err := ch.Params.Validate(); err != nil {
+			return err
+		}
+		if err := checkLogprobs(ch); err != nil {
 			return err
 		}
 		for _, tok := range ch.Tokens {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 
@@ -171,7 +172,11 @@ func (s *Synthetic) Forward(_ context.Context, batch []Chunk) ([][]int32, error)
 			h = mix(h, tok)
 			q.tokens, q.hashes = append(q.tokens, tok), append(q.hashes, h)
 			if k := j - (len(ch.Tokens) - ch.Sample); k >= 0 {
-				out[i] = append(out[i], s.token(h, ch.Params, ch.OutIndex+k))
+				tok := s.token(h, ch.Params, ch.OutIndex+k)
+				out[i] = append(out[i], tok)
+				if ch.Logprobs != nil {
+					ch.Logprobs[k] = synthLogprobs(h, tok, ch.TopLogprobs)
+				}
 			}
 		}
 		pages := (len(q.tokens) + PageTokens - 1) / PageTokens
@@ -188,6 +193,31 @@ func synthToken(h uint64, p Sampling, outIndex int) int32 {
 		h = mix(h, int32(unitHash(p.Seed, uint64(outIndex))*(1<<30)))
 	}
 	return int32(' ' + h%95)
+}
+
+// synthLogits is the synthetic model's distribution after a prefix with
+// hash h: the 95 printable bytes ranked cyclically from its greedy token
+// (' ' + h%95, rank 0) on, rank r with logit −r/2; every other token −Inf.
+// Its log-softmax is what the synthetic engine reports as logprobs: like
+// the transformer's, a function of the token history alone, before
+// temperature and top-p (a sampled token's rank can be anything: the
+// synthetic sampler draws uniformly, not from this distribution).
+func synthLogits(h uint64) []float32 {
+	logits := make([]float32, tokenizer.VocabSize)
+	inf := float32(math.Inf(-1))
+	for i := range logits {
+		logits[i] = inf
+	}
+	g := int(h % 95)
+	for r := 0; r < 95; r++ {
+		logits[' '+(g+r)%95] = -float32(r) / 2
+	}
+	return logits
+}
+
+// synthLogprobs are the Logprobs of tok after a prefix with hash h.
+func synthLogprobs(h uint64, tok int32, k int) Logprobs {
+	return logSoftmax(synthLogits(h), tok, k)
 }
 
 // ExportPage implements Engine.

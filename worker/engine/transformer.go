@@ -393,7 +393,11 @@ func (t *Transformer) Forward(ctx context.Context, batch []Chunk) ([][]int32, er
 		first := r + len(ch.Tokens) - ch.Sample
 		for j := 0; j < ch.Sample; j++ {
 			logits := t.logits(first + j)
-			out[bi] = append(out[bi], sample(logits, ch.Params, ch.OutIndex+j))
+			tok := sample(logits, ch.Params, ch.OutIndex+j)
+			out[bi] = append(out[bi], tok)
+			if ch.Logprobs != nil {
+				ch.Logprobs[j] = logSoftmax(logits, tok, ch.TopLogprobs)
+			}
 		}
 		r += len(ch.Tokens)
 	}
