@@ -94,13 +94,21 @@ out.errors.wrongKey = await run(() =>
   new OpenAI({ baseURL: spec.baseURL, apiKey: 'sk-wrong', maxRetries: 0 }).models.list());
 out.models = await run(async () => (await client.models.list()).data.map((m) => m.id));
 
-// Concurrent requests at a gateway that admits one at a time: the ones it
-// turns away are RateLimitErrors.
+// A gateway that admits one request at a time, its slot held by a stream
+// that has sent its first token: every request sent meanwhile is turned
+// away with a RateLimitError. The held stream is then read to its end.
 if (spec.limitedURL) {
   const limited = new OpenAI({ baseURL: spec.limitedURL, apiKey: spec.apiKey, maxRetries: 0 });
+  const held = await limited.completions.create({ ...params0(), max_tokens: 64, stream: true });
+  const it = held[Symbol.asyncIterator]();
+  let text = (await it.next()).value.choices[0].text;
   out.concurrent = await Promise.all(
-    Array.from({ length: 6 }, () => run(async () => (await limited.completions.create({ ...params0(), max_tokens: 64 })).choices[0].text)),
+    Array.from({ length: 5 }, () => run(async () => (await limited.completions.create({ ...params0(), max_tokens: 64 })).choices[0].text)),
   );
+  for (let r = await it.next(); !r.done; r = await it.next()) {
+    text += r.value.choices[0]?.text ?? '';
+  }
+  out.held = text;
 }
 function params0() {
   return { model: spec.model, prompt: spec.prompts[0], temperature: 0 };
