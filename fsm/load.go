@@ -106,4 +106,3 @@ func (f *FSM) Placements(ids []string) (found []*pb.Placement, notFound []string
 	}
 	return found, notFound, f.applied.get()
 }
-

@@ -637,10 +637,10 @@ func (s *state) chosen(c *pb.DispatchCmd) (int, error) {
 	}
 	if !eligible(w) {
 		if inc, left := s.leftover(w); left {
-		// Requests of an earlier incarnation wait there for recovery (no
-		// worker could take them); a row never mixes them with its own. An
-		// eligible row never has any (becoming eligible plans them), so the
-		// hot path skips the scan.
+			// Requests of an earlier incarnation wait there for recovery (no
+			// worker could take them); a row never mixes them with its own. An
+			// eligible row never has any (becoming eligible plans them), so the
+			// hot path skips the scan.
 			return -1, fmt.Errorf("%w: worker %s incarnation %d (%s) still has requests of incarnation %d awaiting recovery",
 				ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation, phaseName(w.Phase), inc)
 		}
