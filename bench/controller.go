@@ -47,8 +47,8 @@ type loadResult struct {
 	ops      int
 	errors   int
 	firstErr error
-	elapsed time.Duration
-	lat     []time.Duration
+	elapsed  time.Duration
+	lat      []time.Duration
 }
 
 func (r loadResult) perSec() float64 { return float64(r.ops) / r.elapsed.Seconds() }

@@ -220,18 +220,17 @@ func (p *Placer) checkIdleLocked() {
 
 // run keeps a stream to the leader open and serves it.
 func (p *Placer) run(ctx context.Context) {
-	backoff := 5 * time.Millisecond
-	tried := 0
+	tried, fails := 0, 0
 	for ctx.Err() == nil {
 		addr := p.nextAddr(tried)
-		tried++
 		err := p.serve(ctx, addr)
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
-			// The stream served, then broke: start over at the hint.
-			tried, backoff = 0, 5*time.Millisecond
+			// The stream served, then broke: start over at the hint (the
+			// leader it named, or the same replica).
+			tried, fails = 0, 0
 			continue
 		}
 		if p.opts.OnError != nil {
@@ -242,15 +241,18 @@ func (p *Placer) run(ctx context.Context) {
 			p.hint = h
 			p.mu.Unlock()
 			tried = 0
-			continue // straight to the leader named
+		} else {
+			tried++
 		}
-		if tried%len(p.c.addrs) == 0 {
+		// A refusal naming a leader that is not ready yet, or no leader at
+		// all: back off after the first, up to 200 ms.
+		fails++
+		if fails > 1 {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(min(5*time.Millisecond<<min(fails-2, 6), 200*time.Millisecond)):
 			}
-			backoff = min(2*backoff, 200*time.Millisecond)
 		}
 	}
 }
