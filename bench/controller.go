@@ -558,4 +558,3 @@ func saveProfile(httpAddr string, d time.Duration, path string) {
 	defer f.Close()
 	_, _ = io.Copy(f, resp.Body)
 }
-
