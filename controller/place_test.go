@@ -231,6 +231,13 @@ func TestPlaceChosenWorkerFailed(t *testing.T) {
 // again on the new leader, every Dispatch is answered, and every id has
 // exactly one placement, the one its Dispatch returned.
 func TestPlaceLeaderChangeResends(t *testing.T) {
+	t.Run("transfer", func(t *testing.T) { placeLeaderChange(t, false) })
+	t.Run("kill", func(t *testing.T) { placeLeaderChange(t, true) })
+}
+
+// placeLeaderChange moves leadership away from the leader mid-stream: by a
+// transfer, or by stopping the leader's process (kill).
+func placeLeaderChange(t *testing.T, kill bool) {
 	c := newCluster(t, 3, nil)
 	c.addWorker("w1", 1, 1<<30)
 	c.addWorker("w2", 1, 1<<30)
@@ -273,9 +280,12 @@ func TestPlaceLeaderChangeResends(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "dispatches under way", func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) > 100 })
 	old := c.waitLeader()
-	// On a loaded machine leadership may have moved already: that is the
-	// change this test wants too.
-	if err := loseLeadership(old); err != nil && !errors.Is(err, raft.ErrNotLeader) {
+	oldAddr := old.GRPCAddr()
+	if kill {
+		c.stop(c.index(old))
+	} else if err := loseLeadership(old); err != nil && !errors.Is(err, raft.ErrNotLeader) {
+		// On a loaded machine leadership may have moved already: that is
+		// the change this test wants too.
 		t.Fatal(err)
 	}
 	moved.Store(true)
@@ -291,7 +301,7 @@ func TestPlaceLeaderChangeResends(t *testing.T) {
 	if nl == old {
 		t.Fatal("leadership did not move")
 	}
-	if err, ok := breaks.Load(old.GRPCAddr()); !ok {
+	if err, ok := breaks.Load(oldAddr); !ok {
 		t.Fatal("the Placer's stream to the old leader never broke")
 	} else {
 		t.Logf("stream to the old leader ended: %v", err)
