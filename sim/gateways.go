@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/lumen-project/lumen/fsm"
@@ -39,38 +40,152 @@ type simGateway struct {
 	rep *placer.Replica
 	// tableAt is when the table the replica holds was read from the fsm;
 	// since counts this gateway's placements since it arrived.
-	tableAt time.Duration
-	since   int
+	tableAt  time.Duration
+	since    int
+	arrivals int
 }
 
 // GatewayChoice is how a gateway chooses among the workers of its view.
+// Every choice is a pure function of the replica's view (the table plus
+// this gateway's placements it does not count), the gateway's index g
+// among G, and the request's prompt: the prototype of a change to
+// internal/placer (Choose).
 type GatewayChoice int
 
 const (
-	// ChooseFreest is internal/placer's Take: PickServing over the view,
-	// what Apply runs. Gateways with the same table choose the same
-	// worker until their tables count each other's placements.
+	// ChooseFreest is internal/placer's Take as it is: PickServing over
+	// the view, what Apply runs. Gateways with about the same table choose
+	// the same worker until their tables count each other's placements.
 	ChooseFreest GatewayChoice = iota
-	// ChooseOffset: gateway g of G chooses as if the g gateways before it
-	// had each placed one request since its table (g virtual placements,
-	// each on the freest worker of the view so far): with one placement
-	// per gateway per interval, the gateways fill the G freest workers
-	// rather than all the first. A pure function of the view and g.
-	ChooseOffset
-	// ChooseFill: as ChooseOffset, plus G−1 virtual placements for each
-	// placement this gateway made since its table arrived (the other
-	// gateways, at the same rate, made about as many).
+	// ChooseFill: before choosing, G−1 virtual placements for each of
+	// this gateway's that its table does not count (the others, at the
+	// same rate, made about as many that it cannot see), each on the
+	// freest worker of the view so far.
 	ChooseFill
+	// ChoosePartition: gateway g prefers the workers at positions
+	// i ≡ g (mod G) of the table (sorted by id): their freeness counts
+	// 1 + bias times (divided by it when negative), so each gateway
+	// places in its own share of the cluster, where it sees every
+	// placement, unless another worker is clearly freer.
+	ChoosePartition
+	// ChoosePartitionFill: ChoosePartition after virtual placements on
+	// the other gateways' shares: for each other gateway, as many as this
+	// gateway has that its table does not count, each on the freest
+	// worker of that gateway's share (where that gateway places them).
+	ChoosePartitionFill
 )
 
 // GatewayChoices names the choices (`lumen sim -gateway-choice`).
-var GatewayChoices = []string{"freest", "offset", "fill"}
+var GatewayChoices = []string{"freest", "fill", "partition", "partition-fill"}
+
+// DefaultGatewayBias is ChoosePartition's and ChoosePartitionFill's
+// preference for a gateway's own share (docs/benchmarks.md: 0.15 was the
+// best of 0.05–0.5 for partition-fill at 64 workers).
+const DefaultGatewayBias = 0.15
 
 func (c GatewayChoice) String() string {
 	if c >= 0 && int(c) < len(GatewayChoices) {
 		return GatewayChoices[c]
 	}
 	return fmt.Sprintf("choice(%d)", int(c))
+}
+
+// ParseGatewayChoice returns the choice named.
+func ParseGatewayChoice(name string) (GatewayChoice, error) {
+	if i := slices.Index(GatewayChoices, name); i >= 0 {
+		return GatewayChoice(i), nil
+	}
+	return 0, fmt.Errorf("%w: gateway choice %q: one of %s", ErrInvalid, name, strings.Join(GatewayChoices, ", "))
+}
+
+// Choose is a gateway's choice of the serving worker: the index in vs
+// (the replica's view, sorted by id, ineligible where excluded; modified
+// in place) of the worker it picks, or -1. g is the gateway's index among
+// G; pending is how many of its placements the table does not count;
+// pages is the request's prompt in pages. With ChooseFreest it is
+// policy.PickServing(vs).
+func Choose(c GatewayChoice, vs []policy.Worker, g, G, pending int, pages uint64, bias float64) int {
+	add := func(i int) {
+		vs[i].PendingRequests++
+		vs[i].PendingPages += pages
+	}
+	switch c {
+	case ChooseFill:
+		for range (G - 1) * pending {
+			i := policy.PickServing(vs)
+			if i < 0 {
+				return -1
+			}
+			add(i)
+		}
+		return policy.PickServing(vs)
+	case ChoosePartitionFill:
+		for h := range G {
+			if h == g {
+				continue
+			}
+			for range pending {
+				j, bj := -1, math.Inf(-1)
+				for i := h; i < len(vs); i += G {
+					if f := vs[i].Freeness(); vs[i].Eligible && f > bj {
+						j, bj = i, f
+					}
+				}
+				if j < 0 {
+					break
+				}
+				add(j)
+			}
+		}
+		fallthrough
+	case ChoosePartition:
+		best, bestF := -1, math.Inf(-1)
+		for i := range vs {
+			if !vs[i].Eligible {
+				continue
+			}
+			f := vs[i].Freeness()
+			if i%G == g {
+				if f > 0 {
+					f *= 1 + bias
+				} else {
+					f /= 1 + bias
+				}
+			}
+			if f > bestF {
+				best, bestF = i, f
+			}
+		}
+		return best
+	}
+	return policy.PickServing(vs)
+}
+
+// steer returns what Take is to exclude: exclude itself, and, with a
+// choice other than ChooseFreest, every eligible worker but the one
+// Choose names (Take then picks that one: the prototype runs through the
+// placer's own API, its accounting unchanged).
+func (s *Sim) steer(gw *simGateway, prompt uint32, exclude []string) []string {
+	if s.cfg.GatewayChoice == ChooseFreest {
+		return exclude
+	}
+	vs := gw.rep.Views()
+	for i := range vs {
+		if slices.Contains(exclude, vs[i].ID) {
+			vs[i].Eligible = false
+		}
+	}
+	pick := Choose(s.cfg.GatewayChoice, vs, gw.idx, len(s.gateways), gw.rep.Pending(), policy.Pages(uint64(prompt)), s.cfg.GatewayBias)
+	if pick < 0 {
+		return exclude
+	}
+	out := slices.Clone(exclude)
+	for i := range vs {
+		if i != pick && vs[i].Eligible {
+			out = append(out, vs[i].ID)
+		}
+	}
+	return out
 }
 
 // gatewayPlacement is a placement a gateway made, for the herding count.
@@ -132,7 +247,7 @@ func (s *Sim) sendTable(gw *simGateway) {
 	s.at(s.now+s.cfg.Timing.WatchDelay, func() {
 		gw.rep.Update(t)
 		if idx, _ := gw.rep.Applied(); idx == t.AppliedIndex {
-			gw.tableAt, gw.since = at, 0
+			gw.tableAt = at
 		}
 		s.res.Gateways.Tables++
 	})
@@ -160,55 +275,11 @@ func (s *Sim) place(r *simRequest, exclude ...string) {
 		return
 	}
 	s.res.Gateways.Placed++
-	gw.since++
 	s.countHerd(gw, w)
 	r.committing = true
 	id := r.id
 	s.at(s.now+s.cfg.Timing.CommitDelay, func() { s.committed(r, gw, id, w, inc) })
 	s.generate(r, &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc})
-}
-
-// steer returns what Take is to exclude: exclude itself, and with
-// ChooseOffset or ChooseFill every eligible worker but the one the choice
-// names (Take then picks it: the prototype of a placer change, through
-// the placer's own API).
-func (s *Sim) steer(gw *simGateway, prompt uint32, exclude []string) []string {
-	virtual := 0
-	switch s.cfg.GatewayChoice {
-	case ChooseOffset:
-		virtual = gw.idx
-	case ChooseFill:
-		virtual = gw.idx + (len(s.gateways)-1)*gw.since
-	}
-	if virtual == 0 {
-		return exclude
-	}
-	vs := gw.rep.Views()
-	for i := range vs {
-		if slices.Contains(exclude, vs[i].ID) {
-			vs[i].Eligible = false
-		}
-	}
-	pages := policy.Pages(uint64(prompt))
-	for range virtual {
-		i := policy.PickServing(vs)
-		if i < 0 {
-			return exclude
-		}
-		vs[i].PendingRequests++
-		vs[i].PendingPages += pages
-	}
-	pick := policy.PickServing(vs)
-	if pick < 0 {
-		return exclude
-	}
-	out := slices.Clone(exclude)
-	for i := range vs {
-		if i != pick && vs[i].Eligible {
-			out = append(out, vs[i].ID)
-		}
-	}
-	return out
 }
 
 // countHerd counts the other gateways' recent placements on w that gw's
@@ -350,14 +421,35 @@ const SpreadDefinition = "every 250 ms (the queue sample) from the warm-up to th
 	"(core.Running) of each worker in full service: running_cv is the mean over the samples of their coefficient of " +
 	"variation (population standard deviation / mean), running_max_min the mean of max - min"
 
+// GatewayMode is one dispatch mode of the figure.
+type GatewayMode struct {
+	// Gateways: 0 is the dispatch inside Apply.
+	Gateways int
+	Choice   GatewayChoice
+	// Bias is ChoosePartition's (0: DefaultGatewayBias).
+	Bias float64
+}
+
+// Name is the mode's name in the table and the JSON: "apply",
+// "gateways-G" (ChooseFreest), "gateways-G-CHOICE".
+func (m GatewayMode) Name() string {
+	switch {
+	case m.Gateways == 0:
+		return "apply"
+	case m.Choice == ChooseFreest:
+		return fmt.Sprintf("gateways-%d", m.Gateways)
+	}
+	return fmt.Sprintf("gateways-%d-%s", m.Gateways, m.Choice)
+}
+
 // GatewayOptions are the gateways figure's parameters.
 type GatewayOptions struct {
 	Workers int
 	Load    float64
-	// Gateways are the dispatch modes, side by side on the same arrivals:
-	// 0 is the dispatch inside Apply (the baseline the others are
-	// compared with; it runs first whether listed or not).
-	Gateways   []int
+	// Modes run side by side on the same arrivals; Apply's (Gateways 0),
+	// the baseline the others are compared with, runs first whether
+	// listed or not.
+	Modes      []GatewayMode
 	Profile    string
 	MaxRunning int
 	Budget     uint64
@@ -369,25 +461,33 @@ type GatewayOptions struct {
 	// GoalPct is the goal: TTFT mean and running_cv at most this much
 	// above Apply's (5).
 	GoalPct float64
-	// Choice is the gateways' (ChooseFreest: internal/placer as it is).
-	Choice GatewayChoice
-	Timing Timing
-	Log    io.Writer
+	Timing  Timing
+	Log     io.Writer
+}
+
+// DefaultGatewayModes: Apply, 1 and 4 gateways with internal/placer as
+// it is, and 4 gateways choosing by ChoosePartitionFill (the proposed
+// change; with 1 gateway it is ChooseFreest).
+func DefaultGatewayModes() []GatewayMode {
+	return []GatewayMode{{}, {Gateways: 1}, {Gateways: 4}, {Gateways: 4, Choice: ChoosePartitionFill}}
 }
 
 // DefaultGatewayOptions: 64 paced Qwen3-14B/H100 workers, batches of 32,
-// 70% load, Apply against 1 and 4 gateways, 300 s of arrivals (TTFT and
-// the spread from 10 s), seed 1.
+// 70% load, DefaultGatewayModes, 300 s of arrivals (TTFT and the spread
+// from 10 s), seed 1.
 func DefaultGatewayOptions() GatewayOptions {
-	return GatewayOptions{Workers: 64, Load: 0.7, Gateways: []int{0, 1, 4}, Profile: "qwen3-14b-h100", MaxRunning: 32, Budget: 80e9,
+	return GatewayOptions{Workers: 64, Load: 0.7, Modes: DefaultGatewayModes(), Profile: "qwen3-14b-h100", MaxRunning: 32, Budget: 80e9,
 		Timeline: BurstTimeline(), Seed: 1, Seeds: 1, GoalPct: 5, Timing: DefaultTiming()}
 }
 
 // GatewayRun is one dispatch mode's figures (means over the seeds).
 type GatewayRun struct {
-	Gateways int `json:"gateways"`
-	// Dispatch is "apply" or "gateways".
+	// Dispatch is the mode's name (GatewayMode.Name); Choice and Bias the
+	// gateways' choice.
 	Dispatch       string  `json:"dispatch"`
+	Gateways       int     `json:"gateways"`
+	Choice         string  `json:"choice,omitempty"`
+	Bias           float64 `json:"bias,omitempty"`
 	TTFTMeanMs     float64 `json:"ttft_mean_ms"`
 	TTFTP99Ms      float64 `json:"ttft_p99_ms"`
 	RunningCV      float64 `json:"running_cv"`
@@ -445,13 +545,19 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 	if o.Load <= 0 || o.Workers < 2 {
 		return nil, fmt.Errorf("%w: the gateways figure needs a load > 0 (%g) and at least 2 workers (%d)", ErrInvalid, o.Load, o.Workers)
 	}
-	modes := []int{0}
-	for _, g := range o.Gateways {
-		if g < 0 {
-			return nil, fmt.Errorf("%w: %d gateways: must be >= 0 (0: dispatch inside Apply)", ErrInvalid, g)
+	modes := []GatewayMode{{}}
+	for _, m := range o.Modes {
+		if m.Gateways < 0 || m.Choice < 0 || int(m.Choice) >= len(GatewayChoices) {
+			return nil, fmt.Errorf("%w: %d gateways choosing %s: gateways must be >= 0 (0: dispatch inside Apply) and the choice one of %s",
+				ErrInvalid, m.Gateways, m.Choice, strings.Join(GatewayChoices, ", "))
 		}
-		if !slices.Contains(modes, g) {
-			modes = append(modes, g)
+		if m.Gateways == 0 {
+			m = GatewayMode{}
+		} else if m.Bias == 0 && (m.Choice == ChoosePartition || m.Choice == ChoosePartitionFill) {
+			m.Bias = DefaultGatewayBias
+		}
+		if !slices.Contains(modes, m) {
+			modes = append(modes, m)
 		}
 	}
 	seeds := max(o.Seeds, 1)
@@ -477,18 +583,18 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 		f.SaturatedPerSec += sat / float64(seeds)
 		f.RatePerSec += rate / float64(seeds)
 		f.Requests += len(reqs)
-		for i, g := range modes {
+		for i, m := range modes {
 			start := time.Now()
 			cfg := st.config(p, policy.Lumen, reqs)
-			cfg.Gateways, cfg.GatewayChoice = g, o.Choice
+			cfg.Gateways, cfg.GatewayChoice, cfg.GatewayBias = m.Gateways, m.Choice, m.Bias
 			res, err := Run(cfg)
 			if err != nil {
-				return nil, fmt.Errorf("gateways figure, %d workers, seed %d, %d gateways: %w", o.Workers, seed, g, err)
+				return nil, fmt.Errorf("gateways figure, %d workers, seed %d, %s: %w", o.Workers, seed, m.Name(), err)
 			}
-			r := gatewayRun(res, tm, g)
+			r := gatewayRun(res, tm)
 			if o.Log != nil {
-				fmt.Fprintf(o.Log, "   gateways: %d workers, load %g (%.1f/s, %d requests), seed %d, %-10s: TTFT mean %7.1f ms, p99 %7.1f ms, running_cv %.4f (%.1fs of wall time)\n",
-					o.Workers, o.Load, rate, len(reqs), seed, r.Dispatch, r.TTFTMeanMs, r.TTFTP99Ms, r.RunningCV, time.Since(start).Seconds())
+				fmt.Fprintf(o.Log, "   gateways: %d workers, load %g (%.1f/s, %d requests), seed %d, %-26s: TTFT mean %7.1f ms, p99 %7.1f ms, running_cv %.4f (%.1fs of wall time)\n",
+					o.Workers, o.Load, rate, len(reqs), seed, m.Name(), r.TTFTMeanMs, r.TTFTP99Ms, r.RunningCV, time.Since(start).Seconds())
 			}
 			f.Runs[i].add(r, 1/float64(seeds))
 		}
@@ -496,7 +602,11 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 	base := f.Runs[0]
 	for i := range f.Runs {
 		r := &f.Runs[i]
-		r.Gateways, r.Dispatch = modes[i], dispatchName(modes[i])
+		m := modes[i]
+		r.Dispatch, r.Gateways, r.Bias = m.Name(), m.Gateways, m.Bias
+		if m.Gateways > 0 {
+			r.Choice = m.Choice.String()
+		}
 		r.TTFTMeanVsApplyPct = pctOver(r.TTFTMeanMs, base.TTFTMeanMs)
 		r.RunningCVVsApplyPct = pctOver(r.RunningCV, base.RunningCV)
 		r.WithinGoal = r.TTFTMeanVsApplyPct <= o.GoalPct && r.RunningCVVsApplyPct <= o.GoalPct
@@ -516,17 +626,10 @@ func pctOver(x, base float64) float64 {
 	return 100 * (x - base) / base
 }
 
-func dispatchName(gateways int) string {
-	if gateways == 0 {
-		return "apply"
-	}
-	return fmt.Sprintf("gateways-%d", gateways)
-}
-
 // gatewayRun measures one run.
-func gatewayRun(res *Result, tm Timeline, gateways int) GatewayRun {
+func gatewayRun(res *Result, tm Timeline) GatewayRun {
 	bf := burstFigures(res, tm)
-	r := GatewayRun{Gateways: gateways, Dispatch: dispatchName(gateways), TTFTMeanMs: bf.TTFTMeanMs, TTFTP99Ms: bf.TTFTP99Ms,
+	r := GatewayRun{TTFTMeanMs: bf.TTFTMeanMs, TTFTP99Ms: bf.TTFTP99Ms,
 		QueueMean: bf.QueueMean, ThroughputTokS: bf.ThroughputTokS, Preemptions: float64(bf.Preemptions)}
 	r.RunningCV, r.RunningMaxMin, r.RunningMean = spreadOver(res.Spread, tm.Warmup, tm.Duration)
 	g := res.Gateways
@@ -591,10 +694,10 @@ func (f *GatewayFigure) Print(out io.Writer) {
 		fmt.Fprintf(out, " (means of seeds %d–%d)", f.Seed, f.Seed+uint64(f.Seeds)-1)
 	}
 	fmt.Fprintf(out, "\nspread: %s\n", f.SpreadDefinition)
-	fmt.Fprintf(out, "%-11s %12s %11s %10s %9s %15s %11s %9s %13s %12s %11s\n", "dispatch", "TTFT mean ms", "TTFT p99 ms", "running_cv", "max-min",
+	fmt.Fprintf(out, "%-26s %12s %11s %10s %9s %15s %11s %9s %13s %12s %11s\n", "dispatch", "TTFT mean ms", "TTFT p99 ms", "running_cv", "max-min",
 		"running/worker", "TTFT vs apply", "cv vs apply", "herded %", "unseen/place", "table age ms")
 	for _, r := range f.Runs {
-		fmt.Fprintf(out, "%-11s %12.1f %11.1f %10.4f %9.2f %15.2f %+10.2f%% %+8.2f%% %13.2f %12.3f %11.2f\n", r.Dispatch, r.TTFTMeanMs, r.TTFTP99Ms,
+		fmt.Fprintf(out, "%-26s %12.1f %11.1f %10.4f %9.2f %15.2f %+10.2f%% %+8.2f%% %13.2f %12.3f %11.2f\n", r.Dispatch, r.TTFTMeanMs, r.TTFTP99Ms,
 			r.RunningCV, r.RunningMaxMin, r.RunningMean, r.TTFTMeanVsApplyPct, r.RunningCVVsApplyPct, r.HerdedPct, r.UnseenPerPlacement, r.TableAgeMeanMs)
 	}
 	for _, r := range f.Runs[1:] {

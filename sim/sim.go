@@ -80,6 +80,7 @@ type Config struct {
 	// GatewayChoice is how the gateways choose (ChooseFreest: placer's
 	// Take as it is).
 	GatewayChoice GatewayChoice
+	GatewayBias   float64
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
