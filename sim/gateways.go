@@ -29,8 +29,8 @@ import (
 // accepted, the replica counts it until a table does (Committed) and the
 // worker learns the holder LinkLatency later (SetHolder); refused (the
 // worker's incarnation failed), the call is cancelled, the replica forgets
-// it, and the request is placed again, that worker excluded, with the
-// journal's tokens. A gateway with no table yet (the first WatchDelay)
+// it, and the request is placed again, excluding every worker that refused
+// it, with the journal's tokens. A gateway with no table yet (the first WatchDelay)
 // sends the Dispatch without a worker: Apply chooses and the request waits
 // for the commit, as with Gateways = 0.
 
@@ -125,40 +125,43 @@ func Choose(c GatewayChoice, vs []policy.Worker, g, G, pending int, pages uint64
 				continue
 			}
 			for range pending {
-				j, bj := -1, math.Inf(-1)
-				for i := h; i < len(vs); i += G {
-					if f := vs[i].Freeness(); vs[i].Eligible && f > bj {
-						j, bj = i, f
-					}
-				}
+				j := partitionPick(vs, h, G, math.Inf(1))
 				if j < 0 {
 					break
 				}
 				add(j)
 			}
 		}
-		fallthrough
-	case ChoosePartition:
-		best, bestF := -1, math.Inf(-1)
-		for i := range vs {
-			if !vs[i].Eligible {
-				continue
-			}
-			f := vs[i].Freeness()
-			if i%G == g {
-				if f > 0 {
-					f *= 1 + bias
-				} else {
-					f /= 1 + bias
-				}
-			}
-			if f > bestF {
-				best, bestF = i, f
+	}
+	if c == ChooseFreest || c == ChooseFill {
+		return policy.PickServing(vs)
+	}
+	return partitionPick(vs, g, G, bias)
+}
+
+// partitionPick is gateway g's pick under ChoosePartition: the eligible
+// worker of greatest freeness, the freeness of the workers at positions
+// ≡ g (mod G) counting 1 + bias times (divided by it when negative); an
+// infinite bias picks only among those.
+func partitionPick(vs []policy.Worker, g, G int, bias float64) int {
+	best, bestF := -1, math.Inf(-1)
+	for i := range vs {
+		if !vs[i].Eligible || math.IsInf(bias, 1) && i%G != g {
+			continue
+		}
+		f := vs[i].Freeness()
+		if i%G == g && !math.IsInf(bias, 1) {
+			if f > 0 {
+				f *= 1 + bias
+			} else {
+				f /= 1 + bias
 			}
 		}
-		return best
+		if f > bestF {
+			best, bestF = i, f
+		}
 	}
-	return policy.PickServing(vs)
+	return best
 }
 
 // steer returns what Take is to exclude: exclude itself, and, with a
@@ -343,7 +346,8 @@ func (s *Sim) committed(r *simRequest, gw *simGateway, id, w string, inc uint64)
 			s.cancel(r)
 		}
 		r.attempt++
-		s.place(r, w)
+		r.refusedBy = append(r.refusedBy, w)
+		s.place(r, r.refusedBy...)
 		return
 	}
 	pl := res.Dispatch.Placement
@@ -458,6 +462,9 @@ type GatewayOptions struct {
 	// Seeds, when > 1, runs every mode with seeds Seed … Seed+Seeds−1
 	// (each its own calibration and arrivals) and reports the means.
 	Seeds int
+	// Saturated, when > 0, is the cluster's saturated throughput
+	// (requests/s) measured before: the calibration runs are skipped.
+	Saturated float64
 	// GoalPct is the goal: TTFT mean and running_cv at most this much
 	// above Apply's (5).
 	GoalPct float64
@@ -553,7 +560,7 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 		}
 		if m.Gateways == 0 {
 			m = GatewayMode{}
-		} else if m.Bias == 0 && (m.Choice == ChoosePartition || m.Choice == ChoosePartitionFill) {
+		} else if m.Bias == 0 && m.Choice >= ChoosePartition {
 			m.Bias = DefaultGatewayBias
 		}
 		if !slices.Contains(modes, m) {
@@ -571,9 +578,11 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 		seed := o.Seed + uint64(k)
 		st := Study{Setup: Setup{Name: fmt.Sprintf("gateways-%d", o.Workers), Workers: o.Workers, Profile: o.Profile, MaxRunning: o.MaxRunning,
 			Budget: o.Budget}, Timeline: tm, Seed: seed, Timing: o.Timing}
-		sat, _, err := st.Calibrate()
-		if err != nil {
-			return nil, err
+		sat := o.Saturated
+		if sat <= 0 {
+			if sat, _, err = st.Calibrate(); err != nil {
+				return nil, err
+			}
 		}
 		rate := o.Load * sat
 		reqs, err := workload.GenerateLazy(workload.Config{Seed: seed, Rate: rate, Duration: tm.Duration, Trace: workload.AzureConversation})

@@ -358,6 +358,9 @@ type simRequest struct {
 	// Complete goes after the Dispatch's result, as on the gateway's
 	// stream.
 	committing, completeAfterCommit bool
+	// refusedBy are the workers whose placement of it Apply refused: the
+	// gateway excludes them when it places it again.
+	refusedBy []string
 
 	// migrated is set from a migration's switch to the destination's first
 	// token (the downtime).
