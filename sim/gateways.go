@@ -30,19 +30,16 @@ import (
 // worker learns the holder LinkLatency later (SetHolder); refused (the
 // worker's incarnation failed), the call is cancelled, the replica forgets
 // it, and the request is placed again, excluding every worker that refused
-// it, with the journal's tokens. A gateway with no table yet (the first WatchDelay)
-// sends the Dispatch without a worker: Apply chooses and the request waits
-// for the commit, as with Gateways = 0.
+// it, with the journal's tokens. A gateway with no table yet (the first
+// WatchDelay) sends the Dispatch without a worker: Apply chooses and the
+// request waits for the commit, as with Gateways = 0.
 
 // simGateway is one gateway's placement state.
 type simGateway struct {
 	idx int
 	rep *placer.Replica
-	// tableAt is when the table the replica holds was read from the fsm;
-	// since counts this gateway's placements since it arrived.
-	tableAt  time.Duration
-	since    int
-	arrivals int
+	// tableAt is when the table the replica holds was read from the fsm.
+	tableAt time.Duration
 }
 
 // GatewayChoice is how a gateway chooses among the workers of its view.
