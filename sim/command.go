@@ -44,7 +44,12 @@ type Options struct {
 	Spec SpecOptions
 	// Migration turns live migration on in every column (Config.Migration).
 	Migration bool
-	Log       io.Writer
+	// Gateways, GatewayChoice and GatewayBias are every column's dispatch
+	// (Config.Gateways; 0: inside Apply).
+	Gateways      int
+	GatewayChoice GatewayChoice
+	GatewayBias   float64
+	Log           io.Writer
 }
 
 // newMeter is a progress meter of runs on standard error for a command
@@ -112,7 +117,8 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
-			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter}
+			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
+			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, GatewayBias: o.GatewayBias}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err

@@ -116,6 +116,42 @@
 // client's downtime at each switch, against the goals (p99 TTFT at most
 // half, throughput within 1%).
 //
+// # Gateways with lagging views (issue 16)
+//
+// With Config.Gateways = G > 0 (`lumen sim -gateways G`) the requests are
+// placed as issue 16's gateways place them (gateways.go): arrival i goes
+// to gateway i mod G, which keeps an internal/placer.Replica — the
+// gateway's own code — fed by its WatchLoad stream: fsm.LoadTable every
+// Timing.WatchInterval (10 ms, WatchLoad's default; gateway g's ticks
+// offset by g/G of it), delivered Timing.WatchDelay (1 ms) after the
+// read. The gateway Take()s a worker, the request starts there at once
+// (epoch 0, no holder: no commit on the critical path), and its Dispatch,
+// naming that worker and incarnation, is applied CommitDelay later: the
+// replica then counts it until a table does (Committed), and the worker
+// learns h(r) a LinkLatency later (SetHolder: it checkpoints every full
+// page from then on). A refusal (fsm.ErrWorkerUnavailable: the worker's
+// incarnation failed) cancels the call, Forget()s it, and places the
+// request again with another attempt id, excluding every worker that
+// refused it, with the journal's tokens; a worker that dies before the commit breaks the
+// stream and the gateway waits for the Dispatch's result, then polls as
+// before. A Complete is sent only after the Dispatch's result, as on the
+// Place stream. Gateways = 0 is the dispatch inside Apply.
+//
+// GatewayChoice prototypes changes to the placer's choice, each a pure
+// function of the view, the gateway's index and the prompt (Choose),
+// applied through Take's exclusion list: ChooseFreest is the placer as it
+// is; ChoosePartitionFill has gateway g prefer the workers at positions
+// ≡ g (mod G) of the table (freeness × 1 + GatewayBias) after counting,
+// on each other gateway's share, as many virtual placements as it has
+// itself that its table does not count.
+//
+// The gateways figure (RunGateways, `lumen sim -figure gateways`) runs the
+// same Poisson arrivals with the dispatch inside Apply, 1 gateway, 4
+// gateways, and 4 choosing by partition-fill, and compares TTFT and the
+// spread of running requests across workers (SpreadDefinition: the mean,
+// over the queue samples, of the coefficient of variation of each
+// worker's running requests) with Apply's, against the goal (within 5%).
+//
 // A run is a function of its Config: the same Config gives the same events
 // in the same order, and the same figures, byte for byte (a test checks
 // it). The only wall-clock readings are the optional Apply timings

@@ -51,6 +51,10 @@ type Result struct {
 	Delivered []int
 	// Migrations counts live migration (Config.Migration).
 	Migrations MigrationStats
+	// Gateways counts issue 16's gateways (Config.Gateways); Spread is the
+	// running requests across the workers at each queue sample.
+	Gateways GatewayStats
+	Spread   []SpreadSample
 }
 
 // finish builds the per-request records.

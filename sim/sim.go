@@ -70,6 +70,17 @@ type Config struct {
 	// runs every Timing.MigrationInterval (migrate.go); off, no request
 	// moves while its worker serves.
 	Migration bool
+	// Gateways, when > 0, is issue 16's dispatch: that many gateways, each
+	// choosing the serving worker from its own lagging replica of the load
+	// table (internal/placer), the request starting there at once and its
+	// placement committing in parallel (gateways.go). 0 is the dispatch
+	// inside Apply: the fsm chooses and the request starts after the
+	// commit.
+	Gateways int
+	// GatewayChoice is how the gateways choose (ChooseFreest: placer's
+	// Take as it is).
+	GatewayChoice GatewayChoice
+	GatewayBias   float64
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
@@ -118,6 +129,10 @@ type Timing struct {
 	// two workers (a stage of n pages takes n × page bytes / it).
 	MigrationInterval, MigrationTimeout time.Duration
 	InterconnectBytesPerSec             float64
+	// Gateways (Config.Gateways): a gateway's WatchLoad stream brings a
+	// load table every WatchInterval, each WatchDelay after the fsm was
+	// read.
+	WatchInterval, WatchDelay time.Duration
 }
 
 // DefaultTiming returns the values measured on, or configured in, the real
@@ -146,13 +161,20 @@ type Timing struct {
 //     or 200 Gb/s InfiniBand; CALIBRATION.md, "Migration arithmetic"): a
 //     page of Qwen3-14B (2.6 MB) in 105 µs, a 4k-token request's 256 pages
 //     in 27 ms.
+//   - WatchInterval 10 ms: WatchLoad's default interval_ms
+//     (proto/controller.proto). WatchDelay 1 ms: a table of 64 rows (a
+//     few KB) on an open stream is one LinkLatency, but the controller
+//     serving it may be a follower a replication round behind the leader
+//     (an AppendEntries round trip on a LAN, a few hundred µs) and the
+//     table is built and marshalled on a loaded controller: 1 ms rounds
+//     that up.
 func DefaultTiming() Timing {
 	return Timing{CommitDelay: 3 * time.Millisecond, DetectDelay: 45 * time.Millisecond,
 		PollFirst: 20 * time.Millisecond, PollMax: 250 * time.Millisecond, RedispatchAfter: time.Second,
 		LoadInterval: 250 * time.Millisecond, QueueWindow: 10 * time.Second, ReconcileInterval: 2 * time.Second,
 		NetBytesPerSec: 12.5e9, SendQueuePages: 1024, ReloadScale: 1, SampleEvery: 250 * time.Millisecond,
 		LinkLatency: 100 * time.Microsecond, MigrationInterval: 500 * time.Millisecond, MigrationTimeout: 10 * time.Second,
-		InterconnectBytesPerSec: engine.DefaultInterconnectBytesPerSec}
+		InterconnectBytesPerSec: engine.DefaultInterconnectBytesPerSec, WatchInterval: 10 * time.Millisecond, WatchDelay: time.Millisecond}
 }
 
 // Validate says what is wrong with the Config.
@@ -188,6 +210,10 @@ func (c *Config) Validate() error {
 	if c.Migration && (t.MigrationInterval <= 0 || t.MigrationTimeout < t.MigrationInterval || t.InterconnectBytesPerSec <= 0) {
 		errs = append(errs, fmt.Errorf("Timing: with Migration, MigrationInterval (%s) must be positive, MigrationTimeout (%s) at least it, and InterconnectBytesPerSec (%g) positive",
 			t.MigrationInterval, t.MigrationTimeout, t.InterconnectBytesPerSec))
+	}
+	if c.Gateways < 0 || c.Gateways > 0 && (t.WatchInterval <= 0 || t.WatchDelay < 0) {
+		errs = append(errs, fmt.Errorf("Gateways (%d) must be >= 0, and with gateways Timing.WatchInterval (%s) positive and WatchDelay (%s) >= 0",
+			c.Gateways, t.WatchInterval, t.WatchDelay))
 	}
 	errs = append(errs, c.validateSpec()...)
 	if len(errs) > 0 {
@@ -263,6 +289,11 @@ type Sim struct {
 	arrSeq  uint64
 	order   []int
 
+	// Issue 16's gateways (Config.Gateways), and their recent placements
+	// by worker (GatewayStats' herding count).
+	gateways []*simGateway
+	gwPlaced map[string][]gatewayPlacement
+
 	// The run's end: events after drainUntil (≥ 0 once every request
 	// ended) are not run. nextProgress is the next Progress call.
 	drainUntil, nextProgress time.Duration
@@ -321,6 +352,15 @@ type simRequest struct {
 
 	resumeEnd   time.Duration
 	interrupted bool
+
+	// committing: a gateway placed it and its Dispatch has not been
+	// applied yet; completeAfterCommit: it completed meanwhile, and the
+	// Complete goes after the Dispatch's result, as on the gateway's
+	// stream.
+	committing, completeAfterCommit bool
+	// refusedBy are the workers whose placement of it Apply refused: the
+	// gateway excludes them when it places it again.
+	refusedBy []string
 
 	// migrated is set from a migration's switch to the destination's first
 	// token (the downtime).
@@ -409,6 +449,9 @@ func New(cfg Config) (*Sim, error) {
 		s.every(time.Duration(frac*float64(cfg.Timing.ReconcileInterval)), cfg.Timing.ReconcileInterval, func() { s.reconcile(w) })
 	}
 	s.every(0, cfg.Timing.SampleEvery, s.sample)
+	if cfg.Gateways > 0 {
+		s.startGateways()
+	}
 	if cfg.Migration {
 		s.every(0, cfg.Timing.MigrationInterval, s.migrationRound)
 	}
@@ -628,9 +671,19 @@ func (s *Sim) arrive(i int) {
 	s.dispatch(r)
 }
 
-// dispatch places the request through the fsm; the gateway calls Generate
-// once the command commits.
+// dispatch places the request: through a gateway's replica with
+// Config.Gateways, else through the fsm.
 func (s *Sim) dispatch(r *simRequest) {
+	if len(s.gateways) > 0 {
+		s.place(r)
+		return
+	}
+	s.dispatchApply(r)
+}
+
+// dispatchApply places the request through the fsm; the gateway calls
+// Generate once the command commits.
+func (s *Sim) dispatchApply(r *simRequest) {
 	r.id = dispatchID(r)
 	s.byID[r.id] = r
 	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{RequestId: r.id,
@@ -705,6 +758,13 @@ func (s *Sim) poll(r *simRequest) {
 	if r.ended > 0 || r.call != nil {
 		return
 	}
+	if r.committing {
+		// The gateway knows nothing of the placement before its
+		// Dispatch's result: it waits for it (a refusal places again).
+		r.polling = true
+		s.at(s.now+r.pollWait, func() { s.poll(r) })
+		return
+	}
 	pl, _ := s.fsm.Placement(r.id)
 	switch {
 	case pl != nil && (pl.WorkerId != r.worker || pl.Epoch != r.epoch):
@@ -740,7 +800,11 @@ func (s *Sim) end(r *simRequest, err error) {
 	}
 	r.call = nil
 	if err == nil {
-		s.complete(r.id)
+		if r.committing {
+			r.completeAfterCommit = true
+		} else {
+			s.complete(r.id)
+		}
 	}
 	delete(s.byID, r.id)
 }
@@ -1015,6 +1079,7 @@ func (s *Sim) sample() {
 		}
 	}
 	s.res.Queue = append(s.res.Queue, queueSample{At: s.now, Waiting: float64(waiting)})
+	s.sampleSpread()
 	if s.cfg.TokenSeries {
 		row := make([]int, len(s.workers))
 		for i, w := range s.workers {

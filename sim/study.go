@@ -136,6 +136,10 @@ type Figures struct {
 	PairedDecodeTokS       float64 `json:"paired_decode_tok_s,omitempty"`
 	PairedDecodeBeforeTokS float64 `json:"paired_decode_before_tok_s,omitempty"`
 	PairedDecodeNoSpecTokS float64 `json:"paired_decode_no_spec_tok_s,omitempty"`
+	// Dispatch is issue 16's dispatch mode when gateways placed the
+	// requests (GatewayMode.Name: "gateways-4", …); absent for the
+	// dispatch inside Apply, so that the JSON of those runs is as before.
+	Dispatch string `json:"dispatch,omitempty"`
 }
 
 // Study is a side-by-side comparison on one setup: a calibration run, then
@@ -171,6 +175,11 @@ type Study struct {
 	// Meter, when set, counts the columns run (internal/progress), a
 	// column's requests done as a fraction.
 	Meter *progress.Meter
+	// Gateways, GatewayChoice and GatewayBias are every column's dispatch
+	// (Config.Gateways; not the calibration's, which is Apply's).
+	Gateways      int
+	GatewayChoice GatewayChoice
+	GatewayBias   float64
 }
 
 // arrivals returns the requests of a run at rate for d: from the trace
@@ -241,8 +250,8 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	tr := workload.AzureConversation
 	_, batch := p.SaturatedRate(st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	tm := st.Timeline
-	st.logf("== %s: %d workers simulated as %s, batch up to %d, %d of them killed at %s\n",
-		st.Setup.Name, st.Setup.Workers, st.Setup.Profile, batch, st.Setup.Failures, tm.FailAt)
+	st.logf("== %s: %d workers simulated as %s, batch up to %d, %d of them killed at %s, dispatch %s\n",
+		st.Setup.Name, st.Setup.Workers, st.Setup.Profile, batch, st.Setup.Failures, tm.FailAt, GatewayMode{Gateways: st.Gateways, Choice: st.GatewayChoice}.Name())
 	saturated, modelled := st.Saturated, 0.0
 	if saturated <= 0 {
 		if saturated, modelled, err = st.Calibrate(); err != nil {
@@ -269,6 +278,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		cfg := st.config(p, col.Strategy, reqs)
 		cfg.Speculation = col.Spec
 		cfg.Migration = st.Migration
+		cfg.Gateways, cfg.GatewayChoice, cfg.GatewayBias = st.Gateways, st.GatewayChoice, st.GatewayBias
 		// The decode rates of the paired workers, with and without
 		// speculation, come from the token series.
 		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail
@@ -305,6 +315,9 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	for _, col := range Columns {
 		res := results[col.Name]
 		f := &Figures{ArrivalRatePerSec: rate, SaturatedPerSec: saturated}
+		if st.Gateways > 0 {
+			f.Dispatch = GatewayMode{Gateways: st.Gateways, Choice: st.GatewayChoice}.Name()
+		}
 		var ttft, tpot, pre []time.Duration
 		for _, r := range res.Records {
 			if r.Err != nil {

@@ -40,7 +40,10 @@ func runSim(args []string) error {
 	svgPath := fs.String("svg", "", "with -figure or -replot: plot the figure as SVG")
 	replot := fs.String("replot", "", "plot a figure's JSON written by -figure -json (with -svg), running nothing")
 	seeds := fs.Int("seeds", 1, "with -figure: run every point with this many seeds (from -seed) and report the means")
-	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens), spec-k (adaptive K against fixed K = 0 … 8, one target and its drafter), or burst (live migration off/on under Gamma arrivals: 8 and 64 workers unless -workers, loads 0.7, 0.85, 1 unless -load)")
+	figure := fs.String("figure", "", "run a figure instead: "+strings.Join(sim.FigureNames, ", ")+" (64 workers unless -workers; -quick shortens), spec-k (adaptive K against fixed K = 0 … 8, one target and its drafter), or burst (live migration off/on under Gamma arrivals: 8 and 64 workers unless -workers, loads 0.7, 0.85, 1 unless -load), or gateways (issue 16's balance: dispatch inside Apply against 1 and 4 gateways with lagging views, 64 workers unless -workers, load 0.7 unless -load, 300 s unless -duration; -seeds averages)")
+	gateways := fs.Int("gateways", 0, "issue 16's dispatch: this many gateways choose the serving worker from their own lagging replica of the load table (internal/placer), the request starting there before its placement commits; 0 = the dispatch inside Apply. With -figure gateways: the gateway counts to compare with Apply (default 1,4)")
+	gatewayChoice := fs.String("gateway-choice", "freest", "with -gateways: how a gateway chooses ("+strings.Join(sim.GatewayChoices, ", ")+"; freest is internal/placer's Take, the others are prototypes, docs/benchmarks.md); with -figure gateways, the choice run beside freest (default partition-fill)")
+	gatewayBias := fs.Float64("gateway-bias", sim.DefaultGatewayBias, "with -gateway-choice partition or partition-fill: the preference for the gateway's own share of the workers")
 	migration := fs.String("migration", "off", "live migration for balance (Llumnix; the leader's round every 500 ms): on or off")
 	kvPages := fs.Int("kv-pages", 0, "with -figure burst: a worker's KV cache in 16-token pages (0: the profile's GPU); smaller puts the workers under memory pressure")
 	cv := fs.Float64("cv", 4, "with -figure burst: the arrivals' coefficient of variation (Gamma gaps; 0 or 1 is Poisson)")
@@ -71,7 +74,20 @@ func runSim(args []string) error {
 	if migrate && *figure != "" && *figure != "burst" {
 		return fmt.Errorf("-migration on applies to the studies, not to -figure %s (-figure burst runs it off and on)", *figure)
 	}
-	o := sim.Options{Migration: migrate, Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart, FailAt: *failAt,
+	choice, err := sim.ParseGatewayChoice(*gatewayChoice)
+	if err != nil {
+		return fmt.Errorf("-gateway-choice: %w", err)
+	}
+	if *gateways < 0 {
+		return fmt.Errorf("-gateways %d: must be >= 0 (0: the dispatch inside Apply)", *gateways)
+	}
+	if *gatewayBias < 0 {
+		return fmt.Errorf("-gateway-bias %g: must be >= 0", *gatewayBias)
+	}
+	if *figure != "" && *figure != "gateways" && (set["gateways"] || set["gateway-choice"] || set["gateway-bias"]) {
+		return fmt.Errorf("-gateways, -gateway-choice and -gateway-bias apply to the studies and to -figure gateways, not to -figure %s", *figure)
+	}
+	o := sim.Options{Gateways: *gateways, GatewayChoice: choice, GatewayBias: *gatewayBias, Migration: migrate, Quick: *quick, Seed: *seed, Load: *load, Lambda: *lambda, NoRestart: *noRestart, FailAt: *failAt,
 		Timing: sim.DefaultTiming(), MeasureApply: *applyTiming, JSONPath: *jsonPath, CSVPath: *csvPath, TracePath: *tracePath, Log: os.Stdout}
 	o.Timing.DetectDelay = *detect
 	o.Spec = sim.SpecOptions{Alpha: *specAlpha, K: *specK}
@@ -106,6 +122,55 @@ func runSim(args []string) error {
 				return err
 			}
 			return writeJSONAndPlot(*jsonPath, data)
+		}
+		return nil
+	}
+	if *figure == "gateways" {
+		if migrate {
+			return fmt.Errorf("-figure gateways runs without migration: -migration does not apply")
+		}
+		g := sim.DefaultGatewayOptions()
+		g.Seed, g.Seeds, g.Timing, g.Log, g.Profile, g.MaxRunning, g.Load = *seed, *seeds, o.Timing, os.Stdout, *profile, *maxRunning, *load
+		if *workers > 0 {
+			g.Workers = *workers
+		}
+		if *quick {
+			g.Timeline = sim.QuickTimeline()
+		}
+		if *duration > 0 {
+			g.Timeline.Duration, g.Timeline.Warmup = *duration, *duration/12
+		}
+		if set["gateways"] || set["gateway-choice"] || set["gateway-bias"] {
+			counts := []int{1, 4}
+			if set["gateways"] {
+				counts = []int{*gateways}
+			}
+			if !set["gateway-choice"] {
+				choice = sim.ChoosePartitionFill
+			}
+			g.Modes = nil
+			for _, n := range counts {
+				g.Modes = append(g.Modes, sim.GatewayMode{Gateways: n})
+				if choice != sim.ChooseFreest && n > 1 {
+					g.Modes = append(g.Modes, sim.GatewayMode{Gateways: n, Choice: choice, Bias: *gatewayBias})
+				}
+			}
+		}
+		b, err := parseBytes(budget)
+		if err != nil {
+			return fmt.Errorf("-checkpoint-budget: %w", err)
+		}
+		g.Budget = b
+		f, err := sim.RunGateways(g)
+		if err != nil {
+			return err
+		}
+		if *jsonPath != "" {
+			data, err := json.MarshalIndent(f, "", "  ")
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(*jsonPath, append(data, '\n'), 0o644)
 		}
 		return nil
 	}
