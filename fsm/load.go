@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/lumen-project/lumen/policy"
@@ -21,6 +22,8 @@ type loadCache struct {
 	views   []policy.Worker
 	incs    []uint64
 	phases  []pb.WorkerPhase
+	// sessions is the sorted live session ids of the table.
+	sessions []string
 }
 
 // LoadTable returns the load table as of the applied index, and its
@@ -40,7 +43,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 		return c.table, c.version
 	}
 	st := f.st
-	same := len(st.ids) == len(c.views)
+	same := len(st.ids) == len(c.views) && sameSessions(st.sessions, c.sessions)
 	for i := 0; same && i < len(st.ids); i++ {
 		w := st.workers[st.ids[i]]
 		same = loadFields(st.views[i]) == c.views[i] && w.Incarnation == c.incs[i] && w.Phase == c.phases[i]
@@ -48,7 +51,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 	if same && c.table != nil {
 		f.mu.RUnlock()
 		// Same rows at a later index: a new header, the rows shared.
-		c.table = &pb.LoadTable{AppliedIndex: applied, Workers: c.table.Workers}
+		c.table = &pb.LoadTable{AppliedIndex: applied, Workers: c.table.Workers, Sessions: c.sessions}
 		return c.table, c.version
 	}
 	c.views, c.incs, c.phases = c.views[:0], c.incs[:0], c.phases[:0]
@@ -64,10 +67,28 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 				Running: v.Running, Waiting: v.Waiting},
 			PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
 	}
+	c.sessions = make([]string, 0, len(st.sessions))
+	for id := range st.sessions {
+		c.sessions = append(c.sessions, id)
+	}
 	f.mu.RUnlock()
+	slices.Sort(c.sessions)
 	c.version++
-	c.table = &pb.LoadTable{AppliedIndex: applied, Workers: rows}
+	c.table = &pb.LoadTable{AppliedIndex: applied, Workers: rows, Sessions: c.sessions}
 	return c.table, c.version
+}
+
+// sameSessions says whether the live sessions are the sorted ids held.
+func sameSessions[V any](live map[string]V, held []string) bool {
+	if len(live) != len(held) {
+		return false
+	}
+	for _, id := range held {
+		if _, ok := live[id]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // loadFields is the part of a view the load table carries: what

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,28 @@ func TestCompletedRing(t *testing.T) {
 	}
 	if r := h.one(dispatch(fmt.Sprintf("r%d", first), 1, 1)); !errors.Is(r.Err, ErrCompleted) {
 		t.Fatalf("a remembered id: %v", r.Err)
+	}
+}
+
+// TestLoadTableSessions: the table names the live sessions, sorted (a
+// gateway's share of the workers comes from its place among them), and a
+// session created or ended is a new version.
+func TestLoadTableSessions(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("w1", 1<<30))
+	_, v0 := h.f.LoadTable()
+	h.one(createSession("gw-b", 2*time.Second))
+	h.one(createSession("gw-a", 2*time.Second))
+	tab, v1 := h.f.LoadTable()
+	if !slices.Equal(tab.Sessions, []string{"gw-a", "gw-b"}) || v1 == v0 {
+		t.Fatalf("sessions %v at version %d (before: %d), want [gw-a gw-b] at a new version", tab.Sessions, v1, v0)
+	}
+	h.advance(1500 * time.Millisecond)
+	h.one(renewSession("gw-a"))
+	h.advance(1500 * time.Millisecond)
+	h.one(noop()) // gw-b expires
+	tab, v2 := h.f.LoadTable()
+	if !slices.Equal(tab.Sessions, []string{"gw-a"}) || v2 == v1 {
+		t.Fatalf("after gw-b expired: sessions %v at version %d (before: %d)", tab.Sessions, v2, v1)
 	}
 }

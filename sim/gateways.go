@@ -78,7 +78,7 @@ var GatewayChoices = []string{"freest", "fill", "partition", "partition-fill"}
 // DefaultGatewayBias is ChoosePartition's and ChoosePartitionFill's
 // preference for a gateway's own share (docs/benchmarks.md: 0.15 was the
 // best of 0.05–0.5 for partition-fill at 64 workers).
-const DefaultGatewayBias = 0.15
+const DefaultGatewayBias = placer.ShareBias
 
 func (c GatewayChoice) String() string {
 	if c >= 0 && int(c) < len(GatewayChoices) {
@@ -166,7 +166,7 @@ func partitionPick(vs []policy.Worker, g, G int, bias float64) int {
 // Choose names (Take then picks that one: the prototype runs through the
 // placer's own API, its accounting unchanged).
 func (s *Sim) steer(gw *simGateway, prompt uint32, exclude []string) []string {
-	if s.cfg.GatewayChoice == ChooseFreest {
+	if s.cfg.GatewayChoice == ChooseFreest || s.placerShares() {
 		return exclude
 	}
 	vs := gw.rep.Views()
@@ -224,6 +224,14 @@ type SpreadSample struct {
 	MaxMin   int
 }
 
+// placerShares says whether the gateways choose as internal/placer does
+// when it knows its share (ChoosePartitionFill at the placer's bias: the
+// gateway's choice since issue 16's herding measurement); ChooseFreest is
+// the placer without shares, the other choices prototypes.
+func (s *Sim) placerShares() bool {
+	return s.cfg.GatewayChoice == ChoosePartitionFill && s.cfg.GatewayBias == placer.ShareBias
+}
+
 // startGateways creates the gateways and their WatchLoad streams: a table
 // at once, then one every WatchInterval, gateway g's ticks offset by
 // g/G of it.
@@ -232,6 +240,9 @@ func (s *Sim) startGateways() {
 	iv := s.cfg.Timing.WatchInterval
 	for g := range n {
 		gw := &simGateway{idx: g, rep: placer.New(), tableAt: -1}
+		if s.placerShares() {
+			gw.rep.SetShare(g, n) // the placer's own choice among gateways
+		}
 		s.gateways = append(s.gateways, gw)
 		s.at(0, func() { s.sendTable(gw) })
 		s.every(time.Duration(g)*iv/time.Duration(n), iv, func() { s.sendTable(gw) })

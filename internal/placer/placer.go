@@ -43,6 +43,12 @@ type Replica struct {
 	// flight, iterating own on every Take was the largest CPU cost of a
 	// gateway-like client in lumen bench controller.
 	ownBy map[string]ownSum
+
+	// The share (share.go): gateway g of G, from SetShare or from the
+	// tables' sessions and this gateway's own (self).
+	g, G     int
+	self     string
+	sessions []string
 }
 
 type ownSum struct {
@@ -75,7 +81,7 @@ func (r *Replica) dropOwn(id string, o own) {
 
 // New returns an empty replica: Choose finds no worker until the first
 // table arrives.
-func New() *Replica { return &Replica{own: map[string]own{}, ownBy: map[string]ownSum{}} }
+func New() *Replica { return &Replica{own: map[string]own{}, ownBy: map[string]ownSum{}, G: 1} }
 
 // View turns a load table row into policy's view of the worker, the fields
 // PickServing reads exactly as the FSM holds them.
@@ -115,6 +121,9 @@ func (r *Replica) Update(t *pb.LoadTable) {
 	}
 	r.applied = t.AppliedIndex
 	r.tables++
+	r.sessions = slices.Clone(t.Sessions)
+	slices.Sort(r.sessions)
+	r.shareFromSessions()
 	for id, o := range r.own {
 		if o.index != 0 && o.index <= t.AppliedIndex {
 			r.dropOwn(id, o)
@@ -158,7 +167,7 @@ func (r *Replica) find(id string) (int, bool) {
 }
 
 // Take chooses the serving worker of a new request — the freest eligible
-// worker of the view, excluding the ones named (a worker that just refused
+// worker of the view (one of several gateways: see share.go), excluding the ones named (a worker that just refused
 // or failed the request) — and counts the request there until a table
 // counts it. ok is false when no worker is eligible.
 func (r *Replica) Take(requestID string, promptTokens uint32, exclude ...string) (worker string, incarnation uint64, ok bool) {
@@ -170,7 +179,12 @@ func (r *Replica) Take(requestID string, promptTokens uint32, exclude ...string)
 			vs[i].Eligible = false
 		}
 	}
-	i := policy.PickServing(vs)
+	var i int
+	if r.G > 1 {
+		i = pickShared(vs, r.g, r.G, len(r.own), policy.Pages(uint64(promptTokens)))
+	} else {
+		i = policy.PickServing(vs)
+	}
 	if i < 0 {
 		return "", 0, false
 	}

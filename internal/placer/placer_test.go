@@ -80,3 +80,45 @@ func TestOwnPlacementsCountUntilATableCountsThem(t *testing.T) {
 		t.Fatal("took a worker with every worker excluded")
 	}
 }
+
+// TestShares: a gateway's share comes from its place among the table's
+// sessions; two gateways with the same fresh table and one placement of
+// their own each not yet counted choose different workers, where without
+// shares both choose the freest.
+func TestShares(t *testing.T) {
+	tab := &pb.LoadTable{AppliedIndex: 1, Sessions: []string{"s-b", "s-a"}, Workers: []*pb.WorkerLoad{
+		row("w1", 1, full, 0, 0), row("w2", 1, full, 0, 0), row("w3", 1, full, 0, 0), row("w4", 1, full, 0, 0)}}
+	a, b, lone := New(), New(), New()
+	a.SetSelf("s-a")
+	b.SetSelf("s-b")
+	for _, r := range []*Replica{a, b, lone} {
+		r.Update(tab)
+	}
+	if g, G := a.Share(); g != 0 || G != 2 {
+		t.Fatalf("s-a's share: %d of %d, want 0 of 2", g, G)
+	}
+	if g, G := b.Share(); g != 1 || G != 2 {
+		t.Fatalf("s-b's share: %d of %d, want 1 of 2", g, G)
+	}
+	if g, G := lone.Share(); g != 0 || G != 1 {
+		t.Fatalf("a replica with no session: %d of %d, want 0 of 1", g, G)
+	}
+	// A lone gateway fills the freest worker first (ties: smaller id).
+	wa, _, _ := a.Take("a1", 160)
+	wb, _, _ := b.Take("b1", 160)
+	if wa == wb {
+		t.Fatalf("both gateways chose %s", wa)
+	}
+	// Each then assumes the other placed as many: the second choice of
+	// each stays off the worker the other just took.
+	wa2, _, _ := a.Take("a2", 160)
+	wb2, _, _ := b.Take("b2", 160)
+	if wa2 == wb || wb2 == wa || wa2 == wb2 {
+		t.Fatalf("second choices %s and %s collide with first %s, %s", wa2, wb2, wa, wb)
+	}
+	// A session the table no longer lists: a lone gateway again.
+	a.Update(&pb.LoadTable{AppliedIndex: 2, Sessions: []string{"s-b"}, Workers: tab.Workers})
+	if g, G := a.Share(); g != 0 || G != 1 {
+		t.Fatalf("after its session left the table: %d of %d, want 0 of 1", g, G)
+	}
+}

@@ -2823,8 +2823,12 @@ type LoadTable struct {
 	AppliedIndex uint64        `protobuf:"varint,1,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	Workers      []*WorkerLoad `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
 	// The replica that served it, and whether it is the leader.
-	ControllerId  string `protobuf:"bytes,3,opt,name=controller_id,json=controllerId,proto3" json:"controller_id,omitempty"`
-	Leader        bool   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	ControllerId string `protobuf:"bytes,3,opt,name=controller_id,json=controllerId,proto3" json:"controller_id,omitempty"`
+	Leader       bool   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	// The live sessions' ids, sorted: a gateway's position among them and
+	// their number are its share of the workers (internal/placer), so that
+	// gateways whose tables lag do not all choose the same freest worker.
+	Sessions      []string `protobuf:"bytes,5,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2885,6 +2889,13 @@ func (x *LoadTable) GetLeader() bool {
 		return x.Leader
 	}
 	return false
+}
+
+func (x *LoadTable) GetSessions() []string {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
 }
 
 type GetPlacementsRequest struct {
@@ -3203,12 +3214,13 @@ const file_controller_proto_rawDesc = "" +
 	"\x05phase\x18\x03 \x01(\x0e2\x15.lumen.v1.WorkerPhaseR\x05phase\x12(\n" +
 	"\x04load\x18\x04 \x01(\v2\x14.lumen.v1.LoadRecordR\x04load\x12)\n" +
 	"\x10pending_requests\x18\x05 \x01(\rR\x0fpendingRequests\x12#\n" +
-	"\rpending_pages\x18\x06 \x01(\x04R\fpendingPages\"\x9d\x01\n" +
+	"\rpending_pages\x18\x06 \x01(\x04R\fpendingPages\"\xb9\x01\n" +
 	"\tLoadTable\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12.\n" +
 	"\aworkers\x18\x02 \x03(\v2\x14.lumen.v1.WorkerLoadR\aworkers\x12#\n" +
 	"\rcontroller_id\x18\x03 \x01(\tR\fcontrollerId\x12\x16\n" +
-	"\x06leader\x18\x04 \x01(\bR\x06leader\"p\n" +
+	"\x06leader\x18\x04 \x01(\bR\x06leader\x12\x1a\n" +
+	"\bsessions\x18\x05 \x03(\tR\bsessions\"p\n" +
 	"\x14GetPlacementsRequest\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
 	"requestIds\x127\n" +
