@@ -31,6 +31,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/liveness"
+	"github.com/lumen-project/lumen/internal/placer"
 	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/tokenizer"
@@ -164,6 +165,13 @@ type Gateway struct {
 
 	workers *workerdir.Directory
 
+	// replica is the gateway's copy of the load table it chooses serving
+	// workers from (fastpath.go); tableAt is when the last table arrived
+	// (unix ns). link is the Place stream (place.go).
+	replica *placer.Replica
+	tableAt atomic.Int64
+	link    *placeLink
+
 	mu         sync.Mutex // guards maxContext, readyAt, ready, reporting, flights, closing, draining
 	maxContext int
 	readyAt    time.Time
@@ -210,7 +218,7 @@ func New(cfg Config) (*Gateway, error) {
 		workers: workerdir.New(ctl, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
 		maxContext: cfg.MaxContext, stop: make(chan struct{}), closeGrace: 5 * time.Second,
-		flights: map[string]*flight{}}
+		flights: map[string]*flight{}, replica: placer.New()}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	for _, addr := range ctl.Addrs() {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -234,9 +242,13 @@ func New(cfg Config) (*Gateway, error) {
 		g.cfg.Name = cfg.Name
 	}
 	g.session = newSession(ctl, g.log, cfg.Name, cfg.SessionTTL)
+	g.link = newPlaceLink(g, g.watchConns)
+	g.metrics.watchReplica(g.replica, &g.tableAt)
 	g.srv = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	g.goFunc(func() { g.session.run(g.stop) })
 	g.goFunc(g.watchMoves)
+	g.goFunc(g.watchLoad)
+	g.goFunc(g.link.run)
 	g.goFunc(func() {
 		var err error
 		if cfg.TLSCert != "" {
@@ -482,7 +494,14 @@ func (g *Gateway) completer() {
 			if !closeBy.IsZero() {
 				ctx, cancel = context.WithDeadline(context.Background(), closeBy)
 			}
-			_, err := g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: pending[:n]})
+			var err error
+			if closeBy.IsZero() {
+				// Over the Place stream, after every Dispatch sent before.
+				err = g.link.complete(ctx, pending[:n])
+			} else {
+				// Closing: the stream is shut.
+				_, err = g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: pending[:n]})
+			}
 			cancel()
 			if err != nil && status.Code(err) != codes.InvalidArgument {
 				g.log.Warn("complete failed; keeping the ids for the next flush", "requests", len(pending), "retry_in", retry, "error", err)

@@ -182,7 +182,7 @@ func TestSessionKeptRenewedAndDestroyed(t *testing.T) {
 	if _, err := cl.DestroySession(ctx, &pb.DestroySessionRequest{SessionId: second}); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10})
+	resp, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10}, g.link.dispatch)
 	if err != nil {
 		t.Fatalf("dispatch after the session ended: %v", err)
 	}
@@ -229,7 +229,7 @@ func TestSessionSurvivesShortOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10}); err != nil {
+	if _, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10}, g.link.dispatch); err != nil {
 		t.Fatal(err)
 	}
 	renewed := func() time.Time {
