@@ -51,6 +51,11 @@ var (
 	// ErrStaleMigration: the command is about an earlier migration of the
 	// placement (another destination, or an earlier incarnation of it).
 	ErrStaleMigration = errors.New("fsm: stale migration")
+	// ErrWorkerUnavailable: the Dispatch named the serving worker (the
+	// gateway chose it) and that worker incarnation is not in the table, or
+	// is FAILED or LEFT. The request did not get a placement; the gateway
+	// places it again elsewhere with its token history.
+	ErrWorkerUnavailable = errors.New("fsm: chosen worker unavailable")
 )
 
 const (
@@ -90,6 +95,9 @@ type FSM struct {
 
 	applied appliedIndex
 	events  *EventLog
+
+	// load caches the load table (LoadTable).
+	load loadCache
 
 	// observe, when set, is told how long each command took to apply.
 	observe func(command string, d time.Duration)

@@ -590,8 +590,17 @@ func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
 			return Result{Err: fmt.Errorf("%w: %q; create a new session and dispatch in it", ErrSessionExpired, c.SessionId)}
 		}
 	}
-	serving := policy.PickServing(s.views)
-	if serving < 0 {
+	var serving int
+	if c.WorkerId != "" {
+		// The gateway chose the worker and the request already runs there:
+		// accept while that incarnation is alive, whatever its phase (a
+		// draining worker's requests migrate away). O(log n).
+		i, err := s.chosen(c)
+		if err != nil {
+			return Result{Err: err}
+		}
+		serving = i
+	} else if serving = policy.PickServing(s.views); serving < 0 {
 		return Result{Err: ErrNoWorker}
 	}
 	w := s.workers[s.ids[serving]]
@@ -611,6 +620,33 @@ func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
 		addTo(s.sessionReqs, c.SessionId, p.RequestId)
 	}
 	return Result{Dispatch: &pb.DispatchResponse{Placement: p, NoHolder: p.HolderId == "", NoHolderReason: string(why), Index: idx}}
+}
+
+// chosen returns the index (into ids and views) of the serving worker a
+// Dispatch named, or ErrWorkerUnavailable saying why it may not take it.
+func (s *state) chosen(c *pb.DispatchCmd) (int, error) {
+	w, ok := s.workers[c.WorkerId]
+	switch {
+	case !ok:
+		return -1, fmt.Errorf("%w: worker %s incarnation %d is not in the table", ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation)
+	case w.Incarnation != c.WorkerIncarnation:
+		return -1, fmt.Errorf("%w: worker %s incarnation %d is gone: the table has incarnation %d (%s)",
+			ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation, w.Incarnation, phaseName(w.Phase))
+	case w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT:
+		return -1, fmt.Errorf("%w: worker %s incarnation %d is %s", ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation, phaseName(w.Phase))
+	}
+	if !eligible(w) {
+		if inc, left := s.leftover(w); left {
+			// Requests of an earlier incarnation wait there for recovery (no
+			// worker could take them); a row never mixes them with its own. An
+			// eligible row never has any (becoming eligible plans them), so the
+			// hot path skips the scan.
+			return -1, fmt.Errorf("%w: worker %s incarnation %d (%s) still has requests of incarnation %d awaiting recovery",
+				ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation, phaseName(w.Phase), inc)
+		}
+	}
+	i := sort.SearchStrings(s.ids, c.WorkerId)
+	return i, nil
 }
 
 func (s *state) complete(c *pb.CompleteCmd, idx uint64, evs eventSink) Result {

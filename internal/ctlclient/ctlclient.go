@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,7 +46,29 @@ const (
 	ReasonPlacementState = "PLACEMENT_STATE"
 	// ReasonCompleted: the request completed.
 	ReasonCompleted = "REQUEST_COMPLETED"
+	// ReasonWorkerUnavailable: the Dispatch named the serving worker (the
+	// gateway chose it) and that incarnation is gone, FAILED or LEFT: the
+	// request has no placement; place it again elsewhere.
+	ReasonWorkerUnavailable = "WORKER_UNAVAILABLE"
+	// ReasonNotLeader: a leader-only stream (Place) reached a replica that
+	// does not lead, or lost leadership. The ErrorInfo's metadata names the
+	// leader when the replica knows it: MetaLeaderID and MetaLeaderAddr
+	// (its gRPC address).
+	ReasonNotLeader = "NOT_LEADER"
+	MetaLeaderID    = "leader_id"
+	MetaLeaderAddr  = "leader_addr"
 )
+
+// LeaderHint returns the leader's gRPC address a NOT_LEADER refusal named,
+// or "".
+func LeaderHint(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == ErrorDomain && info.Reason == ReasonNotLeader {
+			return info.Metadata[MetaLeaderAddr]
+		}
+	}
+	return ""
+}
 
 // MigrationOver reports whether err, from FinishMigration, says the
 // migration named is no longer in flight — aborted, overtaken by a recovery
@@ -91,6 +114,12 @@ type Client struct {
 	addrs []string
 	conns []*grpc.ClientConn
 	next  atomic.Uint32
+	creds credentials.TransportCredentials
+
+	// extra holds connections to leader addresses that are not among
+	// addrs (a NOT_LEADER hint naming a replica by another address).
+	extraMu sync.Mutex
+	extra   map[string]*grpc.ClientConn
 	// AttemptTimeout bounds one attempt on one replica before the next is
 	// tried (default 2 s); the caller's context bounds the whole call.
 	AttemptTimeout time.Duration
@@ -113,7 +142,7 @@ func New(addrs []string, clientTLS *tls.Config) (*Client, error) {
 	if clientTLS != nil {
 		creds = credentials.NewTLS(clientTLS)
 	}
-	c := &Client{addrs: clean, AttemptTimeout: 2 * time.Second}
+	c := &Client{addrs: clean, AttemptTimeout: 2 * time.Second, creds: creds}
 	for _, a := range clean {
 		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds), grpc.WithConnectParams(reconnect))
 		if err != nil {
@@ -130,6 +159,36 @@ func (c *Client) Close() {
 	for _, cc := range c.conns {
 		cc.Close()
 	}
+	c.extraMu.Lock()
+	for _, cc := range c.extra {
+		cc.Close()
+	}
+	c.extra = nil
+	c.extraMu.Unlock()
+}
+
+// connTo returns the connection to addr: one of the replicas', or a new
+// one kept until Close.
+func (c *Client) connTo(addr string) (*grpc.ClientConn, error) {
+	for i, a := range c.addrs {
+		if a == addr {
+			return c.conns[i], nil
+		}
+	}
+	c.extraMu.Lock()
+	defer c.extraMu.Unlock()
+	if cc, ok := c.extra[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds), grpc.WithConnectParams(reconnect))
+	if err != nil {
+		return nil, err
+	}
+	if c.extra == nil {
+		c.extra = map[string]*grpc.ClientConn{}
+	}
+	c.extra[addr] = cc
+	return cc, nil
 }
 
 // Addrs returns the controller addresses.

@@ -1,0 +1,108 @@
+package fsm
+
+import (
+	"sync"
+
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// The load table (issue 16): what a gateway needs to choose serving
+// workers as Apply would — policy's view of each worker, as rows that
+// internal/placer.View turns back into the same policy.Worker fields
+// PickServing reads.
+
+// loadCache is the last table built, and the views it was built from: a
+// call that finds the views unchanged returns it as it is.
+type loadCache struct {
+	mu      sync.Mutex
+	version uint64
+	table   *pb.LoadTable
+	views   []policy.Worker
+	incs    []uint64
+	phases  []pb.WorkerPhase
+}
+
+// LoadTable returns the load table as of the applied index, and its
+// version: a number that grows each time the table's rows change (the
+// applied index alone moving does not change it). The table is shared:
+// callers must not modify it. It is cheap to call: O(workers) comparisons
+// under the read lock, and a new table only when a row changed. Wait for
+// the next change with WaitApplied(table.AppliedIndex+1) and call again.
+func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
+	c := &f.load
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f.mu.RLock()
+	applied := f.applied.get()
+	if c.table != nil && c.table.AppliedIndex == applied {
+		f.mu.RUnlock()
+		return c.table, c.version
+	}
+	st := f.st
+	same := len(st.ids) == len(c.views)
+	for i := 0; same && i < len(st.ids); i++ {
+		w := st.workers[st.ids[i]]
+		same = loadFields(st.views[i]) == c.views[i] && w.Incarnation == c.incs[i] && w.Phase == c.phases[i]
+	}
+	if same && c.table != nil {
+		f.mu.RUnlock()
+		// Same rows at a later index: a new header, the rows shared.
+		c.table = &pb.LoadTable{AppliedIndex: applied, Workers: c.table.Workers}
+		return c.table, c.version
+	}
+	c.views, c.incs, c.phases = c.views[:0], c.incs[:0], c.phases[:0]
+	rows := make([]*pb.WorkerLoad, len(st.ids))
+	for i, id := range st.ids {
+		w, v := st.workers[id], st.views[i]
+		c.views = append(c.views, loadFields(v))
+		c.incs = append(c.incs, w.Incarnation)
+		c.phases = append(c.phases, w.Phase)
+		rows[i] = &pb.WorkerLoad{WorkerId: id, Incarnation: w.Incarnation, Phase: w.Phase,
+			Load: &pb.LoadRecord{WorkerId: id, Incarnation: w.Incarnation, QueueWaitMs: v.QueueWaitMs,
+				KvPagesTotal: v.KVPagesTotal, KvPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages,
+				Running: v.Running, Waiting: v.Waiting},
+			PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
+	}
+	f.mu.RUnlock()
+	c.version++
+	c.table = &pb.LoadTable{AppliedIndex: applied, Workers: rows}
+	return c.table, c.version
+}
+
+// loadFields is the part of a view the load table carries: what
+// PickServing reads (the checkpoint accounting stays Apply's, for h(r)).
+func loadFields(v policy.Worker) policy.Worker {
+	return policy.Worker{ID: v.ID, Eligible: v.Eligible, Draining: v.Draining, QueueWaitMs: v.QueueWaitMs,
+		KVPagesTotal: v.KVPagesTotal, KVPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages,
+		Running: v.Running, Waiting: v.Waiting, PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
+}
+
+// LoadViews returns the FSM's views restricted to the load table's fields,
+// sorted by worker id, and the applied index: what placer.View of each row
+// of LoadTable at that index must equal.
+func (f *FSM) LoadViews() ([]policy.Worker, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]policy.Worker, len(f.st.views))
+	for i, v := range f.st.views {
+		out[i] = loadFields(v)
+	}
+	return out, f.applied.get()
+}
+
+// Placements returns the placements of ids found, in the order of ids, the
+// ids with none, and the applied index, all under one read lock.
+func (f *FSM) Placements(ids []string) (found []*pb.Placement, notFound []string, applied uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	found = make([]*pb.Placement, 0, len(ids))
+	for _, id := range ids {
+		if p, ok := f.st.placements[id]; ok {
+			found = append(found, p)
+		} else {
+			notFound = append(notFound, id)
+		}
+	}
+	return found, notFound, f.applied.get()
+}

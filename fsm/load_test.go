@@ -1,0 +1,128 @@
+package fsm
+
+import (
+	"errors"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/placer"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+func dispatchOn(id, workerID string, inc uint64, prompt uint32) *pb.Command {
+	c := dispatch(id, prompt, 16)
+	c.GetDispatch().WorkerId, c.GetDispatch().WorkerIncarnation = workerID, inc
+	return c
+}
+
+// A gateway-chosen worker is taken while its incarnation is alive, in any
+// phase but FAILED and LEFT; otherwise the Dispatch fails
+// ErrWorkerUnavailable naming the worker, the incarnation and why.
+func TestDispatchChosenWorker(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		if r := h.one(worker(id, 1<<30)); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	// Apply would pick the freest; the gateway named w3.
+	h.apply(load("w1", 1, 0, 0), load("w2", 1, 0, 0), load("w3", 1, 5, 900))
+	r := h.one(dispatchOn("r1", "w3", 1, 160))
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	p := r.Dispatch.Placement
+	if p.WorkerId != "w3" || p.WorkerIncarnation != 1 {
+		t.Fatalf("placed on %s/%d, want the chosen w3/1", p.WorkerId, p.WorkerIncarnation)
+	}
+	if p.HolderId == "" || p.HolderId == "w3" {
+		t.Fatalf("holder %q: h(r) is still Apply's, on another worker", p.HolderId)
+	}
+	views, _ := h.f.LoadViews()
+	if v := views[2]; v.ID != "w3" || v.PendingRequests != 1 || v.PendingPages == 0 {
+		t.Fatalf("w3's view after the dispatch: %+v: want it pending there", v)
+	}
+	// Idempotent: a retry (even naming another worker) returns the placement.
+	if r := h.one(dispatchOn("r1", "w1", 1, 160)); r.Err != nil || r.Dispatch.Placement.WorkerId != "w3" {
+		t.Fatalf("retried dispatch: %v %v", r.Dispatch, r.Err)
+	}
+	// Draining: accepted (the request runs there; a drain migrates it).
+	if r := h.one(setPhase("w2", 1, pb.WorkerPhase_WORKER_PHASE_DRAINING)); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if r := h.one(dispatchOn("r2", "w2", 1, 10)); r.Err != nil || r.Dispatch.Placement.WorkerId != "w2" {
+		t.Fatalf("dispatch to a draining worker: %v %v", r.Dispatch, r.Err)
+	}
+	h.one(markFailed("w1", 1))
+	for _, c := range []struct {
+		cmd  *pb.Command
+		want []string
+	}{
+		{dispatchOn("r3", "w1", 1, 10), []string{"w1", "incarnation 1", "FAILED"}},
+		{dispatchOn("r4", "w3", 2, 10), []string{"w3", "incarnation 2", "table has incarnation 1"}},
+		{dispatchOn("r5", "w9", 1, 10), []string{"w9", "not in the table"}},
+	} {
+		r := h.one(c.cmd)
+		if !errors.Is(r.Err, ErrWorkerUnavailable) {
+			t.Fatalf("%v: err %v, want ErrWorkerUnavailable", c.cmd, r.Err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(r.Err.Error(), w) {
+				t.Errorf("error %q does not say %q", r.Err, w)
+			}
+		}
+		if pl, _ := h.f.Placement(c.cmd.GetDispatch().RequestId); pl != nil {
+			t.Fatalf("a refused dispatch left a placement: %v", pl)
+		}
+	}
+	// A completed id is refused, chosen worker or not.
+	h.one(complete("r1"))
+	if r := h.one(dispatchOn("r1", "w3", 1, 10)); !errors.Is(r.Err, ErrCompleted) {
+		t.Fatalf("dispatch of a completed id: %v", r.Err)
+	}
+}
+
+// placer.View of every row of LoadTable equals the FSM's own view of the
+// worker (the fields PickServing reads), on random logs.
+func TestLoadTableMatchesViews(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	for trial := 0; trial < 20; trial++ {
+		h := newHarness(t)
+		var lastVer uint64
+		for step, entry := range randomLog(rng, 300) {
+			h.apply(entry...)
+			if step%7 != 0 {
+				continue
+			}
+			table, ver := h.f.LoadTable()
+			views, applied := h.f.LoadViews()
+			if table.AppliedIndex != applied {
+				t.Fatalf("trial %d step %d: table at %d, views at %d", trial, step, table.AppliedIndex, applied)
+			}
+			if len(table.Workers) != len(views) {
+				t.Fatalf("trial %d step %d: %d rows, %d views", trial, step, len(table.Workers), len(views))
+			}
+			for i, row := range table.Workers {
+				if got := placer.View(row); got != views[i] {
+					t.Fatalf("trial %d step %d: row %d\n view(row) %+v\n fsm view  %+v", trial, step, i, got, views[i])
+				}
+				if w := h.f.Worker(row.WorkerId); w.Incarnation != row.Incarnation || w.Phase != row.Phase {
+					t.Fatalf("trial %d step %d: row %s says %d/%s, table %d/%s", trial, step, row.WorkerId, row.Incarnation, row.Phase, w.Incarnation, w.Phase)
+				}
+			}
+			if ver < lastVer {
+				t.Fatalf("version went back from %d to %d", lastVer, ver)
+			}
+			lastVer = ver
+			// Unchanged rows: same version, even at a later index.
+			h.apply(noop())
+			if t2, v2 := h.f.LoadTable(); v2 != ver || t2.AppliedIndex != h.index {
+				t.Fatalf("a no-op changed the version (%d to %d) or the table is at %d, not %d", ver, v2, t2.AppliedIndex, h.index)
+			}
+		}
+	}
+}
