@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -45,45 +44,13 @@ func (e *refusedError) Error() string {
 	return fmt.Sprintf("gateway: the controller refused to place the request on %s: %v", e.worker, e.err)
 }
 
-// watchLoad keeps the replica fed from one controller replica's WatchLoad
-// stream after another, until the gateway stops.
+// watchLoad keeps the replica fed from the controller replicas' WatchLoad
+// streams until the gateway stops.
 func (g *Gateway) watchLoad() {
-	for i := 0; ; i++ {
-		cc := g.watchConns[i%len(g.watchConns)]
-		err := g.watchLoadOn(cc)
-		if g.ctx.Err() != nil {
-			return
-		}
-		wait := 200 * time.Millisecond
-		if status.Code(err) == codes.Unimplemented {
-			wait = 2 * time.Second // a controller without the table: the old path
-		} else if (i+1)%len(g.watchConns) != 0 {
-			wait = 0
-		}
-		g.log.Debug("load table stream ended", "controller", cc.Target(), "error", err)
-		select {
-		case <-g.stop:
-			return
-		case <-time.After(wait):
-		}
-	}
-}
-
-func (g *Gateway) watchLoadOn(cc *grpc.ClientConn) error {
-	ctx, cancel := context.WithCancel(g.ctx)
-	defer cancel()
-	st, err := pb.NewControllerClient(cc).WatchLoad(ctx, &pb.WatchLoadRequest{IntervalMs: uint32(loadInterval.Milliseconds())})
-	if err != nil {
-		return err
-	}
-	for {
-		t, err := st.Recv()
-		if err != nil {
-			return err
-		}
+	_ = g.ctl.WatchLoad(g.ctx, loadInterval, func(t *pb.LoadTable) {
 		g.replica.Update(t)
 		g.tableAt.Store(time.Now().UnixNano())
-	}
+	})
 }
 
 // place places the request's current attempt: on the worker the replica
@@ -99,12 +66,15 @@ func (g *Gateway) place(ctx context.Context, e *entry, viaController bool, exclu
 		if w, inc, ok := g.replica.Take(id, req.PromptTokens, exclude...); ok {
 			req.WorkerId, req.WorkerIncarnation = w, inc
 			sent := time.Now()
+			settled := make(chan struct{})
 			if g.goFunc(func() {
+				defer close(settled)
 				dctx, cancel := context.WithTimeout(g.ctx, g.cfg.DispatchTimeout)
 				defer cancel()
 				resp, err := g.session.dispatch(dctx, req, g.link.dispatch)
 				g.placed(id, w, sent, resp, err)
 			}) {
+				e.unsettled = append(e.unsettled, settled)
 				g.metrics.placements.WithLabelValues("replica").Inc()
 				return &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc,
 					PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens}, nil
@@ -134,7 +104,7 @@ func (g *Gateway) placed(id, worker string, sent time.Time, resp *pb.DispatchRes
 	if err == nil {
 		g.metrics.commit.Observe(time.Since(sent).Seconds())
 		pl := resp.Placement
-		g.replica.Committed(id, pl.WorkerId, pl.CreatedIndex)
+		g.replica.Committed(id, pl.WorkerId, resp.Index)
 		g.mu.Lock()
 		f := g.flights[id]
 		tell := false

@@ -242,13 +242,12 @@ func New(cfg Config) (*Gateway, error) {
 		g.cfg.Name = cfg.Name
 	}
 	g.session = newSession(ctl, g.log, cfg.Name, cfg.SessionTTL)
-	g.link = newPlaceLink(g, g.watchConns)
+	g.link = newPlaceLink(g)
 	g.metrics.watchReplica(g.replica, &g.tableAt)
 	g.srv = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	g.goFunc(func() { g.session.run(g.stop) })
 	g.goFunc(g.watchMoves)
 	g.goFunc(g.watchLoad)
-	g.goFunc(g.link.run)
 	g.goFunc(func() {
 		var err error
 		if cfg.TLSCert != "" {
@@ -306,6 +305,8 @@ func (g *Gateway) Close() {
 		g.mu.Unlock()
 		close(g.stop)
 		g.wg.Wait()
+		// The Place stream sends what the last flush gave it.
+		g.link.close(3 * time.Second)
 		// After the last Complete flush: what is left of the session's
 		// placements is completed with it.
 		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
@@ -494,14 +495,7 @@ func (g *Gateway) completer() {
 			if !closeBy.IsZero() {
 				ctx, cancel = context.WithDeadline(context.Background(), closeBy)
 			}
-			var err error
-			if closeBy.IsZero() {
-				// Over the Place stream, after every Dispatch sent before.
-				err = g.link.complete(ctx, pending[:n])
-			} else {
-				// Closing: the stream is shut.
-				_, err = g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: pending[:n]})
-			}
+			err := g.link.complete(ctx, pending[:n])
 			cancel()
 			if err != nil && status.Code(err) != codes.InvalidArgument {
 				g.log.Warn("complete failed; keeping the ids for the next flush", "requests", len(pending), "retry_in", retry, "error", err)

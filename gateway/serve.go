@@ -170,6 +170,11 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	// the admission of new requests.
 	defer func() {
 		release()
+		// A completion must follow its Dispatch: the controller refuses a
+		// Dispatch of a completed id.
+		for _, ch := range e.unsettled {
+			<-ch
+		}
 		for _, id := range e.dispatchIDs() {
 			g.completeLater(id)
 		}
