@@ -112,14 +112,28 @@ func TestCompleterRetriesUntilTheControllerTakesIt(t *testing.T) {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn})
 		c.SessionTTL = time.Minute
 	})
+	// One placement through the gateway's link first: it then knows
+	// whether the controller serves the Place stream (completions go
+	// there, sent until acknowledged) or not (unary Completes, retried by
+	// the flusher).
+	waitUntil(t, 30*time.Second, "a dispatch through the gateway", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "probe", PromptTokens: 10, MaxTokens: 10}, g.link.dispatch)
+		return err == nil
+	})
 	if err := ctl.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
 		g.done <- id
 	}
-	waitUntil(t, 30*time.Second, "two failed flushes", func() bool {
-		return strings.Count(logs.String(), "complete failed") >= 2
+	waitUntil(t, 30*time.Second, "two failed flushes, or the completions waiting on the stream", func() bool {
+		if g.link.unary.Load() {
+			return strings.Count(logs.String(), "complete failed") >= 2
+		}
+		_, n := g.link.p.Pending()
+		return n >= len(ids)
 	})
 
 	ctl = startController(t, dir, addrs[0], addrs[1], addrs[2])
