@@ -233,7 +233,7 @@ func TestPrintRecoveryTable(t *testing.T) {
 
 func TestControllerFigures(t *testing.T) {
 	out := map[string]float64{}
-	dispatchFigures(out, 64, loadResult{ops: 300, elapsed: 3 * time.Second, lat: ms(4, 1, 2)})
+	dispatchFigures(out, "", 64, loadResult{ops: 300, elapsed: 3 * time.Second, lat: ms(4, 1, 2)})
 	row := failoverFigures(out, []float64{0.9, 0.4, 1.5})
 	want := map[string]float64{"dispatch_per_s_64": 100, "dispatch_p50_ms_64": 2, "dispatch_p99_ms_64": 2,
 		"failover_median_s": 0.9, "failover_max_s": 1.5, "failover_min_s": 0.4}

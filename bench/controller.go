@@ -2,11 +2,13 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/placer"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -42,10 +45,11 @@ type controllerBench struct {
 }
 
 type loadResult struct {
-	ops     int
-	errors  int
-	elapsed time.Duration
-	lat     []time.Duration
+	ops      int
+	errors   int
+	firstErr error
+	elapsed  time.Duration
+	lat      []time.Duration
 }
 
 func (r loadResult) perSec() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -54,10 +58,10 @@ func (r loadResult) pct(p float64) float64 { return percentileMs(r.lat, p) }
 
 // dispatchFigures puts the Dispatch figures of a run with callers under
 // their JSON keys.
-func dispatchFigures(out map[string]float64, callers int, r loadResult) {
-	out[fmt.Sprintf("dispatch_per_s_%d", callers)] = r.perSec()
-	out[fmt.Sprintf("dispatch_p50_ms_%d", callers)] = r.pct(0.50)
-	out[fmt.Sprintf("dispatch_p99_ms_%d", callers)] = r.pct(0.99)
+func dispatchFigures(out map[string]float64, prefix string, callers int, r loadResult) {
+	out[fmt.Sprintf("%sdispatch_per_s_%d", prefix, callers)] = r.perSec()
+	out[fmt.Sprintf("%sdispatch_p50_ms_%d", prefix, callers)] = r.pct(0.50)
+	out[fmt.Sprintf("%sdispatch_p99_ms_%d", prefix, callers)] = r.pct(0.99)
 }
 
 // failoverFigures sorts fo (seconds from each kill of the leader to the
@@ -94,12 +98,16 @@ func runCallers(callers int, d time.Duration, op func(ctx context.Context, calle
 		wg.Go(func() {
 			lat := make([]time.Duration, 0, 4096)
 			errs := 0
+			var first error
 			for i := 0; time.Now().Before(deadline); i++ {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				t0 := time.Now()
 				err := op(ctx, c, i)
 				cancel()
 				if err != nil {
+					if first == nil {
+						first = err
+					}
 					errs++
 					continue
 				}
@@ -108,6 +116,9 @@ func runCallers(callers int, d time.Duration, op func(ctx context.Context, calle
 			mu.Lock()
 			res.lat = append(res.lat, lat...)
 			res.errors += errs
+			if res.firstErr == nil {
+				res.firstErr = first
+			}
 			mu.Unlock()
 		})
 	}
@@ -146,8 +157,12 @@ func (b *controllerBench) leaderComplete(ctx context.Context, ids []string) erro
 	return err
 }
 
-// Controller measures a 3-replica quorum: Dispatch/s at 1, 64 and 256
-// callers, linearizable reads/s, and failover after kill -9 of the leader.
+// Controller measures a 3-replica quorum. The request path of issue 16
+// first: 4 gateway-like clients, each with its Place stream, its session
+// and its replica of the load table (WatchLoad), choose the worker and
+// commit placements at 64 and 256 callers in all; linearizable
+// GetPlacements batches; then the per-call unary Dispatch and GetPlacement
+// for comparison (keys unary_*); failover after kill -9 of the leader.
 func Controller(cfg ControllerConfig) error {
 	phase, stable, failovers := 10*time.Second, 60*time.Second, 10
 	if cfg.Quick {
@@ -199,23 +214,41 @@ func Controller(cfg ControllerConfig) error {
 	out := map[string]float64{}
 	var rows []controllerRow
 
-	for _, callers := range []int{1, 64, 256} {
+	gws, err := b.startGateways(4)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, g := range gws {
+			g.close()
+		}
+	}()
+	for _, callers := range []int{64, 256} {
 		d := phase
 		if callers == 256 {
 			d = stable // the no-fault stability run is the 256-caller run
 		}
 		before, _ := cl.Status(ctx, leader)
-		fmt.Printf("dispatch: %d callers for %s ...\n", callers, d)
+		fmt.Printf("Place streams: 4 clients, %d callers in all, for %s ...\n", callers, d)
 		var profiles sync.WaitGroup
 		if callers == 256 && cfg.CPUProfileLeader != "" {
 			profiles.Go(func() { saveProfile(cl.Controllers[leader].HTTPAddr, d-time.Second, cfg.CPUProfileLeader) })
 			profiles.Go(func() {
 				saveProfile(cl.Controllers[(leader+1)%3].HTTPAddr, d-time.Second, cfg.CPUProfileLeader+".follower")
 			})
+			// And the benchmark's own process: the gateway-like clients.
+			if f, err := os.Create(cfg.CPUProfileLeader + ".client"); err == nil {
+				if pprof.StartCPUProfile(f) == nil {
+					defer f.Close()
+					profiles.Go(func() { time.Sleep(d - time.Second); pprof.StopCPUProfile() })
+				} else {
+					f.Close()
+				}
+			}
 		}
-		r := b.dispatchLoad(callers, d, b.leaderDispatch, b.leaderComplete)
+		r := b.placeLoad(gws, callers, d)
 		profiles.Wait()
-		dispatchFigures(out, callers, r)
+		dispatchFigures(out, "", callers, r)
 		goal := ""
 		if callers == 256 {
 			goal = ">= 20000/s, p99 <= 30 ms"
@@ -227,53 +260,70 @@ func Controller(cfg ControllerConfig) error {
 			}
 		}
 		if r.errors > r.ops/100 {
-			return fmt.Errorf("dispatch with %d callers: %d errors for %d successes", callers, r.errors, r.ops)
+			return fmt.Errorf("Place with %d callers: %d errors for %d successes (first: %v)", callers, r.errors, r.ops, r.firstErr)
 		}
-		rows = append(rows, controllerRow{fmt.Sprintf("Dispatch, %d callers", callers),
+		rows = append(rows, controllerRow{fmt.Sprintf("placements over Place, %d callers", callers),
 			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), goal})
 	}
 	rows = append(rows, controllerRow{fmt.Sprintf("elections in the %s run at 256 callers", stable), fmt.Sprintf("%.0f", out["elections_without_faults"]), "0"})
 
-	// Linearizable reads of placements that exist.
+	// The read set: 5,000 placements that exist.
 	ids := make([]string, 0, 5000)
 	for i := 0; i < 5000; i++ {
 		ids = append(ids, fmt.Sprintf("read-%d", i))
 	}
-	{
-		var wg sync.WaitGroup
-		var failed atomic.Int64
-		for c := 0; c < 50; c++ {
-			wg.Go(func() {
-				for i := c; i < len(ids); i += 50 {
-					pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Second)
-					if b.leaderDispatch(pctx, &pb.DispatchRequest{RequestId: ids[i], PromptTokens: 100, MaxTokens: 100}) != nil {
-						failed.Add(1)
-					}
-					pcancel()
-				}
-			})
-		}
-		wg.Wait()
-		if n := failed.Load(); n > 0 {
-			return fmt.Errorf("placing the read set: %d of %d Dispatches failed", n, len(ids))
-		}
+	if err := b.placeReadSet(gws, ids); err != nil {
+		return err
 	}
-	fmt.Printf("linearizable GetPlacement: 256 callers for %s ...\n", phase)
-	rr := runCallers(256, phase, func(ctx context.Context, c, i int) error {
+	fmt.Printf("linearizable GetPlacements: %d callers, %d ids a call, for %s ...\n", readers, readBatch, phase)
+	rr := runCallers(readers, phase, func(ctx context.Context, c, i int) error {
+		req := &pb.GetPlacementsRequest{RequestIds: make([]string, readBatch)}
+		for k := range req.RequestIds {
+			req.RequestIds[k] = ids[(c*7919+i*readBatch+k)%len(ids)]
+		}
+		resp, err := pb.NewControllerClient(b.conns[(c+i)%len(b.conns)]).GetPlacements(ctx, req)
+		if err == nil && len(resp.Placements) != readBatch {
+			err = fmt.Errorf("read %d placements of %d", len(resp.Placements), readBatch)
+		}
+		return err
+	})
+	// Throughput counts placements read; latency is per call.
+	rr.ops *= readBatch
+	out["read_per_s"], out["read_p50_ms"], out["read_p99_ms"] = rr.perSec(), rr.pct(0.5), rr.pct(0.99)
+	if rr.errors > len(rr.lat)/100 {
+		return fmt.Errorf("linearizable GetPlacements: %d errors for %d successes (first: %v)", rr.errors, len(rr.lat), rr.firstErr)
+	}
+	rows = append(rows, controllerRow{fmt.Sprintf("linearizable GetPlacements, %d callers x %d ids", readers, readBatch),
+		fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", rr.perSec(), rr.pct(0.5), rr.pct(0.99), rr.errors), ">= 50000/s, p99 <= 5 ms"})
+
+	// The per-call paths, for comparison.
+	for _, callers := range []int{1, 64, 256} {
+		fmt.Printf("unary Dispatch: %d callers for %s ...\n", callers, phase)
+		r := b.dispatchLoad(callers, phase, b.leaderDispatch, b.leaderComplete)
+		dispatchFigures(out, "unary_", callers, r)
+		if r.errors > r.ops/100 {
+			return fmt.Errorf("unary dispatch with %d callers: %d errors for %d successes (first: %v)", callers, r.errors, r.ops, r.firstErr)
+		}
+		rows = append(rows, controllerRow{fmt.Sprintf("unary Dispatch, %d callers", callers),
+			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), ""})
+	}
+	fmt.Printf("unary linearizable GetPlacement: 256 callers for %s ...\n", phase)
+	ur := runCallers(256, phase, func(ctx context.Context, c, i int) error {
 		id := ids[(c*7919+i)%len(ids)]
 		_, err := pb.NewControllerClient(b.conns[(c+i)%len(b.conns)]).GetPlacement(ctx, &pb.GetPlacementRequest{RequestId: id})
 		return err
 	})
-	out["read_per_s"], out["read_p50_ms"], out["read_p99_ms"] = rr.perSec(), rr.pct(0.5), rr.pct(0.99)
-	if rr.errors > rr.ops/100 {
-		return fmt.Errorf("linearizable reads: %d errors for %d successes", rr.errors, rr.ops)
-	}
-	rows = append(rows, controllerRow{"linearizable GetPlacement, 256 callers",
-		fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", rr.perSec(), rr.pct(0.5), rr.pct(0.99), rr.errors), ">= 50000/s, p99 <= 5 ms"})
+	out["unary_read_per_s"], out["unary_read_p50_ms"], out["unary_read_p99_ms"] = ur.perSec(), ur.pct(0.5), ur.pct(0.99)
+	rows = append(rows, controllerRow{"unary linearizable GetPlacement, 256 callers",
+		fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", ur.perSec(), ur.pct(0.5), ur.pct(0.99), ur.errors), ""})
 
 	// Failover under load: kill -9 the leader, time the next write that
 	// started after the kill.
 	fmt.Printf("failover: kill -9 the leader %d times under load ...\n", failovers)
+	for _, g := range gws {
+		g.close()
+	}
+	gws = nil
 	fo, err := b.failover(failovers)
 	if err != nil {
 		return err
@@ -286,6 +336,139 @@ func Controller(cfg ControllerConfig) error {
 			return err
 		}
 		fmt.Printf("\nwrote %s\n", cfg.JSONPath)
+	}
+	return nil
+}
+
+// The read run: readers callers (one per gateway-like client), each
+// reading readBatch placements a call.
+const readers, readBatch = 4, 64
+
+// benchGateway is a gateway-like client of the quorum: its own connections,
+// session, Place stream and replica of the load table.
+type benchGateway struct {
+	cl      *ctlclient.Client
+	p       *ctlclient.Placer
+	r       *placer.Replica
+	session string
+	stop    context.CancelFunc
+	done    sync.WaitGroup
+	closed  bool
+}
+
+// startGateways starts n gateway-like clients and waits until each holds a
+// load table.
+func (b *controllerBench) startGateways(n int) ([]*benchGateway, error) {
+	var gws []*benchGateway
+	for i := 0; i < n; i++ {
+		cl, err := ctlclient.New(b.cluster.GRPCAddrs(), nil)
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s, err := cl.CreateSession(ctx, &pb.CreateSessionRequest{Owner: fmt.Sprintf("bench-gw-%d", i), TtlMs: 30_000})
+		cancel()
+		if err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("gateway %d: create session: %w", i, err)
+		}
+		wctx, stop := context.WithCancel(context.Background())
+		g := &benchGateway{cl: cl, p: cl.NewPlacer(ctlclient.PlacerOptions{}), r: placer.New(), session: s.Session.Id, stop: stop}
+		g.done.Go(func() { _ = cl.WatchLoad(wctx, 10*time.Millisecond, g.r.Update) })
+		g.done.Go(func() {
+			t := time.NewTicker(5 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case <-t.C:
+					rctx, cancel := context.WithTimeout(wctx, 5*time.Second)
+					_, _ = cl.RenewSession(rctx, &pb.RenewSessionRequest{SessionId: g.session})
+					cancel()
+				}
+			}
+		})
+		gws = append(gws, g)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, g := range gws {
+		for {
+			if _, tables := g.r.Applied(); tables > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return gws, errors.New("a gateway got no load table within 10 s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return gws, nil
+}
+
+func (g *benchGateway) close() {
+	if g.closed {
+		return
+	}
+	g.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = g.p.Close(ctx)
+	_, _ = g.cl.DestroySession(ctx, &pb.DestroySessionRequest{SessionId: g.session})
+	cancel()
+	g.stop()
+	g.done.Wait()
+	g.cl.Close()
+}
+
+// place is the gateway's request path, less the worker: choose the worker
+// from the replica, commit the placement over the Place stream, complete
+// it (fire-and-forget: the next batch carries it).
+func (g *benchGateway) place(ctx context.Context, id string, prompt uint32, complete bool) error {
+	w, inc, ok := g.r.Take(id, prompt)
+	if !ok {
+		return errors.New("no eligible worker in the load table")
+	}
+	resp, err := g.p.Dispatch(ctx, &pb.DispatchRequest{RequestId: id, PromptTokens: prompt, MaxTokens: 200,
+		SessionId: g.session, WorkerId: w, WorkerIncarnation: inc})
+	if err != nil {
+		g.r.Forget(id)
+		return err
+	}
+	g.r.Committed(id, resp.Placement.WorkerId, resp.Index)
+	if complete {
+		g.p.Complete(id)
+	}
+	return nil
+}
+
+// placeLoad runs callers (spread over the gateways) placing and completing
+// new requests for d; the latency is the Dispatch's, to its commit.
+func (b *controllerBench) placeLoad(gws []*benchGateway, callers int, d time.Duration) loadResult {
+	return runCallers(callers, d, func(ctx context.Context, c, i int) error {
+		return gws[c%len(gws)].place(ctx, fmt.Sprintf("p%d", b.seq.Add(1)), 1000, true)
+	})
+}
+
+// placeReadSet places ids (not completed) through the gateways.
+func (b *controllerBench) placeReadSet(gws []*benchGateway, ids []string) error {
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var first atomic.Value
+	for c := 0; c < 64; c++ {
+		wg.Go(func() {
+			for i := c; i < len(ids); i += 64 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				if err := gws[c%len(gws)].place(ctx, ids[i], 100, false); err != nil {
+					failed.Add(1)
+					first.CompareAndSwap(nil, err)
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("placing the read set: %d of %d Dispatches failed (first: %v)", n, len(ids), first.Load())
 	}
 	return nil
 }

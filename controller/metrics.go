@@ -22,6 +22,15 @@ type metrics struct {
 	panics     prometheus.Counter
 	applyTime  *prometheus.HistogramVec
 	migrations *prometheus.CounterVec
+
+	placeStreams     prometheus.Gauge
+	placeBatches     prometheus.Counter
+	placeDispatches  *prometheus.CounterVec
+	placeCompletes   prometheus.Counter
+	placeBatchTime   prometheus.Histogram
+	watchLoadStreams prometheus.Gauge
+	watchLoadTables  prometheus.Counter
+	getPlacementsIDs prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -54,6 +63,25 @@ func newMetrics() *metrics {
 		Help: "Live migrations started, committed and aborted, by cause (fsm.MigrationCause: started balance/drain/operator; " +
 			"aborted timeout/destination/source_failed/finished/worker), counted from the applied log: every replica counts every one."},
 		[]string{"stage", "cause"})
+	m.placeStreams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_controller_place_streams",
+		Help: "Place streams this replica serves (gateways' placement streams; the leader only)."})
+	m.placeBatches = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_place_batches_total",
+		Help: "PlaceBatches received and proposed."})
+	m.placeDispatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_place_dispatches_total",
+		Help: "Dispatches answered on Place streams, by outcome: placed, or the refusal's ErrorInfo reason (WORKER_UNAVAILABLE, …) or gRPC code."},
+		[]string{"outcome"})
+	m.placeCompletes = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_place_completes_total",
+		Help: "Placements completed by Place streams."})
+	m.placeBatchTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_controller_place_batch_seconds",
+		Help: "Time from receiving a PlaceBatch to sending its answer (commit included).", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14)})
+	m.watchLoadStreams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_controller_watch_load_streams",
+		Help: "WatchLoad streams this replica serves."})
+	m.watchLoadTables = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_watch_load_tables_total",
+		Help: "Load tables sent on WatchLoad streams."})
+	m.getPlacementsIDs = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_controller_get_placements_ids",
+		Help: "Request ids per GetPlacements call.", Buckets: prometheus.ExponentialBuckets(1, 2, 13)})
+	m.reg.MustRegister(m.placeStreams, m.placeBatches, m.placeDispatches, m.placeCompletes, m.placeBatchTime,
+		m.watchLoadStreams, m.watchLoadTables, m.getPlacementsIDs)
 	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded, m.panics, m.applyTime, m.migrations,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

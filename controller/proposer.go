@@ -78,6 +78,29 @@ func (p *proposer) propose(ctx context.Context, cmd *pb.Command) (proposalResult
 	}
 }
 
+// enqueue queues cmds, in order and together (no other caller's command
+// lands between them), and returns their proposals: each one's done
+// channel gets its result. It does not wait. After leadership is lost it
+// returns errNotLeader; a queued proposal then gets errNotLeader on done.
+func (p *proposer) enqueue(cmds ...*pb.Command) ([]*proposal, error) {
+	prs := make([]*proposal, len(cmds))
+	for i, c := range cmds {
+		prs[i] = &proposal{cmd: c, done: make(chan proposalResult, 1)}
+	}
+	p.mu.Lock()
+	if p.stopped {
+		p.mu.Unlock()
+		return nil, errNotLeader
+	}
+	p.queue = append(p.queue, prs...)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return prs, nil
+}
+
 func (p *proposer) run() {
 	var waiters sync.WaitGroup
 	defer waiters.Wait()

@@ -30,23 +30,10 @@ type server struct {
 }
 
 func (s *server) Dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.DispatchResponse, error) {
-	if err := validateRequestID(req.RequestId); err != nil {
+	if err := validateDispatch(req); err != nil {
 		return nil, err
 	}
-	if req.PromptTokens == 0 || req.PromptTokens > MaxPromptTokens {
-		return nil, status.Errorf(codes.InvalidArgument, "prompt_tokens %d out of range: must be 1..%d", req.PromptTokens, MaxPromptTokens)
-	}
-	if req.MaxTokens == 0 || req.MaxTokens > MaxOutputTokens {
-		return nil, status.Errorf(codes.InvalidArgument, "max_tokens %d out of range: must be 1..%d", req.MaxTokens, MaxOutputTokens)
-	}
-	if req.SessionId != "" {
-		if err := validateSessionID(req.SessionId); err != nil {
-			return nil, err
-		}
-	}
-	cmd := &pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{
-		RequestId: req.RequestId, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, SessionId: req.SessionId}}}
-	return write(ctx, s.n, "Dispatch", cmd, func(r proposalResult) *pb.DispatchResponse { return r.res.Dispatch },
+	return write(ctx, s.n, "Dispatch", dispatchCmd(req), func(r proposalResult) *pb.DispatchResponse { return r.res.Dispatch },
 		func(ctx context.Context, cc *grpc.ClientConn) (*pb.DispatchResponse, error) {
 			return pb.NewControllerClient(cc).Dispatch(ctx, req)
 		})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lumen-project/lumen/fsm"
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
 // Limits on what a call may carry.
@@ -27,8 +28,12 @@ const (
 	MaxSessionIDBytes = 128
 	MaxOwnerBytes     = 128
 	MaxReasonBytes    = 512
-	MinSessionTTL     = time.Duration(fsm.MinSessionTTLNanos)
-	MaxSessionTTL     = time.Duration(fsm.MaxSessionTTLNanos)
+	// MaxPlaceBatch caps the dispatches, and the completes, of one
+	// PlaceBatch; MaxGetPlacements the ids of one GetPlacements.
+	MaxPlaceBatch    = ctlclient.MaxPlaceBatch
+	MaxGetPlacements = ctlclient.MaxGetPlacements
+	MinSessionTTL    = time.Duration(fsm.MinSessionTTLNanos)
+	MaxSessionTTL    = time.Duration(fsm.MaxSessionTTLNanos)
 )
 
 func retryable(err error) bool {
@@ -61,6 +66,9 @@ func toStatus(err error) error {
 		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonStaleMigration)
 	case errors.Is(err, fsm.ErrPlacementState):
 		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonPlacementState)
+	case errors.Is(err, fsm.ErrWorkerUnavailable):
+		// The gateway acts on this one: it places the request elsewhere.
+		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonWorkerUnavailable)
 	case errors.Is(err, fsm.ErrCompleted):
 		return withReason(codes.FailedPrecondition, err, ctlclient.ReasonCompleted)
 	case errors.Is(err, fsm.ErrUnknownWorker), errors.Is(err, fsm.ErrUnknownPlacement):
@@ -124,4 +132,40 @@ func validatePrintable(field, v string, max int) error {
 
 func validateSessionID(id string) error {
 	return validatePrintable("session_id", id, MaxSessionIDBytes)
+}
+
+// validateDispatch checks a DispatchRequest as the unary Dispatch and the
+// Place stream both take it.
+func validateDispatch(req *pb.DispatchRequest) error {
+	if err := validateRequestID(req.RequestId); err != nil {
+		return err
+	}
+	if req.PromptTokens == 0 || req.PromptTokens > MaxPromptTokens {
+		return status.Errorf(codes.InvalidArgument, "prompt_tokens %d out of range: must be 1..%d", req.PromptTokens, MaxPromptTokens)
+	}
+	if req.MaxTokens == 0 || req.MaxTokens > MaxOutputTokens {
+		return status.Errorf(codes.InvalidArgument, "max_tokens %d out of range: must be 1..%d", req.MaxTokens, MaxOutputTokens)
+	}
+	if req.SessionId != "" {
+		if err := validateSessionID(req.SessionId); err != nil {
+			return err
+		}
+	}
+	if req.WorkerId != "" {
+		if err := validateWorkerID(req.WorkerId); err != nil {
+			return status.Errorf(codes.InvalidArgument, "worker_id: %s", status.Convert(err).Message())
+		}
+		if req.WorkerIncarnation == 0 {
+			return status.Errorf(codes.InvalidArgument, "worker_incarnation must be >= 1 with worker_id %q: name the incarnation the load table showed", req.WorkerId)
+		}
+	} else if req.WorkerIncarnation != 0 {
+		return status.Errorf(codes.InvalidArgument, "worker_incarnation %d without worker_id", req.WorkerIncarnation)
+	}
+	return nil
+}
+
+func dispatchCmd(req *pb.DispatchRequest) *pb.Command {
+	return &pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{
+		RequestId: req.RequestId, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, SessionId: req.SessionId,
+		WorkerId: req.WorkerId, WorkerIncarnation: req.WorkerIncarnation}}}
 }

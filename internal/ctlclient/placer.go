@@ -30,7 +30,7 @@ var ErrPlacerClosed = errors.New("ctlclient: placer closed")
 // PlacerOptions tune a Placer. The zero value is the default.
 type PlacerOptions struct {
 	// MaxInflight is how many batches may be sent and not yet answered
-	// (default 2). Whatever callers submit meanwhile waits and goes in the
+	// (default 4: the leader pipelines their log entries). Whatever callers submit meanwhile waits and goes in the
 	// next batch: group commit on the client.
 	MaxInflight int
 	// MaxBatch caps the dispatches (and the completes) of one batch
@@ -107,7 +107,7 @@ type sentBatch struct {
 // background; Close it when done.
 func (c *Client) NewPlacer(opts PlacerOptions) *Placer {
 	if opts.MaxInflight < 1 {
-		opts.MaxInflight = 2
+		opts.MaxInflight = 4
 	}
 	if opts.MaxBatch < 1 || opts.MaxBatch > MaxPlaceBatch {
 		opts.MaxBatch = MaxPlaceBatch
@@ -220,18 +220,17 @@ func (p *Placer) checkIdleLocked() {
 
 // run keeps a stream to the leader open and serves it.
 func (p *Placer) run(ctx context.Context) {
-	backoff := 5 * time.Millisecond
-	tried := 0
+	tried, fails := 0, 0
 	for ctx.Err() == nil {
 		addr := p.nextAddr(tried)
-		tried++
 		err := p.serve(ctx, addr)
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
-			// The stream served, then broke: start over at the hint.
-			tried, backoff = 0, 5*time.Millisecond
+			// The stream served, then broke: start over at the hint (the
+			// leader it named, or the same replica).
+			tried, fails = 0, 0
 			continue
 		}
 		if p.opts.OnError != nil {
@@ -242,15 +241,18 @@ func (p *Placer) run(ctx context.Context) {
 			p.hint = h
 			p.mu.Unlock()
 			tried = 0
-			continue // straight to the leader named
+		} else {
+			tried++
 		}
-		if tried%len(p.c.addrs) == 0 {
+		// A refusal naming a leader that is not ready yet, or no leader at
+		// all: back off after the first, up to 200 ms.
+		fails++
+		if fails > 1 {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(min(5*time.Millisecond<<min(fails-2, 6), 200*time.Millisecond)):
 			}
-			backoff = min(2*backoff, 200*time.Millisecond)
 		}
 	}
 }
