@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
@@ -93,7 +94,9 @@ type Config struct {
 	// failed one within a second. Shorter frees a dead gateway's
 	// reservations sooner; longer rides out longer controller outages.
 	SessionTTL time.Duration
-	Logger     hclog.Logger
+	// Pprof serves Go's profiles under /debug/pprof/ (benchmarks).
+	Pprof  bool
+	Logger hclog.Logger
 }
 
 // DefaultConfig returns the defaults.
@@ -347,6 +350,10 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", g.readyz)
 	mux.Handle("GET /metrics", g.metrics.handler())
+	if g.cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	}
 	return mux
 }
 
