@@ -54,7 +54,6 @@ func (r *streamResult) add(o *streamResult) {
 	r.wall += o.wall
 }
 
-
 func (r *streamResult) tps() float64 { return float64(r.tokens) / r.wall.Seconds() }
 
 // load runs `streams` clients, each sending requests back to back for d.
