@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"sync"
@@ -213,6 +214,8 @@ func Controller(cfg ControllerConfig) error {
 	}
 	out := map[string]float64{}
 	var rows []controllerRow
+	// The machine is shared: its load says how much of it the run had.
+	out["loadavg_1m_start"] = loadAvg()
 
 	gws, err := b.startGateways(4)
 	if err != nil {
@@ -330,6 +333,9 @@ func Controller(cfg ControllerConfig) error {
 	}
 	rows = append(rows, failoverFigures(out, fo))
 
+	out["loadavg_1m_end"] = loadAvg()
+	rows = append(rows, controllerRow{"machine load average (1 min), start / end",
+		fmt.Sprintf("%.1f / %.1f on %d CPUs", out["loadavg_1m_start"], out["loadavg_1m_end"], runtime.NumCPU()), ""})
 	printControllerTable(os.Stdout, rows)
 	if cfg.JSONPath != "" {
 		if err := writeJSON(cfg.JSONPath, out); err != nil {
@@ -557,4 +563,18 @@ func saveProfile(httpAddr string, d time.Duration, path string) {
 	}
 	defer f.Close()
 	_, _ = io.Copy(f, resp.Body)
+}
+
+// loadAvg is the machine's 1-minute load average, or -1 where it cannot
+// be read.
+func loadAvg() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	var l float64
+	if _, err := fmt.Sscan(string(data), &l); err != nil {
+		return -1
+	}
+	return l
 }
