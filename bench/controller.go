@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -249,8 +250,17 @@ func Controller(cfg ControllerConfig) error {
 				}
 			}
 		}
+		entries0, cmds0 := batchCounts(cl.Controllers[leader].HTTPAddr)
 		r := b.placeLoad(gws, callers, d)
+		entries1, cmds1 := batchCounts(cl.Controllers[leader].HTTPAddr)
 		profiles.Wait()
+		if entries1 > entries0 {
+			// How well group commit batched: log entries (each one bbolt
+			// commit, two fdatasyncs, on every replica) per second, and
+			// commands per entry.
+			out[fmt.Sprintf("entries_per_s_%d", callers)] = (entries1 - entries0) / r.elapsed.Seconds()
+			out[fmt.Sprintf("commands_per_entry_%d", callers)] = (cmds1 - cmds0) / (entries1 - entries0)
+		}
 		dispatchFigures(out, "", callers, r)
 		goal := ""
 		if callers == 256 {
@@ -267,6 +277,8 @@ func Controller(cfg ControllerConfig) error {
 		}
 		rows = append(rows, controllerRow{fmt.Sprintf("placements over Place, %d callers", callers),
 			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), goal})
+		rows = append(rows, controllerRow{"  log entries committed, commands per entry",
+			fmt.Sprintf("%.0f/s, %.1f", out[fmt.Sprintf("entries_per_s_%d", callers)], out[fmt.Sprintf("commands_per_entry_%d", callers)]), ""})
 	}
 	rows = append(rows, controllerRow{fmt.Sprintf("elections in the %s run at 256 callers", stable), fmt.Sprintf("%.0f", out["elections_without_faults"]), "0"})
 
@@ -577,4 +589,31 @@ func loadAvg() float64 {
 		return -1
 	}
 	return l
+}
+
+// batchCounts reads the leader's group-commit histogram
+// (lumen_controller_batch_commands): log entries proposed and the commands
+// in them; zeros when it cannot be read.
+func batchCounts(httpAddr string) (entries, commands float64) {
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		var v float64
+		switch {
+		case strings.HasPrefix(line, "lumen_controller_batch_commands_count "):
+			fmt.Sscan(strings.TrimPrefix(line, "lumen_controller_batch_commands_count "), &v)
+			entries = v
+		case strings.HasPrefix(line, "lumen_controller_batch_commands_sum "):
+			fmt.Sscan(strings.TrimPrefix(line, "lumen_controller_batch_commands_sum "), &v)
+			commands = v
+		}
+	}
+	return entries, commands
 }
