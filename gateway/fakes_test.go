@@ -263,6 +263,8 @@ type fakeWorker struct {
 	calls chan *call
 	// breakAll ends every call at once with Unavailable.
 	breakAll atomic.Bool
+	// fast, when set, records SetHolder calls (fastpath_test.go).
+	fast *fastState
 }
 
 // call is one Generate call in progress.
@@ -271,7 +273,11 @@ type call struct {
 	ctx  context.Context
 	out  chan *pb.GenerateResponse
 	sent chan error
+	end  chan error // ends the call with this error
 }
+
+// fail ends the call with err, as a worker that died does.
+func (c *call) fail(err error) { c.end <- err }
 
 func newFakeWorker(t *testing.T, id string) (*fakeWorker, string) {
 	w := &fakeWorker{id: id, calls: make(chan *call, 16)}
@@ -279,7 +285,7 @@ func newFakeWorker(t *testing.T, id string) (*fakeWorker, string) {
 }
 
 func (w *fakeWorker) Generate(req *pb.GenerateRequest, stream grpc.ServerStreamingServer[pb.GenerateResponse]) error {
-	c := &call{req: req, ctx: stream.Context(), out: make(chan *pb.GenerateResponse), sent: make(chan error)}
+	c := &call{req: req, ctx: stream.Context(), out: make(chan *pb.GenerateResponse), sent: make(chan error), end: make(chan error, 1)}
 	if w.breakAll.Load() {
 		return status.Error(codes.Unavailable, "the worker is failing")
 	}
@@ -288,6 +294,8 @@ func (w *fakeWorker) Generate(req *pb.GenerateRequest, stream grpc.ServerStreami
 		select {
 		case <-c.ctx.Done():
 			return c.ctx.Err()
+		case err := <-c.end:
+			return err
 		case r := <-c.out:
 			err := stream.Send(r)
 			c.sent <- err
@@ -354,6 +362,12 @@ type rig struct {
 // replicas fake controller replicas, and a gateway; requests go to w1.
 func newRig(t *testing.T, replicas int, tweak func(*Config), addr1 func(string) string) *rig {
 	t.Helper()
+	return newRigThen(t, replicas, tweak, addr1, nil)
+}
+
+// newRigThen is newRig with pre run on the rig before the gateway starts.
+func newRigThen(t *testing.T, replicas int, tweak func(*Config), addr1 func(string) string, pre func(*rig)) *rig {
+	t.Helper()
 	r := &rig{fc: newFakeController("w1"), w: map[string]*fakeWorker{}}
 	for _, id := range []string{"w1", "w2"} {
 		w, addr := newFakeWorker(t, id)
@@ -375,6 +389,9 @@ func newRig(t *testing.T, replicas int, tweak func(*Config), addr1 func(string) 
 	}
 	if tweak != nil {
 		tweak(&cfg)
+	}
+	if pre != nil {
+		pre(r)
 	}
 	g, err := New(cfg)
 	if err != nil {

@@ -20,6 +20,14 @@ type entry struct {
 	out      []int32
 	params   params
 	maxToken int
+	// unsettled are closed when the Dispatches sent for attempts started
+	// before their commit have their answer (or gave up waiting): the
+	// request's completions go after them.
+	unsettled []chan struct{}
+	// excluded are the workers earlier attempts failed on or were refused
+	// on; refusals counts the refused ones.
+	excluded []string
+	refusals int
 	// lps[i] are out[i]'s logprobs when the request asks for them.
 	lps []*pb.GenerateResponse
 }

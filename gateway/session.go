@@ -86,6 +86,13 @@ func (s *session) expired(id string) {
 	}
 }
 
+// idNow returns the session id, "" while there is none.
+func (s *session) idNow() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.id
+}
+
 func (s *session) set(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -193,16 +200,18 @@ func (s *session) destroy(ctx context.Context) {
 	}
 }
 
-// dispatch places a request in the gateway's session. When the controller
-// says the session expired, it waits for the new one and tries once more.
-func (s *session) dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.DispatchResponse, error) {
+// dispatch places a request in the gateway's session with send (the Place
+// stream's dispatch). When the controller says the session expired, it
+// waits for the new one and tries once more.
+func (s *session) dispatch(ctx context.Context, req *pb.DispatchRequest,
+	send func(context.Context, *pb.DispatchRequest) (*pb.DispatchResponse, error)) (*pb.DispatchResponse, error) {
 	for attempt := 0; ; attempt++ {
 		id, err := s.current(ctx)
 		if err != nil {
 			return nil, err
 		}
 		req.SessionId = id
-		resp, err := s.ctl.Dispatch(ctx, req)
+		resp, err := send(ctx, req)
 		if err == nil || attempt > 0 || ctlclient.Reason(err) != ctlclient.ReasonSessionExpired {
 			return resp, err
 		}
