@@ -423,3 +423,77 @@ func TestMigrationStats(t *testing.T) {
 		t.Fatalf("%d completed streams migrated, want 2", n)
 	}
 }
+
+// The Place stream's Complete is acknowledged without each id's outcome,
+// and a GetPlacements batch reads several ids at one call and return: the
+// model takes both, and catches a batch read that misses an acknowledged
+// Dispatch or sees a completed placement, and a WORKER_UNAVAILABLE refusal
+// of an id that is placed.
+func TestLinearizablePlaceStreamAndBatches(t *testing.T) {
+	unavailable := "rpc error: code = FailedPrecondition desc = fsm: chosen worker unavailable: worker w2 incarnation 1 is FAILED"
+	ok := []Op{
+		{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 1, Call: 0, Return: 10, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		{Client: 0, Kind: Dispatch, ID: "b", Via: ViaPlace, Chose: "w2", ChoseInc: 1, Call: 11, Return: 12, Err: unavailable, Refusal: "WORKER_UNAVAILABLE"},
+		// One batch: a placed, b not (refused).
+		{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 13, Return: 14, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		{Client: 1, Kind: GetLin, ID: "b", Via: ViaBatch, Call: 13, Return: 14},
+		{Client: 0, Kind: Complete, ID: "a", Via: ViaPlace, Call: 15, Return: 16},
+		// Acknowledged completes of an absent or completed id change nothing.
+		{Client: 0, Kind: Complete, ID: "a", Via: ViaPlace, Call: 17, Return: 18},
+		{Client: 0, Kind: Complete, ID: "b", Via: ViaPlace, Call: 17, Return: 18},
+		{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 19, Return: 20},
+		{Client: 1, Kind: GetLin, ID: "b", Via: ViaBatch, Call: 19, Return: 20},
+		// A batch concurrent with an unanswered complete may see either.
+		{Client: 0, Kind: Dispatch, ID: "c", Via: ViaPlace, Call: 21, Return: 22, Found: true, Worker: "w1", Inc: 1, Created: 9},
+		{Client: 0, Kind: Complete, ID: "c", Via: ViaPlace, Call: 23, Return: Unknown, Indeterminate: true},
+		{Client: 1, Kind: GetLin, ID: "c", Via: ViaBatch, Call: 24, Return: 25, Found: true, Worker: "w1", Inc: 1, Created: 9},
+		{Client: 1, Kind: GetLin, ID: "c", Via: ViaBatch, Call: 26, Return: 27},
+	}
+	if v := CheckLinearizable(ok, "", time.Minute); !v.OK {
+		t.Fatalf("valid history rejected: %v", v.Violations)
+	}
+	for name, ops := range map[string][]Op{
+		"a batch read misses an acknowledged dispatch": {
+			{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Call: 0, Return: 10, Found: true, Worker: "w1", Created: 5},
+			{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 11, Return: 12},
+		},
+		"a batch read sees a placement completed on the stream": {
+			{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Call: 0, Return: 1, Found: true, Worker: "w1", Created: 5},
+			{Client: 0, Kind: Complete, ID: "a", Via: ViaPlace, Call: 2, Return: 3},
+			{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 4, Return: 5, Found: true, Worker: "w1", Created: 5},
+		},
+		"WORKER_UNAVAILABLE, yet placed": {
+			{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Call: 0, Return: 1, Err: unavailable, Refusal: "WORKER_UNAVAILABLE"},
+			{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 2, Return: 3, Found: true, Worker: "w2", Created: 5},
+		},
+	} {
+		if v := CheckLinearizable(ops, "", time.Minute); v.OK {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}
+
+func TestCheckPlacePath(t *testing.T) {
+	ok := []Op{
+		{Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w1", Inc: 2, Created: 5, Index: 5},
+		// Moved by the time a resent Dispatch answered: another worker, a
+		// higher epoch.
+		{Kind: Dispatch, ID: "b", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w3", Inc: 1, Epoch: 1, Created: 6, Index: 6},
+		{Kind: Dispatch, ID: "c", Via: ViaPlace, Chose: "w2", ChoseInc: 1, Dead: true, Err: "refused", Refusal: "WORKER_UNAVAILABLE"},
+		{Kind: Dispatch, ID: "d", Via: ViaPlace, Chose: "w2", ChoseInc: 1, Dead: true, Indeterminate: true, Return: Unknown},
+		{Kind: GetLin, ID: "a", Via: ViaBatch, Found: true},
+	}
+	if v := CheckPlacePath(ok); !v.OK {
+		t.Fatalf("valid history rejected: %v", v.Violations)
+	}
+	for name, op := range map[string]Op{
+		"placed elsewhere":       {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w2", Inc: 1, Created: 5},
+		"an older incarnation":   {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		"a dead incarnation":     {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 1, Dead: true, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		"a batch answer missing": {Kind: GetLin, ID: "a", Via: ViaBatch, Err: malformedBatch + "0 placements and 0 not found for 1 ids, none for a"},
+	} {
+		if v := CheckPlacePath([]Op{op}); v.OK {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}

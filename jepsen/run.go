@@ -23,6 +23,7 @@ import (
 	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/placer"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -78,6 +79,7 @@ type Report struct {
 	Faults        map[string]int
 	Progress      ProgressStats  // what progressive recovery did
 	Migrations    MigrationStats // what live migration did
+	Place         PlaceStats     // what the stream clients' choices of worker met
 	Verdicts      []Verdict
 	Elapsed       time.Duration
 }
@@ -129,6 +131,11 @@ type env struct {
 	// sampleBudgets saw them (what no-leak's zeros are set against).
 	peakKV        uint64
 	peakMigrating uint32
+	// load is the stream clients' replica of the load table; place, what
+	// their choices met; sessions, theirs (destroyed at quiescence).
+	load     loadView
+	place    PlaceStats
+	sessions []string
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -150,6 +157,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{},
 		workerKills: map[string]int{}, assistKills: map[string]int{}, inService: map[string]uint64{},
 		openIDs: map[string]int{}, migs: newMigrationStats(), committed: map[string]bool{}}
+	e.load.replica = placer.New()
 	e.logf = func(format string, args ...any) {
 		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
@@ -274,6 +282,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var tables []TableSample
 	var spec [3]uint64
 	obs.Go(func() { budgets, tables = e.sampleBudgets(obsCtx) })
+	obs.Go(func() { e.watchLoad(obsCtx) })
 	// The event log and the draft counters are followed until the last
 	// restarted worker is back in full service.
 	recCtx, stopRec := context.WithCancel(ctx)
@@ -341,7 +350,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	migs := e.migs
 	migs.StreamsMigrated = streamsMigrated(streams, e.committed)
 	e.mu.Unlock()
-	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Migrations: migs, Elapsed: time.Since(start)}
+	e.mu.Lock()
+	place := e.place
+	e.mu.Unlock()
+	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Migrations: migs, Place: place, Elapsed: time.Since(start)}
 	for _, op := range ops {
 		if op.Indeterminate {
 			rep.Indeterminate++
@@ -356,6 +368,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckBudgets(budgets, e.storedSlack(ref)),
 		CheckNoLeak(quiet),
 		CheckNoDispatchToFailed(ops, failures),
+		CheckPlacePath(ops),
 		CheckConverged(states),
 		CheckPanics(cfg.Dir),
 		CheckPairing(tables),
@@ -373,6 +386,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	e.logf("progressive recovery: %s", progress)
+	e.logf("place stream clients: %s", place)
 	if migs.Any() {
 		e.logf("live migration: %s", migs)
 		if len(migs.WorkerAborts) > 0 {
@@ -409,9 +423,13 @@ const (
 
 // placementClient dispatches unique request ids, reads them back
 // (linearizably and stale), completes most at once and the rest later, and
-// reads ids of other clients.
+// reads ids of other clients — over the path its mode says (clients.go).
 func (e *env) placementClient(ctx context.Context, c int) {
-	rng := rand.New(rand.NewSource(e.cfg.Seed*1000 + int64(c)))
+	pc := e.newPlacementClient(ctx, c)
+	defer pc.close()
+	if !pc.ready() {
+		return
+	}
 	var open []string
 	for n := 0; ctx.Err() == nil; n++ {
 		id := fmt.Sprintf("j%d-%d", c, n)
@@ -419,26 +437,19 @@ func (e *env) placementClient(ctx context.Context, c int) {
 		e.recent[e.nRecent%len(e.recent)] = id
 		e.nRecent++
 		e.mu.Unlock()
-		if d := e.op(ctx, c, Dispatch, id); d.Err != "" {
+		if d := pc.dispatch(id); d.Err != "" {
 			continue
 		}
-		e.op(ctx, c, GetLin, id)
-		if rng.Intn(3) == 0 {
-			e.op(ctx, c, GetStale, id)
-		}
-		// Someone else's request, to interleave clients on one id.
-		if other := e.recentID(rng); other != "" {
-			e.op(ctx, c, GetLin, other)
-		}
-		if rng.Intn(100) < keepOpenPercent {
+		pc.readBack(id)
+		if pc.rng.Intn(100) < keepOpenPercent {
 			open = append(open, id)
 			if len(open) <= maxOpen {
 				continue
 			}
 			id, open = open[0], open[1:]
 		}
-		e.op(ctx, c, Complete, id)
-		e.op(ctx, c, GetLin, id)
+		pc.complete(id)
+		pc.readAfter(id)
 	}
 }
 
@@ -452,9 +463,9 @@ func (e *env) recentID(rng *rand.Rand) string {
 }
 
 // op performs one placement operation and records it.
-func (e *env) op(ctx context.Context, c int, kind Kind, id string) Op {
+func (e *env) op(c int, kind Kind, id string) Op {
 	op := Op{Client: c, Kind: kind, ID: id, Call: e.hist.Now()}
-	octx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	octx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	var err error
 	switch kind {
@@ -488,13 +499,10 @@ func (e *env) op(ctx context.Context, c int, kind Kind, id string) Op {
 	op.Return = e.hist.Now()
 	if err != nil {
 		op.Err = err.Error()
-		if kind == Dispatch || kind == Complete {
+		op.Refusal = ctlclient.Reason(err)
+		if (kind == Dispatch || kind == Complete) && !definite(err) {
 			// A definite refusal changed nothing; anything else may have.
-			switch status.Code(err) {
-			case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition:
-			default:
-				op.Indeterminate, op.Return = true, Unknown
-			}
+			op.Indeterminate, op.Return = true, Unknown
 		}
 	}
 	e.hist.Add(op)
@@ -726,6 +734,17 @@ func (e *env) quiesce(ctx context.Context, final map[string]Op) Quiescence {
 			continue
 		}
 		open = open[len(batch):]
+	}
+	// The stream clients' sessions hold nothing any more.
+	e.mu.Lock()
+	sessions := e.sessions
+	e.mu.Unlock()
+	for _, sid := range sessions {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if _, err := e.client.DestroySession(cctx, &pb.DestroySessionRequest{SessionId: sid}); err != nil {
+			e.logf("destroying session %s: %v", sid, err)
+		}
+		cancel()
 	}
 	var q Quiescence
 	for {
