@@ -171,6 +171,38 @@ func TestDevRestartsInSameDir(t *testing.T) {
 	}
 }
 
+// TestDevTwoGateways: `lumen dev -gateways 2` starts two gateways, prints
+// both addresses, and each serves completions (each with its own view of
+// the load table and its own Place stream).
+func TestDevTwoGateways(t *testing.T) {
+	dir := t.TempDir()
+	port, err := devcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDev(t, "-dir", dir, "-engine", "synthetic", "-workers", "2", "-gateways", "2", "-http", fmt.Sprintf("127.0.0.1:%d", port))
+	d.waitLine(t, "Ctrl-C stops everything", 90*time.Second)
+	var addrs []string
+	for _, l := range strings.Split(d.out.String(), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "gateway" && strings.HasPrefix(f[2], "http://") {
+			addrs = append(addrs, strings.TrimSuffix(strings.TrimPrefix(f[2], "http://"), "/v1"))
+		}
+	}
+	if len(addrs) != 2 || addrs[0] == addrs[1] || addrs[0] != fmt.Sprintf("127.0.0.1:%d", port) {
+		t.Fatalf("want two gateway addresses, the first on -http; printed:\n%s", d.out.String())
+	}
+	for i := 0; i < 4; i++ {
+		complete(t, addrs[i%2])
+	}
+	d.interrupt(t, 60*time.Second)
+	if l := leftovers(t, dir); len(l) > 0 {
+		t.Fatalf("processes left after Ctrl-C:\n%s", strings.Join(l, "\n"))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "gateway-2.log")); err != nil {
+		t.Fatalf("the second gateway's log: %v", err)
+	}
+}
+
 // TestDevInterruptDuringStart sends Ctrl-C while `lumen dev` waits for its
 // quorum: it must stop what it started and exit promptly.
 func TestDevInterruptDuringStart(t *testing.T) {

@@ -263,6 +263,8 @@ type fakeWorker struct {
 	calls chan *call
 	// breakAll ends every call at once with Unavailable.
 	breakAll atomic.Bool
+	// fast, when set, records SetHolder calls (fastpath_test.go).
+	fast *fastState
 }
 
 // call is one Generate call in progress.
@@ -354,6 +356,12 @@ type rig struct {
 // replicas fake controller replicas, and a gateway; requests go to w1.
 func newRig(t *testing.T, replicas int, tweak func(*Config), addr1 func(string) string) *rig {
 	t.Helper()
+	return newRigThen(t, replicas, tweak, addr1, nil)
+}
+
+// newRigThen is newRig with pre run on the rig before the gateway starts.
+func newRigThen(t *testing.T, replicas int, tweak func(*Config), addr1 func(string) string, pre func(*rig)) *rig {
+	t.Helper()
 	r := &rig{fc: newFakeController("w1"), w: map[string]*fakeWorker{}}
 	for _, id := range []string{"w1", "w2"} {
 		w, addr := newFakeWorker(t, id)
@@ -375,6 +383,9 @@ func newRig(t *testing.T, replicas int, tweak func(*Config), addr1 func(string) 
 	}
 	if tweak != nil {
 		tweak(&cfg)
+	}
+	if pre != nil {
+		pre(r)
 	}
 	g, err := New(cfg)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/liveness"
+	"github.com/lumen-project/lumen/internal/placer"
 	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/tokenizer"
@@ -92,7 +94,9 @@ type Config struct {
 	// failed one within a second. Shorter frees a dead gateway's
 	// reservations sooner; longer rides out longer controller outages.
 	SessionTTL time.Duration
-	Logger     hclog.Logger
+	// Pprof serves Go's profiles under /debug/pprof/ (benchmarks).
+	Pprof  bool
+	Logger hclog.Logger
 }
 
 // DefaultConfig returns the defaults.
@@ -164,6 +168,13 @@ type Gateway struct {
 
 	workers *workerdir.Directory
 
+	// replica is the gateway's copy of the load table it chooses serving
+	// workers from (fastpath.go); tableAt is when the last table arrived
+	// (unix ns). link is the Place stream (place.go).
+	replica *placer.Replica
+	tableAt atomic.Int64
+	link    *placeLink
+
 	mu         sync.Mutex // guards maxContext, readyAt, ready, reporting, flights, closing, draining
 	maxContext int
 	readyAt    time.Time
@@ -210,7 +221,7 @@ func New(cfg Config) (*Gateway, error) {
 		workers: workerdir.New(ctl, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout)),
 		maxContext: cfg.MaxContext, stop: make(chan struct{}), closeGrace: 5 * time.Second,
-		flights: map[string]*flight{}}
+		flights: map[string]*flight{}, replica: placer.New()}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	for _, addr := range ctl.Addrs() {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -234,9 +245,12 @@ func New(cfg Config) (*Gateway, error) {
 		g.cfg.Name = cfg.Name
 	}
 	g.session = newSession(ctl, g.log, cfg.Name, cfg.SessionTTL)
+	g.link = newPlaceLink(g)
+	g.metrics.watchReplica(g.replica, &g.tableAt)
 	g.srv = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	g.goFunc(func() { g.session.run(g.stop) })
 	g.goFunc(g.watchMoves)
+	g.goFunc(g.watchLoad)
 	g.goFunc(func() {
 		var err error
 		if cfg.TLSCert != "" {
@@ -294,6 +308,8 @@ func (g *Gateway) Close() {
 		g.mu.Unlock()
 		close(g.stop)
 		g.wg.Wait()
+		// The Place stream sends what the last flush gave it.
+		g.link.close(3 * time.Second)
 		// After the last Complete flush: what is left of the session's
 		// placements is completed with it.
 		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
@@ -334,6 +350,10 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", g.readyz)
 	mux.Handle("GET /metrics", g.metrics.handler())
+	if g.cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	}
 	return mux
 }
 
@@ -482,7 +502,7 @@ func (g *Gateway) completer() {
 			if !closeBy.IsZero() {
 				ctx, cancel = context.WithDeadline(context.Background(), closeBy)
 			}
-			_, err := g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: pending[:n]})
+			err := g.link.complete(ctx, pending[:n])
 			cancel()
 			if err != nil && status.Code(err) != codes.InvalidArgument {
 				g.log.Warn("complete failed; keeping the ids for the next flush", "requests", len(pending), "retry_in", retry, "error", err)

@@ -18,6 +18,10 @@ type entry struct {
 	out      []int32
 	params   params
 	maxToken int
+	// unsettled are closed when the Dispatches sent for attempts started
+	// before their commit have their answer (or gave up waiting): the
+	// request's completions go after them.
+	unsettled []chan struct{}
 }
 
 // accept takes the token at index idx. A repeat (idx already held, same

@@ -2,6 +2,10 @@ package gateway
 
 import (
 	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/placer"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -19,6 +23,16 @@ type metrics struct {
 	// migrationDowntime: the last token before a live migration's switch
 	// to the first after it.
 	migrationDowntime prometheus.Histogram
+	// The request path off consensus (issue 16): how each request was
+	// placed (replica: on the worker the gateway chose, at once;
+	// controller: waiting for the commit), why the replica could not
+	// choose (fallbacks), the fast path's commit latency, its refusals,
+	// and the SetHolder calls that follow a commit.
+	placements *prometheus.CounterVec
+	fallbacks  *prometheus.CounterVec
+	commit     prometheus.Histogram
+	refusals   *prometheus.CounterVec
+	setHolder  *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -39,9 +53,42 @@ func newMetrics() *metrics {
 			Help:    "A live migration's downtime as the client sees it: from the last token the source streamed to the first the destination did.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}),
 	}
+	m.placements = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_placements_total",
+		Help: "Placements by path: replica (the gateway chose the worker and started the request before the commit), controller (the request waited for the commit)."}, []string{"path"})
+	m.fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_placement_fallbacks_total",
+		Help: "New placements that waited for the controller's choice, by why: no_table (no load table yet), no_worker (no eligible worker in it)."}, []string{"why"})
+	m.commit = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_placement_commit_seconds",
+		Help: "A request started before its commit: from its Dispatch to the commit's answer (the request streams meanwhile).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)})
+	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_placement_refusals_total",
+		Help: "Dispatches of requests already started that did not commit, by reason: worker_unavailable (the chosen worker failed or left: placed again elsewhere), other (placed again by the controller), unconfirmed (no answer in time: the request runs on unplaced)."}, []string{"reason"})
+	m.setHolder = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_set_holder_total",
+		Help: "SetHolder calls after a commit, by result: applied, not_applied (the request ended or moved first), failed."}, []string{"result"})
+	m.reg.MustRegister(m.placements, m.fallbacks, m.commit, m.refusals, m.setHolder)
 	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.resumes, m.inflight, m.tokens, m.migrationDowntime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// watchReplica exports the replica's lag: the applied index of the table it
+// holds, and how long ago a table last arrived (tables come on change, at
+// most one per interval: a quiet cluster sends none).
+func (m *metrics) watchReplica(r *placer.Replica, tableAt *atomic.Int64) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_gateway_replica_applied_index",
+			Help: "The controller log index the gateway's load table reflects."}, func() float64 {
+			i, _ := r.Applied()
+			return float64(i)
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_gateway_replica_table_age_seconds",
+			Help: "Seconds since the gateway's load table last changed (-1: none yet)."}, func() float64 {
+			at := tableAt.Load()
+			if at == 0 {
+				return -1
+			}
+			return time.Since(time.Unix(0, at)).Seconds()
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_gateway_replica_pending",
+			Help: "This gateway's placements the load table does not count yet."}, func() float64 { return float64(r.Pending()) }))
 }
 
 func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }

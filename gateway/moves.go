@@ -32,6 +32,12 @@ type flight struct {
 	// newer is the newest placement an event announced (epoch > epoch),
 	// for the next stream to start from; nil when none did.
 	newer *pb.Placement
+	// placed is the placement the Dispatch of a request started before
+	// its commit committed (the fast path): a later stream at its epoch
+	// carries its holder. refused is set when that Dispatch was refused:
+	// the stream is cut, and a stream not begun yet does not begin.
+	placed  *pb.Placement
+	refused *refusedError
 }
 
 // movedError ends a worker stream that an event moved: the request
@@ -63,19 +69,27 @@ func (g *Gateway) unfollow(id string) {
 
 // beginStream registers the stream about to run for request id with cancel
 // and returns the placement it must use: pl, or a newer one an event
-// announced meanwhile.
-func (g *Gateway) beginStream(id string, pl *pb.Placement, cancel context.CancelCauseFunc) *pb.Placement {
+// announced meanwhile, or the committed placement at pl's epoch (it names
+// the holder). A non-nil refused says the placement was refused: no stream
+// runs.
+func (g *Gateway) beginStream(id string, pl *pb.Placement, cancel context.CancelCauseFunc) (*pb.Placement, *refusedError) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f := g.flights[id]
 	if f == nil {
-		return pl
+		return pl, nil
+	}
+	if f.refused != nil {
+		return pl, f.refused
 	}
 	if f.newer != nil && f.newer.Epoch > pl.Epoch {
 		pl = f.newer
 	}
+	if f.placed != nil && f.placed.Epoch == pl.Epoch && pl.HolderId == "" && f.placed.WorkerId == pl.WorkerId {
+		pl = f.placed
+	}
 	f.newer, f.epoch, f.cancel = nil, pl.Epoch, cancel
-	return pl
+	return pl, nil
 }
 
 // endStream unregisters request id's stream.

@@ -170,6 +170,11 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	// the admission of new requests.
 	defer func() {
 		release()
+		// A completion must follow its Dispatch: the controller refuses a
+		// Dispatch of a completed id.
+		for _, ch := range e.unsettled {
+			<-ch
+		}
 		for _, id := range e.dispatchIDs() {
 			g.completeLater(id)
 		}
@@ -178,7 +183,7 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	// commit and Dispatch's answer is kept for the first stream.
 	g.follow(e.dispatchID())
 	defer func() { g.unfollow(e.dispatchID()) }()
-	placement, aerr := g.dispatch(ctx, e)
+	placement, aerr := g.place(ctx, e, false)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -209,18 +214,6 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	out.delta(text.flush())
 	g.metrics.e2e.Observe(time.Since(arrived).Seconds())
 	out.finish(finish, usage{PromptTokens: len(prompt), CompletionTokens: len(e.out), TotalTokens: len(prompt) + len(e.out)})
-}
-
-// dispatch places the request through the controller.
-func (g *Gateway) dispatch(ctx context.Context, e *entry) (*pb.Placement, *apiError) {
-	dctx, cancel := context.WithTimeout(ctx, g.cfg.DispatchTimeout)
-	defer cancel()
-	resp, err := g.session.dispatch(dctx, &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)),
-		MaxTokens: uint32(e.maxToken)})
-	if err != nil {
-		return nil, dispatchError(err)
-	}
-	return resp.Placement, nil
 }
 
 var errClosing = &apiError{Status: 503, Type: "server_error", Code: "gateway_closing",
@@ -300,6 +293,20 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
 			return finish, err
 		}
+		var rf *refusedError
+		if errors.As(err, &rf) {
+			// The placement the request started under was refused (its
+			// worker failed or left): placed again with the journal's
+			// tokens, that worker excluded. Not a break: the resume
+			// deadline is untouched.
+			g.log.Debug("placement refused; placing again", "request", e.id, "worker", rf.worker, "tokens", len(e.out), "error", rf.err)
+			next, aerr := g.redispatch(ctx, e, rf.controller, rf.worker)
+			if aerr != nil {
+				return "", aerr
+			}
+			pl = next
+			continue
+		}
 		pl = used
 		if !errors.Is(err, errResumeTimeout) {
 			broke = err
@@ -344,9 +351,12 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	id := e.dispatchID()
-	pl = g.beginStream(id, pl, cancel)
+	pl, refused := g.beginStream(id, pl, cancel)
 	defer g.endStream(id)
 	used = pl
+	if refused != nil {
+		return "", used, false, refused
+	}
 	if !resumeBy.IsZero() {
 		deadline := time.AfterFunc(time.Until(resumeBy), func() { cancel(errResumeTimeout) })
 		defer deadline.Stop()
@@ -417,14 +427,16 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 }
 
 // redispatch places the request again under its next attempt id, followed
-// for move events before the Dispatch. The attempt it leaves is completed
-// with the others when the handler ends (serve), after its admission slot
-// is back.
-func (g *Gateway) redispatch(ctx context.Context, e *entry) (*pb.Placement, *apiError) {
+// for move events before the Dispatch, excluding the workers named (where
+// the last attempt failed or was refused); viaController leaves the choice
+// to the controller. The attempt it leaves is completed with the others
+// when the handler ends (serve), after its admission slot is back.
+func (g *Gateway) redispatch(ctx context.Context, e *entry, viaController bool, exclude ...string) (*pb.Placement, *apiError) {
 	g.unfollow(e.dispatchID())
+	g.replica.Forget(e.dispatchID())
 	e.attempt++
 	g.follow(e.dispatchID())
-	return g.dispatch(ctx, e)
+	return g.place(ctx, e, viaController, exclude...)
 }
 
 // resumeTarget finds where a request whose stream broke continues: the
@@ -457,7 +469,7 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement, 
 			// streamed yet and it did not move: place it afresh under a new
 			// attempt id. The new worker gets the journal's history and
 			// continues at the next index.
-			npl, aerr := g.redispatch(ctx, e)
+			npl, aerr := g.redispatch(ctx, e, false, pl.WorkerId)
 			if aerr != nil {
 				return nil, aerr
 			}

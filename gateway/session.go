@@ -193,16 +193,18 @@ func (s *session) destroy(ctx context.Context) {
 	}
 }
 
-// dispatch places a request in the gateway's session. When the controller
-// says the session expired, it waits for the new one and tries once more.
-func (s *session) dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.DispatchResponse, error) {
+// dispatch places a request in the gateway's session with send (the Place
+// stream's dispatch). When the controller says the session expired, it
+// waits for the new one and tries once more.
+func (s *session) dispatch(ctx context.Context, req *pb.DispatchRequest,
+	send func(context.Context, *pb.DispatchRequest) (*pb.DispatchResponse, error)) (*pb.DispatchResponse, error) {
 	for attempt := 0; ; attempt++ {
 		id, err := s.current(ctx)
 		if err != nil {
 			return nil, err
 		}
 		req.SessionId = id
-		resp, err := s.ctl.Dispatch(ctx, req)
+		resp, err := send(ctx, req)
 		if err == nil || attempt > 0 || ctlclient.Reason(err) != ctlclient.ReasonSessionExpired {
 			return resp, err
 		}

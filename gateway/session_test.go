@@ -112,14 +112,28 @@ func TestCompleterRetriesUntilTheControllerTakesIt(t *testing.T) {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn})
 		c.SessionTTL = time.Minute
 	})
+	// One placement through the gateway's link first: it then knows
+	// whether the controller serves the Place stream (completions go
+	// there, sent until acknowledged) or not (unary Completes, retried by
+	// the flusher).
+	waitUntil(t, 30*time.Second, "a dispatch through the gateway", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "probe", PromptTokens: 10, MaxTokens: 10}, g.link.dispatch)
+		return err == nil
+	})
 	if err := ctl.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
 		g.done <- id
 	}
-	waitUntil(t, 30*time.Second, "two failed flushes", func() bool {
-		return strings.Count(logs.String(), "complete failed") >= 2
+	waitUntil(t, 30*time.Second, "two failed flushes, or the completions waiting on the stream", func() bool {
+		if g.link.unary.Load() {
+			return strings.Count(logs.String(), "complete failed") >= 2
+		}
+		_, n := g.link.p.Pending()
+		return n >= len(ids)
 	})
 
 	ctl = startController(t, dir, addrs[0], addrs[1], addrs[2])
@@ -182,7 +196,7 @@ func TestSessionKeptRenewedAndDestroyed(t *testing.T) {
 	if _, err := cl.DestroySession(ctx, &pb.DestroySessionRequest{SessionId: second}); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10})
+	resp, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10}, g.link.dispatch)
 	if err != nil {
 		t.Fatalf("dispatch after the session ended: %v", err)
 	}
@@ -229,7 +243,7 @@ func TestSessionSurvivesShortOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10}); err != nil {
+	if _, err := g.session.dispatch(ctx, &pb.DispatchRequest{RequestId: "q1", PromptTokens: 10, MaxTokens: 10}, g.link.dispatch); err != nil {
 		t.Fatal(err)
 	}
 	renewed := func() time.Time {

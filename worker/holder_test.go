@@ -3,8 +3,12 @@ package worker
 import (
 	"context"
 	"math/rand"
+	"slices"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -209,4 +213,77 @@ func TestSenderCarriesTheReservation(t *testing.T) {
 		t.Fatalf("the holder refused %v pages", refused)
 	}
 	cancel()
+}
+
+// TestSetHolderAfterStart: a request started with no holder (the gateway
+// starts it before its placement commits) gets its holder over SetHolder
+// after several pages filled; from then the holder receives every full
+// page from page 0, under the placement's reservation, while decoding goes
+// on. SetHolder for another epoch, an unknown request or a second time is
+// not applied.
+func TestSetHolderAfterStart(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	c := startCluster(t, func(wc *Config) {
+		wc.Engine = engine.NewPaced(wc.Engine, engine.Profiles["qwen3-14b-h100"], 1)
+	})
+	prompt := randomPrompt(rng, 40)
+	p := c.dispatch("r", uint32(len(prompt)), 150)
+	serving, holder := c.workers[p.WorkerId], c.workers[p.HolderId]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := serving.cl.Generate(ctx, &pb.GenerateRequest{RequestId: "r", Prompt: prompt, MaxTokens: 150, Epoch: p.Epoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int32
+	recv := func(n int) {
+		t.Helper()
+		for len(out) < n {
+			r, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, r.Token)
+		}
+	}
+	recv(60) // 100 tokens in the cache: 6 full pages
+	if _, _, ok := holder.w.store.stored("r"); ok {
+		t.Fatal("the holder has pages of r before SetHolder")
+	}
+	set := func(id string, epoch uint64, h string) bool {
+		t.Helper()
+		resp, err := serving.cl.SetHolder(ctx, &pb.SetHolderRequest{RequestId: id, Epoch: epoch, Holder: h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Applied
+	}
+	if set("r", p.Epoch+1, p.HolderId) || set("nope", p.Epoch, p.HolderId) {
+		t.Fatal("SetHolder applied for another epoch or an unknown request")
+	}
+	if !set("r", p.Epoch, p.HolderId) {
+		t.Fatal("SetHolder not applied to the running request")
+	}
+	if set("r", p.Epoch, p.WorkerId) {
+		t.Fatal("SetHolder replaced the holder already set")
+	}
+	if _, err := serving.cl.SetHolder(ctx, &pb.SetHolderRequest{RequestId: "r", Epoch: p.Epoch}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("SetHolder without a holder: %v, want InvalidArgument", err)
+	}
+	recv(100)
+	full := (len(prompt) + 96) / 16
+	hashes := pageHashes(append(slices.Clone(prompt), out[:96]...), nil)[:full]
+	waitUntil(t, 20*time.Second, "the holder holding every page from page 0", func() bool {
+		return len(holder.w.store.prefix(hashes)) == full
+	})
+	_, reserved, _ := holder.w.store.stored("r")
+	if reserved != p.ReservedBytes {
+		t.Fatalf("the pages carried a reservation of %d bytes; the placement reserved %d", reserved, p.ReservedBytes)
+	}
+	if refused := counterValue(holder.w.metrics.ckptRefused); refused != 0 {
+		t.Fatalf("the holder refused %v pages", refused)
+	}
+	recv(150)
 }

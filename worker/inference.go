@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"io"
 	"strings"
@@ -193,6 +194,35 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 		r.reserved = policy.Footprint(uint32(len(req.Prompt)), req.MaxTokens, c.MaxContextTokens, c.KvBytesPerToken)
 	}
 	return r, nil
+}
+
+// SetHolder gives a request this worker runs its checkpoint holder, once
+// the gateway learned it from the placement's commit: the gateway started
+// the request here before the commit (issue 16), with no holder. The
+// request's next step ships every full page from page 0 to the holder. The
+// footprint reserved there is computed as for a Generate call that names
+// its holder. applied is false when the worker does not run the request
+// under that epoch, or it has a holder already.
+func (s *inferenceServer) SetHolder(ctx context.Context, req *pb.SetHolderRequest) (*pb.SetHolderResponse, error) {
+	w := s.w
+	if req.RequestId == "" || len(req.RequestId) > maxRequestIDBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "request_id must be 1..%d bytes, got %d", maxRequestIDBytes, len(req.RequestId))
+	}
+	if req.Holder == "" {
+		return nil, status.Error(codes.InvalidArgument, "holder is empty: name the worker that holds the request's checkpoint")
+	}
+	if err := validatePeerID(req.Holder); err != nil {
+		return nil, err
+	}
+	c := w.capacity()
+	var applied bool
+	if !w.sched.do(ctx, func() { applied = w.sched.setHolder(req.RequestId, req.Epoch, req.Holder, c) }) {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, status.Error(codes.Unavailable, errShutdown.Error())
+	}
+	return &pb.SetHolderResponse{Applied: applied}, nil
 }
 
 func validatePeerID(id string) error {

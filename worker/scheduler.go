@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -204,6 +205,20 @@ func (s *scheduler) admit(r *request) {
 	s.core.Submit(r.cr)
 	s.apply()
 	s.w.metrics.waiting.Set(float64(s.core.Waiting()))
+}
+
+// setHolder sets the holder of the request running under id and epoch
+// (core.SetHolder), with the footprint the controller reserved on the
+// holder: policy.Footprint of the call's prompt and max tokens and this
+// worker's capacity c, as newRequest computes it for a call that names its
+// holder.
+func (s *scheduler) setHolder(id string, epoch uint64, holder string, c *pb.Capacity) bool {
+	r := s.core.Lookup(id)
+	if r == nil {
+		return false
+	}
+	reserved := policy.Footprint(uint32(r.Prompt), uint32(r.MaxTokens), c.MaxContextTokens, c.KvBytesPerToken)
+	return s.core.SetHolder(id, epoch, holder, reserved)
 }
 
 // dropIfCurrent drops r when it is still the request under its id (a newer

@@ -39,6 +39,7 @@ func runBenchGateway(args []string) error {
 	fs.StringVar(&cfg.Profile, "profile", cfg.Profile, "the worker's timing profile")
 	fs.IntVar(&cfg.PromptLen, "prompt", cfg.PromptLen, "prompt tokens")
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "output tokens per request")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write the gateway's CPU profile of the 500-stream phase through it to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

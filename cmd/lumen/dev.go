@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	register("dev", "run a whole local cluster: 3 controllers, N workers, a gateway (Ctrl-C stops it)", runDev)
+	register("dev", "run a whole local cluster: 3 controllers, N workers, gateways (Ctrl-C stops it)", runDev)
 }
 
 func runDev(args []string) error {
@@ -22,7 +22,8 @@ func runDev(args []string) error {
 	backend := fs.String("engine", "transformer", "transformer or synthetic")
 	profile := fs.String("profile", "none", "timing profile of the workers")
 	scale := fs.String("time-scale", "1", "time scale of the profile")
-	httpAddr := fs.String("http", "127.0.0.1:8080", "the gateway's address")
+	httpAddr := fs.String("http", "127.0.0.1:8080", "the (first) gateway's address")
+	gateways := fs.Int("gateways", 1, "gateways, each with its own view of the load table (the first on -http, the others on free ports)")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -37,5 +38,5 @@ func runDev(args []string) error {
 		}
 	}
 	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
-		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, KeepState: *keep, Out: os.Stdout})
+		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Out: os.Stdout})
 }

@@ -31,6 +31,7 @@ func runGateway(args []string) error {
 	fs.IntVar(&cfg.MaxConcurrent, "max-concurrent", cfg.MaxConcurrent, "requests in flight before 429")
 	fs.StringVar(&cfg.Name, "name", "", "the name of the gateway's controller session, for operators (default host@listen-address)")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long the controller keeps this gateway's placements after it stops renewing its session (1s..1h)")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles under /debug/pprof/ on the HTTP address")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -30,7 +30,7 @@ var ErrPlacerClosed = errors.New("ctlclient: placer closed")
 // PlacerOptions tune a Placer. The zero value is the default.
 type PlacerOptions struct {
 	// MaxInflight is how many batches may be sent and not yet answered
-	// (default 2). Whatever callers submit meanwhile waits and goes in the
+	// (default 4: the leader pipelines their log entries). Whatever callers submit meanwhile waits and goes in the
 	// next batch: group commit on the client.
 	MaxInflight int
 	// MaxBatch caps the dispatches (and the completes) of one batch
@@ -107,7 +107,7 @@ type sentBatch struct {
 // background; Close it when done.
 func (c *Client) NewPlacer(opts PlacerOptions) *Placer {
 	if opts.MaxInflight < 1 {
-		opts.MaxInflight = 2
+		opts.MaxInflight = 4
 	}
 	if opts.MaxBatch < 1 || opts.MaxBatch > MaxPlaceBatch {
 		opts.MaxBatch = MaxPlaceBatch

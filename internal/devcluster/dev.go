@@ -29,7 +29,7 @@ var ErrNotDevDir = errors.New("devcluster: the directory is not a dev cluster's"
 
 // devEntry names what a dev cluster writes in its directory; a fresh start
 // removes these and nothing else.
-var devEntry = regexp.MustCompile(`^((ctl\d+|worker-\d+)(\.log)?|gateway\.log|` + regexp.QuoteMeta(DevStateFile) + `)$`)
+var devEntry = regexp.MustCompile(`^((ctl\d+|worker-\d+)(\.log)?|gateway(-\d+)?\.log|` + regexp.QuoteMeta(DevStateFile) + `)$`)
 
 // DevConfig is a `lumen dev` cluster: 3 controllers, workers, a gateway.
 type DevConfig struct {
@@ -42,8 +42,12 @@ type DevConfig struct {
 	Engine, Profile, TimeScale string
 	// ModelDir is the workers' -model-dir.
 	ModelDir string
-	// HTTPAddr is the gateway's address.
+	// HTTPAddr is the first gateway's address.
 	HTTPAddr string
+	// Gateways is the number of gateways (default 1): each keeps its own
+	// replica of the load table and its own Place stream (issue 16). The
+	// first listens on HTTPAddr, the others on free ports.
+	Gateways int
 	// KeepState restarts the cluster from the data directories of the
 	// last run in Dir, on the addresses that run recorded; without it
 	// every run starts from empty directories, as `consul agent -dev`
@@ -68,6 +72,12 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	if cfg.Workers < 1 {
 		return fmt.Errorf("-workers must be at least 1")
 	}
+	if cfg.Gateways == 0 {
+		cfg.Gateways = 1
+	}
+	if cfg.Gateways < 1 || cfg.Gateways > maxDevGateways {
+		return fmt.Errorf("-gateways %d: must be between 1 and %d", cfg.Gateways, maxDevGateways)
+	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 2 * time.Minute
 	}
@@ -88,13 +98,17 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	if opts.Addrs != nil {
 		state = "the kept state"
 	}
-	fmt.Fprintf(out, "starting 3 controllers, %d %s workers and a gateway under %s (%s)\n", cfg.Workers, cfg.Engine, cfg.Dir, state)
+	gateways := "a gateway"
+	if cfg.Gateways > 1 {
+		gateways = fmt.Sprintf("%d gateways", cfg.Gateways)
+	}
+	fmt.Fprintf(out, "starting 3 controllers, %d %s workers and %s under %s (%s)\n", cfg.Workers, cfg.Engine, gateways, cfg.Dir, state)
 	cl, err := Start(startCtx, opts)
 	if err != nil {
 		return interrupted(ctx, err)
 	}
 	defer func() {
-		fmt.Fprintln(out, "stopping: gateway, workers (draining), controllers")
+		fmt.Fprintln(out, "stopping: gateways, workers (draining), controllers")
 		cl.Stop()
 	}()
 	if err := saveDevState(cfg.Dir, devState{Controllers: cl.ControllerAddrs()}); err != nil {
@@ -106,14 +120,32 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 			return interrupted(ctx, err)
 		}
 	}
-	gw, err := cl.StartGatewayContext(startCtx, cfg.HTTPAddr)
-	if err != nil {
-		return interrupted(ctx, err)
+	var gws []*Gateway
+	for i := 0; i < cfg.Gateways; i++ {
+		addr := cfg.HTTPAddr
+		if i > 0 {
+			addr = ""
+		}
+		gw, err := cl.StartGatewayContext(startCtx, addr)
+		if err != nil {
+			return interrupted(ctx, err)
+		}
+		gws = append(gws, gw)
 	}
-	if err := gw.WaitReady(startCtx); err != nil {
-		return interrupted(ctx, err)
+	for _, gw := range gws {
+		if err := gw.WaitReady(startCtx); err != nil {
+			return interrupted(ctx, err)
+		}
 	}
-	fmt.Fprintf(out, "\n  gateway      http://%s/v1   (OpenAI API; model %q)\n", gw.Addr, "lumen-tiny")
+	gw := gws[0]
+	fmt.Fprintln(out)
+	for i, g := range gws {
+		name := "gateway"
+		if len(gws) > 1 {
+			name = fmt.Sprintf("gateway %d", i+1)
+		}
+		fmt.Fprintf(out, "  %-12s http://%s/v1   (OpenAI API; model %q)\n", name, g.Addr, "lumen-tiny")
+	}
 	fmt.Fprintf(out, "  controllers  %s\n", strings.Join(cl.GRPCAddrs(), ","))
 	var others []string
 	for i := 1; i < len(cl.Controllers); i++ {
@@ -129,6 +161,9 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	<-ctx.Done()
 	return nil
 }
+
+// maxDevGateways caps -gateways: each is a process on this machine.
+const maxDevGateways = 8
 
 // interrupted says so when the start failed because the user stopped it.
 func interrupted(ctx context.Context, err error) error {

@@ -24,7 +24,7 @@ func touch(t *testing.T, path string) {
 func TestCleanDevDirRemovesOnlyItsOwn(t *testing.T) {
 	dir := t.TempDir()
 	for _, p := range []string{"ctl1/raft/raft.db", "ctl1.log", "ctl3/x", "worker-2/ckpt/p", "worker-2.log",
-		"gateway.log", DevStateFile, "notes.txt", "ctlx/keep", "worker-a.log", "mine/ctl1.log"} {
+		"gateway.log", "gateway-2.log", DevStateFile, "notes.txt", "ctlx/keep", "worker-a.log", "mine/ctl1.log"} {
 		touch(t, filepath.Join(dir, p))
 	}
 	if err := cleanDevDir(dir); err != nil {

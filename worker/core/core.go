@@ -746,6 +746,25 @@ func (c *Core) checkpoint(reqs []*Request) {
 	}
 }
 
+// SetHolder gives request id, running under epoch with no holder yet, its
+// checkpoint holder and its reserved footprint there: the gateway started
+// the request before its placement committed (issue 16) and learns the
+// holder Apply chose only then. The request's next step exports every full
+// page it has, from page 0, and each page that fills after. It reports
+// false — and changes nothing — when the core does not run id, runs it
+// under another epoch, or it already has a holder.
+func (c *Core) SetHolder(id string, epoch uint64, holder string, reserved uint64) bool {
+	r := c.byID[id]
+	if r == nil || r.Epoch != epoch || r.Holder != "" || holder == "" {
+		return false
+	}
+	r.Holder, r.Reserved = holder, reserved
+	// Pages the request restored from this worker's store (or adopted)
+	// count as sent only to a holder that had them: this one did not.
+	r.ckptSent = 0
+	return true
+}
+
 // CheckpointBehind says the holder's queue refused page `page` of r (and
 // so the ones after it): they are queued again after the next step.
 func (c *Core) CheckpointBehind(r *Request, page int) {

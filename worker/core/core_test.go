@@ -27,6 +27,9 @@ type harness struct {
 	refuse  func(CheckpointPage) bool
 	total   Output         // counters summed
 	ended   []MigrationEnd // migrations out the core ended
+	// pages, when set, receives each checkpoint page's bytes, exported
+	// from the engine before the step's releases.
+	pages map[string]map[int][][]byte
 }
 
 type memStore map[uint64][]byte
@@ -64,6 +67,18 @@ func newHarness(t *testing.T, pages int, cfg Config, store Store) *harness {
 
 func (h *harness) apply() {
 	o := h.c.Output()
+	if h.pages != nil {
+		for _, p := range o.Checkpoints {
+			data, err := h.eng.ExportPage(p.Seq, p.Page)
+			if err != nil {
+				h.t.Fatalf("exporting page %d of %s: %v", p.Page, p.Req.ID, err)
+			}
+			if h.pages[p.Req.ID] == nil {
+				h.pages[p.Req.ID] = map[int][][]byte{}
+			}
+			h.pages[p.Req.ID][p.Page] = append(h.pages[p.Req.ID][p.Page], data)
+		}
+	}
 	for _, s := range o.Release {
 		h.eng.Release(s)
 	}
@@ -358,6 +373,73 @@ func TestCoreRestoresACheckpointedPrefix(t *testing.T) {
 	}
 	if h.batches[0] != "x:64+14/1" {
 		t.Fatalf("first batch %q, want the partial prefill x:64+14/1", h.batches[0])
+	}
+}
+
+// TestCoreSetHolderLate: a request the gateway started before its placement
+// committed runs with no holder; SetHolder after several pages filled
+// makes the next step export every full page from page 0, and each later
+// one: every page reaches the holder exactly once, byte-equal to the pages
+// of a run that had the holder from the start, and the output is the
+// reference.
+func TestCoreSetHolderLate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 0))
+	p := prompt(rng, 40)
+	const n = 90
+	ref := reference(t, p, n)
+	run := func(setAfter int) *harness {
+		h := newHarness(t, 64, Config{Self: "w1", TokenBudget: 16}, nil)
+		h.pages = map[string]map[int][][]byte{}
+		r := h.submit("x", p, nil, n)
+		r.Epoch = 3
+		if setAfter == 0 {
+			r.Holder, r.Reserved = "w2", 1<<20
+		}
+		for i := 0; !h.c.Idle(); i++ {
+			if i > 10000 {
+				t.Fatal("no progress after 10000 steps")
+			}
+			if setAfter > 0 && i == setAfter {
+				if h.c.SetHolder("x", 2, "w2", 1<<20) || h.c.SetHolder("y", 3, "w2", 1<<20) || h.c.SetHolder("x", 3, "", 1<<20) {
+					t.Fatal("SetHolder applied with a stale epoch, an unknown id or no holder")
+				}
+				if len(h.pages["x"]) != 0 {
+					t.Fatalf("%d pages exported before the holder was set", len(h.pages["x"]))
+				}
+				if r.fed < 3*16 {
+					t.Fatalf("only %d tokens in the cache when the holder is set; the test wants several full pages", r.fed)
+				}
+				if !h.c.SetHolder("x", 3, "w2", 1<<20) {
+					t.Fatal("SetHolder refused for the running request at its epoch")
+				}
+				if h.c.SetHolder("x", 3, "w3", 1<<20) {
+					t.Fatal("SetHolder replaced a holder already set")
+				}
+			}
+			h.step()
+		}
+		if !slices.Equal(h.out["x"], ref) {
+			t.Fatalf("setAfter %d: output %v, want %v", setAfter, h.out["x"], ref)
+		}
+		return h
+	}
+	plain := run(0)
+	late := run(20)
+	want := plain.pages["x"]
+	if len(want) < 5 {
+		t.Fatalf("the plain run exported %d pages; the test wants several", len(want))
+	}
+	got := late.pages["x"]
+	if len(got) != len(want) {
+		t.Fatalf("late holder received %d pages, the plain run %d", len(got), len(want))
+	}
+	for i := range len(want) {
+		if len(got[i]) != 1 || len(want[i]) != 1 {
+			t.Fatalf("page %d exported %d times (plain run: %d), want exactly once", i, len(got[i]), len(want[i]))
+		}
+		if !slices.Equal(got[i][0], want[i][0]) {
+			t.Fatalf("page %d differs from the plain run's", i)
+		}
 	}
 }
 
