@@ -497,3 +497,18 @@ func TestCheckPlacePath(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckGatewayPath(t *testing.T) {
+	streams := []Stream{{Accepted: true, Done: true}}
+	fast := GatewayPaths{Counts: map[string]float64{gatewayCounters[0]: 3, gatewayCounters[1]: 1}}
+	if v := CheckGatewayPath(fast, streams); !v.OK {
+		t.Fatalf("a run that took the replica's path rejected: %v", v.Violations)
+	}
+	slow := GatewayPaths{Counts: map[string]float64{gatewayCounters[1]: 4}}
+	if v := CheckGatewayPath(slow, streams); v.OK {
+		t.Fatalf("a run whose gateways always waited for the commit passed: %s", v.Note)
+	}
+	if v := CheckGatewayPath(slow, nil); !v.OK {
+		t.Fatalf("no stream completed, yet the path was judged: %v", v.Violations)
+	}
+}

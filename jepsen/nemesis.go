@@ -85,6 +85,8 @@ var Nemeses = map[string]nemesis{
 			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			g, open := e.gatewayInFlight(hctx)
 			cancel()
+			// Its counters die with it: sum them first.
+			e.scrapeGateway(ctx, g)
 			k := GatewayKill{Gateway: g.Name, At: e.hist.Now(), Restarted: Unknown}
 			e.cl.KillGateway(g)
 			k.Dead = e.hist.Now()

@@ -80,6 +80,7 @@ type Report struct {
 	Progress      ProgressStats  // what progressive recovery did
 	Migrations    MigrationStats // what live migration did
 	Place         PlaceStats     // what the stream clients' choices of worker met
+	GatewayPaths  GatewayPaths   // what the gateways' request path did
 	Verdicts      []Verdict
 	Elapsed       time.Duration
 }
@@ -136,6 +137,8 @@ type env struct {
 	load     loadView
 	place    PlaceStats
 	sessions []string
+	// gwPaths sums the gateways' request-path counters.
+	gwPaths GatewayPaths
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -323,6 +326,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	recovered := make(chan Recovered, 1)
 	go func() { recovered <- e.awaitRecovered(ctx) }()
 	serving.Wait()
+	for _, gw := range e.gws {
+		if gw.Running() {
+			e.scrapeGateway(ctx, gw)
+		}
+	}
 	e.logf("workloads done: %d placement operations, %d streams", len(e.hist.Ops()), len(streams))
 
 	ops := e.hist.Ops()
@@ -351,9 +359,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	migs.StreamsMigrated = streamsMigrated(streams, e.committed)
 	e.mu.Unlock()
 	e.mu.Lock()
-	place := e.place
+	place, gwPaths := e.place, e.gwPaths
 	e.mu.Unlock()
-	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Migrations: migs, Place: place, Elapsed: time.Since(start)}
+	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Migrations: migs, Place: place, GatewayPaths: gwPaths, Elapsed: time.Since(start)}
 	for _, op := range ops {
 		if op.Indeterminate {
 			rep.Indeterminate++
@@ -365,6 +373,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckStaleReads(ops),
 		CheckDurable(ops, final),
 		CheckServing(streams, kills, ref.text),
+		CheckGatewayPath(gwPaths, streams),
 		CheckBudgets(budgets, e.storedSlack(ref)),
 		CheckNoLeak(quiet),
 		CheckNoDispatchToFailed(ops, failures),
