@@ -125,6 +125,7 @@ type env struct {
 	// first chunk named them); migs, what live migration did; committed,
 	// the request ids whose migration committed.
 	openIDs   map[string]int // and their lengths
+	lastOpen  int64          // when the latest stream's first chunk came
 	migs      MigrationStats
 	committed map[string]bool
 	// peakKV and peakMigrating are the most KV pages a worker's load
