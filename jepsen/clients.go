@@ -69,11 +69,11 @@ type PlaceStats struct {
 	Unavailable  int // refused WORKER_UNAVAILABLE
 	BatchReads   int // GetPlacements calls
 	BatchIDs     int // ids they read
-	StreamErrors int // Place streams that broke or were refused (the Placer's OnError)
+	StreamErrors int // Place streams that broke, or openings refused (the Placer's OnError)
 }
 
 func (s PlaceStats) String() string {
-	return fmt.Sprintf("%d dispatches named the replica's choice, %d the controller's (no table or no eligible worker), %d a dead incarnation; %d refused WORKER_UNAVAILABLE; %d GetPlacements batches of %d ids; %d Place stream breaks",
+	return fmt.Sprintf("%d dispatches named the replica's choice, %d the controller's (no table or no eligible worker), %d a dead incarnation; %d refused WORKER_UNAVAILABLE; %d GetPlacements batches of %d ids; %d Place stream errors (breaks and refused openings)",
 		s.Named, s.Fallback, s.DeadNamed, s.Unavailable, s.BatchReads, s.BatchIDs, s.StreamErrors)
 }
 
