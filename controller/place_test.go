@@ -454,3 +454,92 @@ func TestGetPlacements(t *testing.T) {
 		t.Fatalf("split read: %d found, %d not found, %v", len(got.GetPlacements()), len(got.GetNotFound()), err)
 	}
 }
+
+// metricValue sums a counter's (or a histogram's sample count's) series on
+// n whose labels include want.
+func metricValue(t *testing.T, n *Node, name string, want map[string]string) float64 {
+	t.Helper()
+	fams, err := n.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || (l.GetName() == k && l.GetValue() == v)
+				}
+				if !found {
+					continue series
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// The three calls' metrics count what they served.
+func TestPlaceMetrics(t *testing.T) {
+	c := newCluster(t, 1, func(cfg *Config) { cfg.BootstrapExpect = 1 })
+	n := c.nodes[0]
+	c.addWorker("w1", 1, 1<<30)
+	sid := c.session(t)
+	cl := c.ctlClient(t)
+	p := cl.NewPlacer(ctlclient.PlacerOptions{})
+	for i := 0; i < 10; i++ {
+		if _, err := p.Dispatch(ctxT(t, 5*time.Second), &pb.DispatchRequest{RequestId: fmt.Sprintf("r%d", i), PromptTokens: 1, MaxTokens: 1,
+			SessionId: sid, WorkerId: "w1", WorkerIncarnation: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := p.Dispatch(ctxT(t, 5*time.Second), &pb.DispatchRequest{RequestId: "x", PromptTokens: 1, MaxTokens: 1, SessionId: sid, WorkerId: "w9", WorkerIncarnation: 1})
+	if ctlclient.Reason(err) != ctlclient.ReasonWorkerUnavailable {
+		t.Fatal(err)
+	}
+	p.Complete("r0", "r1")
+	if err := p.Close(ctxT(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.GetPlacements(ctxT(t, 5*time.Second), &pb.GetPlacementsRequest{RequestIds: []string{"r2", "r3"}}); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := c.client(n).WatchLoad(ctxT(t, 5*time.Second), &pb.WatchLoadRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct {
+		name   string
+		labels map[string]string
+		min    float64
+	}{
+		{"lumen_controller_place_dispatches_total", map[string]string{"outcome": "placed"}, 10},
+		{"lumen_controller_place_dispatches_total", map[string]string{"outcome": ctlclient.ReasonWorkerUnavailable}, 1},
+		{"lumen_controller_place_completes_total", nil, 2},
+		{"lumen_controller_place_batches_total", nil, 1},
+		{"lumen_controller_place_batch_seconds", nil, 1},
+		{"lumen_controller_get_placements_ids", nil, 1},
+		{"lumen_controller_watch_load_tables_total", nil, 1},
+		{"lumen_controller_watch_load_streams", nil, 1},
+	} {
+		if v := metricValue(t, n, m.name, m.labels); v < m.min {
+			t.Errorf("%s%v = %v, want at least %v", m.name, m.labels, v, m.min)
+		}
+	}
+}

@@ -1,11 +1,16 @@
 package fsm
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"math/rand"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/lumen-project/lumen/internal/placer"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -124,5 +129,51 @@ func TestLoadTableMatchesViews(t *testing.T) {
 				t.Fatalf("a no-op changed the version (%d to %d) or the table is at %d, not %d", ver, v2, t2.AppliedIndex, h.index)
 			}
 		}
+	}
+}
+
+// The completed ids are a ring of completedKept: past it the oldest are
+// forgotten (a Dispatch of one places it anew), the rest refused; a
+// snapshot keeps them oldest first, so a restored replica agrees.
+func TestCompletedRing(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("w1", 1<<40))
+	const total = 69_000 // in entries of 1,000
+	first := total - completedKept
+	for start := 0; start < total; start += 1000 {
+		var cmds []*pb.Command
+		var ids []string
+		for i := start; i < start+1000; i++ {
+			id := fmt.Sprintf("r%d", i)
+			cmds = append(cmds, dispatch(id, 1, 1))
+			ids = append(ids, id)
+		}
+		h.apply(append(cmds, complete(ids...))...)
+	}
+	data, err := h.f.MarshalSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap pb.Snapshot
+	if err := proto.Unmarshal(data, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Completed) != completedKept || snap.Completed[0] != fmt.Sprintf("r%d", first) || snap.Completed[completedKept-1] != fmt.Sprintf("r%d", total-1) {
+		t.Fatalf("snapshot keeps %d completed ids, %s..%s", len(snap.Completed), snap.Completed[0], snap.Completed[len(snap.Completed)-1])
+	}
+	g := New()
+	if err := g.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
+		t.Fatal(err)
+	}
+	h1, _, _ := h.f.StateHash()
+	h2, _, _ := g.StateHash()
+	if h1 != h2 {
+		t.Fatal("the restored replica's state differs")
+	}
+	if r := h.one(dispatch(fmt.Sprintf("r%d", first-1), 1, 1)); r.Err != nil {
+		t.Fatalf("a forgotten id: %v", r.Err)
+	}
+	if r := h.one(dispatch(fmt.Sprintf("r%d", first), 1, 1)); !errors.Is(r.Err, ErrCompleted) {
+		t.Fatalf("a remembered id: %v", r.Err)
 	}
 }

@@ -39,8 +39,13 @@ type state struct {
 	recoveries     []*pb.RecoveryPlan // oldest first, at most recoveriesKept
 	nextRecoveryID uint64
 
-	completed    []string // FIFO of completed ids, at most completedKept
-	completedSet map[string]struct{}
+	// completed is a ring of the last completed ids, at most
+	// completedKept: completed[completedHead] is the oldest once full.
+	// (A slice sliding forward reallocated and copied all 65,536 ids
+	// every few thousand completions: 6% of the leader's CPU.)
+	completed     []string
+	completedHead int
+	completedSet  map[string]struct{}
 
 	sessions map[string]*pb.Session
 	// sessionOf[r] is the session request r's placement belongs to;
@@ -685,12 +690,21 @@ func (s *state) finish(p *pb.Placement, why string, idx uint64, evs eventSink) {
 	s.rememberCompleted(id)
 }
 
+// completedOldestFirst copies the completed ids, oldest first.
+func (s *state) completedOldestFirst() []string {
+	out := make([]string, 0, len(s.completed))
+	out = append(out, s.completed[s.completedHead:]...)
+	return append(out, s.completed[:s.completedHead]...)
+}
+
 func (s *state) rememberCompleted(id string) {
-	if len(s.completed) >= completedKept {
-		delete(s.completedSet, s.completed[0])
-		s.completed = s.completed[1:]
+	if len(s.completed) < completedKept {
+		s.completed = append(s.completed, id)
+	} else {
+		delete(s.completedSet, s.completed[s.completedHead])
+		s.completed[s.completedHead] = id
+		s.completedHead = (s.completedHead + 1) % completedKept
 	}
-	s.completed = append(s.completed, id)
 	s.completedSet[id] = struct{}{}
 }
 
@@ -861,7 +875,7 @@ func (s *state) capture(applied uint64) *pb.Snapshot {
 		Workers:    make([]*pb.Worker, 0, len(s.ids)),
 		Placements: make([]*pb.Placement, 0, len(s.placements)),
 		Recoveries: append([]*pb.RecoveryPlan(nil), s.recoveries...),
-		Completed:  append([]string(nil), s.completed...),
+		Completed:  s.completedOldestFirst(),
 	}
 	for i, id := range s.ids {
 		out.Workers = append(out.Workers, s.workers[id])
