@@ -149,25 +149,48 @@ func (g *Gateway) placed(id, worker string, sent time.Time, resp *pb.DispatchRes
 }
 
 // setHolder tells the serving worker the holder of a placement that
-// committed after the request started there.
+// committed after the request started there. The commit can beat the
+// Generate call to the worker's scheduler: a call not applied while the
+// request's stream still runs at that placement is tried again, a few
+// times, shortly after.
 func (g *Gateway) setHolder(pl *pb.Placement) {
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
-	cc, err := g.workerConn(ctx, pl.WorkerId)
-	if err == nil {
+	wait := 10 * time.Millisecond
+	for try := 0; ; try++ {
+		cc, err := g.workerConn(ctx, pl.WorkerId)
 		var resp *pb.SetHolderResponse
-		resp, err = pb.NewInferenceClient(cc).SetHolder(ctx, &pb.SetHolderRequest{RequestId: pl.RequestId, Epoch: pl.Epoch, Holder: pl.HolderId})
 		if err == nil {
-			if resp.Applied {
-				g.metrics.setHolder.WithLabelValues("applied").Inc()
-			} else {
-				// The request ended, moved, or the stream that carried
-				// the holder got there first.
-				g.metrics.setHolder.WithLabelValues("not_applied").Inc()
-			}
+			resp, err = pb.NewInferenceClient(cc).SetHolder(ctx, &pb.SetHolderRequest{RequestId: pl.RequestId, Epoch: pl.Epoch, Holder: pl.HolderId})
+		}
+		if err != nil {
+			g.metrics.setHolder.WithLabelValues("failed").Inc()
+			g.log.Debug("SetHolder failed; the request runs without a checkpoint until it moves", "request", pl.RequestId, "worker", pl.WorkerId, "error", err)
 			return
 		}
+		if resp.Applied {
+			g.metrics.setHolder.WithLabelValues("applied").Inc()
+			return
+		}
+		if try == 3 || !g.runsAt(pl) {
+			// The request ended or moved, or its stream carried the
+			// holder itself.
+			g.metrics.setHolder.WithLabelValues("not_applied").Inc()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait *= 4
 	}
-	g.metrics.setHolder.WithLabelValues("failed").Inc()
-	g.log.Debug("SetHolder failed; the request runs without a checkpoint until it moves", "request", pl.RequestId, "worker", pl.WorkerId, "error", err)
+}
+
+// runsAt says a stream of the request runs at placement pl.
+func (g *Gateway) runsAt(pl *pb.Placement) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f := g.flights[pl.RequestId]
+	return f != nil && f.cancel != nil && f.epoch == pl.Epoch && f.newer == nil && f.holder == ""
 }

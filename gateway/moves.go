@@ -38,6 +38,8 @@ type flight struct {
 	// the stream is cut, and a stream not begun yet does not begin.
 	placed  *pb.Placement
 	refused *refusedError
+	// holder is the holder the running stream's call named.
+	holder string
 }
 
 // movedError ends a worker stream that an event moved: the request
@@ -88,7 +90,7 @@ func (g *Gateway) beginStream(id string, pl *pb.Placement, cancel context.Cancel
 	if f.placed != nil && f.placed.Epoch == pl.Epoch && pl.HolderId == "" && f.placed.WorkerId == pl.WorkerId {
 		pl = f.placed
 	}
-	f.newer, f.epoch, f.cancel = nil, pl.Epoch, cancel
+	f.newer, f.epoch, f.cancel, f.holder = nil, pl.Epoch, cancel, pl.HolderId
 	return pl, nil
 }
 

@@ -170,13 +170,21 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	// the admission of new requests.
 	defer func() {
 		release()
-		// A completion must follow its Dispatch: the controller refuses a
-		// Dispatch of a completed id.
-		for _, ch := range e.unsettled {
-			<-ch
+		ids := e.dispatchIDs()
+		complete := func() {
+			// A completion must follow its Dispatch: the controller
+			// refuses a Dispatch of a completed id.
+			for _, ch := range e.unsettled {
+				<-ch
+			}
+			for _, id := range ids {
+				g.completeLater(id)
+			}
 		}
-		for _, id := range e.dispatchIDs() {
-			g.completeLater(id)
+		// Waiting for a commit here would hold the response open (its body
+		// ends when the handler returns).
+		if len(e.unsettled) == 0 || !g.goFunc(complete) {
+			complete()
 		}
 	}()
 	// Followed before the Dispatch: a move event that arrives between the
