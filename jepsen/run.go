@@ -1054,6 +1054,12 @@ func Summary(reports []*Report) string {
 		if m := r.Migrations; m.Any() {
 			fmt.Fprintf(&b, "%s: %s\n", r.Name, m)
 		}
+		if r.Place != (PlaceStats{}) {
+			fmt.Fprintf(&b, "%s: place stream clients: %s\n", r.Name, r.Place)
+		}
+		if len(r.GatewayPaths.Counts) > 0 {
+			fmt.Fprintf(&b, "%s: gateways: %s\n", r.Name, r.GatewayPaths)
+		}
 	}
 	var keys []string
 	for _, c := range checkers {
