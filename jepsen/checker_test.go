@@ -216,6 +216,13 @@ func TestCheckerServingGatewayKill(t *testing.T) {
 	if !strings.Contains(v.Note, "2 streams aborted") {
 		t.Fatalf("aborted streams not counted: %s", v.Note)
 	}
+	// A stream on the other gateway longer than the window (migrate's 320
+	// tokens) is served through it: it got tokens while the gateway was
+	// down, and completed equal to the reference.
+	long := Stream{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 250, TokenTimes: []int64{20, 150, 240}}
+	if v := CheckServing([]Stream{long}, kills, ref); !v.OK {
+		t.Fatalf("a stream served across the window rejected: %v", v.Violations)
+	}
 	for name, streams := range map[string][]Stream{
 		"a cut on the surviving gateway": {survivor,
 			{Client: 1, N: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Err: "stream cut", Call: 95, Return: 130}},
@@ -227,6 +234,8 @@ func TestCheckerServingGatewayKill(t *testing.T) {
 			{Client: 0, N: 4, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Text: "xy", Err: "stream cut", Call: 50, Return: 105}},
 		"nothing served while the gateway was down": {
 			{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 20}},
+		"a stream across the window that got no token in it": {
+			{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 250, TokenTimes: []int64{20, 30, 240}}},
 	} {
 		if v := CheckServing(streams, kills, ref); v.OK {
 			t.Errorf("%s: not caught", name)

@@ -562,7 +562,7 @@ func (e *env) servingClient(runCtx, ctx context.Context, c int, gw *devcluster.G
 		e.mu.Unlock()
 		s.Call = e.hist.Now()
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		streamCompletion(sctx, httpc, gw.Addr, &s, func(id string) { e.openStream(id, s.Max) })
+		streamCompletion(sctx, httpc, gw.Addr, &s, e.hist.Now, func(id string) { e.openStream(id, s.Max) })
 		cancel()
 		if s.ID != "" {
 			e.closeStream(s.ID)
@@ -601,16 +601,17 @@ func (e *env) storedSlack(ref *reference) uint64 {
 	return uint64(2 * e.cfg.ServingClients * pages * info.PageBytes())
 }
 
-// streamCompletion streams s through the gateway at addr; opened, when not
-// nil, is told the request id once the first chunk names it.
-func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream, opened func(id string)) {
-	var onChunk func(completions.Chunk)
-	if opened != nil {
-		onChunk = func(ch completions.Chunk) {
-			if s.ID == "" && ch.ID != "" {
-				s.ID = ch.ID
-				opened(ch.ID)
-			}
+// streamCompletion streams s through the gateway at addr, noting when
+// each chunk with text came (on the clock now); opened, when not nil, is
+// told the request id once the first chunk names it.
+func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream, now func() int64, opened func(id string)) {
+	onChunk := func(ch completions.Chunk) {
+		if ch.Text != "" {
+			s.TokenTimes = append(s.TokenTimes, now())
+		}
+		if opened != nil && s.ID == "" && ch.ID != "" {
+			s.ID = ch.ID
+			opened(ch.ID)
 		}
 	}
 	res, err := completions.Stream(ctx, httpc, addr, completions.Body(s.Prompt, s.Max, false), onChunk)
