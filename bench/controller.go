@@ -8,8 +8,10 @@ import (
 	"math/rand"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -213,6 +215,8 @@ func Controller(cfg ControllerConfig) error {
 	}
 	out := map[string]float64{}
 	var rows []controllerRow
+	// The machine is shared: its load says how much of it the run had.
+	out["loadavg_1m_start"] = loadAvg()
 
 	gws, err := b.startGateways(4)
 	if err != nil {
@@ -246,8 +250,17 @@ func Controller(cfg ControllerConfig) error {
 				}
 			}
 		}
+		entries0, cmds0 := batchCounts(cl.Controllers[leader].HTTPAddr)
 		r := b.placeLoad(gws, callers, d)
+		entries1, cmds1 := batchCounts(cl.Controllers[leader].HTTPAddr)
 		profiles.Wait()
+		if entries1 > entries0 {
+			// How well group commit batched: log entries (each one bbolt
+			// commit, two fdatasyncs, on every replica) per second, and
+			// commands per entry.
+			out[fmt.Sprintf("entries_per_s_%d", callers)] = (entries1 - entries0) / r.elapsed.Seconds()
+			out[fmt.Sprintf("commands_per_entry_%d", callers)] = (cmds1 - cmds0) / (entries1 - entries0)
+		}
 		dispatchFigures(out, "", callers, r)
 		goal := ""
 		if callers == 256 {
@@ -264,6 +277,8 @@ func Controller(cfg ControllerConfig) error {
 		}
 		rows = append(rows, controllerRow{fmt.Sprintf("placements over Place, %d callers", callers),
 			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), goal})
+		rows = append(rows, controllerRow{"  log entries committed, commands per entry",
+			fmt.Sprintf("%.0f/s, %.1f", out[fmt.Sprintf("entries_per_s_%d", callers)], out[fmt.Sprintf("commands_per_entry_%d", callers)]), ""})
 	}
 	rows = append(rows, controllerRow{fmt.Sprintf("elections in the %s run at 256 callers", stable), fmt.Sprintf("%.0f", out["elections_without_faults"]), "0"})
 
@@ -330,6 +345,9 @@ func Controller(cfg ControllerConfig) error {
 	}
 	rows = append(rows, failoverFigures(out, fo))
 
+	out["loadavg_1m_end"] = loadAvg()
+	rows = append(rows, controllerRow{"machine load average (1 min), start / end",
+		fmt.Sprintf("%.1f / %.1f on %d CPUs", out["loadavg_1m_start"], out["loadavg_1m_end"], runtime.NumCPU()), ""})
 	printControllerTable(os.Stdout, rows)
 	if cfg.JSONPath != "" {
 		if err := writeJSON(cfg.JSONPath, out); err != nil {
@@ -557,4 +575,45 @@ func saveProfile(httpAddr string, d time.Duration, path string) {
 	}
 	defer f.Close()
 	_, _ = io.Copy(f, resp.Body)
+}
+
+// loadAvg is the machine's 1-minute load average, or -1 where it cannot
+// be read.
+func loadAvg() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	var l float64
+	if _, err := fmt.Sscan(string(data), &l); err != nil {
+		return -1
+	}
+	return l
+}
+
+// batchCounts reads the leader's group-commit histogram
+// (lumen_controller_batch_commands): log entries proposed and the commands
+// in them; zeros when it cannot be read.
+func batchCounts(httpAddr string) (entries, commands float64) {
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		var v float64
+		switch {
+		case strings.HasPrefix(line, "lumen_controller_batch_commands_count "):
+			fmt.Sscan(strings.TrimPrefix(line, "lumen_controller_batch_commands_count "), &v)
+			entries = v
+		case strings.HasPrefix(line, "lumen_controller_batch_commands_sum "):
+			fmt.Sscan(strings.TrimPrefix(line, "lumen_controller_batch_commands_sum "), &v)
+			commands = v
+		}
+	}
+	return entries, commands
 }

@@ -46,6 +46,14 @@ type streamResult struct {
 
 func (r *streamResult) pct(p float64) float64 { return percentileMs(r.ttft, p) }
 
+// add pools another slice's figures into r.
+func (r *streamResult) add(o *streamResult) {
+	r.ttft = append(r.ttft, o.ttft...)
+	r.tokens += o.tokens
+	r.errors += o.errors
+	r.wall += o.wall
+}
+
 func (r *streamResult) tps() float64 { return float64(r.tokens) / r.wall.Seconds() }
 
 // load runs `streams` clients, each sending requests back to back for d.
@@ -167,18 +175,34 @@ func Gateway(cfg GatewayConfig) error {
 		return ttft, n, nil
 	}
 
+	// Warm both paths (connections, the gateway's worker directory and
+	// load table) so no phase pays a first request's set-up.
+	for i := 0; i < 3; i++ {
+		if _, _, err := direct(ctx, 0, i); err != nil {
+			return fmt.Errorf("warm-up straight to the worker: %w", err)
+		}
+		if _, _, err := viaGateway(ctx, 0, i); err != nil {
+			return fmt.Errorf("warm-up through the gateway: %w", err)
+		}
+	}
 	out := map[string]float64{}
 	var rows []gatewayRow
 	for _, n := range []int{1, 100, 500} {
-		fmt.Printf("%d streams: straight to the worker for %s ...\n", n, d)
-		a := load(n, d, direct)
-		fmt.Printf("%d streams: through the gateway for %s ...\n", n, d)
+		// Side by side: each path runs two half phases, in the order
+		// direct, gateway, gateway, direct, so a drift of the machine's
+		// load (other processes on the shared cores) falls on both alike.
+		half := d / 2
+		fmt.Printf("%d streams: straight to the worker and through the gateway, %s each, in the order d g g d ...\n", n, d)
+		a, b := &streamResult{}, &streamResult{}
+		a.add(load(n, half, direct))
 		var profiled sync.WaitGroup
 		if n == 500 && cfg.CPUProfile != "" {
-			profiled.Go(func() { saveProfile(gw.Addr, d-time.Second, cfg.CPUProfile) })
+			profiled.Go(func() { saveProfile(gw.Addr, max(half-time.Second, time.Second), cfg.CPUProfile) })
 		}
-		b := load(n, d, viaGateway)
+		b.add(load(n, half, viaGateway))
 		profiled.Wait()
+		b.add(load(n, half, viaGateway))
+		a.add(load(n, half, direct))
 		if a.errors > 0 || b.errors > 0 {
 			fmt.Printf("  errors: direct %d, gateway %d\n", a.errors, b.errors)
 		}

@@ -273,7 +273,11 @@ type call struct {
 	ctx  context.Context
 	out  chan *pb.GenerateResponse
 	sent chan error
+	end  chan error // ends the call with this error
 }
+
+// fail ends the call with err, as a worker that died does.
+func (c *call) fail(err error) { c.end <- err }
 
 func newFakeWorker(t *testing.T, id string) (*fakeWorker, string) {
 	w := &fakeWorker{id: id, calls: make(chan *call, 16)}
@@ -281,7 +285,7 @@ func newFakeWorker(t *testing.T, id string) (*fakeWorker, string) {
 }
 
 func (w *fakeWorker) Generate(req *pb.GenerateRequest, stream grpc.ServerStreamingServer[pb.GenerateResponse]) error {
-	c := &call{req: req, ctx: stream.Context(), out: make(chan *pb.GenerateResponse), sent: make(chan error)}
+	c := &call{req: req, ctx: stream.Context(), out: make(chan *pb.GenerateResponse), sent: make(chan error), end: make(chan error, 1)}
 	if w.breakAll.Load() {
 		return status.Error(codes.Unavailable, "the worker is failing")
 	}
@@ -290,6 +294,8 @@ func (w *fakeWorker) Generate(req *pb.GenerateRequest, stream grpc.ServerStreami
 		select {
 		case <-c.ctx.Done():
 			return c.ctx.Err()
+		case err := <-c.end:
+			return err
 		case r := <-c.out:
 			err := stream.Send(r)
 			c.sent <- err

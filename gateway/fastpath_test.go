@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -119,7 +120,6 @@ func (r *replica) Place(stream grpc.BidiStreamingServer[pb.PlaceBatch, pb.PlaceR
 			pl.HolderId = st.holder
 			st.placedOn[d.RequestId] = d.WorkerId
 			st.mu.Unlock()
-			r.fc.setPlacement(pl)
 			r.fc.mu.Lock()
 			r.fc.dispatched = append(r.fc.dispatched, d.RequestId)
 			hook := r.fc.onDispatch
@@ -129,12 +129,13 @@ func (r *replica) Place(stream grpc.BidiStreamingServer[pb.PlaceBatch, pb.PlaceR
 				herr = hook(stream.Context(), pl)
 			}
 			if herr != nil {
-				r.fc.forget(d.RequestId)
 				s := status.Convert(herr)
 				pr := &pb.PlaceResult{Code: uint32(s.Code()), Message: s.Message(), Reason: ctlclient.Reason(herr)}
 				res.Dispatches = append(res.Dispatches, pr)
 				continue
 			}
+			// Visible to GetPlacement once committed, as in the FSM.
+			r.fc.setPlacement(pl)
 			res.Dispatches = append(res.Dispatches, &pb.PlaceResult{Response: &pb.DispatchResponse{Placement: pl, Index: 2}})
 		}
 		if len(b.Completes) > 0 {
@@ -234,9 +235,7 @@ func TestFastPathStreamsBeforeTheCommit(t *testing.T) {
 	}
 	c.send(t, 0, 'a', false)
 	c.send(t, 1, 'b', false) // streamed while the commit is held
-	if got := st.named(id); got != "w1" {
-		t.Fatalf("the Dispatch named worker %q, want w1 where the request runs", got)
-	}
+	waitFor(t, 10*time.Second, "the Dispatch to name w1, where the request runs", func() bool { return st.named(id) == "w1" })
 	close(commit)
 	waitFor(t, 10*time.Second, "SetHolder at w1", func() bool { return len(st.setHolderCalls()) == 1 })
 	if sh := st.setHolderCalls()[0]; sh.RequestId != id || sh.Holder != "w2" || sh.Epoch != 0 {
@@ -277,6 +276,7 @@ func TestFastPathRefusalMovesWithTheJournal(t *testing.T) {
 	first := c1.req.RequestId
 	c1.send(t, 0, 'a', false)
 	c1.send(t, 1, 'b', false)
+	waitFor(t, 10*time.Second, "the gateway to take both tokens", func() bool { return tokensOut(r.g) >= 2 })
 	waitFor(t, 10*time.Second, "the first Dispatch", func() bool { return st.named(first) == w })
 	close(refuse)
 	other, c2 := r.nextAny(t)
@@ -319,6 +319,7 @@ func TestFastPathMoveBeforeTheAnswer(t *testing.T) {
 	res := r.complete(t, 2)
 	c1 := r.w["w1"].next(t)
 	c1.send(t, 0, 'a', false)
+	waitFor(t, 10*time.Second, "the gateway to take the first token", func() bool { return tokensOut(r.g) >= 1 })
 	close(started)
 	c2 := r.w["w2"].next(t)
 	if c2.req.Epoch != 1 || !slices.Equal(c2.req.Generated, []int32{'a'}) {
@@ -346,5 +347,72 @@ func TestFastPathFallsBackWithoutAWorker(t *testing.T) {
 	}
 	if n := counterVec(t, r.g, "lumen_gateway_placement_fallbacks_total", "no_worker"); n != 1 {
 		t.Fatalf("%v fallbacks counted, want 1", n)
+	}
+}
+
+// Refusals accumulate exclusions: a request refused on each worker its
+// table offers ends up placed by the controller, with the journal.
+func TestFastPathRefusedEverywhereFallsBack(t *testing.T) {
+	r, _ := newFastRig(t, "", "w1", "w2")
+	r.fc.setOnDispatch(func(_ context.Context, pl *pb.Placement) error {
+		if pl.Epoch == 0 { // a worker the gateway named
+			return workerUnavailable(pl.WorkerId)
+		}
+		return nil
+	})
+	waitTable(t, r.g)
+	res := r.complete(t, 2)
+	var last *call
+	for last == nil || last.req.Epoch == 0 {
+		_, c := r.nextAny(t)
+		last = c
+	}
+	if !strings.HasSuffix(last.req.RequestId, "~2") {
+		t.Fatalf("the controller placed attempt %q; want the third (two refusals, one per worker)", last.req.RequestId)
+	}
+	last.send(t, 0, 'a', false)
+	last.send(t, 1, 'b', true)
+	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "ab" {
+		t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
+	}
+	if n := counterVec(t, r.g, "lumen_gateway_placement_refusals_total", "worker_unavailable"); n != 2 {
+		t.Fatalf("%v refusals counted, want 2", n)
+	}
+}
+
+// A worker that dies before the request's Dispatch commits breaks the
+// stream; the placement is not there yet, so the resume places the request
+// afresh, that worker excluded, with the journal: no error, gap or repeat.
+func TestFastPathWorkerDiesBeforeTheCommit(t *testing.T) {
+	r, _ := newFastRig(t, "", "w1", "w2")
+	hold := make(chan struct{})
+	var calls atomic.Int32
+	r.fc.setOnDispatch(func(ctx context.Context, pl *pb.Placement) error {
+		if calls.Add(1) > 1 {
+			return nil
+		}
+		if err := gate(ctx, hold); err != nil { // the commit is slow
+			return err
+		}
+		return workerUnavailable(pl.WorkerId)
+	})
+	defer close(hold)
+	waitTable(t, r.g)
+	res := r.complete(t, 3)
+	w, c1 := r.nextAny(t)
+	c1.send(t, 0, 'a', false)
+	waitFor(t, 10*time.Second, "the gateway to take the first token", func() bool { return tokensOut(r.g) >= 1 })
+	c1.fail(status.Error(codes.Unavailable, "worker killed"))
+	other, c2 := r.nextAny(t)
+	if other == w {
+		t.Fatalf("resumed on %s, the worker that died", w)
+	}
+	if c2.req.RequestId != c1.req.RequestId+"~1" || !slices.Equal(c2.req.Generated, []int32{'a'}) {
+		t.Fatalf("resumed call %q with generated %v, want %q with [a]", c2.req.RequestId, c2.req.Generated, c1.req.RequestId+"~1")
+	}
+	c2.send(t, 1, 'b', false)
+	c2.send(t, 2, 'c', true)
+	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "abc" {
+		t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
 	}
 }

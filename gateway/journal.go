@@ -22,6 +22,10 @@ type entry struct {
 	// before their commit have their answer (or gave up waiting): the
 	// request's completions go after them.
 	unsettled []chan struct{}
+	// excluded are the workers earlier attempts failed on or were refused
+	// on; refusals counts the refused ones.
+	excluded []string
+	refusals int
 }
 
 // accept takes the token at index idx. A repeat (idx already held, same

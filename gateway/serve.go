@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -308,7 +309,10 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 			// tokens, that worker excluded. Not a break: the resume
 			// deadline is untouched.
 			g.log.Debug("placement refused; placing again", "request", e.id, "worker", rf.worker, "tokens", len(e.out), "error", rf.err)
-			next, aerr := g.redispatch(ctx, e, rf.controller, rf.worker)
+			// After a few refusals (a table stale about several workers)
+			// the controller chooses.
+			e.refusals++
+			next, aerr := g.redispatch(ctx, e, rf.controller || e.refusals >= maxRefusals, rf.worker)
 			if aerr != nil {
 				return "", aerr
 			}
@@ -444,8 +448,17 @@ func (g *Gateway) redispatch(ctx context.Context, e *entry, viaController bool, 
 	g.replica.Forget(e.dispatchID())
 	e.attempt++
 	g.follow(e.dispatchID())
-	return g.place(ctx, e, viaController, exclude...)
+	for _, w := range exclude {
+		if !slices.Contains(e.excluded, w) {
+			e.excluded = append(e.excluded, w)
+		}
+	}
+	return g.place(ctx, e, viaController, e.excluded...)
 }
+
+// maxRefusals is how many refused placements of a request the gateway's
+// own choice may cost before the controller chooses.
+const maxRefusals = 3
 
 // resumeTarget finds where a request whose stream broke continues: the
 // placement's worker once the controller moves it (recovery: a newer

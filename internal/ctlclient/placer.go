@@ -129,7 +129,9 @@ func (p *Placer) wake() {
 }
 
 // Dispatch places one request over the stream and returns its placement,
-// or the error the unary Dispatch would (see Placer).
+// or the error the unary Dispatch would (see Placer). The Placer may still
+// read req after Dispatch returned early (its context ended with the
+// request in a batch): never modify req after the call.
 func (p *Placer) Dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.DispatchResponse, error) {
 	call := &placeCall{ctx: ctx, req: req, done: make(chan placeOutcome, 1)}
 	p.mu.Lock()
