@@ -496,10 +496,11 @@ func TestCheckPlacePath(t *testing.T) {
 		t.Fatalf("valid history rejected: %v", v.Violations)
 	}
 	for name, op := range map[string]Op{
-		"placed elsewhere":       {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w2", Inc: 1, Created: 5},
-		"an older incarnation":   {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w1", Inc: 1, Created: 5},
-		"a dead incarnation":     {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 1, Dead: true, Found: true, Worker: "w1", Inc: 1, Created: 5},
-		"a batch answer missing": {Kind: GetLin, ID: "a", Via: ViaBatch, Err: malformedBatch + "0 placements and 0 not found for 1 ids, none for a"},
+		"placed elsewhere":         {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w2", Inc: 1, Created: 5},
+		"an older incarnation":     {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		"a dead incarnation":       {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 1, Dead: true, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		"a batch answer missing":   {Kind: GetLin, ID: "a", Via: ViaBatch, Err: malformedBatch + "0 placements and 0 not found for 1 ids, none for a"},
+		"another request's answer": {Kind: Dispatch, ID: "a", Via: ViaPlace, Found: true, Worker: "w1", Inc: 1, Created: 5, Answered: "b"},
 	} {
 		if v := CheckPlacePath([]Op{op}); v.OK {
 			t.Errorf("%s: not caught", name)

@@ -27,10 +27,12 @@ import (
 //     the worker a placer.Replica fed by WatchLoad chose — now and then a
 //     worker incarnation the table shows gone, which the controller must
 //     refuse (WORKER_UNAVAILABLE); reads are unary.
-//   - modeBatch: the Place stream as modePlace, and reads in GetPlacements
-//     batches: its own id with ids of other clients, each id's read an
-//     operation of its own, called when the batch is sent and returned when
-//     its answer arrives.
+//   - modeBatch: the Place stream as modePlace, but its Dispatches go on
+//     one Placer all batch clients share (as a gateway's many requests do:
+//     concurrent Dispatches ride one batch, and each must get its own
+//     answer), and reads in GetPlacements batches: its own id with ids of
+//     other clients, each id's read an operation of its own, called when the
+//     batch is sent and returned when its answer arrives.
 type clientMode int
 
 const (
@@ -134,7 +136,35 @@ type pclient struct {
 	mode    clientMode
 	rng     *rand.Rand
 	session string
-	placer  *ctlclient.Placer
+	placer  *ctlclient.Placer // its own: its Completes, and modePlace's Dispatches
+	// dispatcher carries its Dispatches: placer, or with modeBatch the
+	// Placer the batch clients share.
+	dispatcher *ctlclient.Placer
+}
+
+// sharedPlacer is the Place stream the batch clients' Dispatches share,
+// opened on first use; closed by closeShared.
+func (e *env) sharedPlacer() *ctlclient.Placer {
+	e.sharedOnce.Do(func() { e.shared = e.client.NewPlacer(ctlclient.PlacerOptions{OnError: e.placerError}) })
+	return e.shared
+}
+
+// closeShared closes the shared Placer once its clients are done.
+func (e *env) closeShared() {
+	if e.shared == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.shared.Close(ctx); err != nil {
+		e.logf("shared placer: %v", err)
+	}
+}
+
+func (e *env) placerError(addr string, err error) {
+	e.mu.Lock()
+	e.place.StreamErrors++
+	e.mu.Unlock()
 }
 
 // newPlacementClient opens what client c's mode needs (retrying the
@@ -161,11 +191,11 @@ func (e *env) newPlacementClient(ctx context.Context, c int) *pclient {
 	e.mu.Lock()
 	e.sessions = append(e.sessions, pc.session)
 	e.mu.Unlock()
-	pc.placer = e.client.NewPlacer(ctlclient.PlacerOptions{OnError: func(addr string, err error) {
-		e.mu.Lock()
-		e.place.StreamErrors++
-		e.mu.Unlock()
-	}})
+	pc.placer = e.client.NewPlacer(ctlclient.PlacerOptions{OnError: e.placerError})
+	pc.dispatcher = pc.placer
+	if pc.mode == modeBatch {
+		pc.dispatcher = e.sharedPlacer()
+	}
 	return pc
 }
 
@@ -207,12 +237,15 @@ func (pc *pclient) dispatch(id string) Op {
 	op.Chose, op.ChoseInc = req.WorkerId, req.WorkerIncarnation
 	op.Call = e.hist.Now()
 	octx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	r, err := pc.placer.Dispatch(octx, req)
+	r, err := pc.dispatcher.Dispatch(octx, req)
 	cancel()
 	op.Return = e.hist.Now()
 	if err == nil {
 		op.Found, op.Index = true, r.Index
 		fill(&op, r.Placement)
+		if got := r.Placement.GetRequestId(); got != id {
+			op.Answered = got // another request's answer: CheckPlacePath
+		}
 		if took {
 			e.load.replica.Committed(id, r.Placement.GetWorkerId(), r.Index)
 		}
@@ -376,8 +409,9 @@ const malformedBatch = "GetPlacements answered "
 // placement model: a Dispatch naming a worker incarnation is placed there
 // (a placement at epoch 0 has not moved since), or refused; one naming an
 // incarnation the load table already showed gone is refused
-// WORKER_UNAVAILABLE, never placed; and a GetPlacements answer accounts
-// for every id it was asked.
+// WORKER_UNAVAILABLE, never placed; a Dispatch on a stream is answered
+// with its own request's placement (a batch's answers go to their calls);
+// and a GetPlacements answer accounts for every id it was asked.
 func CheckPlacePath(ops []Op) Verdict {
 	v := Verdict{Checker: "place-path", OK: true}
 	named, dead, refused, batched := 0, 0, 0, 0
@@ -387,6 +421,9 @@ func CheckPlacePath(ops []Op) Verdict {
 			if strings.HasPrefix(op.Err, malformedBatch) {
 				v.fail("%s(%s) at %s: %s", op.Kind, op.ID, fmtNanos(op.Call), op.Err)
 			}
+		}
+		if op.Kind == Dispatch && op.Answered != "" {
+			v.fail("%s at %s was answered with the placement of %s (worker %s, created at index %d)", op.ID, fmtNanos(op.Call), op.Answered, op.Worker, op.Created)
 		}
 		if op.Kind != Dispatch || op.Chose == "" {
 			continue

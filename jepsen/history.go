@@ -56,6 +56,9 @@ type Op struct {
 	ChoseInc uint64 `json:"chose_incarnation,omitempty"`
 	Dead     bool   `json:"dead,omitempty"`
 	Refusal  string `json:"refusal,omitempty"`
+	// Answered is the request id of the placement a Dispatch's answer
+	// carried, when it is not the Dispatch's own.
+	Answered string `json:"answered,omitempty"`
 }
 
 // The paths an operation may take (Op.Via).

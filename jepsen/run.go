@@ -135,9 +135,11 @@ type env struct {
 	peakMigrating uint32
 	// load is the stream clients' replica of the load table; place, what
 	// their choices met; sessions, theirs (destroyed at quiescence).
-	load     loadView
-	place    PlaceStats
-	sessions []string
+	load       loadView
+	place      PlaceStats
+	sessions   []string
+	shared     *ctlclient.Placer // the batch clients' Dispatches
+	sharedOnce sync.Once
 	// gwPaths sums the gateways' request-path counters.
 	gwPaths GatewayPaths
 }
@@ -321,6 +323,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// The nemesis, until the run ends; then everything heals.
 	e.nemesis(runCtx)
 	work.Wait()
+	e.closeShared()
 	e.logf("faults over; healing")
 	e.healAll(ctx)
 	// Restarted workers finish their recovery meanwhile.
