@@ -109,6 +109,15 @@ var PlacementModel = porcupine.NondeterministicModel{
 			if out.Err != "" {
 				return []interface{}{s} // refused (a malformed call): nothing changed
 			}
+			if in.Via == ViaPlace {
+				// Acknowledged on the Place stream, which answers a
+				// batch's completes together, not each id's outcome: a
+				// present id is completed now, any other unchanged.
+				if s.st == present {
+					return []interface{}{pstate{st: completed}}
+				}
+				return []interface{}{s}
+			}
 			if out.Found == (s.st == present) {
 				if s.st == present {
 					return []interface{}{pstate{st: completed}}
@@ -141,6 +150,8 @@ var PlacementModel = porcupine.NondeterministicModel{
 			return fmt.Sprintf("%s(%s) -> ?", in.Kind, in.ID)
 		case out.Err != "":
 			return fmt.Sprintf("%s(%s) -> refused: %s", in.Kind, in.ID, out.Err)
+		case in.Kind == Complete && in.Via == ViaPlace:
+			return fmt.Sprintf("complete(%s) -> acknowledged (place stream)", in.ID)
 		case in.Kind == Complete:
 			return fmt.Sprintf("complete(%s) -> %v", in.ID, out.Found)
 		case !out.Found && in.Kind != Dispatch:
@@ -213,7 +224,15 @@ func describe(part []porcupine.Operation) string {
 		if op.Return != Unknown {
 			ret = fmt.Sprintf("%.3fs", float64(op.Return)/1e9)
 		}
-		fmt.Fprintf(&b, "[%.3fs..%s c%d] %s", float64(op.Call)/1e9, ret, op.ClientId, PlacementModel.DescribeOperation(op.Input, op.Output))
+		in := op.Input.(Op)
+		via := ""
+		if in.Via != "" {
+			via = " via " + in.Via
+		}
+		if in.Chose != "" {
+			via += fmt.Sprintf(" naming %s#%d", in.Chose, in.ChoseInc)
+		}
+		fmt.Fprintf(&b, "[%.3fs..%s c%d%s] %s", float64(op.Call)/1e9, ret, op.ClientId, via, PlacementModel.DescribeOperation(op.Input, op.Output))
 	}
 	return b.String()
 }

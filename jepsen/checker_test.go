@@ -216,6 +216,13 @@ func TestCheckerServingGatewayKill(t *testing.T) {
 	if !strings.Contains(v.Note, "2 streams aborted") {
 		t.Fatalf("aborted streams not counted: %s", v.Note)
 	}
+	// A stream on the other gateway longer than the window (migrate's 320
+	// tokens) is served through it: it got tokens while the gateway was
+	// down, and completed equal to the reference.
+	long := Stream{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 250, TokenTimes: []int64{20, 150, 240}}
+	if v := CheckServing([]Stream{long}, kills, ref); !v.OK {
+		t.Fatalf("a stream served across the window rejected: %v", v.Violations)
+	}
 	for name, streams := range map[string][]Stream{
 		"a cut on the surviving gateway": {survivor,
 			{Client: 1, N: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Err: "stream cut", Call: 95, Return: 130}},
@@ -227,6 +234,8 @@ func TestCheckerServingGatewayKill(t *testing.T) {
 			{Client: 0, N: 4, Gateway: "gateway", Prompt: "p", Max: 3, Accepted: true, Text: "xy", Err: "stream cut", Call: 50, Return: 105}},
 		"nothing served while the gateway was down": {
 			{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 20}},
+		"a stream across the window that got no token in it": {
+			{Client: 1, Gateway: "gateway-2", Prompt: "p", Max: 3, Accepted: true, Done: true, Text: "xxx", Call: 10, Return: 250, TokenTimes: []int64{20, 30, 240}}},
 	} {
 		if v := CheckServing(streams, kills, ref); v.OK {
 			t.Errorf("%s: not caught", name)
@@ -421,5 +430,95 @@ func TestMigrationStats(t *testing.T) {
 	streams := []Stream{{ID: "cmpl-a", Done: true}, {ID: "cmpl-b", Done: true}, {ID: "cmpl-c", Done: true}, {ID: "cmpl-a", Done: false}}
 	if n := streamsMigrated(streams, committed); n != 2 {
 		t.Fatalf("%d completed streams migrated, want 2", n)
+	}
+}
+
+// The Place stream's Complete is acknowledged without each id's outcome,
+// and a GetPlacements batch reads several ids at one call and return: the
+// model takes both, and catches a batch read that misses an acknowledged
+// Dispatch or sees a completed placement, and a WORKER_UNAVAILABLE refusal
+// of an id that is placed.
+func TestLinearizablePlaceStreamAndBatches(t *testing.T) {
+	unavailable := "rpc error: code = FailedPrecondition desc = fsm: chosen worker unavailable: worker w2 incarnation 1 is FAILED"
+	ok := []Op{
+		{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 1, Call: 0, Return: 10, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		{Client: 0, Kind: Dispatch, ID: "b", Via: ViaPlace, Chose: "w2", ChoseInc: 1, Call: 11, Return: 12, Err: unavailable, Refusal: "WORKER_UNAVAILABLE"},
+		// One batch: a placed, b not (refused).
+		{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 13, Return: 14, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		{Client: 1, Kind: GetLin, ID: "b", Via: ViaBatch, Call: 13, Return: 14},
+		{Client: 0, Kind: Complete, ID: "a", Via: ViaPlace, Call: 15, Return: 16},
+		// Acknowledged completes of an absent or completed id change nothing.
+		{Client: 0, Kind: Complete, ID: "a", Via: ViaPlace, Call: 17, Return: 18},
+		{Client: 0, Kind: Complete, ID: "b", Via: ViaPlace, Call: 17, Return: 18},
+		{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 19, Return: 20},
+		{Client: 1, Kind: GetLin, ID: "b", Via: ViaBatch, Call: 19, Return: 20},
+		// A batch concurrent with an unanswered complete may see either.
+		{Client: 0, Kind: Dispatch, ID: "c", Via: ViaPlace, Call: 21, Return: 22, Found: true, Worker: "w1", Inc: 1, Created: 9},
+		{Client: 0, Kind: Complete, ID: "c", Via: ViaPlace, Call: 23, Return: Unknown, Indeterminate: true},
+		{Client: 1, Kind: GetLin, ID: "c", Via: ViaBatch, Call: 24, Return: 25, Found: true, Worker: "w1", Inc: 1, Created: 9},
+		{Client: 1, Kind: GetLin, ID: "c", Via: ViaBatch, Call: 26, Return: 27},
+	}
+	if v := CheckLinearizable(ok, "", time.Minute); !v.OK {
+		t.Fatalf("valid history rejected: %v", v.Violations)
+	}
+	for name, ops := range map[string][]Op{
+		"a batch read misses an acknowledged dispatch": {
+			{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Call: 0, Return: 10, Found: true, Worker: "w1", Created: 5},
+			{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 11, Return: 12},
+		},
+		"a batch read sees a placement completed on the stream": {
+			{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Call: 0, Return: 1, Found: true, Worker: "w1", Created: 5},
+			{Client: 0, Kind: Complete, ID: "a", Via: ViaPlace, Call: 2, Return: 3},
+			{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 4, Return: 5, Found: true, Worker: "w1", Created: 5},
+		},
+		"WORKER_UNAVAILABLE, yet placed": {
+			{Client: 0, Kind: Dispatch, ID: "a", Via: ViaPlace, Call: 0, Return: 1, Err: unavailable, Refusal: "WORKER_UNAVAILABLE"},
+			{Client: 1, Kind: GetLin, ID: "a", Via: ViaBatch, Call: 2, Return: 3, Found: true, Worker: "w2", Created: 5},
+		},
+	} {
+		if v := CheckLinearizable(ops, "", time.Minute); v.OK {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}
+
+func TestCheckPlacePath(t *testing.T) {
+	ok := []Op{
+		{Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w1", Inc: 2, Created: 5, Index: 5},
+		// Moved by the time a resent Dispatch answered: another worker, a
+		// higher epoch.
+		{Kind: Dispatch, ID: "b", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w3", Inc: 1, Epoch: 1, Created: 6, Index: 6},
+		{Kind: Dispatch, ID: "c", Via: ViaPlace, Chose: "w2", ChoseInc: 1, Dead: true, Err: "refused", Refusal: "WORKER_UNAVAILABLE"},
+		{Kind: Dispatch, ID: "d", Via: ViaPlace, Chose: "w2", ChoseInc: 1, Dead: true, Indeterminate: true, Return: Unknown},
+		{Kind: GetLin, ID: "a", Via: ViaBatch, Found: true},
+	}
+	if v := CheckPlacePath(ok); !v.OK {
+		t.Fatalf("valid history rejected: %v", v.Violations)
+	}
+	for name, op := range map[string]Op{
+		"placed elsewhere":         {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w2", Inc: 1, Created: 5},
+		"an older incarnation":     {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 2, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		"a dead incarnation":       {Kind: Dispatch, ID: "a", Via: ViaPlace, Chose: "w1", ChoseInc: 1, Dead: true, Found: true, Worker: "w1", Inc: 1, Created: 5},
+		"a batch answer missing":   {Kind: GetLin, ID: "a", Via: ViaBatch, Err: malformedBatch + "0 placements and 0 not found for 1 ids, none for a"},
+		"another request's answer": {Kind: Dispatch, ID: "a", Via: ViaPlace, Found: true, Worker: "w1", Inc: 1, Created: 5, Answered: "b"},
+	} {
+		if v := CheckPlacePath([]Op{op}); v.OK {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}
+
+func TestCheckGatewayPath(t *testing.T) {
+	streams := []Stream{{Accepted: true, Done: true}}
+	fast := GatewayPaths{Counts: map[string]float64{gatewayCounters[0]: 3, gatewayCounters[1]: 1}}
+	if v := CheckGatewayPath(fast, streams); !v.OK {
+		t.Fatalf("a run that took the replica's path rejected: %v", v.Violations)
+	}
+	slow := GatewayPaths{Counts: map[string]float64{gatewayCounters[1]: 4}}
+	if v := CheckGatewayPath(slow, streams); v.OK {
+		t.Fatalf("a run whose gateways always waited for the commit passed: %s", v.Note)
+	}
+	if v := CheckGatewayPath(slow, nil); !v.OK {
+		t.Fatalf("no stream completed, yet the path was judged: %v", v.Violations)
 	}
 }

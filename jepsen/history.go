@@ -42,7 +42,30 @@ type Op struct {
 	Epoch   uint64 `json:"epoch,omitempty"`
 	Created uint64 `json:"created_index,omitempty"`
 	Index   uint64 `json:"index,omitempty"` // the log index the reply names
+	// Via is the path the operation took: "" the unary calls (Dispatch,
+	// Complete, GetPlacement), ViaPlace a gateway's Place stream (Dispatch
+	// and Complete), ViaBatch a GetPlacements batch (a read of several ids
+	// at once: each id's read is an operation of its own, called when the
+	// batch was sent and returned when its answer came).
+	Via string `json:"via,omitempty"`
+	// Chose and ChoseInc are the worker incarnation a Dispatch named (the
+	// gateway's choice, from a replica of the load table); Dead, that the
+	// client knew that incarnation gone when it named it (the controller
+	// must refuse it); Refusal, the ErrorInfo reason of a refusal.
+	Chose    string `json:"chose,omitempty"`
+	ChoseInc uint64 `json:"chose_incarnation,omitempty"`
+	Dead     bool   `json:"dead,omitempty"`
+	Refusal  string `json:"refusal,omitempty"`
+	// Answered is the request id of the placement a Dispatch's answer
+	// carried, when it is not the Dispatch's own.
+	Answered string `json:"answered,omitempty"`
 }
+
+// The paths an operation may take (Op.Via).
+const (
+	ViaPlace = "place"
+	ViaBatch = "batch"
+)
 
 // History collects operations from concurrent clients.
 type History struct {

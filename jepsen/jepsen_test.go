@@ -34,7 +34,9 @@ func TestMain(m *testing.M) {
 // TestShortMixedRun is the minute of faults `make test` runs: one seeded
 // mixed nemesis over 3 controllers, 3 transformer workers and two
 // gateways, every checker on the histories. Killed workers recover
-// progressively (assist-kill strikes during a recovery). (`make jepsen` runs the full
+// progressively (assist-kill strikes during a recovery); kill-uncommitted
+// kills a worker running requests whose placements cannot commit yet
+// (issue 16). (`make jepsen` runs the full
 // matrix.) A killed gateway's session lives 3 s here, so the end-of-run
 // leak check need not wait the default 10 s for it to expire.
 func TestShortMixedRun(t *testing.T) {
@@ -44,7 +46,7 @@ func TestShortMixedRun(t *testing.T) {
 	seed := time.Now().UnixNano() % 1_000_000
 	// Partitions are made with network namespaces where they can be (CI
 	// runs as root), else with per-link TCP proxies.
-	nemeses := []string{"kill-leader", "kill-worker", "pause-worker", "kill-holder", "partition-halves", "gateway-kill", "assist-kill", "migrate"}
+	nemeses := []string{"kill-leader", "kill-worker", "pause-worker", "kill-holder", "partition-halves", "gateway-kill", "assist-kill", "migrate", "kill-uncommitted"}
 	dir, err := os.MkdirTemp("", "lumen-jepsen-")
 	if err != nil {
 		t.Fatal(err)

@@ -44,6 +44,11 @@ var Matrix = []MatrixRun{
 	// Migrations beside paused workers (a stream to a paused destination
 	// hangs), killed holders and gateways.
 	{[]string{"migrate", "pause-worker", "kill-holder", "gateway-kill"}, 3, ""},
+	// Issue 16: requests start before their placements commit. Their
+	// worker killed while the commits stall, beside killed gateways and
+	// workers.
+	{[]string{"kill-uncommitted"}, 3, ""},
+	{[]string{"kill-uncommitted", "gateway-kill", "kill-worker"}, 3, ""},
 	// The fallback for machines without namespaces, also where they exist.
 	{[]string{"partition-leader", "partition-halves", "partition-one-way"}, 3, "proxy"},
 }

@@ -185,6 +185,7 @@ func (e *env) hasNemesis(name string) bool { return slices.Contains(e.cfg.Nemese
 func (e *env) openStream(id string, max int) {
 	e.mu.Lock()
 	e.openIDs[id] = max
+	e.lastOpen = e.hist.Now()
 	e.mu.Unlock()
 }
 

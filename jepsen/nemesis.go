@@ -85,6 +85,8 @@ var Nemeses = map[string]nemesis{
 			hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			g, open := e.gatewayInFlight(hctx)
 			cancel()
+			// Its counters die with it: sum them first.
+			e.scrapeGateway(ctx, g)
 			k := GatewayKill{Gateway: g.Name, At: e.hist.Now(), Restarted: Unknown}
 			e.cl.KillGateway(g)
 			k.Dead = e.hist.Now()
@@ -93,6 +95,9 @@ var Nemeses = map[string]nemesis{
 			e.mu.Unlock()
 			return fmt.Sprintf("kill -9 %s (%d streams in flight)", g.Name, open), nil
 		}},
+	"kill-uncommitted": {timeout: 6 * time.Second,
+		doc:   "stall the commits (SIGSTOP the leader), wait for a stream to start meanwhile on the worker its gateway chose, its placement not committed, and kill -9 a worker running requests (issue 16: the gateway's journal resumes them); SIGCONT and restart at heal",
+		start: func(ctx context.Context, e *env) (string, error) { return e.killUncommitted(ctx) }},
 	"pause-leader": {doc: "SIGSTOP the leader; SIGCONT at heal",
 		start: func(ctx context.Context, e *env) (string, error) {
 			i, err := e.leader(ctx)

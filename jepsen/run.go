@@ -23,6 +23,7 @@ import (
 	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/placer"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/tokenizer"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -78,6 +79,8 @@ type Report struct {
 	Faults        map[string]int
 	Progress      ProgressStats  // what progressive recovery did
 	Migrations    MigrationStats // what live migration did
+	Place         PlaceStats     // what the stream clients' choices of worker met
+	GatewayPaths  GatewayPaths   // what the gateways' request path did
 	Verdicts      []Verdict
 	Elapsed       time.Duration
 }
@@ -122,6 +125,7 @@ type env struct {
 	// first chunk named them); migs, what live migration did; committed,
 	// the request ids whose migration committed.
 	openIDs   map[string]int // and their lengths
+	lastOpen  int64          // when the latest stream's first chunk came
 	migs      MigrationStats
 	committed map[string]bool
 	// peakKV and peakMigrating are the most KV pages a worker's load
@@ -129,6 +133,15 @@ type env struct {
 	// sampleBudgets saw them (what no-leak's zeros are set against).
 	peakKV        uint64
 	peakMigrating uint32
+	// load is the stream clients' replica of the load table; place, what
+	// their choices met; sessions, theirs (destroyed at quiescence).
+	load       loadView
+	place      PlaceStats
+	sessions   []string
+	shared     *ctlclient.Placer // the batch clients' Dispatches
+	sharedOnce sync.Once
+	// gwPaths sums the gateways' request-path counters.
+	gwPaths GatewayPaths
 }
 
 // Run starts the cluster, runs the workloads under the nemeses, heals,
@@ -150,6 +163,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	e := &env{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), hist: NewHistory(), removed: map[int]bool{}, faults: map[string]int{}, inflight: map[string]int{},
 		workerKills: map[string]int{}, assistKills: map[string]int{}, inService: map[string]uint64{},
 		openIDs: map[string]int{}, migs: newMigrationStats(), committed: map[string]bool{}}
+	e.load.replica = placer.New()
 	e.logf = func(format string, args ...any) {
 		fmt.Fprintf(cfg.Log, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
@@ -274,6 +288,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var tables []TableSample
 	var spec [3]uint64
 	obs.Go(func() { budgets, tables = e.sampleBudgets(obsCtx) })
+	obs.Go(func() { e.watchLoad(obsCtx) })
 	// The event log and the draft counters are followed until the last
 	// restarted worker is back in full service.
 	recCtx, stopRec := context.WithCancel(ctx)
@@ -308,12 +323,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// The nemesis, until the run ends; then everything heals.
 	e.nemesis(runCtx)
 	work.Wait()
+	e.closeShared()
 	e.logf("faults over; healing")
 	e.healAll(ctx)
 	// Restarted workers finish their recovery meanwhile.
 	recovered := make(chan Recovered, 1)
 	go func() { recovered <- e.awaitRecovered(ctx) }()
 	serving.Wait()
+	for _, gw := range e.gws {
+		if gw.Running() {
+			e.scrapeGateway(ctx, gw)
+		}
+	}
 	e.logf("workloads done: %d placement operations, %d streams", len(e.hist.Ops()), len(streams))
 
 	ops := e.hist.Ops()
@@ -341,7 +362,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	migs := e.migs
 	migs.StreamsMigrated = streamsMigrated(streams, e.committed)
 	e.mu.Unlock()
-	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Migrations: migs, Elapsed: time.Since(start)}
+	e.mu.Lock()
+	place, gwPaths := e.place, e.gwPaths
+	e.mu.Unlock()
+	rep := &Report{Name: cfg.Name, Seed: cfg.Seed, Ops: len(ops), Streams: len(streams), Faults: e.faults, Progress: progress, Migrations: migs, Place: place, GatewayPaths: gwPaths, Elapsed: time.Since(start)}
 	for _, op := range ops {
 		if op.Indeterminate {
 			rep.Indeterminate++
@@ -353,9 +377,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckStaleReads(ops),
 		CheckDurable(ops, final),
 		CheckServing(streams, kills, ref.text),
+		CheckGatewayPath(gwPaths, streams),
 		CheckBudgets(budgets, e.storedSlack(ref)),
 		CheckNoLeak(quiet),
 		CheckNoDispatchToFailed(ops, failures),
+		CheckPlacePath(ops),
 		CheckConverged(states),
 		CheckPanics(cfg.Dir),
 		CheckPairing(tables),
@@ -373,6 +399,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	e.logf("progressive recovery: %s", progress)
+	e.logf("place stream clients: %s", place)
 	if migs.Any() {
 		e.logf("live migration: %s", migs)
 		if len(migs.WorkerAborts) > 0 {
@@ -409,9 +436,13 @@ const (
 
 // placementClient dispatches unique request ids, reads them back
 // (linearizably and stale), completes most at once and the rest later, and
-// reads ids of other clients.
+// reads ids of other clients — over the path its mode says (clients.go).
 func (e *env) placementClient(ctx context.Context, c int) {
-	rng := rand.New(rand.NewSource(e.cfg.Seed*1000 + int64(c)))
+	pc := e.newPlacementClient(ctx, c)
+	defer pc.close()
+	if !pc.ready() {
+		return
+	}
 	var open []string
 	for n := 0; ctx.Err() == nil; n++ {
 		id := fmt.Sprintf("j%d-%d", c, n)
@@ -419,26 +450,19 @@ func (e *env) placementClient(ctx context.Context, c int) {
 		e.recent[e.nRecent%len(e.recent)] = id
 		e.nRecent++
 		e.mu.Unlock()
-		if d := e.op(ctx, c, Dispatch, id); d.Err != "" {
+		if d := pc.dispatch(id); d.Err != "" {
 			continue
 		}
-		e.op(ctx, c, GetLin, id)
-		if rng.Intn(3) == 0 {
-			e.op(ctx, c, GetStale, id)
-		}
-		// Someone else's request, to interleave clients on one id.
-		if other := e.recentID(rng); other != "" {
-			e.op(ctx, c, GetLin, other)
-		}
-		if rng.Intn(100) < keepOpenPercent {
+		pc.readBack(id)
+		if pc.rng.Intn(100) < keepOpenPercent {
 			open = append(open, id)
 			if len(open) <= maxOpen {
 				continue
 			}
 			id, open = open[0], open[1:]
 		}
-		e.op(ctx, c, Complete, id)
-		e.op(ctx, c, GetLin, id)
+		pc.complete(id)
+		pc.readAfter(id)
 	}
 }
 
@@ -452,9 +476,9 @@ func (e *env) recentID(rng *rand.Rand) string {
 }
 
 // op performs one placement operation and records it.
-func (e *env) op(ctx context.Context, c int, kind Kind, id string) Op {
+func (e *env) op(c int, kind Kind, id string) Op {
 	op := Op{Client: c, Kind: kind, ID: id, Call: e.hist.Now()}
-	octx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	octx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	var err error
 	switch kind {
@@ -488,13 +512,10 @@ func (e *env) op(ctx context.Context, c int, kind Kind, id string) Op {
 	op.Return = e.hist.Now()
 	if err != nil {
 		op.Err = err.Error()
-		if kind == Dispatch || kind == Complete {
+		op.Refusal = ctlclient.Reason(err)
+		if (kind == Dispatch || kind == Complete) && !definite(err) {
 			// A definite refusal changed nothing; anything else may have.
-			switch status.Code(err) {
-			case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition:
-			default:
-				op.Indeterminate, op.Return = true, Unknown
-			}
+			op.Indeterminate, op.Return = true, Unknown
 		}
 	}
 	e.hist.Add(op)
@@ -544,7 +565,7 @@ func (e *env) servingClient(runCtx, ctx context.Context, c int, gw *devcluster.G
 		e.mu.Unlock()
 		s.Call = e.hist.Now()
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		streamCompletion(sctx, httpc, gw.Addr, &s, func(id string) { e.openStream(id, s.Max) })
+		streamCompletion(sctx, httpc, gw.Addr, &s, e.hist.Now, func(id string) { e.openStream(id, s.Max) })
 		cancel()
 		if s.ID != "" {
 			e.closeStream(s.ID)
@@ -583,16 +604,17 @@ func (e *env) storedSlack(ref *reference) uint64 {
 	return uint64(2 * e.cfg.ServingClients * pages * info.PageBytes())
 }
 
-// streamCompletion streams s through the gateway at addr; opened, when not
-// nil, is told the request id once the first chunk names it.
-func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream, opened func(id string)) {
-	var onChunk func(completions.Chunk)
-	if opened != nil {
-		onChunk = func(ch completions.Chunk) {
-			if s.ID == "" && ch.ID != "" {
-				s.ID = ch.ID
-				opened(ch.ID)
-			}
+// streamCompletion streams s through the gateway at addr, noting when
+// each chunk with text came (on the clock now); opened, when not nil, is
+// told the request id once the first chunk names it.
+func streamCompletion(ctx context.Context, httpc *http.Client, addr string, s *Stream, now func() int64, opened func(id string)) {
+	onChunk := func(ch completions.Chunk) {
+		if ch.Text != "" {
+			s.TokenTimes = append(s.TokenTimes, now())
+		}
+		if opened != nil && s.ID == "" && ch.ID != "" {
+			s.ID = ch.ID
+			opened(ch.ID)
 		}
 	}
 	res, err := completions.Stream(ctx, httpc, addr, completions.Body(s.Prompt, s.Max, false), onChunk)
@@ -726,6 +748,17 @@ func (e *env) quiesce(ctx context.Context, final map[string]Op) Quiescence {
 			continue
 		}
 		open = open[len(batch):]
+	}
+	// The stream clients' sessions hold nothing any more.
+	e.mu.Lock()
+	sessions := e.sessions
+	e.mu.Unlock()
+	for _, sid := range sessions {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if _, err := e.client.DestroySession(cctx, &pb.DestroySessionRequest{SessionId: sid}); err != nil {
+			e.logf("destroying session %s: %v", sid, err)
+		}
+		cancel()
 	}
 	var q Quiescence
 	for {
@@ -1024,6 +1057,12 @@ func Summary(reports []*Report) string {
 		}
 		if m := r.Migrations; m.Any() {
 			fmt.Fprintf(&b, "%s: %s\n", r.Name, m)
+		}
+		if r.Place != (PlaceStats{}) {
+			fmt.Fprintf(&b, "%s: place stream clients: %s\n", r.Name, r.Place)
+		}
+		if len(r.GatewayPaths.Counts) > 0 {
+			fmt.Fprintf(&b, "%s: gateways: %s\n", r.Name, r.GatewayPaths)
 		}
 	}
 	var keys []string
