@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/internal/tlsconf"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -69,7 +70,7 @@ func syntheticDraft(t *testing.T) *engine.Synthetic {
 // drafterFor returns a drafter worker: the drafting half of a Worker, with
 // no controller.
 func drafterFor(id string) *Worker {
-	w := &Worker{cfg: Config{ID: id}, log: hclog.NewNullLogger(), metrics: newMetrics("")}
+	w := &Worker{cfg: Config{ID: id}, log: hclog.NewNullLogger(), metrics: newMetrics(""), dialCreds: tlsconf.DialOption(nil)}
 	w.incarnation.Store(1)
 	return w
 }
