@@ -21,6 +21,7 @@ import (
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	"github.com/lumen-project/lumen/internal/placer"
+	"github.com/lumen-project/lumen/internal/progress"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -181,6 +182,12 @@ func Controller(cfg ControllerConfig) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	fmt.Printf("starting 3 controller processes under %s\n", cfg.Dir)
+	// Progress: the phases below (2 Place loads, reads, 3 unary loads,
+	// unary reads, failover), with an estimate of the time left.
+	meter := progress.New("bench controller", "phases", 8)
+	defer meter.Finish("")
+	step := 0
+	next := func(note string) { meter.Set(float64(step), note); step++ }
 	cl, err := devcluster.Start(ctx, devcluster.Options{Dir: cfg.Dir, Controllers: 3, Args: append([]string{"-log-level", "warn"}, cfg.ControllerArgs...)})
 	if err != nil {
 		return err
@@ -234,6 +241,7 @@ func Controller(cfg ControllerConfig) error {
 		}
 		before, _ := cl.Status(ctx, leader)
 		fmt.Printf("Place streams: 4 clients, %d callers in all, for %s ...\n", callers, d)
+		next(fmt.Sprintf("Place, %d callers", callers))
 		var profiles sync.WaitGroup
 		if callers == 256 && cfg.CPUProfileLeader != "" {
 			profiles.Go(func() { saveProfile(cl.Controllers[leader].HTTPAddr, d-time.Second, cfg.CPUProfileLeader) })
@@ -291,6 +299,7 @@ func Controller(cfg ControllerConfig) error {
 		return err
 	}
 	fmt.Printf("linearizable GetPlacements: %d callers, %d ids a call, for %s ...\n", readers, readBatch, phase)
+	next("GetPlacements")
 	rr := runCallers(readers, phase, func(ctx context.Context, c, i int) error {
 		req := &pb.GetPlacementsRequest{RequestIds: make([]string, readBatch)}
 		for k := range req.RequestIds {
@@ -314,6 +323,7 @@ func Controller(cfg ControllerConfig) error {
 	// The per-call paths, for comparison.
 	for _, callers := range []int{1, 64, 256} {
 		fmt.Printf("unary Dispatch: %d callers for %s ...\n", callers, phase)
+		next(fmt.Sprintf("unary Dispatch, %d callers", callers))
 		r := b.dispatchLoad(callers, phase, b.leaderDispatch, b.leaderComplete)
 		dispatchFigures(out, "unary_", callers, r)
 		if r.errors > r.ops/100 {
@@ -323,6 +333,7 @@ func Controller(cfg ControllerConfig) error {
 			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), ""})
 	}
 	fmt.Printf("unary linearizable GetPlacement: 256 callers for %s ...\n", phase)
+	next("unary GetPlacement")
 	ur := runCallers(256, phase, func(ctx context.Context, c, i int) error {
 		id := ids[(c*7919+i)%len(ids)]
 		_, err := pb.NewControllerClient(b.conns[(c+i)%len(b.conns)]).GetPlacement(ctx, &pb.GetPlacementRequest{RequestId: id})
@@ -335,6 +346,7 @@ func Controller(cfg ControllerConfig) error {
 	// Failover under load: kill -9 the leader, time the next write that
 	// started after the kill.
 	fmt.Printf("failover: kill -9 the leader %d times under load ...\n", failovers)
+	next("failover")
 	for _, g := range gws {
 		g.close()
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/completions"
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/internal/progress"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -187,7 +188,11 @@ func Gateway(cfg GatewayConfig) error {
 	}
 	out := map[string]float64{}
 	var rows []gatewayRow
-	for _, n := range []int{1, 100, 500} {
+	// Progress: the three loads, each four half phases.
+	meter := progress.New("bench gateway", "loads", 3)
+	defer meter.Finish("")
+	for i, n := range []int{1, 100, 500} {
+		meter.Set(float64(i), fmt.Sprintf("%d streams", n))
 		// Side by side: each path runs two half phases, in the order
 		// direct, gateway, gateway, direct, so a drift of the machine's
 		// load (other processes on the shared cores) falls on both alike.
