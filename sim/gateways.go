@@ -117,48 +117,12 @@ func Choose(c GatewayChoice, vs []policy.Worker, g, G, pending int, pages uint64
 		}
 		return policy.PickServing(vs)
 	case ChoosePartitionFill:
-		for h := range G {
-			if h == g {
-				continue
-			}
-			for range pending {
-				j := partitionPick(vs, h, G, math.Inf(1))
-				if j < 0 {
-					break
-				}
-				add(j)
-			}
-		}
+		return placer.PickShared(vs, g, G, pending, pages, bias)
 	}
 	if c == ChooseFreest || c == ChooseFill {
 		return policy.PickServing(vs)
 	}
-	return partitionPick(vs, g, G, bias)
-}
-
-// partitionPick is gateway g's pick under ChoosePartition: the eligible
-// worker of greatest freeness, the freeness of the workers at positions
-// ≡ g (mod G) counting 1 + bias times (divided by it when negative); an
-// infinite bias picks only among those.
-func partitionPick(vs []policy.Worker, g, G int, bias float64) int {
-	best, bestF := -1, math.Inf(-1)
-	for i := range vs {
-		if !vs[i].Eligible || math.IsInf(bias, 1) && i%G != g {
-			continue
-		}
-		f := vs[i].Freeness()
-		if i%G == g && !math.IsInf(bias, 1) {
-			if f > 0 {
-				f *= 1 + bias
-			} else {
-				f /= 1 + bias
-			}
-		}
-		if f > bestF {
-			best, bestF = i, f
-		}
-	}
-	return best
+	return placer.SharePick(vs, g, G, bias)
 }
 
 // steer returns what Take is to exclude: exclude itself, and, with a

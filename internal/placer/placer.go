@@ -181,7 +181,7 @@ func (r *Replica) Take(requestID string, promptTokens uint32, exclude ...string)
 	}
 	var i int
 	if r.G > 1 {
-		i = pickShared(vs, r.g, r.G, len(r.own), policy.Pages(uint64(promptTokens)))
+		i = PickShared(vs, r.g, r.G, len(r.own), policy.Pages(uint64(promptTokens)), ShareBias)
 	} else {
 		i = policy.PickServing(vs)
 	}

@@ -68,19 +68,20 @@ func (r *Replica) shareFromSessions() {
 	}
 }
 
-// pickShared is gateway g of G's choice over vs (modified in place): each
-// other gateway's virtual placements — as many as this gateway's own the
-// table does not count, at most one per worker — go to the freest
-// workers of that gateway's share; then the freest worker with this
-// gateway's share preferred by ShareBias.
-func pickShared(vs []policy.Worker, g, G, pending int, pages uint64) int {
+// PickShared is gateway g of G's choice over vs (sorted by id; modified
+// in place): each other gateway's virtual placements — as many as
+// pending, this gateway's own the table does not count, at most one per
+// worker — of pages each go to the freest workers of that gateway's
+// share; then the freest worker with this gateway's share preferred by
+// bias (Take uses ShareBias). It returns the index in vs, or -1.
+func PickShared(vs []policy.Worker, g, G, pending int, pages uint64, bias float64) int {
 	pending = min(pending, len(vs))
 	for h := range G {
 		if h == g {
 			continue
 		}
 		for range pending {
-			j := sharePick(vs, h, G, math.Inf(1))
+			j := SharePick(vs, h, G, math.Inf(1))
 			if j < 0 {
 				break
 			}
@@ -88,14 +89,14 @@ func pickShared(vs []policy.Worker, g, G, pending int, pages uint64) int {
 			vs[j].PendingPages += pages
 		}
 	}
-	return sharePick(vs, g, G, ShareBias)
+	return SharePick(vs, g, G, bias)
 }
 
-// sharePick returns the eligible worker of greatest freeness, the
+// SharePick returns the eligible worker of greatest freeness, the
 // freeness of those at positions ≡ g (mod G) counting 1 + bias times
 // (divided by it when negative); an infinite bias picks only among those.
 // Ties go to the smaller id.
-func sharePick(vs []policy.Worker, g, G int, bias float64) int {
+func SharePick(vs []policy.Worker, g, G int, bias float64) int {
 	only := math.IsInf(bias, 1)
 	best, bestF := -1, math.Inf(-1)
 	for i := range vs {
