@@ -70,6 +70,17 @@ func newMetrics(model string) *metrics {
 		Help: "Dispatches of requests already started that did not commit, by reason: worker_unavailable (the chosen worker failed or left: placed again elsewhere), other (placed again by the controller), unconfirmed (no answer in time: the request runs on unplaced)."}, []string{"reason"})
 	m.setHolder = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_set_holder_total",
 		Help: "SetHolder calls after a commit, by result: applied, not_applied (the request ended or moved first), failed."}, []string{"result"})
+	// Every label value exists from the start, at 0: a scrape (or a
+	// rate()) sees a counter that was never incremented.
+	for _, v := range []struct {
+		c      *prometheus.CounterVec
+		labels []string
+	}{{m.placements, []string{"replica", "controller"}}, {m.fallbacks, []string{"no_table", "no_worker"}},
+		{m.refusals, []string{"worker_unavailable", "other", "unconfirmed"}}, {m.setHolder, []string{"applied", "not_applied", "failed"}}} {
+		for _, l := range v.labels {
+			v.c.WithLabelValues(l)
+		}
+	}
 	m.reg.MustRegister(m.placements, m.fallbacks, m.commit, m.refusals, m.setHolder)
 	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.resumes, m.inflight, m.tokens, m.migrationDowntime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -2,8 +2,8 @@ package jepsen
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/lumen-project/lumen/internal/devcluster"
@@ -56,7 +56,7 @@ func (e *env) scrapeGateway(ctx context.Context, gw *devcluster.Gateway) {
 		switch {
 		case err == nil:
 			got[name] = v
-		case strings.Contains(err.Error(), "no unlabelled metric"):
+		case errors.Is(err, devcluster.ErrNoMetric):
 			// A counter not incremented yet is not exposed.
 		default:
 			fails = append(fails, fmt.Sprintf("%s: %v", gw.Name, err))

@@ -3,6 +3,7 @@ package devcluster
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -17,6 +18,11 @@ var metricsClient = &http.Client{Timeout: 2 * time.Second}
 // sum of its series (one, unlabelled, or vLLM-named ones with their
 // model_name label). A failed scrape, an answer other than 200, a value
 // that does not parse or a metric not exposed is an error, never a 0.
+// ErrNoMetric: the scrape found no series of the metric named (a counter
+// with labels is exposed only once a label value was used, unless its
+// exporter initialises them).
+var ErrNoMetric = errors.New("no metric")
+
 func ScrapeMetric(ctx context.Context, url, name string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	if err != nil {
@@ -56,7 +62,7 @@ func ScrapeMetric(ctx context.Context, url, name string) (float64, error) {
 		return 0, fmt.Errorf("devcluster: scrape %s: %w", url, err)
 	}
 	if !found {
-		return 0, fmt.Errorf("devcluster: scrape %s: no metric %s", url, name)
+		return 0, fmt.Errorf("devcluster: scrape %s: %w %s", url, ErrNoMetric, name)
 	}
 	return sum, nil
 }

@@ -2,6 +2,7 @@ package devcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -31,8 +32,14 @@ func TestScrapeMetricFailsOnBadScrape(t *testing.T) {
 		{srv.URL + "/nothing", "a_total"},       // HTTP 404
 		{"http://127.0.0.1:1/metrics", "a"},     // nobody listens
 	} {
-		if v, err := ScrapeMetric(ctx, c.url, c.name); err == nil {
+		v, err := ScrapeMetric(ctx, c.url, c.name)
+		if err == nil {
 			t.Errorf("%s %s: read %v, want an error", c.url, c.name, v)
+		}
+		// Only a metric the page does not expose is ErrNoMetric: callers
+		// read it as "not incremented yet", never a failed scrape.
+		if missing := c.name == "missing_total"; errors.Is(err, ErrNoMetric) != missing {
+			t.Errorf("%s %s: %v; ErrNoMetric should be %v", c.url, c.name, err, missing)
 		}
 	}
 }
