@@ -86,6 +86,10 @@ func TestCommittedResults(t *testing.T) {
 				want = []string{"off", "on"}
 			case strings.HasPrefix(base, "sim-spec-k"):
 				want = []string{"batch 32, fixed K", "batch 32, adaptive"}
+			case strings.HasPrefix(base, "controller"):
+				want = []string{"dispatch", "dispatch_p99", "read", "read_p99", "failover_median", "unary_dispatch"}
+			case strings.HasPrefix(base, "gateway"):
+				want = []string{"added_ttft_p99", "throughput_loss", "direct_ttft_p99", "gateway_ttft_p99"}
 			default:
 				t.Fatalf("no expectation for %s: add one", base)
 			}
