@@ -193,14 +193,36 @@ func Run(cfg Config) error {
 
 	step(out, "5. kill -9 the worker with the most streams in flight")
 	busiest, most := cl.Workers[0], -1
-	for _, w := range cl.Workers {
-		n, err := workerInFlight(ctx, w)
-		if err != nil {
-			return err
+	for try := 0; ; try++ {
+		busiest, most = cl.Workers[0], -1
+		for _, w := range cl.Workers {
+			n, err := workerInFlight(ctx, w)
+			if err != nil {
+				return err
+			}
+			if n > most {
+				busiest, most = w, n
+			}
 		}
-		if n > most {
-			busiest, most = w, n
+		if most > 0 {
+			break
 		}
+		if try == 3 {
+			return fmt.Errorf("no worker has a request in flight after %d waves of clients", try+1)
+		}
+		// The clients finished during the failover (no stream waits for
+		// the controllers): new ones, so that the kill interrupts requests.
+		n := cfg.Streams
+		first := make(chan struct{}, n)
+		for i := range n {
+			s := &stream{prompt: streams[i].prompt}
+			streams, wants = append(streams, s), append(wants, wants[i])
+			wg.Go(func() { s.run(ctx, gw.Addr, cfg.MaxTokens, first) })
+		}
+		for range n {
+			<-first
+		}
+		fmt.Fprintf(out, "   the clients finished during the failover; %d more stream completions\n", n)
 	}
 	st, err := client.ClusterStatus(ctx)
 	if err != nil {
