@@ -625,31 +625,9 @@ func gammaGaps(r *rand.Rand, rate, cv float64, n int) []time.Duration {
 	theta := 1 / (rate * k)
 	out := make([]time.Duration, n)
 	for i := range out {
-		out[i] = time.Duration(theta * gammaSample(r, k) * float64(time.Second))
+		out[i] = time.Duration(theta * workload.Gamma(r, k) * float64(time.Second))
 	}
 	return out
-}
-
-// gammaSample draws from Gamma(k, 1) (Marsaglia and Tsang; for k < 1,
-// Gamma(k+1)·U^(1/k)).
-func gammaSample(r *rand.Rand, k float64) float64 {
-	if k < 1 {
-		return gammaSample(r, k+1) * math.Pow(r.Float64(), 1/k)
-	}
-	d := k - 1.0/3
-	c := 1 / math.Sqrt(9*d)
-	for {
-		x := r.NormFloat64()
-		v := 1 + c*x
-		if v <= 0 {
-			continue
-		}
-		v = v * v * v
-		u := r.Float64()
-		if u < 1-0.0331*x*x*x*x || math.Log(u) < 0.5*x*x+d*(1-v+math.Log(v)) {
-			return d * v
-		}
-	}
 }
 
 // MigrationConfig is `lumen bench migration`.
