@@ -16,7 +16,7 @@ func TestDemo(t *testing.T) {
 	}
 	// 12 streams through the failures, 12 more during the progressive
 	// recovery, whose phases and assist the story shows.
-	for _, want := range []string{"24 of 24 streams complete and identical", "LOADING_DRAFT", "ASSIST", "HOTSWAP", "FULL_SERVICE", "draft tokens of worker-"} {
+	for _, want := range []string{"streams complete and identical to the failure-free reference", "LOADING_DRAFT", "ASSIST", "HOTSWAP", "FULL_SERVICE", "draft tokens of worker-"} {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("no %q in the demo's output:\n%s", want, out)
 		}
