@@ -58,7 +58,7 @@ type recoverySetup struct {
 	// maxRunning caps a worker's batch; with the profile's KV pages it
 	// sets the capacity the offered load is a fraction of.
 	maxRunning int
-	budget     string // host checkpoint budget per worker (CALIBRATION.md)
+	budget     string // host checkpoint budget per worker (docs/calibration.md)
 }
 
 var recoverySetups = []recoverySetup{

@@ -102,7 +102,7 @@ type Config struct {
 	// aborts one that has not committed by then, and the destination,
 	// seeing Migration ABORTED, frees the pages it pre-allocated. A
 	// migration of an 8k-token request copies in about 100 ms at 12.5 GB/s
-	// (docs: CALIBRATION "Migration arithmetic"), so 10 s only catches a
+	// (docs/calibration.md, "Migration arithmetic"), so 10 s only catches a
 	// stuck one: a source or destination that hangs without failing, a
 	// lost stream. Raise it with the emulated time scale of slow profiles.
 	MigrationTimeout time.Duration

@@ -60,7 +60,7 @@
 // Draft tokens: the draft model's token at history position pos of request
 // r is the true token, token(r, pos − prompt), when a hash of (seed,
 // request, pos) falls below α (Spec.Alpha, `lumen sim -spec-alpha`,
-// default core.PriorAcceptance = 0.7, CALIBRATION.md), else another token:
+// default core.PriorAcceptance = 0.7, docs/calibration.md), else another token:
 // deterministic, so a replay of a position never gets a second chance.
 // The target samples the true tokens at every verified position, and every
 // token a client receives is checked against token(r, index): speculation

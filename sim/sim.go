@@ -137,7 +137,7 @@ type Timing struct {
 
 // DefaultTiming returns the values measured on, or configured in, the real
 // system:
-//   - CommitDelay 3 ms: a fsync'd Raft commit, p50 (CALIBRATION.md).
+//   - CommitDelay 3 ms: a fsync'd Raft commit, p50 (docs/calibration.md).
 //   - DetectDelay 45 ms: MarkFailed after a kill -9 on the fast path, as
 //     measured in the demo (docs/architecture.md); the recovery benchmark
 //     saw 14–51 ms idle and 140–270 ms under load on 2 shared cores.
@@ -145,7 +145,7 @@ type Timing struct {
 //     resumeTarget.
 //   - LoadInterval 250 ms, QueueWindow 10 s, ReconcileInterval 2 s: the
 //     worker's defaults (worker.DefaultConfig).
-//   - NetBytesPerSec 12.5 GB/s (100 GbE, CALIBRATION.md), SendQueuePages
+//   - NetBytesPerSec 12.5 GB/s (100 GbE, docs/calibration.md), SendQueuePages
 //     1024 (the worker's ckptQueue).
 //   - ReloadScale 1: the profile's disk + host-to-GPU + engine init.
 //   - SampleEvery 250 ms: the benchmark's queue sampler.
@@ -157,8 +157,8 @@ type Timing struct {
 //     defaults (controller.DefaultConfig; Llumnix reschedules every
 //     500 ms).
 //   - InterconnectBytesPerSec 25 GB/s: the worker's -interconnect default,
-//     the profile's, engine.DefaultInterconnectBytesPerSec (NVLink-class
-//     or 200 Gb/s InfiniBand; CALIBRATION.md, "Migration arithmetic"): a
+//     the profile's, engine.DefaultInterconnectBytesPerSec (one 200 Gb/s
+//     link between nodes; docs/calibration.md, "Migration arithmetic"): a
 //     page of Qwen3-14B (2.6 MB) in 105 µs, a 4k-token request's 256 pages
 //     in 27 ms.
 //   - WatchInterval 10 ms: WatchLoad's default interval_ms

@@ -26,7 +26,7 @@ const DefaultDraftProfile = "qwen3-0.6b-h100"
 // SpecOptions parameterise speculation.
 type SpecOptions struct {
 	// Alpha is the probability that a draft token equals the target's
-	// token at its position (0: core.PriorAcceptance, CALIBRATION.md's
+	// token at its position (0: core.PriorAcceptance, docs/calibration.md's
 	// 0.6–0.75 for a small draft of the same family).
 	Alpha float64
 	// K > 0 fixes the drafts verified per request per step; 0 chooses K

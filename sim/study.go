@@ -22,7 +22,8 @@ type Setup struct {
 	// MaxRunning caps a worker's batch; with the profile's KV pages it sets
 	// the capacity the offered load is a fraction of.
 	MaxRunning int
-	// Budget is the host checkpoint budget per worker (CALIBRATION.md).
+	// Budget is the host checkpoint budget per worker (docs/calibration.md,
+	// "Engine defaults").
 	Budget uint64
 	// KVPages is a worker's KV cache in pages (0: the profile's GPU,
 	// Profile.KVPages): smaller puts the workers under memory pressure.

@@ -17,7 +17,8 @@ import (
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
-// Live migration, the daemons' side (DESIGN.md, "Live migration"). What to
+// Live migration, the daemons' side (docs/architecture.md, "Live migration
+// in the worker"). What to
 // send at each stage, when to stop the request, and what the destination
 // keeps are the scheduling core's decisions (core/migrate.go); this file
 // carries the pages and talks to the controller.

@@ -18,8 +18,8 @@ import (
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
-// Progressive recovery, the restarted worker's side (DESIGN.md,
-// "Progressive recovery"). A worker that restarts after a failure registers
+// Progressive recovery, the restarted worker's side (docs/architecture.md,
+// "Progressive recovery in the daemon"). A worker that restarts after a failure registers
 // in LOADING_DRAFT and loads its draft model; in ASSIST it drafts for the
 // full-service worker the controller pairs it with while its target's
 // weights load into host memory in the background; HOTSWAP is the copy to

@@ -47,7 +47,7 @@ func runSim(args []string) error {
 	migration := fs.String("migration", "off", "live migration for balance (Llumnix; the leader's round every 500 ms): on or off")
 	kvPages := fs.Int("kv-pages", 0, "with -figure burst: a worker's KV cache in 16-token pages (0: the profile's GPU); smaller puts the workers under memory pressure")
 	cv := fs.Float64("cv", 4, "with -figure burst: the arrivals' coefficient of variation (Gamma gaps; 0 or 1 is Poisson)")
-	specAlpha := fs.Float64("spec-alpha", core.PriorAcceptance, "lumen's speculation: the probability that a draft token equals the target's (CALIBRATION.md)")
+	specAlpha := fs.Float64("spec-alpha", core.PriorAcceptance, "lumen's speculation: the probability that a draft token equals the target's (docs/calibration.md)")
 	specK := fs.Int("spec-k", 0, "lumen's speculation: drafts verified per request per step; 0 = adaptive (chosen each step from the measured acceptance and the step-cost model)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -2,7 +2,7 @@
 // traces, for benchmarks and fault-injection runs.
 //
 // No trace file ships with lumen (nothing is downloaded at run time), so a
-// trace is described by its quantiles (CALIBRATION.md) and sampled through a
+// trace is described by its quantiles (docs/calibration.md, "Workloads") and sampled through a
 // piecewise-linear quantile function whose knots reproduce the published
 // mean, median, p90 and p99.
 package workload

@@ -47,7 +47,7 @@ type SpecConfig struct {
 const DefaultKMax = 8
 
 // PriorAcceptance is the acceptance rate assumed before any verification
-// (CALIBRATION.md: 0.6–0.75 for a small draft), worth priorWeight
+// (docs/calibration.md: 0.6–0.75 for a small draft), worth priorWeight
 // verifications.
 const (
 	PriorAcceptance = 0.7

@@ -32,7 +32,7 @@ func TestSamplingDeterministicAndBounded(t *testing.T) {
 
 func TestProfileStepTimes(t *testing.T) {
 	p := Profiles["qwen3-14b-h100"]
-	// CALIBRATION: 12.5 ms at batch 8, 18.9 at 64 (vLLM, H100).
+	// docs/calibration.md, "Step times": 12.5 ms at batch 8, 18.9 at 64 (vLLM, H100).
 	for _, c := range []struct {
 		batch int
 		ms    float64

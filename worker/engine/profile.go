@@ -11,7 +11,8 @@ import (
 
 // Profile is the GPU and model a worker emulates: how long a step takes as a
 // function of its shape, how big the KV cache and weights are, how fast bytes
-// move. Values come from CALIBRATION.md (vLLM on H100/H200, PCIe Gen5).
+// move. Values and their sources are in docs/calibration.md (vLLM on
+// H100/H200, PCIe Gen5).
 type Profile struct {
 	Name  string
 	Model string
@@ -38,8 +39,8 @@ type Profile struct {
 }
 
 // DefaultInterconnectBytesPerSec is a KV copy between GPUs of two instances
-// at 25 GB/s (NVLink-class, or 200 Gb/s InfiniBand: CALIBRATION.md,
-// "Migration arithmetic").
+// at 25 GB/s (one 200 Gb/s link between nodes: docs/calibration.md,
+// "Transfers and model loads").
 const DefaultInterconnectBytesPerSec = 25e9
 
 // KVBytesPerToken is bf16 K and V over every layer.
@@ -128,7 +129,7 @@ var Profiles = map[string]Profile{
 		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
 	// The draft: 1.2 GB of weights read per step (0.36 ms at 3.35 TB/s)
 	// plus launch overheads. It loads in well under a second from the page
-	// cache (CALIBRATION.md); its engine init (a small model's CUDA graphs
+	// cache (docs/calibration.md); its engine init (a small model's CUDA graphs
 	// and memory profiling, in a process whose CUDA context is up) is taken
 	// as 1 s.
 	"qwen3-0.6b-h100": {Name: "qwen3-0.6b-h100", Model: "Qwen3-0.6B", GPU: "NVIDIA H100 80GB HBM3",

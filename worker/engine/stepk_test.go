@@ -9,7 +9,7 @@ import (
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // TestStepTimeK checks the fused verification step's cost against the
-// figures CALIBRATION.md derives for Qwen3-14B on an H100: B = 8, K = 4
+// figures docs/calibration.md derives for Qwen3-14B on an H100: B = 8, K = 4
 // costs about 14.1 ms against 12.5 plain; B = 128, K = 4 about 51–52 ms
 // against 26.
 func TestStepTimeK(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 // otherwise. The choice is a hash of the prefix and seed, so a replayed
 // prefix gets the same draft: the acceptance a target measures is alpha per
 // position, whatever the batching, as with a real draft model whose
-// agreement is alpha (CALIBRATION.md, "Speculative decoding": 0.6–0.75 for
+// agreement is alpha (docs/calibration.md, "Speculative decoding": 0.6–0.75 for
 // a small draft).
 func NewSyntheticDraft(cfg SyntheticConfig, alpha float64, seed uint64) (*Synthetic, error) {
 	if math.IsNaN(alpha) || alpha < 0 || alpha > 1 {
