@@ -92,16 +92,18 @@ func (w *Watch[T]) Run(ctx context.Context) error {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	var from uint64
+	// from is the index the next stream starts after, unless now: then
+	// it starts from the replica's applied index.
+	from, now := uint64(0), true
 	backoff, failed := watchBackoffMin, 0
 	for i := w.Start; ; i++ {
 		cc := w.Conns[i%len(w.Conns)]
-		held, err := w.follow(ctx, cc, &from)
+		held, err := w.follow(ctx, cc, &from, &now)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if status.Code(err) == codes.OutOfRange {
-			from = 0 // too far behind: start from now
+			now = true // too far behind: start from now
 		}
 		log.Debug("controller stream ended; moving to the next replica", "controller", cc.Target(), "error", err)
 		if held {
@@ -129,10 +131,11 @@ func (w *Watch[T]) probeInterval() time.Duration {
 	return DefaultProbeInterval
 }
 
-// follow follows the stream on one replica from *from, advancing it, until
-// the stream breaks or the replica fails its probe. held says the stream
-// was healthy for a while (it delivered, or passed a probe after opening).
-func (w *Watch[T]) follow(ctx context.Context, cc *grpc.ClientConn, from *uint64) (held bool, err error) {
+// follow follows the stream on one replica from *from (or from the
+// replica's applied index, when *now), advancing it, until the stream
+// breaks or the replica fails its probe. held says the stream was healthy
+// for a while (it delivered, or passed a probe after opening).
+func (w *Watch[T]) follow(ctx context.Context, cc *grpc.ClientConn, from *uint64, now *bool) (held bool, err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	op := pb.NewOperatorClient(cc)
@@ -140,8 +143,8 @@ func (w *Watch[T]) follow(ctx context.Context, cc *grpc.ClientConn, from *uint64
 	if err != nil {
 		return false, err
 	}
-	if w.Index != nil && *from == 0 {
-		*from = applied
+	if w.Index != nil && *now {
+		*from, *now = applied, false
 	}
 	stream, err := w.Open(ctx, cc, *from)
 	if err != nil {
@@ -154,7 +157,7 @@ func (w *Watch[T]) follow(ctx context.Context, cc *grpc.ClientConn, from *uint64
 	}
 	probed := make(chan struct{})
 	passed := make(chan struct{}, 1) // a probe passed since the stream opened
-	go func() { // owned here: it ends with ctx, and follow waits for it
+	go func() {                      // owned here: it ends with ctx, and follow waits for it
 		defer close(probed)
 		t := time.NewTicker(w.probeInterval())
 		defer t.Stop()
