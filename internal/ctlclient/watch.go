@@ -58,6 +58,9 @@ type Watch[T any] struct {
 	// index of the one followed first.
 	Conns []*grpc.ClientConn
 	Start int
+	// From, when positive, is the log index the first stream of an
+	// indexed watch starts after (default: the replica's applied index).
+	From uint64
 	// ProbeInterval is how often the followed replica is asked whether it
 	// still knows a leader, and how long it has to answer (default
 	// DefaultProbeInterval). It bounds how long a paused replica or a
@@ -94,7 +97,7 @@ func (w *Watch[T]) Run(ctx context.Context) error {
 	}
 	// from is the index the next stream starts after, unless now: then
 	// it starts from the replica's applied index.
-	from, now := uint64(0), true
+	from, now := w.From, w.From == 0
 	backoff, failed := watchBackoffMin, 0
 	for i := w.Start; ; i++ {
 		cc := w.Conns[i%len(w.Conns)]
@@ -238,4 +241,55 @@ func EventIndex(ev *pb.Event) uint64 { return ev.Index }
 func (c *Client) EventWatch(probe time.Duration, deliver func(*pb.Event)) *Watch[pb.Event] {
 	return &Watch[pb.Event]{Conns: c.conns, Start: int(c.next.Load()), ProbeInterval: probe,
 		Open: WatchEventsOn, Index: EventIndex, Deliver: deliver}
+}
+
+// FollowDrain follows the drain of incarnation inc of worker id from log
+// index from: show gets every event of its migrations (out and in) and of
+// its phase, until the phase is no longer DRAINING — it left, failed, or a
+// new incarnation registered — and FollowDrain returns that phase, or ctx
+// ends (it returns ctx's error). Every time its watch starts it also reads
+// the worker's row, so it ends even when the event that would have ended
+// it is not seen (a watch that starts again from now).
+func (c *Client) FollowDrain(ctx context.Context, id string, inc, from uint64, show func(*pb.Event)) (pb.WorkerPhase, error) {
+	ctx, end := context.WithCancel(ctx)
+	defer end()
+	final := pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
+	over := func(p pb.WorkerPhase) {
+		if final == pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
+			final = p
+		}
+		end()
+	}
+	w := c.EventWatch(0, func(ev *pb.Event) {
+		if ctx.Err() != nil {
+			return
+		}
+		if m := ev.GetMigration(); m != nil && (m.FromWorker == id || m.ToWorker == id) {
+			show(ev)
+		}
+		if pc := ev.GetPhaseChanged(); pc != nil && pc.WorkerId == id {
+			show(ev)
+			if pc.To != pb.WorkerPhase_WORKER_PHASE_DRAINING || pc.Incarnation != inc {
+				over(pc.To)
+			}
+		}
+	})
+	w.From = from
+	w.Started = func(sctx context.Context, cc *grpc.ClientConn) error {
+		resp, err := pb.NewControllerClient(cc).ListWorkers(sctx, &pb.ListWorkersRequest{Consistency: pb.Consistency_CONSISTENCY_STALE})
+		if err != nil {
+			return err
+		}
+		for _, row := range resp.Workers {
+			if row.Id == id && (row.Incarnation != inc || row.Phase != pb.WorkerPhase_WORKER_PHASE_DRAINING) {
+				over(row.Phase)
+			}
+		}
+		return nil
+	}
+	err := w.Run(ctx)
+	if final != pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED {
+		return final, nil
+	}
+	return final, err
 }

@@ -30,6 +30,7 @@ type fakeLog struct {
 	floor   uint64
 	applied uint64
 	table   *pb.LoadTable
+	row     *pb.Worker // the worker table
 	changed chan struct{} // closed and replaced on every change
 }
 
@@ -47,7 +48,7 @@ func (l *fakeLog) publish(n int) uint64 {
 	l.applied++
 	for k := 0; k < n; k++ {
 		l.events = append(l.events, &pb.Event{Index: l.applied, Body: &pb.Event_PhaseChanged{PhaseChanged: &pb.WorkerPhaseChanged{
-			WorkerId: "w", Incarnation: uint64(k)}}})
+			WorkerId: "other", Incarnation: uint64(k)}}})
 	}
 	l.changedLocked()
 	return l.applied
@@ -60,6 +61,13 @@ func (l *fakeLog) compact() {
 	defer l.mu.Unlock()
 	l.floor = l.applied
 	l.changedLocked()
+}
+
+// setRow replaces the worker table by one row.
+func (l *fakeLog) setRow(w *pb.Worker) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.row = w
 }
 
 func (l *fakeLog) setTable(t *pb.LoadTable) {
@@ -171,6 +179,16 @@ func (r *fakeReplica) WatchLoad(_ *pb.WatchLoadRequest, stream grpc.ServerStream
 			return stream.Context().Err()
 		}
 	}
+}
+
+func (r *fakeReplica) ListWorkers(context.Context, *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
+	r.log.mu.Lock()
+	defer r.log.mu.Unlock()
+	resp := &pb.ListWorkersResponse{AppliedIndex: r.log.applied}
+	if r.log.row != nil {
+		resp.Workers = []*pb.Worker{r.log.row}
+	}
+	return resp, nil
 }
 
 func (o *fakeOperator) ClusterStatus(ctx context.Context, _ *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
@@ -369,4 +387,53 @@ func TestWatchRestartsFromNowAfterOutOfRange(t *testing.T) {
 	}
 	three := l.publish(1)
 	waitFor(t, 10*time.Second, "an event after the restart", func() bool { return lastIndex(got()) == three })
+}
+
+// FollowDrain (lumen worker drain -follow) ends when the worker's phase
+// leaves DRAINING: on the event, or — when the watch missed it and starts
+// again from now — on the worker's row read at that start.
+func TestFollowDrainEnds(t *testing.T) {
+	for _, missed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "event", true: "missed event"}[missed], func(t *testing.T) {
+			l := newFakeLog()
+			l.setRow(&pb.Worker{Id: "w", Incarnation: 1, Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING})
+			from := l.publish(1)
+			reps, addrs := serveReplicas(t, l, 1)
+			c, err := New(addrs, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var shown atomic.Int32
+			type result struct {
+				phase pb.WorkerPhase
+				err   error
+			}
+			done := make(chan result, 1)
+			go func() {
+				p, err := c.FollowDrain(ctx, "w", 1, from, func(*pb.Event) { shown.Add(1) })
+				done <- result{p, err}
+			}()
+			waitFor(t, 10*time.Second, "the watch to start", func() bool { return len(reps[0].fromIndexes()) == 1 })
+			l.setRow(&pb.Worker{Id: "w", Incarnation: 1, Phase: pb.WorkerPhase_WORKER_PHASE_LEFT})
+			if missed {
+				l.publish(1) // some other event, then the LEFT one is compacted away
+				l.compact()
+				reps[0].kick()
+			} else {
+				l.mu.Lock()
+				l.applied++
+				l.events = append(l.events, &pb.Event{Index: l.applied, Body: &pb.Event_PhaseChanged{PhaseChanged: &pb.WorkerPhaseChanged{
+					WorkerId: "w", Incarnation: 1, From: pb.WorkerPhase_WORKER_PHASE_DRAINING, To: pb.WorkerPhase_WORKER_PHASE_LEFT}}})
+				l.changedLocked()
+				l.mu.Unlock()
+			}
+			res := <-done
+			if res.err != nil || res.phase != pb.WorkerPhase_WORKER_PHASE_LEFT {
+				t.Fatalf("FollowDrain returned %s, %v; want LEFT", res.phase, res.err)
+			}
+		})
+	}
 }
