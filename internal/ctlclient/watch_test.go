@@ -30,7 +30,7 @@ type fakeLog struct {
 	floor   uint64
 	applied uint64
 	table   *pb.LoadTable
-	row     *pb.Worker // the worker table
+	row     *pb.Worker    // the worker table
 	changed chan struct{} // closed and replaced on every change
 }
 
