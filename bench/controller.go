@@ -404,7 +404,7 @@ func (b *controllerBench) startGateways(n int) ([]*benchGateway, error) {
 		}
 		wctx, stop := context.WithCancel(context.Background())
 		g := &benchGateway{cl: cl, p: cl.NewPlacer(ctlclient.PlacerOptions{}), r: placer.New(), session: s.Session.Id, stop: stop}
-		g.done.Go(func() { _ = cl.WatchLoad(wctx, 10*time.Millisecond, g.r.Update) })
+		g.done.Go(func() { _ = cl.WatchLoad(wctx, 10*time.Millisecond, 0, g.r.Update) })
 		g.done.Go(func() {
 			t := time.NewTicker(5 * time.Second)
 			defer t.Stop()

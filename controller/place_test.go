@@ -424,7 +424,7 @@ func TestWatchLoad(t *testing.T) {
 	tables := make(chan *pb.LoadTable, 64)
 	done := make(chan error, 1)
 	go func() {
-		done <- cl.WatchLoad(wctx, time.Millisecond, func(t *pb.LoadTable) {
+		done <- cl.WatchLoad(wctx, time.Millisecond, 0, func(t *pb.LoadTable) {
 			select {
 			case tables <- t:
 			default:

@@ -47,7 +47,7 @@ func (e *refusedError) Error() string {
 // watchLoad keeps the replica fed from the controller replicas' WatchLoad
 // streams until the gateway stops.
 func (g *Gateway) watchLoad() {
-	_ = g.ctl.WatchLoad(g.ctx, loadInterval, func(t *pb.LoadTable) {
+	_ = g.ctl.WatchLoad(g.ctx, loadInterval, g.cfg.WatchProbeInterval, func(t *pb.LoadTable) {
 		// The gateway's share of the workers (placer's shares) is its
 		// session's place among the table's sessions.
 		g.replica.SetSelf(g.session.idNow())

@@ -2,20 +2,11 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
+	"github.com/lumen-project/lumen/internal/ctlclient"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
-
-// errNoLeader: the watched controller replica knows no leader; it is cut
-// off from the quorum and its event stream would go silent.
-var errNoLeader = errors.New("gateway: the watched controller knows no leader")
 
 // flight is one in-flight request's worker stream as the move watcher sees
 // it. Moves are fenced by the placement epoch, which the controller bumps
@@ -122,108 +113,27 @@ func (g *Gateway) placementMoved(pl *pb.Placement, migration bool) {
 // watchMoves follows the controller's events and cuts the worker stream of
 // any in-flight request whose placement moved: a worker that hangs (and
 // breaks no stream) is caught by Serf, and its requests resume where the
-// recovery plan put them. It follows one replica at a time and moves on to
-// the next when the stream breaks, when the replica stops answering (the
-// connection's keepalive, or the probe timing out) or when it has lost its
-// leader.
+// recovery plan put them. It follows one replica at a time (ctlclient.Watch)
+// and moves on to the next when the stream breaks, when the replica stops
+// answering (the connection's keepalive, or the probe every
+// WatchProbeInterval) or when it has lost its leader.
 func (g *Gateway) watchMoves() {
-	var from uint64
-	for i := 0; ; i++ {
-		cc := g.watchConns[i%len(g.watchConns)]
-		err := g.watchOn(cc, &from)
-		if g.ctx.Err() != nil {
-			return
-		}
-		if status.Code(err) == codes.OutOfRange {
-			from = 0 // too far behind: start from now
-		}
-		g.log.Debug("event stream ended; moving to the next controller", "controller", cc.Target(), "error", err)
-		if (i+1)%len(g.watchConns) != 0 {
-			continue // try the next replica at once
-		}
-		select {
-		case <-g.stop:
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	w := &ctlclient.Watch[pb.Event]{Conns: g.watchConns, ProbeInterval: g.cfg.WatchProbeInterval, Logger: g.log,
+		Open: ctlclient.WatchEventsOn, Index: ctlclient.EventIndex, Deliver: g.onEvent}
+	_ = w.Run(g.ctx)
 }
 
-// watchOn follows the event stream of one replica from *from, advancing
-// it, until the stream breaks or the replica fails its probe.
-func (g *Gateway) watchOn(cc *grpc.ClientConn, from *uint64) error {
-	ctx, cancel := context.WithCancelCause(g.ctx)
-	defer cancel(nil)
-	op := pb.NewOperatorClient(cc)
-	if err := g.probe(ctx, op, from); err != nil {
-		return err
+// onEvent acts on one event; a repeat (an event of the index in progress
+// when a stream broke, delivered again) is harmless: the epoch fence.
+func (g *Gateway) onEvent(ev *pb.Event) {
+	if mv := ev.GetPlacementMoved(); mv != nil && mv.Placement != nil {
+		g.placementMoved(mv.Placement, false)
 	}
-	stream, err := pb.NewControllerClient(cc).WatchEvents(ctx, &pb.WatchEventsRequest{FromIndex: *from})
-	if err != nil {
-		return err
+	// A committed migration moves the stream too (the source's last
+	// message usually says so first; the epoch fence makes either one
+	// enough).
+	if mg := ev.GetMigration(); mg != nil && mg.Stage == pb.Migration_STAGE_COMMITTED && mg.Placement != nil {
+		g.placementMoved(mg.Placement, true)
 	}
-	probed := make(chan struct{})
-	go func() { // owned here: it ends with ctx, and watchOn waits for it
-		defer close(probed)
-		t := time.NewTicker(g.cfg.WatchProbeInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := g.probe(ctx, op, nil); err != nil {
-					cancel(err)
-					return
-				}
-			}
-		}
-	}()
-	defer func() { cancel(nil); <-probed }()
-	var last uint64
-	for {
-		ev, err := stream.Recv()
-		if err != nil {
-			if cause := context.Cause(ctx); ctx.Err() != nil && cause != nil && g.ctx.Err() == nil {
-				err = cause
-			}
-			return err
-		}
-		if ev.Index > last && last > 0 {
-			// Every event of index last has arrived: a reconnect starts
-			// after it. Events of the index in progress are asked for
-			// again; the epoch fence makes a repeat harmless.
-			*from = last
-		}
-		last = ev.Index
-		if mv := ev.GetPlacementMoved(); mv != nil && mv.Placement != nil {
-			g.placementMoved(mv.Placement, false)
-		}
-		// A committed migration moves the stream too (the source's last
-		// message usually says so first; the epoch fence makes either
-		// one enough).
-		if mg := ev.GetMigration(); mg != nil && mg.Stage == pb.Migration_STAGE_COMMITTED && mg.Placement != nil {
-			g.placementMoved(mg.Placement, true)
-		}
-		g.watched.Store(ev.Index)
-	}
-}
-
-// probe asks the replica for its status within WatchProbeInterval; a
-// replica that does not answer or knows no leader fails. When from points
-// at 0 it is set to the replica's applied index (the watch starts now).
-func (g *Gateway) probe(ctx context.Context, op pb.OperatorClient, from *uint64) error {
-	pctx, cancel := context.WithTimeout(ctx, g.cfg.WatchProbeInterval)
-	defer cancel()
-	st, err := op.ClusterStatus(pctx, &pb.ClusterStatusRequest{})
-	if err != nil {
-		return err
-	}
-	if st.LeaderId == "" {
-		return fmt.Errorf("%w (replica %s)", errNoLeader, st.NodeId)
-	}
-	if from != nil && *from == 0 {
-		*from = st.AppliedIndex
-	}
-	return nil
+	g.watched.Store(ev.Index)
 }

@@ -90,7 +90,7 @@ type loadView struct {
 
 // watchLoad feeds e.load until ctx ends.
 func (e *env) watchLoad(ctx context.Context) {
-	_ = e.client.WatchLoad(ctx, 10*time.Millisecond, func(t *pb.LoadTable) {
+	_ = e.client.WatchLoad(ctx, 10*time.Millisecond, 0, func(t *pb.LoadTable) {
 		e.load.replica.Update(t)
 		e.load.mu.Lock()
 		if e.load.last == nil || t.AppliedIndex >= e.load.last.AppliedIndex {

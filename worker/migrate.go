@@ -42,8 +42,10 @@ import (
 //
 // Every way out that is not a commit is an abort: the request runs on at
 // the source as if nothing happened, the destination is told (it frees the
-// pre-allocation; one that hears nothing reclaims it after
-// Config.MigrationTimeout), and so is the controller.
+// pre-allocation), and so is the controller. A destination whose source
+// died mid-copy hears it from the controller: the Migration ABORTED event
+// that names it as to_worker frees the pre-allocation at once (abortedIn);
+// one that hears nothing at all reclaims it after Config.MigrationTimeout.
 
 // Limits of the Migrate stream.
 const (
@@ -104,6 +106,64 @@ func (w *Worker) abortedByController(mg *pb.Migration, index uint64) {
 	w.mu.Unlock()
 	if m != nil && m.epoch == mg.Placement.Epoch && m.to == mg.ToWorker && m.toInc == mg.ToIncarnation && m.index < index {
 		m.cancel(fmt.Errorf("worker: migration: the controller aborted it: %s", mg.Reason))
+	}
+}
+
+// migrationIn is a migration into this worker that it accepted: the
+// migration's epoch, and the applied index of the placement read that
+// accepted it — an ABORTED event at or below that index ends an earlier
+// migration of the request, not this one.
+type migrationIn struct {
+	epoch uint64
+	seen  uint64
+}
+
+// acceptedIn records that the migration of request id under epoch was
+// accepted on a read at applied index seen.
+func (w *Worker) acceptedIn(id string, epoch, seen uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.incoming == nil || len(w.incoming) > 4096 {
+		// Records of migrations adopted by a recovery (no event ends
+		// them) are dropped wholesale now and then, as migDone's are.
+		w.incoming = map[string]migrationIn{}
+	}
+	w.incoming[id] = migrationIn{epoch: epoch, seen: seen}
+}
+
+// endedIn forgets the migration in of request id (its source ended it).
+func (w *Worker) endedIn(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.incoming, id)
+}
+
+// abortedIn frees the pre-allocation of a migration into this worker that
+// the controller's ABORTED event mg, at log index index, ends: the leader
+// aborted it (its timeout, the request's end) or its source failed and the
+// recovery does not reuse the copy (the copy a recovery reuses gets no
+// ABORTED: its assignment says so). A source that dies sends no end on its
+// stream; without the event the pages and the running slot would stay
+// until MigrationTimeout. The event's placement is at the migration's
+// epoch, or one past it when a recovery moved the request.
+func (w *Worker) abortedIn(mg *pb.Migration, index uint64) {
+	id := mg.Placement.RequestId
+	w.mu.Lock()
+	in, ok := w.incoming[id]
+	ok = ok && index > in.seen && in.epoch <= mg.Placement.Epoch
+	if ok {
+		delete(w.incoming, id)
+	}
+	w.mu.Unlock()
+	if !ok {
+		return
+	}
+	aborted := false
+	w.sched.do(w.stopCtx, func() { aborted = w.sched.core.AbortIn(id, in.epoch); w.sched.apply() })
+	if aborted {
+		w.metrics.migrationsIn.WithLabelValues("aborted").Inc()
+		w.log.Info("the controller aborted a migration into this worker; its pages are freed", "request", id,
+			"epoch", in.epoch, "reason", mg.Reason)
 	}
 }
 
@@ -432,13 +492,17 @@ func (w *Worker) migrateIn(stream grpc.BidiStreamingServer[pb.MigrateMessage, pb
 		}
 		if err != nil {
 			// The source is gone without an end: the pre-allocation stays
-			// until the migration timeout, for a recovery to reuse.
+			// for a recovery to reuse, until the controller's ABORTED
+			// event (abortedIn) or the migration timeout.
 			if held {
-				log.Info("the source's migration stream broke; its pages stay until the migration timeout", "error", err)
+				log.Info("the source's migration stream broke; its pages stay until the controller aborts the migration or the migration timeout", "error", err)
 			}
 			return err
 		}
 		if end := m.GetEnd(); end != nil {
+			if id != "" {
+				w.endedIn(id)
+			}
 			if !end.Committed && held {
 				aborted := false
 				w.sched.do(w.stopCtx, func() { aborted = w.sched.core.AbortIn(id, epoch); w.sched.apply() })
@@ -455,11 +519,13 @@ func (w *Worker) migrateIn(stream grpc.BidiStreamingServer[pb.MigrateMessage, pb
 		}
 		if id == "" {
 			log = w.log.With("request", part.RequestId, "epoch", part.Epoch, "from", part.FromWorker)
-			if r, detail := w.checkMigrationIn(stream.Context(), part); r != pb.MigrateRefusal_MIGRATE_REFUSAL_UNSPECIFIED {
+			r, detail, seen := w.checkMigrationIn(stream.Context(), part)
+			if r != pb.MigrateRefusal_MIGRATE_REFUSAL_UNSPECIFIED {
 				log.Info("refused a migration", "refusal", r, "detail", detail)
 				return stream.Send(&pb.MigrateAck{Stage: part.Stage, Refusal: r, Detail: detail})
 			}
 			id, epoch = part.RequestId, part.Epoch
+			w.acceptedIn(id, epoch, seen)
 		}
 		if part.RequestId != id || part.Epoch != epoch {
 			return status.Errorf(codes.InvalidArgument, "worker: migration: the stream migrates %q under epoch %d, a part names %q under %d",
@@ -552,16 +618,17 @@ func refusalOf(err error) pb.MigrateRefusal {
 // MIGRATING at the part's epoch, from the part's worker, towards this
 // worker's incarnation. A stale read answers first; a linearizable one
 // confirms a refusal (a lagging replica may not know the migration yet).
-func (w *Worker) checkMigrationIn(ctx context.Context, part *pb.MigrationStage) (pb.MigrateRefusal, string) {
+// seen is the applied index of the read that accepted it.
+func (w *Worker) checkMigrationIn(ctx context.Context, part *pb.MigrationStage) (r pb.MigrateRefusal, detail string, seen uint64) {
 	switch {
 	case w.ctl == nil:
-		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE, "a standalone worker (no controller) cannot check placements; it takes no migration"
+		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE, "a standalone worker (no controller) cannot check placements; it takes no migration", 0
 	case w.isDraining() || w.isLeaving():
-		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE, fmt.Sprintf("worker %s is draining", w.cfg.ID)
+		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE, fmt.Sprintf("worker %s is draining", w.cfg.ID), 0
 	case !w.cfg.Engine.Loaded():
-		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE, fmt.Sprintf("worker %s is loading its model", w.cfg.ID)
+		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE, fmt.Sprintf("worker %s is loading its model", w.cfg.ID), 0
 	case part.Stage != 1 || part.FirstPage != 0:
-		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNKNOWN_REQUEST, fmt.Sprintf("a stream that starts at stage %d, page %d: no such migration here", part.Stage, part.FirstPage)
+		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNKNOWN_REQUEST, fmt.Sprintf("a stream that starts at stage %d, page %d: no such migration here", part.Stage, part.FirstPage), 0
 	}
 	check := func(c pb.Consistency) (pb.MigrateRefusal, string) {
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -574,6 +641,7 @@ func (w *Worker) checkMigrationIn(ctx context.Context, part *pb.MigrationStage) 
 			return pb.MigrateRefusal_MIGRATE_REFUSAL_UNAVAILABLE, fmt.Sprintf("could not read the placement: %v", status.Convert(err).Message())
 		}
 		p, inc := resp.Placement, w.incarnation.Load()
+		seen = resp.AppliedIndex
 		switch {
 		case p.State != pb.PlacementState_PLACEMENT_STATE_MIGRATING || p.Epoch != part.Epoch:
 			return pb.MigrateRefusal_MIGRATE_REFUSAL_STALE_EPOCH, fmt.Sprintf("the placement is %s at epoch %d, the migration's epoch is %d",
@@ -588,7 +656,8 @@ func (w *Worker) checkMigrationIn(ctx context.Context, part *pb.MigrationStage) 
 		return pb.MigrateRefusal_MIGRATE_REFUSAL_UNSPECIFIED, ""
 	}
 	if r, _ := check(pb.Consistency_CONSISTENCY_STALE); r == pb.MigrateRefusal_MIGRATE_REFUSAL_UNSPECIFIED {
-		return r, ""
+		return r, "", seen
 	}
-	return check(pb.Consistency_CONSISTENCY_LINEARIZABLE)
+	r, detail = check(pb.Consistency_CONSISTENCY_LINEARIZABLE)
+	return r, detail, seen
 }

@@ -52,7 +52,7 @@ type Worker struct {
 	store *ckptStore
 	peers *workerdir.Directory // checkpoint holders, by id
 
-	mu        sync.Mutex // guards draining, leaving, senders, assisting, outgoing, migDone
+	mu        sync.Mutex // guards draining, leaving, senders, assisting, outgoing, migDone, incoming
 	draining  bool
 	senders   map[string]*ckptSender
 	assisting *assistSession // the drafter's open Assist stream (assist.go)
@@ -61,6 +61,9 @@ type Worker struct {
 	// not start it again) (migrate.go).
 	outgoing map[string]*migrationOut
 	migDone  map[string]uint64
+	// incoming are the migrations in this worker accepted, by request id
+	// (migrate.go; made on first use).
+	incoming map[string]migrationIn
 	// leaving: the worker drains by migration and leaves once empty
 	// (drain.go); exited closes when it has.
 	leaving bool

@@ -390,28 +390,12 @@ func runWorkerDrain(args []string) error {
 	}
 	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	stream, err := cl.WatchEvents(sctx, resp.Index)
+	phase, err := cl.FollowDrain(sctx, id, resp.Worker.GetIncarnation(), resp.Index, func(ev *pb.Event) { fmt.Println(formatEvent(ev)) })
 	if err != nil {
-		return explain(err, cf.addr)
+		return nil // interrupted: the drain goes on
 	}
-	for {
-		ev, err := stream.Recv()
-		if err != nil {
-			if sctx.Err() != nil {
-				return nil
-			}
-			return explain(err, cf.addr)
-		}
-		if m := ev.GetMigration(); m != nil && (m.FromWorker == id || m.ToWorker == id) {
-			fmt.Println(formatEvent(ev))
-		}
-		if pc := ev.GetPhaseChanged(); pc != nil && pc.WorkerId == id {
-			fmt.Println(formatEvent(ev))
-			if pc.To != pb.WorkerPhase_WORKER_PHASE_DRAINING {
-				return nil
-			}
-		}
-	}
+	fmt.Printf("worker %s is %s\n", id, phaseName(phase))
+	return nil
 }
 
 // drainSummary says what a drain does, for the operator who asked.

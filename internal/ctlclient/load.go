@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
+
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -13,47 +15,28 @@ import (
 const MaxGetPlacements = 4096
 
 // WatchLoad follows the load table until ctx ends: it opens WatchLoad on a
-// replica (any: each serves its own applied state), calls fn with every
-// table, in order, and when the stream breaks reopens it on the next
-// replica. interval is the most often a table is sent (0: the
-// controller's default, 10 ms; it is rounded to whole milliseconds, at
-// least 1). A table after a reconnect may be older than the last one (a
-// lagging replica): its applied_index says so (placer.Replica.Update
-// ignores it). fn runs on WatchLoad's goroutine and must not block long.
-// It returns ctx's error.
-func (c *Client) WatchLoad(ctx context.Context, interval time.Duration, fn func(*pb.LoadTable)) error {
+// replica (any: each serves its own applied state) and calls fn with every
+// table, in order, as Watch does: it moves to the next replica when the
+// stream breaks, or when the replica fails its probe every probe interval
+// (0: DefaultProbeInterval) — a paused replica or a silently dropped
+// connection, whose stream goes quiet, or one cut off from the quorum,
+// whose table no longer changes: either would leave the caller choosing
+// from a frozen table, dead workers still eligible in it. interval is the
+// most often a table is sent (0: the controller's default, 10 ms; it is
+// rounded to whole milliseconds, at least 1). A table after a reconnect
+// may be older than the last one (a lagging replica): its applied_index
+// says so (placer.Replica.Update ignores it). fn runs on WatchLoad's
+// goroutine and must not block long. It returns ctx's error.
+func (c *Client) WatchLoad(ctx context.Context, interval, probe time.Duration, fn func(*pb.LoadTable)) error {
 	ms := uint32(0)
 	if interval > 0 {
 		ms = uint32(max(1, interval.Milliseconds()))
 	}
-	backoff := 20 * time.Millisecond
-	for attempt := 0; ctx.Err() == nil; attempt++ {
-		i := (int(c.next.Load()) + attempt) % len(c.conns)
-		got := false
-		stream, err := pb.NewControllerClient(c.conns[i]).WatchLoad(ctx, &pb.WatchLoadRequest{IntervalMs: ms})
-		if err == nil {
-			for {
-				t, err := stream.Recv()
-				if err != nil {
-					break
-				}
-				got = true
-				fn(t)
-			}
-		}
-		if got {
-			backoff = 20 * time.Millisecond
-			continue // straight to the next replica
-		}
-		if (attempt+1)%len(c.conns) == 0 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, ReconnectMax)
-		}
-	}
-	return ctx.Err()
+	w := &Watch[pb.LoadTable]{Conns: c.conns, Start: int(c.next.Load()), ProbeInterval: probe, Deliver: fn,
+		Open: func(ctx context.Context, cc *grpc.ClientConn, _ uint64) (grpc.ServerStreamingClient[pb.LoadTable], error) {
+			return pb.NewControllerClient(cc).WatchLoad(ctx, &pb.WatchLoadRequest{IntervalMs: ms})
+		}}
+	return w.Run(ctx)
 }
 
 // GetPlacements reads many placements (any number of ids: the client splits

@@ -54,3 +54,43 @@ func TestOwnSumsMatchOwnPlacements(t *testing.T) {
 		}
 	}
 }
+
+// While no table comes (the controllers are out, or the replica watched
+// is stalled), every request adds an own placement and none leaves: the
+// replica keeps at most MaxOwn, dropping the oldest, and its per-worker
+// sums stay those of the placements it keeps.
+func TestOwnIsCappedWithoutTables(t *testing.T) {
+	r := New()
+	r.Update(&pb.LoadTable{AppliedIndex: 1, Workers: []*pb.WorkerLoad{row("w0", 1, full, 0, 0), row("w1", 1, full, 0, 0)}})
+	const extra = 1000
+	for i := 0; i < MaxOwn+extra; i++ {
+		id := fmt.Sprintf("r%d", i)
+		if _, _, ok := r.Take(id, 100); !ok {
+			t.Fatalf("take %d: no worker", i)
+		}
+		if i%3 == 0 {
+			r.Committed(id, "w1", 10+uint64(i)) // committed past the table held: still counted
+		}
+	}
+	if n := r.Pending(); n != MaxOwn {
+		t.Fatalf("%d own placements after %d takes without a table, want the cap %d", n, MaxOwn+extra, MaxOwn)
+	}
+	var sum uint32
+	for _, v := range r.Views() {
+		sum += v.PendingRequests
+	}
+	if sum != MaxOwn {
+		t.Fatalf("the views count %d pending requests, the replica keeps %d", sum, MaxOwn)
+	}
+	r.mu.Lock()
+	_, oldest := r.own["r0"]
+	_, newest := r.own[fmt.Sprintf("r%d", MaxOwn+extra-1)]
+	order := len(r.order)
+	r.mu.Unlock()
+	if oldest || !newest {
+		t.Fatalf("kept the oldest (%v) or dropped the newest (%v): the oldest goes first", oldest, !newest)
+	}
+	if order > 2*MaxOwn+64 {
+		t.Fatalf("the order of takes holds %d entries for %d placements", order, MaxOwn)
+	}
+}

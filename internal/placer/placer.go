@@ -28,6 +28,24 @@ type own struct {
 	worker string
 	pages  uint64
 	index  uint64 // commit index; 0 while not committed
+	seq    uint64 // the Take that made it, for the oldest-first cap
+}
+
+// MaxOwn is the most placements a replica counts that no table counts yet.
+// While tables stop coming (the replica watched stalls, an outage of the
+// controllers) every new request adds one and none leaves; past MaxOwn the
+// oldest is dropped, the likeliest to be counted by the table held already
+// or finished. A cap, not an age: the package has no clock (the simulator
+// runs it too), and a cap bounds the memory whatever the request rate. At
+// 16,384 it is far above what one gateway places between two tables
+// (thousands a second at most, tables every 10 ms, commits in tens of
+// milliseconds), so it drops nothing while tables come.
+const MaxOwn = 1 << 14
+
+// ownRef names an own placement in the order of Takes.
+type ownRef struct {
+	id  string
+	seq uint64
 }
 
 // Replica is safe for concurrent use.
@@ -43,6 +61,11 @@ type Replica struct {
 	// flight, iterating own on every Take was the largest CPU cost of a
 	// gateway-like client in lumen bench controller.
 	ownBy map[string]ownSum
+	// order is own's ids in the order Take made them, oldest first, with
+	// entries since dropped or taken again (seq differs) left in until
+	// the cap or a compaction passes them; seq numbers the Takes.
+	order []ownRef
+	seq   uint64
 
 	// The share (share.go): gateway g of G, from SetShare or from the
 	// tables' sessions and this gateway's own (self).
@@ -188,8 +211,35 @@ func (r *Replica) Take(requestID string, promptTokens uint32, exclude ...string)
 	if i < 0 {
 		return "", 0, false
 	}
-	r.addOwn(requestID, own{worker: vs[i].ID, pages: policy.Pages(uint64(promptTokens))})
+	r.seq++
+	r.addOwn(requestID, own{worker: vs[i].ID, pages: policy.Pages(uint64(promptTokens)), seq: r.seq})
+	r.order = append(r.order, ownRef{id: requestID, seq: r.seq})
+	r.capOwnLocked()
 	return vs[i].ID, r.incs[i], true
+}
+
+// capOwnLocked drops the oldest own placements past MaxOwn, and compacts
+// order once most of it names placements no longer counted. r.mu must be
+// held.
+func (r *Replica) capOwnLocked() {
+	live := func(ref ownRef) bool { o, ok := r.own[ref.id]; return ok && o.seq == ref.seq }
+	k := 0
+	for len(r.own) > MaxOwn && k < len(r.order) {
+		if ref := r.order[k]; live(ref) {
+			r.dropOwn(ref.id, r.own[ref.id])
+		}
+		k++
+	}
+	r.order = r.order[k:]
+	if len(r.order) > 2*len(r.own)+64 {
+		kept := make([]ownRef, 0, 2*len(r.own)+1)
+		for _, ref := range r.order {
+			if live(ref) {
+				kept = append(kept, ref)
+			}
+		}
+		r.order = kept
+	}
 }
 
 // Committed records that the request's placement committed at index (on
