@@ -67,14 +67,15 @@ func (l *placeLink) dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.
 
 // complete completes requests whose Dispatch outcome is known: over the
 // stream, sent until a leader acknowledges them (the error is then nil
-// at once); unary where there is no stream.
+// at once, or ErrCompletesFull while the stream holds its limit
+// unacknowledged: the flusher keeps the ids and tries again later, so its
+// own bound holds); unary where there is no stream.
 func (l *placeLink) complete(ctx context.Context, ids []string) error {
 	if l.unary.Load() {
 		_, err := l.g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: ids})
 		return err
 	}
-	l.p.Complete(ids...)
-	return nil
+	return l.p.Complete(ids...)
 }
 
 // close flushes the completions sent over the stream (for at most wait)

@@ -521,4 +521,22 @@ func TestCheckGatewayPath(t *testing.T) {
 	if v := CheckGatewayPath(slow, nil); !v.OK {
 		t.Fatalf("no stream completed, yet the path was judged: %v", v.Violations)
 	}
+	// Issue 21: a placement left unconfirmed past the dispatch deadline
+	// fails the run, streams or not.
+	for _, s := range [][]Stream{streams, nil} {
+		unconfirmed := GatewayPaths{Counts: map[string]float64{gatewayCounters[0]: 3, unconfirmedCounter: 1}}
+		if v := CheckGatewayPath(unconfirmed, s); v.OK {
+			t.Fatalf("a run with a placement unconfirmed past %s passed: %s", unconfirmedBound, v.Note)
+		}
+	}
+	// A failed scrape is not a pass: the counters it would have read are
+	// unknown, whatever the others say.
+	failed := GatewayPaths{Counts: map[string]float64{gatewayCounters[0]: 3}, ScrapeFails: []string{"gw-1: connection refused"}}
+	if v := CheckGatewayPath(failed, streams); v.OK {
+		t.Fatalf("a run with a failed scrape passed: %s", v.Note)
+	}
+	none := GatewayPaths{ScrapeFails: []string{"gw-0: connection refused"}}
+	if v := CheckGatewayPath(none, streams); v.OK {
+		t.Fatalf("a run whose only scrape failed passed: %s", v.Note)
+	}
 }

@@ -297,7 +297,13 @@ func (pc *pclient) complete(id string) {
 	}
 	e := pc.e
 	op := Op{Client: pc.c, Kind: Complete, ID: id, Via: ViaPlace, Call: e.hist.Now()}
-	pc.placer.Complete(id)
+	if err := pc.placer.Complete(id); err != nil {
+		// Not taken (one complete at a time never fills the Placer):
+		// nothing was sent.
+		op.Return, op.Err = e.hist.Now(), err.Error()
+		e.hist.Add(op)
+		return
+	}
 	deadline := time.Now().Add(opTimeout)
 	for {
 		if _, n := pc.placer.Pending(); n == 0 {

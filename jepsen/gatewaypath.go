@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lumen-project/lumen/gateway"
 	"github.com/lumen-project/lumen/internal/devcluster"
 )
 
@@ -19,11 +20,15 @@ var gatewayCounters = []string{
 	`lumen_gateway_placement_fallbacks_total{why="no_worker"}`,
 	`lumen_gateway_placement_refusals_total{reason="worker_unavailable"}`,
 	`lumen_gateway_placement_refusals_total{reason="other"}`,
-	`lumen_gateway_placement_refusals_total{reason="unconfirmed"}`,
+	unconfirmedCounter,
 	`lumen_gateway_set_holder_total{result="applied"}`,
 	`lumen_gateway_set_holder_total{result="not_applied"}`,
 	`lumen_gateway_set_holder_total{result="failed"}`,
 }
+
+// unconfirmedCounter counts the placements a gateway gave up waiting for
+// (no controller answered within its dispatch deadline).
+const unconfirmedCounter = `lumen_gateway_placement_refusals_total{reason="unconfirmed"}`
 
 // GatewayPaths is what the gateways' request path did over a run: the sum
 // of their counters (a counter a gateway does not expose yet reads 0), and
@@ -43,25 +48,29 @@ func (p GatewayPaths) String() string {
 		g(gatewayCounters[7]), g(gatewayCounters[8]), g(gatewayCounters[9]))
 }
 
+// unconfirmedBound is how long a placement may stay unconfirmed: the
+// gateways' dispatch deadline, past which a gateway gives up on a
+// Dispatch's answer and counts it unconfirmed (the request runs on with no
+// placement, no holder and no recovery). Any such placement fails the run.
+var unconfirmedBound = gateway.DefaultConfig().DispatchTimeout
+
+// scrapeTries is how many times scrapeGateway asks a gateway before it
+// records the scrape as failed.
+const scrapeTries = 3
+
 // scrapeGateway adds gw's counters to e.gwPaths (before it is killed, and
-// at the end).
+// at the end). A gateway that does not answer is asked again, a few times;
+// one that never answers is a failed scrape, which fails gateway-path.
 func (e *env) scrapeGateway(ctx context.Context, gw *devcluster.Gateway) {
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
 	url := "http://" + gw.Addr + "/metrics"
-	got := map[string]float64{}
+	var got map[string]float64
 	var fails []string
-	for _, name := range gatewayCounters {
-		v, err := devcluster.ScrapeMetric(sctx, url, name)
-		switch {
-		case err == nil:
-			got[name] = v
-		case errors.Is(err, devcluster.ErrNoMetric):
-			// A counter not incremented yet is not exposed.
-		default:
-			fails = append(fails, fmt.Sprintf("%s: %v", gw.Name, err))
+	for try := 0; try < scrapeTries; try++ {
+		if try > 0 {
+			sleepCtx(ctx, 200*time.Millisecond)
 		}
-		if len(fails) > 0 {
+		got, fails = scrapeOnce(ctx, url, gw.Name)
+		if len(fails) == 0 {
 			break
 		}
 	}
@@ -76,11 +85,34 @@ func (e *env) scrapeGateway(ctx context.Context, gw *devcluster.Gateway) {
 	e.gwPaths.ScrapeFails = append(e.gwPaths.ScrapeFails, fails...)
 }
 
+// scrapeOnce reads every gateway counter from url: the values, or the
+// failure (none read).
+func scrapeOnce(ctx context.Context, url, name string) (map[string]float64, []string) {
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	got := map[string]float64{}
+	for _, counter := range gatewayCounters {
+		v, err := devcluster.ScrapeMetric(sctx, url, counter)
+		switch {
+		case err == nil:
+			got[counter] = v
+		case errors.Is(err, devcluster.ErrNoMetric):
+			// A counter not incremented yet is not exposed.
+		default:
+			return nil, []string{fmt.Sprintf("%s: %v", name, err)}
+		}
+	}
+	return got, nil
+}
+
 // CheckGatewayPath: the run exercised the gateways' request path off
 // consensus — streams completed and some of them started before their
-// placement committed. A run whose gateways always waited for the commit
-// tested the old path only, and its serving verdict says nothing of the
-// new one.
+// placement committed — and no placement stayed unconfirmed past the
+// gateways' dispatch deadline (unconfirmedBound). A run whose gateways
+// always waited for the commit tested the old path only, and its serving
+// verdict says nothing of the new one; a request that ran unconfirmed ran
+// with no placement, holder or recovery. Counters that could not be read
+// (a failed scrape) fail the run: what they would have said is unknown.
 func CheckGatewayPath(p GatewayPaths, streams []Stream) Verdict {
 	v := Verdict{Checker: "gateway-path", OK: true, Note: p.String()}
 	done := 0
@@ -90,10 +122,13 @@ func CheckGatewayPath(p GatewayPaths, streams []Stream) Verdict {
 		}
 	}
 	if len(p.ScrapeFails) > 0 {
-		v.Note += fmt.Sprintf("; %d scrapes failed (%s)", len(p.ScrapeFails), p.ScrapeFails[0])
+		v.fail("%d gateway scrapes failed after %d tries each (%s): the counters of the gateways' path are unknown", len(p.ScrapeFails), scrapeTries, p.ScrapeFails[0])
 	}
-	if done > 0 && p.get(gatewayCounters[0]) == 0 && len(p.ScrapeFails) == 0 {
+	if done > 0 && p.get(gatewayCounters[0]) == 0 {
 		v.fail("%d streams completed, none started before its placement committed: the gateways never took the replica's path (%s)", done, p.String())
+	}
+	if n := p.get(unconfirmedCounter); n > 0 {
+		v.fail("%g placements stayed unconfirmed past the gateways' dispatch deadline (%s): their requests ran with no placement, holder or recovery", n, unconfirmedBound)
 	}
 	return v
 }

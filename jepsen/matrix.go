@@ -24,6 +24,10 @@ var Matrix = []MatrixRun{
 	// leader killed mid-copy and at the commit.
 	{[]string{"migrate"}, 3, ""},
 	{[]string{"pause-leader"}, 3, ""},
+	// Issue 21: the leader paused past the gateways' dispatch deadline
+	// while both gateways place on the fast path; their Place streams to
+	// it hang until their liveness moves them.
+	{[]string{"pause-leader-long"}, 3, ""},
 	{[]string{"pause-worker"}, 3, ""},
 	{[]string{"partition-leader"}, 3, ""},
 	{[]string{"partition-halves"}, 5, ""},

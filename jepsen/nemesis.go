@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/gateway"
 	"github.com/lumen-project/lumen/internal/devcluster"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -23,7 +24,10 @@ type nemesis struct {
 	// timeout bounds start (default 5 s): a nemesis that waits for a
 	// state (a worker in ASSIST) gets longer.
 	timeout time.Duration
-	start   func(ctx context.Context, e *env) (string, error)
+	// hold is how long the fault lasts before heal (default 1–3 s, at
+	// random).
+	hold  time.Duration
+	start func(ctx context.Context, e *env) (string, error)
 }
 
 // Nemeses are the faults by name.
@@ -105,6 +109,18 @@ var Nemeses = map[string]nemesis{
 				return "", err
 			}
 			return "SIGSTOP leader " + e.cl.Controllers[i].ID, e.cl.Signal(i, syscall.SIGSTOP)
+		}},
+	"pause-leader-long": {hold: longPause,
+		doc: "SIGSTOP the leader for the gateways' dispatch deadline and 5 s more, while two gateways place on the fast path: their Place streams to it stay open and silent (its kernel still acknowledges TCP), so only their liveness moves them to the new leader before their Dispatches time out unconfirmed; SIGCONT at heal",
+		start: func(ctx context.Context, e *env) (string, error) {
+			if len(e.gws) < 2 {
+				return "", errOneGateway
+			}
+			i, err := e.leader(ctx)
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("SIGSTOP leader %s for %s", e.cl.Controllers[i].ID, longPause), e.cl.Signal(i, syscall.SIGSTOP)
 		}},
 	"pause-worker": {doc: "SIGSTOP a random worker; SIGCONT at heal",
 		start: func(ctx context.Context, e *env) (string, error) {
@@ -281,8 +297,14 @@ func (e *env) gatewayInFlight(ctx context.Context) (*devcluster.Gateway, int) {
 	}
 }
 
+// longPause is pause-leader-long's pause: past the gateways' dispatch
+// deadline, so that a Dispatch sent on a stream to the paused leader just
+// before the pause times out within it.
+var longPause = gateway.DefaultConfig().DispatchTimeout + 5*time.Second
+
 // nemesis injects a fault from the configured set about every Interval,
-// holds it for 1–3 s, heals it, and stops when ctx ends.
+// holds it for 1–3 s (or the nemesis's hold), heals it, and stops when ctx
+// ends.
 func (e *env) nemesis(ctx context.Context) {
 	if len(e.cfg.Nemeses) == 0 {
 		<-ctx.Done()
@@ -311,7 +333,11 @@ func (e *env) nemesis(ctx context.Context) {
 			e.mu.Unlock()
 			e.logf("nemesis %s: %s", name, what)
 		}
-		sleepCtx(ctx, time.Second+time.Duration(e.rng.Int63n(int64(2*time.Second))))
+		hold := time.Second + time.Duration(e.rng.Int63n(int64(2*time.Second)))
+		if n.hold > 0 {
+			hold = n.hold
+		}
+		sleepCtx(ctx, hold)
 		e.heal(context.Background())
 	}
 }

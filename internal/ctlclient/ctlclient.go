@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/internal/liveness"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -144,7 +145,7 @@ func New(addrs []string, clientTLS *tls.Config) (*Client, error) {
 	}
 	c := &Client{addrs: clean, AttemptTimeout: 2 * time.Second, creds: creds}
 	for _, a := range clean {
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds), grpc.WithConnectParams(reconnect))
+		cc, err := grpc.NewClient(a, c.dialOptions()...)
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("ctlclient: %s: %w", a, err)
@@ -152,6 +153,26 @@ func New(addrs []string, clientTLS *tls.Config) (*Client, error) {
 		c.conns = append(c.conns, cc)
 	}
 	return c, nil
+}
+
+// dialOptions are every controller connection's: the fast reconnect, and
+// keepalive pings, so that a replica that stops answering (SIGSTOPped, or
+// behind a link that drops packets without a reset) breaks the streams on
+// its connection instead of leaving them waiting forever. Streams that
+// must notice sooner than the keepalive does probe as well (Placer).
+func (c *Client) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithTransportCredentials(c.creds), grpc.WithConnectParams(reconnect),
+		liveness.DialOption(liveness.DefaultTime, liveness.DefaultTimeout)}
+}
+
+// indexOf returns addr's place among the replicas' addresses, or -1.
+func (c *Client) indexOf(addr string) int {
+	for i, a := range c.addrs {
+		if a == addr {
+			return i
+		}
+	}
+	return -1
 }
 
 // Close closes every connection.
@@ -170,17 +191,15 @@ func (c *Client) Close() {
 // connTo returns the connection to addr: one of the replicas', or a new
 // one kept until Close.
 func (c *Client) connTo(addr string) (*grpc.ClientConn, error) {
-	for i, a := range c.addrs {
-		if a == addr {
-			return c.conns[i], nil
-		}
+	if i := c.indexOf(addr); i >= 0 {
+		return c.conns[i], nil
 	}
 	c.extraMu.Lock()
 	defer c.extraMu.Unlock()
 	if cc, ok := c.extra[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds), grpc.WithConnectParams(reconnect))
+	cc, err := grpc.NewClient(addr, c.dialOptions()...)
 	if err != nil {
 		return nil, err
 	}

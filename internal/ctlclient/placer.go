@@ -24,8 +24,22 @@ const MaxPlaceBatch = 4096
 // accepts a Place stream; a refused stream ends without it.
 const AcceptedHeader = "lumen-place-leader"
 
-// ErrPlacerClosed: Dispatch after Close.
-var ErrPlacerClosed = errors.New("ctlclient: placer closed")
+// DefaultProbeInterval is PlacerOptions.ProbeInterval's default.
+const DefaultProbeInterval = time.Second
+
+// DefaultMaxCompletes is PlacerOptions.MaxCompletes's default: the
+// gateway's completion flusher keeps as many while the controller is
+// unreachable.
+const DefaultMaxCompletes = 1 << 16
+
+var (
+	// ErrPlacerClosed: Dispatch after Close.
+	ErrPlacerClosed = errors.New("ctlclient: placer closed")
+	// ErrCompletesFull: Complete while MaxCompletes completes wait for an
+	// acknowledgement (no leader has answered for a while). Nothing was
+	// taken: call again later with the same ids.
+	ErrCompletesFull = errors.New("ctlclient: too many completes unacknowledged; retry later")
+)
 
 // PlacerOptions tune a Placer. The zero value is the default.
 type PlacerOptions struct {
@@ -39,6 +53,22 @@ type PlacerOptions struct {
 	// OnError, when set, is told why a stream broke or could not open (for
 	// logs); the Placer reconnects by itself.
 	OnError func(addr string, err error)
+	// ProbeInterval is how often the Placer asks the replica its stream
+	// runs on for its status (Operator.ClusterStatus), and how long it
+	// waits for the answer (default DefaultProbeInterval). A replica that
+	// does not answer in time (SIGSTOPped: its kernel still acknowledges
+	// TCP, so the stream never breaks; or behind a link that drops
+	// packets), that knows no leader, or that no longer leads loses the
+	// stream: the Placer opens one on the next replica and sends what was
+	// unanswered again. A dead stream is thus left within two intervals,
+	// well inside a gateway's DispatchTimeout; the connection's keepalive
+	// (liveness.DefaultTime + DefaultTimeout) is the slower backstop.
+	ProbeInterval time.Duration
+	// MaxCompletes bounds the completes not yet acknowledged, queued and
+	// in flight (default DefaultMaxCompletes). Past it Complete refuses
+	// with ErrCompletesFull, so that a caller's own backpressure holds
+	// while no leader answers.
+	MaxCompletes int
 }
 
 // Placer is a gateway's Place stream to the leader: placements and
@@ -73,6 +103,7 @@ type Placer struct {
 	c    *Client
 	opts PlacerOptions
 
+	// mu guards the fields below it.
 	mu        sync.Mutex
 	queue     []*placeCall // dispatches not yet in a sent batch
 	completes []string     // completes not yet in a sent batch
@@ -80,6 +111,10 @@ type Placer struct {
 	closing   bool
 	hint      string // the address to try first
 	idle      chan struct{}
+	// silent is the replica whose stream was abandoned for failing its
+	// probe: a NOT_LEADER hint naming it (a follower that has not seen the
+	// election yet) is not followed until a stream is accepted again.
+	silent string
 
 	kick   chan struct{} // buffered 1: something to send, or room to send it
 	cancel context.CancelFunc
@@ -111,6 +146,12 @@ func (c *Client) NewPlacer(opts PlacerOptions) *Placer {
 	}
 	if opts.MaxBatch < 1 || opts.MaxBatch > MaxPlaceBatch {
 		opts.MaxBatch = MaxPlaceBatch
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = DefaultProbeInterval
+	}
+	if opts.MaxCompletes < 1 {
+		opts.MaxCompletes = DefaultMaxCompletes
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Placer{c: c, opts: opts, kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
@@ -150,15 +191,33 @@ func (p *Placer) Dispatch(ctx context.Context, req *pb.DispatchRequest) (*pb.Dis
 	}
 }
 
-// Complete ends requests: fire-and-forget, sent until acknowledged.
-func (p *Placer) Complete(ids ...string) {
+// Complete ends requests: fire-and-forget, sent until acknowledged. It
+// refuses with ErrCompletesFull, taking none of ids, when they would carry
+// the completes unacknowledged past MaxCompletes (a call while none is
+// unacknowledged is always taken).
+func (p *Placer) Complete(ids ...string) error {
 	if len(ids) == 0 {
-		return
+		return nil
 	}
 	p.mu.Lock()
+	if n := p.unackedLocked(); n > 0 && n+len(ids) > p.opts.MaxCompletes {
+		p.mu.Unlock()
+		return fmt.Errorf("%w (%d waiting, limit %d)", ErrCompletesFull, n, p.opts.MaxCompletes)
+	}
 	p.completes = append(p.completes, ids...)
 	p.mu.Unlock()
 	p.wake()
+	return nil
+}
+
+// unackedLocked counts the completes queued and in flight. p.mu must be
+// held.
+func (p *Placer) unackedLocked() int {
+	n := len(p.completes)
+	for _, b := range p.inflight {
+		n += len(b.completes)
+	}
+	return n
 }
 
 // Pending returns how many dispatches and completes are not yet answered.
@@ -225,20 +284,21 @@ func (p *Placer) run(ctx context.Context) {
 	tried, fails := 0, 0
 	for ctx.Err() == nil {
 		addr := p.nextAddr(tried)
-		err := p.serve(ctx, addr)
+		accepted, err := p.serve(ctx, addr)
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil {
+		if accepted {
 			// The stream served, then broke: start over at the hint (the
-			// leader it named, or the same replica).
+			// leader it named, the same replica, or the next one after a
+			// replica that failed its probe).
 			tried, fails = 0, 0
 			continue
 		}
 		if p.opts.OnError != nil {
 			p.opts.OnError(addr, err)
 		}
-		if h := LeaderHint(err); h != "" && h != addr {
+		if h := LeaderHint(err); h != "" && h != addr && h != p.silentAddr() {
 			p.mu.Lock()
 			p.hint = h
 			p.mu.Unlock()
@@ -259,6 +319,12 @@ func (p *Placer) run(ctx context.Context) {
 	}
 }
 
+func (p *Placer) silentAddr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.silent
+}
+
 // nextAddr is the hint first, then the replicas in turn.
 func (p *Placer) nextAddr(tried int) string {
 	p.mu.Lock()
@@ -273,13 +339,16 @@ func (p *Placer) nextAddr(tried int) string {
 	return p.c.addrs[(int(p.c.next.Load())+tried)%len(p.c.addrs)]
 }
 
-// serve opens a Place stream on addr and serves it until it breaks. It
-// returns nil when the stream was accepted (and then broke), or why it was
-// refused or could not open.
-func (p *Placer) serve(ctx context.Context, addr string) error {
+// errSilent marks a stream abandoned because its replica failed the probe.
+var errSilent = errors.New("ctlclient: the Place stream's replica failed its probe")
+
+// serve opens a Place stream on addr and serves it until it breaks or the
+// replica fails its probe. accepted says the leader accepted the stream;
+// err is why it was refused or could not open, or why it ended.
+func (p *Placer) serve(ctx context.Context, addr string) (accepted bool, err error) {
 	cc, err := p.c.connTo(addr)
 	if err != nil {
-		return err
+		return false, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -288,7 +357,7 @@ func (p *Placer) serve(ctx context.Context, addr string) error {
 	stream, err := pb.NewControllerClient(cc).Place(sctx)
 	if err != nil {
 		timer.Stop()
-		return err
+		return false, err
 	}
 	md, _ := stream.Header()
 	timer.Stop()
@@ -297,36 +366,87 @@ func (p *Placer) serve(ctx context.Context, addr string) error {
 		if err == nil || err == io.EOF {
 			err = status.Errorf(codes.Unavailable, "controller at %s ended the Place stream without accepting it", addr)
 		}
-		return err
+		return false, err
 	}
 	p.mu.Lock()
-	p.hint = addr
+	p.hint, p.silent = addr, ""
 	p.mu.Unlock()
 
-	recvErr := make(chan error, 1)
-	go func() { recvErr <- p.receive(stream) }()
-	sendErr := make(chan error, 1)
-	go func() { sendErr <- p.send(sctx, stream) }()
-	var broke error
-	select {
-	case broke = <-recvErr:
-		cancel()
-		<-sendErr
-	case broke = <-sendErr:
-		cancel()
-		<-recvErr
-	}
+	// Three goroutines, owned here: each ends with sctx, and serve waits
+	// for all three. The first to end says why the stream ended.
+	ended := make(chan error, 3)
+	go func() { ended <- p.receive(stream) }()
+	go func() { ended <- p.send(sctx, stream) }()
+	go func() { ended <- p.probe(sctx, cc, addr) }()
+	broke := <-ended
+	cancel()
+	<-ended
+	<-ended
 	if p.opts.OnError != nil && ctx.Err() == nil {
 		p.opts.OnError(addr, broke)
 	}
 	p.requeue(broke)
-	if h := LeaderHint(broke); h != "" {
-		p.mu.Lock()
+	p.mu.Lock()
+	if h := LeaderHint(broke); h != "" && h != addr {
 		p.hint = h
-		p.mu.Unlock()
+	} else if errors.Is(broke, errSilent) {
+		// Reopen on the next replica; the silent one is tried again only
+		// in turn.
+		p.silent, p.hint = addr, p.c.addrs[(p.c.indexOf(addr)+1)%len(p.c.addrs)]
 	}
-	return nil
+	p.mu.Unlock()
+	return true, broke
 }
+
+// probe asks the stream's replica for its status every ProbeInterval,
+// each answer due within ProbeInterval, until ctx ends. It returns why the
+// stream must be abandoned: no answer in time, no leader known, or another
+// replica leads (the error then names it, as a NOT_LEADER refusal does).
+func (p *Placer) probe(ctx context.Context, cc *grpc.ClientConn, addr string) error {
+	op := pb.NewOperatorClient(cc)
+	t := time.NewTicker(p.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, p.opts.ProbeInterval)
+		st, err := op.ClusterStatus(pctx, &pb.ClusterStatusRequest{})
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			return silentError(addr, fmt.Sprintf("did not answer its status probe within %s (%v)", p.opts.ProbeInterval, status.Convert(err).Message()), "")
+		case st.LeaderId == "":
+			return silentError(addr, "knows no leader", "")
+		case st.LeaderId != st.NodeId:
+			return silentError(addr, fmt.Sprintf("no longer leads (%s does)", st.LeaderId), st.LeaderGrpcAddr)
+		}
+	}
+}
+
+// silentError is an Unavailable status (the batches are sent again) that
+// wraps errSilent, and names the leader (LeaderHint) when leader is set.
+func silentError(addr, why, leader string) error {
+	st := status.New(codes.Unavailable, fmt.Sprintf("controller at %s %s: leaving its Place stream", addr, why))
+	if leader != "" {
+		if d, err := st.WithDetails(&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: ReasonNotLeader,
+			Metadata: map[string]string{MetaLeaderAddr: leader}}); err == nil {
+			st = d
+		}
+	}
+	return &probeError{st: st}
+}
+
+// probeError is a status error that also matches errSilent.
+type probeError struct{ st *status.Status }
+
+func (e *probeError) Error() string              { return e.st.Err().Error() }
+func (e *probeError) GRPCStatus() *status.Status { return e.st }
+func (e *probeError) Is(target error) bool       { return target == errSilent }
 
 // permanent: a stream error that sending the same batch again would get
 // again (the batch itself is wrong).
