@@ -24,8 +24,10 @@ const MaxPlaceBatch = 4096
 // accepts a Place stream; a refused stream ends without it.
 const AcceptedHeader = "lumen-place-leader"
 
-// DefaultProbeInterval is PlacerOptions.ProbeInterval's default.
-const DefaultProbeInterval = time.Second
+// DefaultPlaceProbeInterval is PlacerOptions.ProbeInterval's default:
+// shorter than a watch's (DefaultProbeInterval), since every fast-path
+// Dispatch waits on the Place stream.
+const DefaultPlaceProbeInterval = time.Second
 
 // DefaultMaxCompletes is PlacerOptions.MaxCompletes's default: the
 // gateway's completion flusher keeps as many while the controller is
@@ -55,7 +57,7 @@ type PlacerOptions struct {
 	OnError func(addr string, err error)
 	// ProbeInterval is how often the Placer asks the replica its stream
 	// runs on for its status (Operator.ClusterStatus), and how long it
-	// waits for the answer (default DefaultProbeInterval). A replica that
+	// waits for the answer (default DefaultPlaceProbeInterval). A replica that
 	// does not answer in time (SIGSTOPped: its kernel still acknowledges
 	// TCP, so the stream never breaks; or behind a link that drops
 	// packets), that knows no leader, or that no longer leads loses the
@@ -148,7 +150,7 @@ func (c *Client) NewPlacer(opts PlacerOptions) *Placer {
 		opts.MaxBatch = MaxPlaceBatch
 	}
 	if opts.ProbeInterval <= 0 {
-		opts.ProbeInterval = DefaultProbeInterval
+		opts.ProbeInterval = DefaultPlaceProbeInterval
 	}
 	if opts.MaxCompletes < 1 {
 		opts.MaxCompletes = DefaultMaxCompletes
@@ -412,16 +414,14 @@ func (p *Placer) probe(ctx context.Context, cc *grpc.ClientConn, addr string) er
 			return ctx.Err()
 		case <-t.C:
 		}
-		pctx, cancel := context.WithTimeout(ctx, p.opts.ProbeInterval)
-		st, err := op.ClusterStatus(pctx, &pb.ClusterStatusRequest{})
-		cancel()
+		st, err := Probe(ctx, op, p.opts.ProbeInterval)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case errors.Is(err, ErrNoLeader):
+			return silentError(addr, "knows no leader", "")
 		case err != nil:
 			return silentError(addr, fmt.Sprintf("did not answer its status probe within %s (%v)", p.opts.ProbeInterval, status.Convert(err).Message()), "")
-		case st.LeaderId == "":
-			return silentError(addr, "knows no leader", "")
 		case st.LeaderId != st.NodeId:
 			return silentError(addr, fmt.Sprintf("no longer leads (%s does)", st.LeaderId), st.LeaderGrpcAddr)
 		}

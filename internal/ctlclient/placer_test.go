@@ -25,10 +25,10 @@ func checkLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 }
 
-// fakeReplica is a controller replica that serves Place and ClusterStatus
+// fakePlaceReplica is a controller replica that serves Place and ClusterStatus
 // only: it accepts every Place stream and answers each dispatch with a
 // placement on a worker named after itself.
-type fakeReplica struct {
+type fakePlaceReplica struct {
 	pb.UnimplementedControllerServer
 	pb.UnimplementedOperatorServer
 	id   string
@@ -41,13 +41,13 @@ type fakeReplica struct {
 	hold atomic.Bool
 }
 
-func startReplica(t *testing.T, id string) *fakeReplica {
+func startPlaceReplica(t *testing.T, id string) *fakePlaceReplica {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeReplica{id: id, addr: lis.Addr().String(), srv: grpc.NewServer(liveness.ServerOptions()...)}
+	f := &fakePlaceReplica{id: id, addr: lis.Addr().String(), srv: grpc.NewServer(liveness.ServerOptions()...)}
 	pb.RegisterControllerServer(f.srv, f)
 	pb.RegisterOperatorServer(f.srv, f)
 	go func() { _ = f.srv.Serve(lis) }()
@@ -55,7 +55,7 @@ func startReplica(t *testing.T, id string) *fakeReplica {
 	return f
 }
 
-func (f *fakeReplica) Place(stream grpc.BidiStreamingServer[pb.PlaceBatch, pb.PlaceResults]) error {
+func (f *fakePlaceReplica) Place(stream grpc.BidiStreamingServer[pb.PlaceBatch, pb.PlaceResults]) error {
 	if err := stream.SendHeader(metadata.Pairs(AcceptedHeader, f.id)); err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func (f *fakeReplica) Place(stream grpc.BidiStreamingServer[pb.PlaceBatch, pb.Pl
 	}
 }
 
-func (f *fakeReplica) ClusterStatus(context.Context, *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
+func (f *fakePlaceReplica) ClusterStatus(context.Context, *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
 	st := &pb.ClusterStatusResponse{NodeId: f.id, LeaderId: f.id, LeaderGrpcAddr: f.addr}
 	if l := f.leader.Load(); l != nil {
 		st.LeaderId, st.LeaderGrpcAddr = l[0], l[1]
@@ -205,7 +205,7 @@ func dispatchOn(t *testing.T, p *Placer, id string, within time.Duration) (strin
 // waited on the dead stream until every Dispatch timed out.
 func TestPlacerLeavesSilentLeader(t *testing.T) {
 	checkLeaks(t)
-	a, b := startReplica(t, "a"), startReplica(t, "b")
+	a, b := startPlaceReplica(t, "a"), startPlaceReplica(t, "b")
 	pa := startProxy(t, a.addr)
 	c, err := New([]string{pa.addr(), b.addr}, nil)
 	if err != nil {
@@ -237,7 +237,7 @@ func TestPlacerLeavesSilentLeader(t *testing.T) {
 // but no longer leads: the Placer moves to the leader it names.
 func TestPlacerFollowsProbedLeader(t *testing.T) {
 	checkLeaks(t)
-	a, b := startReplica(t, "a"), startReplica(t, "b")
+	a, b := startPlaceReplica(t, "a"), startPlaceReplica(t, "b")
 	c, err := New([]string{a.addr, b.addr}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +264,7 @@ func TestPlacerFollowsProbedLeader(t *testing.T) {
 // ids again.
 func TestPlacerBoundsCompletes(t *testing.T) {
 	checkLeaks(t)
-	a, b := startReplica(t, "a"), startReplica(t, "b")
+	a, b := startPlaceReplica(t, "a"), startPlaceReplica(t, "b")
 	// a leads (it answers its probes) and answers no batch: a leader that
 	// cannot commit.
 	a.hold.Store(true)

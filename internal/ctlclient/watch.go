@@ -216,16 +216,28 @@ func (w *Watch[T]) follow(ctx context.Context, cc *grpc.ClientConn, from *uint64
 // returns its applied index. A replica that does not answer, or knows no
 // leader, fails.
 func (w *Watch[T]) probe(ctx context.Context, op pb.OperatorClient) (uint64, error) {
-	pctx, cancel := context.WithTimeout(ctx, w.probeInterval())
-	defer cancel()
-	st, err := op.ClusterStatus(pctx, &pb.ClusterStatusRequest{})
+	st, err := Probe(ctx, op, w.probeInterval())
 	if err != nil {
 		return 0, err
 	}
-	if st.LeaderId == "" {
-		return 0, fmt.Errorf("%w (replica %s)", ErrNoLeader, st.NodeId)
-	}
 	return st.AppliedIndex, nil
+}
+
+// Probe asks a replica for its status within timeout: the liveness check
+// of every long-lived stream to the controllers (the watches here and the
+// Placer's Place stream). A replica that does not answer in time, or that
+// knows no leader (ErrNoLeader), fails; the caller leaves it for the next.
+func Probe(ctx context.Context, op pb.OperatorClient, timeout time.Duration) (*pb.ClusterStatusResponse, error) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	st, err := op.ClusterStatus(pctx, &pb.ClusterStatusRequest{})
+	if err != nil {
+		return nil, err
+	}
+	if st.LeaderId == "" {
+		return st, fmt.Errorf("%w (replica %s)", ErrNoLeader, st.NodeId)
+	}
+	return st, nil
 }
 
 // WatchEventsOn opens the event stream on one replica, for Watch.Open.
