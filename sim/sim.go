@@ -877,7 +877,9 @@ func (s *Sim) step(w *simWorker) {
 	st := w.core.Next(s.clock(), free)
 	s.flush(w)
 	if len(st.Batch) == 0 {
-		if !w.core.Idle() {
+		// Stalled: the queue waits for what a migration holds; its
+		// commit, abort or expiry wakes the worker.
+		if !w.core.Idle() && !w.core.Stalled() {
 			if w.empties++; w.empties > 100000 {
 				s.fail("%s: no step can run (%d running, %d waiting)", w.id, w.core.Running(), w.core.Waiting())
 				return

@@ -473,3 +473,31 @@ func TestSecondCallTakesTheRequestOver(t *testing.T) {
 		t.Fatalf("got  %v\nwant %v", out, want)
 	}
 }
+
+// TestRequestBeyondTheKVCacheIsRefused: a call within the model's context
+// whose prompt and max_tokens need more KV pages than the engine has is
+// refused at once, InvalidArgument (the gateway answers 400), with its
+// pages and the limit in the message (issue 21, defect 4). It used to run
+// until its cache outgrew the engine, then be preempted and recomputed
+// forever, alone.
+func TestRequestBeyondTheKVCacheIsRefused(t *testing.T) {
+	h := start(t, 8, nil) // 128 positions; the context holds 2048
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prompt := make([]int32, 100)
+	for i := range prompt {
+		prompt[i] = int32(1 + i%300)
+	}
+	out, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "big", Prompt: prompt, MaxTokens: 40})
+	st, _ := status.FromError(err)
+	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "need 9 KV pages") || !strings.Contains(st.Message(), "the engine has 8") {
+		t.Fatalf("%d tokens, then %v; want InvalidArgument naming 9 KV pages and the engine's 8", len(out), err)
+	}
+	if len(out) != 0 {
+		t.Fatalf("%d tokens streamed before the refusal", len(out))
+	}
+	// 100 + 29 − 1 = 128 positions fit.
+	if got, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "fits", Prompt: prompt, MaxTokens: 29}); err != nil || len(got) != 29 {
+		t.Fatalf("the largest call that fits: %d tokens, %v", len(got), err)
+	}
+}
