@@ -501,3 +501,87 @@ func TestRequestBeyondTheKVCacheIsRefused(t *testing.T) {
 		t.Fatalf("the largest call that fits: %d tokens, %v", len(got), err)
 	}
 }
+
+// TestQueueWaitsForAStoppedRequestsSlot: a call queued behind the only
+// running slot, held by a request stopped for its migration's commit,
+// waits for it (issue 21, defect 4). The scheduler refused it with
+// ErrTooLarge — a 400 for a request that fits — as soon as nothing ran.
+func TestQueueWaitsForAStoppedRequestsSlot(t *testing.T) {
+	h := start(t, 64, func(c *Config) { c.MaxRunning = 1 })
+	s := h.w.sched
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	on := func(f func()) {
+		if !s.do(ctx, f) {
+			t.Fatal("the scheduler stopped")
+		}
+	}
+	type result struct {
+		out []int32
+		err error
+	}
+	run := func(id string, n int) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			out, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: id, Prompt: []int32{1, 2, 3, 4, 5}, MaxTokens: uint32(n)})
+			ch <- result{out, err}
+		}()
+		return ch
+	}
+	a := run("a", 400)
+	waitUntil(t, 10*time.Second, "a runs", func() bool {
+		var fed int
+		on(func() {
+			if r := s.core.Lookup("a"); r != nil {
+				fed = r.Fed()
+			}
+		})
+		return fed > 0
+	})
+	on(func() {
+		if err := s.core.MigrateOut("a", 0); err != nil {
+			t.Error(err)
+			return
+		}
+		if st, err := s.core.NextStage("a", 0); err != nil || !st.Last {
+			t.Errorf("stage %+v, %v: want the last", st, err)
+		}
+		s.apply()
+	})
+	b := run("b", 10)
+	waitUntil(t, 10*time.Second, "b queued", func() bool {
+		var queued bool
+		on(func() { queued = s.core.Lookup("b") != nil })
+		select {
+		case r := <-b:
+			t.Fatalf("b ended while a's slot was only held: %d tokens, %v", len(r.out), r.err)
+		default:
+		}
+		return queued
+	})
+	// The scheduler went round its loop since (each call runs between
+	// steps): b still waits.
+	for range 3 {
+		on(func() {})
+	}
+	select {
+	case r := <-b:
+		t.Fatalf("b ended while a's slot was only held: %d tokens, %v", len(r.out), r.err)
+	default:
+	}
+	on(func() {
+		if !s.core.AbortOut("a", 0) {
+			t.Error("no migration to abort")
+		}
+		s.apply()
+	})
+	for _, c := range []struct {
+		ch chan result
+		n  int
+	}{{a, 400}, {b, 10}} {
+		r := <-c.ch
+		if r.err != nil || len(r.out) != c.n {
+			t.Fatalf("%d tokens of %d, %v", len(r.out), c.n, r.err)
+		}
+	}
+}
