@@ -341,9 +341,7 @@ func (s *Sim) committed(r *simRequest, gw *simGateway, id, w string, inc uint64)
 		if call == nil || r.call != call || call.ID != pl.RequestId || r.worker != pl.WorkerId {
 			return
 		}
-		call.Holder = pl.HolderId
-		call.Reserved = policy.Footprint(uint32(r.w.PromptLen()), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
-			uint64(s.cfg.Profile.KVBytesPerToken()))
+		s.setHolder(r, pl)
 	})
 }
 

@@ -245,7 +245,12 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 	gen := d.gen
 	s.at(s.now+core.DefaultMigrationTimeout, func() {
 		if d.gen == gen && d.alive {
-			s.between(d, func() { d.core.Expire(s.clock()); s.flush(d) })
+			s.between(d, func() {
+				if d.core.Expire(s.clock()) > 0 {
+					s.flush(d)
+					s.wake(d) // the pages it held may be what the queue waits for
+				}
+			})
 		}
 	})
 	if !m.srcOK() {
@@ -282,6 +287,7 @@ func (s *Sim) commitMigration(m *simMigration) {
 			s.between(m.src, func() {
 				m.src.core.CommitOut(m.id, m.epoch)
 				s.flush(m.src)
+				s.wake(m.src) // its pages and slot are free
 			})
 		}
 	})
@@ -318,6 +324,7 @@ func (s *Sim) abortMigration(m *simMigration, cause string, tell bool) {
 			if m.dst.core.AbortIn(m.id, m.epoch) {
 				s.flush(m.dst)
 				s.report(m.dst)
+				s.wake(m.dst)
 			}
 		})
 	}

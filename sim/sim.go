@@ -727,9 +727,9 @@ func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
 	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: r.w.PromptLen(), MaxTokens: r.w.Output,
 		Arrived: s.clock(), Sink: r}
 	if pl.HolderId != "" {
-		cr.Holder = pl.HolderId
-		cr.Reserved = policy.Footprint(uint32(r.w.PromptLen()), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
-			uint64(s.cfg.Profile.KVBytesPerToken()))
+		// A call that names its holder (worker.newRequest): the caller
+		// fills the request before Submit.
+		cr.Holder, cr.Reserved = pl.HolderId, s.footprint(r)
 	}
 	r.call = cr
 	w.core.Submit(cr)
@@ -739,6 +739,25 @@ func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
 }
 
 func (s *Sim) worker(id string) *simWorker { return s.byWorker[id] }
+
+// footprint is what the controller reserves on r's holder
+// (policy.Footprint of its prompt, its output and a worker's capacity).
+func (s *Sim) footprint(r *simRequest) uint64 {
+	return policy.Footprint(uint32(r.w.PromptLen()), uint32(r.w.Output), uint32(s.cfg.Profile.MaxContext),
+		uint64(s.cfg.Profile.KVBytesPerToken()))
+}
+
+// setHolder is the worker's SetHolder handler for r's call at placement
+// pl's worker, which the gateway started before the placement committed:
+// the core gives the call under pl's epoch its holder (core.SetHolder:
+// its epoch and empty-holder checks, the checkpoint resent from page 0).
+func (s *Sim) setHolder(r *simRequest, pl *pb.Placement) {
+	w := s.worker(pl.WorkerId)
+	if w == nil || !w.alive || w.inc != pl.WorkerIncarnation {
+		return // the call fails: the stream broke, the recovery places it
+	}
+	w.core.SetHolder(pl.RequestId, pl.Epoch, pl.HolderId, s.footprint(r))
+}
 
 // broke is a Generate stream that broke: the gateway polls the placement
 // until the controller moves the request.
@@ -877,7 +896,9 @@ func (s *Sim) step(w *simWorker) {
 	st := w.core.Next(s.clock(), free)
 	s.flush(w)
 	if len(st.Batch) == 0 {
-		if !w.core.Idle() {
+		// Stalled: the queue waits for what a migration holds; its
+		// commit, abort or expiry wakes the worker.
+		if !w.core.Idle() && !w.core.Stalled() {
 			if w.empties++; w.empties > 100000 {
 				s.fail("%s: no step can run (%d running, %d waiting)", w.id, w.core.Running(), w.core.Waiting())
 				return

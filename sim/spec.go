@@ -50,8 +50,10 @@ func (c *Config) validateSpec() []error {
 	if sp.Alpha < 0 || sp.Alpha > 1 {
 		errs = append(errs, fmt.Errorf("Spec.Alpha (%g) must be in [0, 1]", sp.Alpha))
 	}
-	if sp.K < -1 || sp.K > 64 {
-		errs = append(errs, fmt.Errorf("Spec.K (%d) must be in [-1, 64]", sp.K))
+	if sp.K != -1 {
+		if err := core.CheckSpecK(sp.K); err != nil {
+			errs = append(errs, fmt.Errorf("Spec.K (−1 fixes K = 0): %w", err))
+		}
 	}
 	if sp.AssistOnly < 0 || sp.AssistOnly >= max(c.Workers, 1) {
 		errs = append(errs, fmt.Errorf("Spec.AssistOnly (%d) must leave at least one of the %d workers in full service", sp.AssistOnly, c.Workers))
@@ -239,14 +241,14 @@ func (s *Sim) relink() {
 // or nil.
 func (s *Sim) partner(w *simWorker) *simWorker {
 	row := s.fsm.Worker(w.id)
-	if row == nil || row.Incarnation != w.inc || row.PairedWorker == "" {
+	if row == nil || row.Incarnation != w.inc {
 		return nil
 	}
 	t := s.byWorker[row.PairedWorker]
 	if t == nil || !t.alive || t.phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
 		return nil
 	}
-	if tr := s.fsm.Worker(t.id); tr == nil || tr.Incarnation != t.inc || tr.PairedWorker != w.id {
+	if tr := s.fsm.Worker(t.id); tr == nil || tr.Incarnation != t.inc || !core.Paired(row, tr) {
 		return nil
 	}
 	return t
@@ -257,21 +259,15 @@ func (s *Sim) partner(w *simWorker) *simWorker {
 func (s *Sim) pair(d, t *simWorker) {
 	a := &assist{target: t, drafter: d, d: core.NewDrafter(0), from: s.now, tokens: t.tokens}
 	d.as, t.as = a, a
-	t.core.SetSpec(s.specConfig(t.core))
+	t.core.SetSpec(s.specConfig())
 	s.mirror(a)
 }
 
-// specConfig is target c's speculation: a fixed K, or adaptive K over the
-// profile's fused step cost (core.ChooseK is pipeline-aware).
-func (s *Sim) specConfig(c *core.Core) core.SpecConfig {
-	switch k := s.cfg.Spec.K; {
-	case k > 0:
-		return core.SpecConfig{K: k}
-	case k < 0:
-		return core.SpecConfig{}
-	}
-	p := s.cfg.Profile
-	return core.SpecConfig{Adaptive: true, KMax: core.DefaultKMax, Cost: func(rows, k int) time.Duration { return p.StepTimeK(rows, k, 0) }}
+// specConfig is target c's speculation, as a worker's (core.TargetSpec):
+// a fixed K, or adaptive K over the profile's fused step cost
+// (core.ChooseK is pipeline-aware).
+func (s *Sim) specConfig() core.SpecConfig {
+	return core.TargetSpec(s.cfg.Spec.K, &s.cfg.Profile, 0)
 }
 
 // unpair ends a pairing: speculation off at the target (its Mirror goes

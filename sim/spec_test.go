@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,5 +238,22 @@ func TestPipelinedTokens(t *testing.T) {
 				t.Errorf("α %g K %d: %g ≥ %g", a, k, core.PipelinedTokens(a, k), core.ExpectedTokens(a, k))
 			}
 		}
+	}
+}
+
+// TestSpecKBound: the simulator takes the workers' bound on K
+// (core.MaxSpecK), not one of its own (issue 21, defect 9: it accepted up
+// to 64, where a worker's drafter stream broke from 32 on).
+func TestSpecKBound(t *testing.T) {
+	for _, k := range []int{-1, 0, core.MaxSpecK} {
+		c := Config{Workers: 2, Spec: SpecOptions{K: k}}
+		if errs := c.validateSpec(); len(errs) != 0 {
+			t.Errorf("Spec.K %d: %v", k, errs)
+		}
+	}
+	c := Config{Workers: 2, Spec: SpecOptions{K: core.MaxSpecK + 1}}
+	errs := c.validateSpec()
+	if len(errs) != 1 || !errors.Is(errs[0], core.ErrSpecK) || !strings.Contains(errs[0].Error(), "33 is outside [0, 32]") {
+		t.Fatalf("Spec.K %d: %v, want one error naming it and the bound", core.MaxSpecK+1, errs)
 	}
 }

@@ -87,6 +87,9 @@ func RunSpecK(o SpecKOptions) (*SpecKFigure, error) {
 	if o.KMax < 1 || o.Window <= 0 || o.Prompt < 1 || o.Output < 1 {
 		return nil, fmt.Errorf("%w: spec-k: KMax (%d), Window (%s), Prompt (%d) and Output (%d) must be positive", ErrInvalid, o.KMax, o.Window, o.Prompt, o.Output)
 	}
+	if err := core.CheckSpecK(o.KMax); err != nil {
+		return nil, fmt.Errorf("%w: spec-k: KMax: %v", ErrInvalid, err)
+	}
 	f := &SpecKFigure{Name: "spec-k"}
 	for _, alpha := range o.Alphas {
 		for _, b := range o.Batches {

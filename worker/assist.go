@@ -23,10 +23,9 @@ import (
 // the other: a step runs with whatever drafts have arrived, and the
 // scheduler never blocks on the stream.
 
-// Limits on an Assist stream.
+// Limits on an Assist stream (one request's draft line is at most
+// core.MaxDraftTokens).
 const (
-	// maxDraftTokens caps one request's draft line.
-	maxDraftTokens = 64
 	// maxMirrorBacklog caps the mirrored tokens waiting for a drafter that
 	// does not read: past it the stream ends (the drafter is too slow to be
 	// of use, and the backlog would grow without bound).
@@ -199,7 +198,7 @@ func (w *Worker) checkPairing(ctx context.Context, drafter string, incarnation u
 			d = r
 		}
 	}
-	if self == nil || d == nil || self.PairedWorker != drafter || d.PairedWorker != w.cfg.ID || d.Incarnation != incarnation {
+	if !core.Paired(d, self) || d.Incarnation != incarnation {
 		partner := ""
 		if self != nil {
 			partner = self.PairedWorker
@@ -218,8 +217,9 @@ func (s *inferenceServer) recvDrafts(ctx context.Context, stream grpc.BidiStream
 	vocab := int32(w.cfg.Engine.Info().Vocab)
 	for b := first; ; {
 		for _, d := range b.Drafts {
-			if len(d.Tokens) > maxDraftTokens {
-				return status.Errorf(codes.InvalidArgument, "draft for %q has %d tokens; at most %d", d.RequestId, len(d.Tokens), maxDraftTokens)
+			if len(d.Tokens) > core.MaxDraftTokens {
+				return status.Errorf(codes.InvalidArgument, "draft for %q has %d tokens; at most %d (2K+1 for K up to core.MaxSpecK = %d)",
+					d.RequestId, len(d.Tokens), core.MaxDraftTokens, core.MaxSpecK)
 			}
 			for i, t := range d.Tokens {
 				if t < 0 || t >= vocab {
@@ -248,26 +248,15 @@ func (s *inferenceServer) recvDrafts(ctx context.Context, stream grpc.BidiStream
 
 // --- the scheduler's side (run by its goroutine only) ---
 
-// specConfig is how this worker verifies drafts: adaptive K by the
-// profile's cost of the fused step when it has one, fixed SpecK otherwise.
+// specConfig is how this worker verifies drafts (core.TargetSpec):
+// adaptive K by the profile's cost of the fused step when it has one,
+// fixed SpecK otherwise.
 func (s *scheduler) specConfig() core.SpecConfig {
-	vocab := s.eng.Info().Vocab
-	if p := s.cfg.Profile; p != nil {
-		return core.SpecConfig{Adaptive: true, KMax: core.DefaultKMax, Vocab: vocab,
-			Cost: func(rows, k int) time.Duration { return p.StepTimeK(rows, k, 0) }}
+	k := s.cfg.SpecK
+	if s.cfg.Profile != nil {
+		k = 0
 	}
-	return core.SpecConfig{K: s.cfg.SpecK, Vocab: vocab}
-}
-
-// initialK is the K a new drafter is told before any step verified: what
-// the next step will choose.
-func (s *scheduler) initialK() int {
-	sc := s.specConfig()
-	if !sc.Adaptive {
-		return sc.K
-	}
-	rows := max(s.core.Running(), 1)
-	return core.ChooseK(s.core.Acceptance(), sc.KMax, func(k int) time.Duration { return sc.Cost(rows, k) })
+	return core.TargetSpec(k, s.cfg.Profile, s.eng.Info().Vocab)
 }
 
 func (s *scheduler) assistControl(c assistCtl) {
@@ -275,8 +264,8 @@ func (s *scheduler) assistControl(c assistCtl) {
 	case c.attach:
 		s.sess = c.sess
 		s.mirror.Reset()
-		s.core.SetSpec(s.specConfig())
-		s.sess.push(s.mirrorUpdates(), s.initialK())
+		s.core.SetSpec(s.specConfig()) // a new drafter: its acceptance is measured afresh
+		s.sess.push(s.mirrorUpdates(), s.core.NextK())
 	case s.sess == c.sess:
 		s.sess = nil
 		s.mirror.Reset()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -167,4 +168,53 @@ func TestAssistedOutputsEqualTheReference(t *testing.T) {
 	if after := counterValue(h.w.metrics.specVerifies); after != before {
 		t.Errorf("%v verifications after the drafter left", after-before)
 	}
+}
+
+// TestAssistAtTheLargestK is defect 9 of issue 21: at -spec-k 32 and above
+// the drafter's lines (2K+1 drafts) were longer than the 64 tokens the
+// target took, so every DraftBatch ended the Assist stream InvalidArgument
+// and the drafter reconnected every 100 ms, forever. The largest K the
+// configuration accepts (core.MaxSpecK) now assists, and one more is
+// refused with the value and the limit.
+func TestAssistAtTheLargestK(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ID, cfg.GRPCAddr, cfg.Engine = "w1", "127.0.0.1:0", syntheticDraft(t)
+	cfg.SpecK = core.MaxSpecK + 1
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d is outside [0, %d]", core.MaxSpecK+1, core.MaxSpecK)) {
+		t.Fatalf("SpecK %d: %v, want a refusal naming it and the limit", cfg.SpecK, err)
+	}
+
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	h := start(t, 64, func(c *Config) {
+		c.SpecK = core.MaxSpecK
+		syntheticTarget(c)
+	})
+	dw, draft := drafterFor("d1"), syntheticDraft(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sessDone := make(chan error, 1)
+	go func() {
+		sessDone <- dw.assistSession(ctx, partner{id: "w1", incarnation: h.w.Incarnation(), addr: h.w.GRPCAddr()}, core.NewDrafter(0), draft)
+	}()
+	waitUntil(t, 10*time.Second, "the Assist stream", func() bool { return gaugeValue(h.w.metrics.assistStreams) == 1 })
+	prompt := randomPrompt(rng, 30)
+	out, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "a", Prompt: prompt, MaxTokens: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := synthReference(t, prompt, 300, engine.Sampling{}); !slices.Equal(out, want) {
+		t.Fatalf("output differs from the reference:\n got  %v\n want %v", out, want)
+	}
+	select {
+	case err := <-sessDone:
+		t.Fatalf("the Assist stream ended at K = %d: %v", core.MaxSpecK, err)
+	default:
+	}
+	if counterValue(h.w.metrics.specVerifies) == 0 {
+		t.Fatalf("no verification at K = %d", core.MaxSpecK)
+	}
+	cancel()
+	<-sessDone
 }

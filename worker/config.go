@@ -59,7 +59,7 @@ type Config struct {
 	Recovery *Recovery
 	// SpecK is the drafts per request this worker verifies per step while a
 	// drafter assists it, when it has no Profile (default 4; 0 refuses
-	// drafts). With a Profile, K is chosen each step (adaptive, up to
+	// drafts; at most core.MaxSpecK). With a Profile, K is chosen each step (adaptive, up to
 	// core.DefaultKMax) from the measured acceptance and the profile's cost
 	// of the fused verification step: the CPU transformer has no GPU cost
 	// model to choose by.
@@ -146,8 +146,8 @@ func (c *Config) Validate() error {
 	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
 		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
 	}
-	if c.SpecK < 0 {
-		errs = append(errs, fmt.Errorf("SpecK (%d) must be >= 0", c.SpecK))
+	if err := core.CheckSpecK(c.SpecK); err != nil {
+		errs = append(errs, fmt.Errorf("SpecK (-spec-k): %w", err))
 	}
 	if r := c.Recovery; r != nil && (r.Draft == nil || r.LoadDraft == nil || r.Target.ToHost == nil || r.Target.ToDevice == nil) {
 		errs = append(errs, errors.New("Recovery needs a Draft engine, LoadDraft and both Target stages"))

@@ -292,11 +292,11 @@ func (w *Worker) paired(ctx context.Context) (p partner, ok bool, err error) {
 		byID[r.Id] = r
 	}
 	me := byID[w.cfg.ID]
-	if me == nil || me.Incarnation != w.incarnation.Load() || me.PairedWorker == "" {
+	if me == nil || me.Incarnation != w.incarnation.Load() {
 		return partner{}, false, nil
 	}
 	t := byID[me.PairedWorker]
-	if t == nil || t.Phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE || t.PairedWorker != w.cfg.ID {
+	if !core.Paired(me, t) {
 		return partner{}, false, nil
 	}
 	return partner{id: t.Id, incarnation: t.Incarnation, addr: t.GrpcAddr}, true, nil

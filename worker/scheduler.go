@@ -134,9 +134,12 @@ func (s *scheduler) run() {
 	defer close(s.done)
 	ctx := context.Background()
 	for {
-		if s.core.Idle() {
+		if s.core.Idle() || s.core.Stalled() {
 			// A pre-allocation for a migration in expires even when
-			// nothing runs.
+			// nothing runs. Stalled: the queue waits for pages or slots
+			// that requests stopped for their migration's commit or
+			// migrations in hold; a call, a cancel or the expiry frees
+			// them.
 			var expiry <-chan time.Time
 			var timer *time.Timer
 			if at, ok := s.core.NextExpiry(); ok {

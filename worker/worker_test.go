@@ -473,3 +473,115 @@ func TestSecondCallTakesTheRequestOver(t *testing.T) {
 		t.Fatalf("got  %v\nwant %v", out, want)
 	}
 }
+
+// TestRequestBeyondTheKVCacheIsRefused: a call within the model's context
+// whose prompt and max_tokens need more KV pages than the engine has is
+// refused at once, InvalidArgument (the gateway answers 400), with its
+// pages and the limit in the message (issue 21, defect 4). It used to run
+// until its cache outgrew the engine, then be preempted and recomputed
+// forever, alone.
+func TestRequestBeyondTheKVCacheIsRefused(t *testing.T) {
+	h := start(t, 8, nil) // 128 positions; the context holds 2048
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prompt := make([]int32, 100)
+	for i := range prompt {
+		prompt[i] = int32(1 + i%300)
+	}
+	out, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "big", Prompt: prompt, MaxTokens: 40})
+	st, _ := status.FromError(err)
+	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "need 9 KV pages") || !strings.Contains(st.Message(), "the engine has 8") {
+		t.Fatalf("%d tokens, then %v; want InvalidArgument naming 9 KV pages and the engine's 8", len(out), err)
+	}
+	if len(out) != 0 {
+		t.Fatalf("%d tokens streamed before the refusal", len(out))
+	}
+	// 100 + 29 − 1 = 128 positions fit.
+	if got, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "fits", Prompt: prompt, MaxTokens: 29}); err != nil || len(got) != 29 {
+		t.Fatalf("the largest call that fits: %d tokens, %v", len(got), err)
+	}
+}
+
+// TestQueueWaitsForAStoppedRequestsSlot: a call queued behind the only
+// running slot, held by a request stopped for its migration's commit,
+// waits for it (issue 21, defect 4). The scheduler refused it with
+// ErrTooLarge — a 400 for a request that fits — as soon as nothing ran.
+func TestQueueWaitsForAStoppedRequestsSlot(t *testing.T) {
+	h := start(t, 64, func(c *Config) { c.MaxRunning = 1 })
+	s := h.w.sched
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	on := func(f func()) {
+		if !s.do(ctx, f) {
+			t.Fatal("the scheduler stopped")
+		}
+	}
+	type result struct {
+		out []int32
+		err error
+	}
+	run := func(id string, n int) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			out, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: id, Prompt: []int32{1, 2, 3, 4, 5}, MaxTokens: uint32(n)})
+			ch <- result{out, err}
+		}()
+		return ch
+	}
+	a := run("a", 400)
+	waitUntil(t, 10*time.Second, "a runs", func() bool {
+		var fed int
+		on(func() {
+			if r := s.core.Lookup("a"); r != nil {
+				fed = r.Fed()
+			}
+		})
+		return fed > 0
+	})
+	on(func() {
+		if err := s.core.MigrateOut("a", 0); err != nil {
+			t.Error(err)
+			return
+		}
+		if st, err := s.core.NextStage("a", 0); err != nil || !st.Last {
+			t.Errorf("stage %+v, %v: want the last", st, err)
+		}
+		s.apply()
+	})
+	b := run("b", 10)
+	waitUntil(t, 10*time.Second, "b queued", func() bool {
+		var queued bool
+		on(func() { queued = s.core.Lookup("b") != nil })
+		select {
+		case r := <-b:
+			t.Fatalf("b ended while a's slot was only held: %d tokens, %v", len(r.out), r.err)
+		default:
+		}
+		return queued
+	})
+	// The scheduler went round its loop since (each call runs between
+	// steps): b still waits.
+	for range 3 {
+		on(func() {})
+	}
+	select {
+	case r := <-b:
+		t.Fatalf("b ended while a's slot was only held: %d tokens, %v", len(r.out), r.err)
+	default:
+	}
+	on(func() {
+		if !s.core.AbortOut("a", 0) {
+			t.Error("no migration to abort")
+		}
+		s.apply()
+	})
+	for _, c := range []struct {
+		ch chan result
+		n  int
+	}{{a, 400}, {b, 10}} {
+		r := <-c.ch
+		if r.err != nil || len(r.out) != c.n {
+			t.Fatalf("%d tokens of %d, %v", len(r.out), c.n, r.err)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -51,7 +52,7 @@ func runWorker(args []string) error {
 	budget := fs.String("checkpoint-budget", "1GiB", "host memory for other workers' checkpoints (e.g. 80GB, 512MiB)")
 	fs.IntVar(&cfg.TokenBudget, "token-budget", cfg.TokenBudget, "tokens one engine step may compute")
 	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "most requests in the running batch")
-	fs.IntVar(&cfg.SpecK, "spec-k", cfg.SpecK, "drafts verified per request per step while a drafter assists, without a -profile (with one, K adapts); 0 refuses drafts")
+	fs.IntVar(&cfg.SpecK, "spec-k", cfg.SpecK, "drafts verified per request per step while a drafter assists, without a -profile (with one, K adapts); 0 refuses drafts; at most "+strconv.Itoa(core.MaxSpecK))
 	draftAlpha := fs.Float64("draft-alpha", core.PriorAcceptance, "synthetic engine: the probability that the draft proposes the target's next token, per position")
 	draftSeed := fs.Uint64("draft-seed", 1, "synthetic engine: the seed of the draft's agreement")
 	progressive := fs.Bool("progressive", true, "after a failure, recover progressively: load the draft, assist a survivor while the model loads, then hot-swap it in (false: load the model at once, as on a fresh start)")
@@ -64,6 +65,10 @@ func runWorker(args []string) error {
 	}
 	if cfg.ID == "" {
 		return fmt.Errorf("-id is required")
+	}
+	// Before the model loads: worker.New's Validate would say it minutes later.
+	if err := core.CheckSpecK(cfg.SpecK); err != nil {
+		return fmt.Errorf("-spec-k: %w", err)
 	}
 	var err error
 	if cfg.CheckpointBudget, err = parseBytes(budget); err != nil {

@@ -16,8 +16,10 @@ import (
 var (
 	// ErrQueueFull: the waiting queue is at MaxWaiting.
 	ErrQueueFull = errors.New("worker: waiting queue full")
-	// ErrTooLarge: the request's history needs more KV pages than the
-	// engine has, even alone.
+	// ErrTooLarge refuses a call, at Submit, whose prompt and output
+	// (every position up to its last token: MaxPages) need more KV pages
+	// than the engine has (Config.TotalPages): alone, it would run out of
+	// pages before its last token and be preempted forever.
 	ErrTooLarge = errors.New("worker: request does not fit in the KV cache")
 	// ErrSuperseded ends a call whose request id came in again on a new
 	// call.
@@ -37,7 +39,10 @@ type Config struct {
 	// decodes). MaxRunning caps the running requests, MaxWaiting the
 	// waiting queue. All >= 1.
 	TokenBudget, MaxRunning, MaxWaiting int
-	// TotalPages is the engine's KV pages, for the message of ErrTooLarge.
+	// TotalPages is the engine's KV pages: Submit refuses a call whose
+	// MaxPages exceed them (ErrTooLarge). 0: unknown, nothing is refused
+	// at Submit (a head that cannot fit even when the Core holds nothing
+	// is refused by Next).
 	TotalPages int
 	// Live migration (migrate.go): a stage is the last (stop-and-copy)
 	// when at most MigrationStopPages pages are left to send (default 16)
@@ -109,6 +114,13 @@ func (r *Request) logprobSlots(n int) []engine.Logprobs {
 	r.lpBuf = slices.Grow(r.lpBuf[:0], n)[:n]
 	clear(r.lpBuf)
 	return r.lpBuf
+}
+
+// MaxPages is the KV pages the request holds at its longest: every
+// position up to its last token, which is sampled but never fed (nor are
+// drafts past it verified).
+func (r *Request) MaxPages() int {
+	return PagesFor(max(len(r.History), r.Prompt+r.MaxTokens-1))
 }
 
 // Outputs is the number of output tokens so far.
@@ -243,6 +255,7 @@ type Core struct {
 	incoming []*incoming
 	nextSeq  engine.SeqID
 	noAdmit  bool // the last step ran out of pages: rebuild without admitting
+	stalled  bool // the last Next admitted and built nothing (Stalled)
 	pending  Step // the step Next returned, until Done or StepFailed
 	spec     spec // speculative verification (spec.go)
 
@@ -335,11 +348,21 @@ func (c *Core) Output() Output {
 	return o
 }
 
-// Submit queues a new call.
+// Submit queues a new call. It refuses (an Event with the error) a call
+// that can never fit the KV cache (ErrTooLarge), one of an older epoch
+// than the request runs under here (ErrStaleEpoch), and one that finds the
+// queue full (ErrQueueFull).
 func (c *Core) Submit(r *Request) {
 	r.outStart = r.Outputs()
 	if r.lastToken.IsZero() {
 		r.lastToken = r.Arrived
+	}
+	if need := r.MaxPages(); c.cfg.TotalPages > 0 && need > c.cfg.TotalPages {
+		// Refused before it takes the id over: a call that cannot run
+		// must not end the one that runs.
+		c.event(Event{Req: r, Err: fmt.Errorf("%w: a prompt of %d tokens and max_tokens %d need %d KV pages of %d tokens; the engine has %d (at most %d tokens in all)",
+			ErrTooLarge, r.Prompt, r.MaxTokens, need, engine.PageTokens, c.cfg.TotalPages, c.cfg.TotalPages*engine.PageTokens+1)})
+		return
 	}
 	if old, dup := c.byID[r.ID]; dup {
 		// A call made for an older placement epoch comes from before a
@@ -361,10 +384,11 @@ func (c *Core) Submit(r *Request) {
 	// A call under a newer epoch than a migration in of its request comes
 	// after the move: it adopts the pre-filled sequence.
 	if i, in := c.findIncoming(r.ID); in != nil && r.Epoch > in.epoch {
-		c.byID[r.ID] = r
+		c.byID[r.ID] = r // adopt may end r, and ending deletes it
 		if c.adopt(r, i, in) {
 			return
 		}
+		delete(c.byID, r.ID) // queued below, or refused
 	}
 	if len(c.waiting) >= c.cfg.MaxWaiting {
 		c.event(Event{Req: r, Err: fmt.Errorf("%w: %d requests wait", ErrQueueFull, len(c.waiting))})
@@ -452,10 +476,18 @@ func remove(q []*Request, r *Request) []*Request {
 // chunks cannot get pages it preempts the most recently admitted request
 // (its cache is dropped and it waits to be recomputed) and tries again
 // without admitting anyone, so a victim is never re-admitted into the same
-// squeeze. An empty Step means nothing can run now.
+// squeeze. An empty Step means nothing can run now: see Stalled.
+//
+// A waiting request is refused (ErrTooLarge) only when it cannot be
+// admitted although the Core holds nothing — no request runs, stands
+// stopped for its migration's commit or migrates in — so that free is all
+// the engine has. Pages and slots that are merely held (an idle
+// destination may have given every free page to a migration in) make the
+// queue wait: they come back at the commit, the abort or the expiry.
 func (c *Core) Next(now time.Time, free int) Step {
 	admit := !c.noAdmit
 	c.noAdmit = false
+	c.stalled = false
 	if admit {
 		free = c.makeRoom(free)
 	}
@@ -467,11 +499,15 @@ func (c *Core) Next(now time.Time, free int) Step {
 				free += c.preempt() // every running request waits for a page
 				admit = false
 				continue
-			case admit && len(c.waiting) > 0:
-				// The head cannot fit even alone: it never will.
+			case admit && len(c.waiting) > 0 && len(c.stopped) == 0 && len(c.incoming) == 0:
+				// The head cannot fit even alone, in every free page: it
+				// never will (Submit refuses such a call when it knows
+				// the engine's pages).
 				head := c.waiting[0]
-				c.drop(head, fmt.Errorf("%w: it needs %d KV pages, the worker has %d", ErrTooLarge,
-					PagesFor(len(head.History)+1), c.cfg.TotalPages), true)
+				c.drop(head, fmt.Errorf("%w: it needs %d KV pages to start, %d are free and nothing else holds any", ErrTooLarge,
+					PagesFor(min(len(head.History), c.cfg.TokenBudget)), free), true)
+			case admit && len(c.waiting) > 0:
+				c.stalled = true
 			}
 			c.pending = Step{}
 			return Step{}
@@ -480,6 +516,15 @@ func (c *Core) Next(now time.Time, free int) Step {
 		return st
 	}
 }
+
+// Stalled reports whether the last Next admitted and built nothing while
+// requests wait: the pages or slots they need are held by requests stopped
+// for their migration's commit or by migrations in. Nothing can run until
+// an input releases them (CommitOut, AbortOut, AbortIn, Expire, the
+// adopting Submit) or changes the queue (Submit, Cancel): the caller waits
+// for one instead of calling Next again. After any other empty Step (the
+// first call after a squeeze does not admit), call Next again.
+func (c *Core) Stalled() bool { return c.stalled && len(c.running) == 0 && len(c.waiting) > 0 }
 
 // build takes each running request's next chunk while the token budget and
 // the free KV pages last (a prefill chunk shrinks to the pages there are),

@@ -512,22 +512,32 @@ func TestCoreStepFailure(t *testing.T) {
 	}
 }
 
-// TestCoreTooLargeAndQueueFull: the refusals.
+// TestCoreTooLargeAndQueueFull: the refusals. A call that cannot fit is
+// refused at Submit when the Core knows the engine's pages; when it does
+// not (TotalPages 0), by Next, once the head cannot start in every free
+// page while the Core holds nothing.
 func TestCoreTooLargeAndQueueFull(t *testing.T) {
 	c := New(Config{TokenBudget: 64, MaxRunning: 4, MaxWaiting: 1, TotalPages: 2}, nil)
-	big := &Request{ID: "big", History: make([]int32, 40), Prompt: 40, MaxTokens: 2}
-	c.Submit(big)
-	c.Submit(&Request{ID: "second", History: []int32{1}, Prompt: 1, MaxTokens: 1})
+	c.Submit(&Request{ID: "big", History: make([]int32, 40), Prompt: 40, MaxTokens: 2})
 	o := c.Output()
-	if len(o.Events) != 1 || !errors.Is(o.Events[0].Err, ErrQueueFull) {
+	if len(o.Events) != 1 || !errors.Is(o.Events[0].Err, ErrTooLarge) {
 		t.Fatalf("events %+v", o.Events)
 	}
+	c.Submit(&Request{ID: "first", History: []int32{1}, Prompt: 1, MaxTokens: 1})
+	c.Submit(&Request{ID: "second", History: []int32{1}, Prompt: 1, MaxTokens: 1})
+	o = c.Output()
+	if len(o.Events) != 1 || o.Events[0].Req.ID != "second" || !errors.Is(o.Events[0].Err, ErrQueueFull) {
+		t.Fatalf("events %+v", o.Events)
+	}
+
+	c = New(Config{TokenBudget: 64, MaxRunning: 4, MaxWaiting: 1}, nil)
+	c.Submit(&Request{ID: "big", History: make([]int32, 40), Prompt: 40, MaxTokens: 2})
 	if st := c.Next(time.Unix(0, 0), 2); len(st.Batch) != 0 {
 		t.Fatal("a batch for a request that cannot fit")
 	}
 	o = c.Output()
-	if len(o.Events) != 1 || !errors.Is(o.Events[0].Err, ErrTooLarge) {
-		t.Fatalf("events %+v", o.Events)
+	if len(o.Events) != 1 || !errors.Is(o.Events[0].Err, ErrTooLarge) || !c.Idle() {
+		t.Fatalf("events %+v, idle %v", o.Events, c.Idle())
 	}
 }
 

@@ -45,8 +45,12 @@
 // comes. Apply Output() after each of them. The request's next call adopts
 // the pre-filled sequence in Submit.
 //
-// An empty Step (no chunks) means nothing can run now: when the Core is not
-// Idle, call Next again (the first call after a squeeze does not admit).
+// An empty Step (no chunks) means nothing can run now. When Stalled, the
+// waiting requests need pages or slots that requests stopped for their
+// migration's commit or migrations in hold: wait for an input (a call, a
+// cancel, a migration's commit, abort or expiry). Otherwise, when the Core
+// is not Idle, call Next again (the first call after a squeeze does not
+// admit).
 // A Step's slices are the Core's and valid until the next Next; an
 // Output's until the next call into the Core.
 //

@@ -40,14 +40,20 @@ type Drafter struct {
 // history is prefilled into the draft cache in chunks of it).
 const DraftBudget = 2048
 
+// draftReq is one request the drafter follows. Its line is the committed
+// history, as mirrored, then the drafts beyond it; updates and drafts
+// extend it in place (a request's updates cost what they carry, not its
+// history's length).
 type draftReq struct {
-	id     string
-	hist   []int32 // committed, as mirrored
-	drafts []int32 // the line beyond hist
-	seq    engine.SeqID
-	fed    int // positions of hist++drafts in the draft cache
-	line   []int32
+	id   string
+	line []int32 // line[:n] committed, line[n:] drafts
+	n    int
+	seq  engine.SeqID
+	fed  int // positions of line in the draft cache
 }
+
+func (r *draftReq) hist() []int32   { return r.line[:r.n] }
+func (r *draftReq) drafts() []int32 { return r.line[r.n:] }
 
 // Draft is a drafter's proposal for request ID: tokens for history
 // positions Base, Base+1, … (what Core.OfferDrafts takes).
@@ -77,11 +83,14 @@ type DrafterOutput struct {
 
 // NewDrafter returns an empty Drafter drafting k tokens per request.
 func NewDrafter(k int) *Drafter {
-	return &Drafter{reqs: map[string]*draftReq{}, k: k, budget: DraftBudget}
+	d := &Drafter{reqs: map[string]*draftReq{}, budget: DraftBudget}
+	d.SetK(k)
+	return d
 }
 
-// SetK sets the drafts the target verifies per step (0: stop drafting).
-func (d *Drafter) SetK(k int) { d.k = max(k, 0) }
+// SetK sets the drafts the target verifies per step (0: stop drafting),
+// at most MaxSpecK: the target takes no longer line.
+func (d *Drafter) SetK(k int) { d.k = min(max(k, 0), MaxSpecK) }
 
 // SetMaxContext sets the draft engine's context (engine.Info.MaxContext):
 // a request drafts no position beyond it. The target's requests fit its
@@ -120,7 +129,7 @@ func (d *Drafter) Apply(u MirrorUpdate) {
 	}
 	known := 0
 	if r != nil {
-		known = len(r.hist)
+		known = r.n
 	}
 	if u.From > known {
 		return // a gap: cannot happen on one ordered stream; ignore
@@ -132,24 +141,22 @@ func (d *Drafter) Apply(u MirrorUpdate) {
 		i, _ := slices.BinarySearch(d.ids, u.ID)
 		d.ids = slices.Insert(d.ids, i, u.ID)
 	}
-	line := slices.Concat(r.hist, r.drafts)
-	hist := append(slices.Clone(r.hist[:u.From]), u.Tokens...)
-	// The longest prefix of the old line the target committed.
-	p := 0
-	for p < len(hist) && p < len(line) && hist[p] == line[p] {
+	// The new history is line[:From] then the update's tokens; p is the
+	// longest prefix of the line it agrees with.
+	hist := u.From + len(u.Tokens)
+	p := u.From
+	for p < hist && p < len(r.line) && u.Tokens[p-u.From] == r.line[p] {
 		p++
 	}
-	// What of the cache stays valid: all of the old line when the target
+	// What of the cache stays valid: all of the line when the target
 	// committed a prefix of it (the drafts past it stand), else the tokens
 	// up to the first the target did not commit.
-	valid := p
-	if p == len(hist) {
-		r.drafts = slices.Clone(line[len(hist):])
-		valid = len(line)
-	} else {
-		r.drafts = nil
+	valid := len(r.line)
+	if p < hist {
+		r.line = append(r.line[:p], u.Tokens[p-u.From:]...)
+		valid = p
 	}
-	r.hist = hist
+	r.n = hist
 	if r.fed > valid {
 		r.fed = valid
 		d.out.Truncates = append(d.out.Truncates, Truncate{Seq: r.seq, Len: valid})
@@ -177,7 +184,8 @@ func (d *Drafter) Reset() {
 	d.queued = nil
 }
 
-// lookahead is the drafts kept beyond the committed history.
+// lookahead is the drafts kept beyond the committed history: at most
+// MaxDraftTokens.
 func (d *Drafter) lookahead() int {
 	if d.k == 0 {
 		return 0
@@ -203,10 +211,9 @@ func (d *Drafter) Next(free int) DraftStep {
 	want := d.lookahead()
 	for _, id := range d.ids {
 		r := d.reqs[id]
-		if len(r.hist) == 0 || len(r.drafts) >= want {
+		if r.n == 0 || len(r.line)-r.n >= want {
 			continue
 		}
-		r.line = append(append(r.line[:0], r.hist...), r.drafts...)
 		n := len(r.line) - r.fed
 		if n <= 0 || (d.maxCtx > 0 && len(r.line) > d.maxCtx) {
 			continue // drafted up to the context
@@ -245,9 +252,9 @@ func (d *Drafter) Done(out [][]int32) {
 		if len(out[i]) == 0 {
 			continue
 		}
-		r.drafts = append(r.drafts, out[i][0])
+		r.line = append(r.line, out[i][0])
 		d.out.Drafted++
-		d.out.Drafts = append(d.out.Drafts, Draft{ID: r.id, Base: len(r.hist), Tokens: slices.Clone(r.drafts)})
+		d.out.Drafts = append(d.out.Drafts, Draft{ID: r.id, Base: r.n, Tokens: slices.Clone(r.drafts())})
 	}
 	d.pending = d.pending[:0]
 	q := d.queued

@@ -122,8 +122,8 @@ func TestDrafterFollowsTheTarget(t *testing.T) {
 		t.Fatalf("matching tokens truncated the draft cache: %+v", o.Truncates)
 	}
 	r := g.d.reqs["a"]
-	if !slices.Equal(r.drafts, line[3:]) || r.fed != len(hist)+4 {
-		t.Fatalf("drafts %v fed %d; want %v kept and the cache untouched", r.drafts, r.fed, line[3:])
+	if !slices.Equal(r.drafts(), line[3:]) || r.fed != len(hist)+4 {
+		t.Fatalf("drafts %v fed %d; want %v kept and the cache untouched", r.drafts(), r.fed, line[3:])
 	}
 	st := g.step()
 	if len(st.Batch) != 1 || !slices.Equal(st.Batch[0].Tokens, line[4:5]) || st.Pos[0] != len(hist)+5 {
@@ -274,8 +274,8 @@ func TestDrafterIgnoresAGap(t *testing.T) {
 	}
 	g.d.Apply(MirrorUpdate{ID: "a", Tokens: []int32{40, 41}})
 	g.d.Apply(MirrorUpdate{ID: "a", From: 3, Tokens: []int32{42}})
-	if r := g.d.reqs["a"]; len(r.hist) != 2 {
-		t.Fatalf("a gap changed the history: %v", r.hist)
+	if r := g.d.reqs["a"]; r.n != 2 {
+		t.Fatalf("a gap changed the history: %v", r.hist())
 	}
 }
 

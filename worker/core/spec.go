@@ -1,6 +1,8 @@
 package core
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -46,6 +48,47 @@ type SpecConfig struct {
 // DefaultKMax bounds adaptive K.
 const DefaultKMax = 8
 
+// MaxSpecK bounds K, fixed or adaptive, wherever it is set (a worker's
+// -spec-k, the simulator's Spec.K, SpecConfig): a drafter keeps a line of
+// 2K+1 drafts ahead of each request (Drafter), and the target takes at
+// most MaxDraftTokens of them per request in a DraftBatch. A K past it
+// would make every batch a protocol violation.
+const MaxSpecK = 32
+
+// MaxDraftTokens is the longest draft line a target takes for one request:
+// the drafter's line at MaxSpecK.
+const MaxDraftTokens = 2*MaxSpecK + 1
+
+// ErrSpecK: a K outside [0, MaxSpecK].
+var ErrSpecK = errors.New("speculation: K out of range")
+
+// CheckSpecK says what is wrong with k as a K.
+func CheckSpecK(k int) error {
+	if k < 0 || k > MaxSpecK {
+		return fmt.Errorf("%w: %d is outside [0, %d] (a drafter keeps 2K+1 drafts ahead of each request; a target takes at most %d)",
+			ErrSpecK, k, MaxSpecK, MaxDraftTokens)
+	}
+	return nil
+}
+
+// TargetSpec is how a target verifies its drafter's drafts, the worker's
+// and the simulator's alike: k > 0 fixes K; k == 0 chooses it each step
+// (adaptive, up to DefaultKMax) by the profile's cost of the fused step
+// (engine.Profile.StepTimeK), and turns speculation off without a profile
+// (the CPU transformer has no GPU cost model to choose by); k < 0 turns it
+// off. vocab is SpecConfig.Vocab.
+func TargetSpec(k int, p *engine.Profile, vocab int) SpecConfig {
+	switch {
+	case k > 0:
+		return SpecConfig{K: min(k, MaxSpecK), Vocab: vocab}
+	case k < 0 || p == nil:
+		return SpecConfig{}
+	}
+	prof := *p
+	return SpecConfig{Adaptive: true, KMax: DefaultKMax, Vocab: vocab,
+		Cost: func(rows, k int) time.Duration { return prof.StepTimeK(rows, k, 0) }}
+}
+
 // PriorAcceptance is the acceptance rate assumed before any verification
 // (docs/calibration.md: 0.6–0.75 for a small draft), worth priorWeight
 // verifications.
@@ -65,15 +108,30 @@ type spec struct {
 	k        int // K of the last step built
 }
 
-// SetSpec configures speculation; the zero SpecConfig turns it off.
+// SetSpec configures speculation for a drafter that attaches; the zero
+// SpecConfig turns it off (the drafter left). The acceptance estimate
+// starts again from the prior: it measures one drafter, and after a poor
+// one adaptive K would be 0 — nothing verified, so nothing measured — for
+// every drafter after it.
 func (c *Core) SetSpec(sc SpecConfig) {
 	if sc.Adaptive && sc.KMax <= 0 {
 		sc.KMax = DefaultKMax
 	}
+	sc.K, sc.KMax = min(max(sc.K, 0), MaxSpecK), min(sc.KMax, MaxSpecK)
 	c.spec.cfg = sc
-	if c.spec.ok+c.spec.fail == 0 {
-		c.spec.ok, c.spec.fail = PriorAcceptance*priorWeight, (1-PriorAcceptance)*priorWeight
+	c.spec.ok, c.spec.fail = PriorAcceptance*priorWeight, (1-PriorAcceptance)*priorWeight
+}
+
+// NextK is the K the next step will choose with the requests running now
+// (at least one row): what a drafter that attaches is told before any step
+// verified.
+func (c *Core) NextK() int {
+	sc := c.spec.cfg
+	if !sc.Adaptive || sc.Cost == nil {
+		return sc.K
 	}
+	rows := max(len(c.running), 1)
+	return ChooseK(c.Acceptance(), sc.KMax, func(k int) time.Duration { return sc.Cost(rows, k) })
 }
 
 // Acceptance is the estimated probability that a draft token is accepted,

@@ -225,7 +225,7 @@ func TestSpecDraftsThatDoNotFit(t *testing.T) {
 		q.prompt[i] = int32(40 + i)
 	}
 	referenceRun(t, newSynthetic(t, 64), []*specReq{q})
-	c := New(Config{Self: "self", TokenBudget: 4, MaxRunning: 4, MaxWaiting: 4, TotalPages: 2}, nil)
+	c := New(Config{Self: "self", TokenBudget: 4, MaxRunning: 4, MaxWaiting: 4}, nil) // TotalPages unknown: the request could not finish in 2 pages
 	c.SetSpec(SpecConfig{K: 8})
 	c.Submit(&Request{ID: "a", History: slices.Clone(q.prompt), Prompt: 15, MaxTokens: 30})
 	now := time.Unix(0, 0)
@@ -277,7 +277,7 @@ func TestSpecDraftsThatDoNotFit(t *testing.T) {
 	}
 
 	// Pages: one free page past a full one bounds the drafts to it.
-	c2 := New(Config{Self: "self", TokenBudget: 64, MaxRunning: 4, MaxWaiting: 4, TotalPages: 2}, nil)
+	c2 := New(Config{Self: "self", TokenBudget: 64, MaxRunning: 4, MaxWaiting: 4}, nil)
 	c2.SetSpec(SpecConfig{K: 8})
 	c2.Submit(&Request{ID: "b", History: slices.Clone(q.prompt), Prompt: 15, MaxTokens: 30})
 	st = c2.Next(now, 2)
