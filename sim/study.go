@@ -115,11 +115,10 @@ type Study struct {
 	// Meter, when set, counts the columns run (internal/progress), a
 	// column's requests done as a fraction.
 	Meter *progress.Meter
-	// Gateways, GatewayChoice and GatewayBias are every column's dispatch
+	// Gateways and GatewayChoice are every column's dispatch
 	// (Config.Gateways; not the calibration's, which is Apply's).
 	Gateways      int
 	GatewayChoice GatewayChoice
-	GatewayBias   float64
 }
 
 // arrivals returns the requests of a run at rate for d: from the trace
@@ -218,7 +217,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		cfg := st.config(p, col.Strategy, reqs)
 		cfg.Speculation = col.Progressive
 		cfg.Migration = st.Migration
-		cfg.Gateways, cfg.GatewayChoice, cfg.GatewayBias = st.Gateways, st.GatewayChoice, st.GatewayBias
+		cfg.Gateways, cfg.GatewayChoice = st.Gateways, st.GatewayChoice
 		// The decode rates of the paired workers, with and without
 		// speculation, come from the token series.
 		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail

@@ -29,8 +29,7 @@ type Setup struct {
 	// MaxRunning caps a worker's batch; with the profile's KV pages it sets
 	// the capacity the offered load is a fraction of.
 	MaxRunning int
-	// Budget is the host checkpoint budget per worker, in bytes
-	// (docs/calibration.md: a GPU's share of its node's memory).
+	// Budget is the host checkpoint budget per worker, in bytes.
 	Budget uint64
 	// KVPages is a worker's KV cache in 16-token pages (0: the profile's
 	// GPU); smaller puts the workers under memory pressure.
