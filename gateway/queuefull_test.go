@@ -19,8 +19,18 @@ import (
 // Generate (worker/inference.go: core.ErrQueueFull).
 var queueFull = status.Error(codes.ResourceExhausted, "worker: waiting queue full: 4096 requests wait")
 
+// wantText waits for the completion and fails the test unless it ended
+// with text, in full.
+func wantText(t *testing.T, res <-chan *sse, text string) {
+	t.Helper()
+	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != text {
+		t.Fatalf("client got %q done=%v err=%v %s, want %q", got.text.String(), got.done, got.err, got.errMsg, text)
+	}
+}
+
 // nextOrEnd waits for the next call at any of the rig's workers; it fails
-// the test with the client's answer when the request ends first.
+// the test with the client's answer when the request ends first (never,
+// with res nil).
 func (r *rig) nextOrEnd(t *testing.T, res <-chan *sse) (string, *call) {
 	t.Helper()
 	select {
@@ -53,9 +63,7 @@ func TestQueueFullPlacesElsewhere(t *testing.T) {
 	}
 	c2.send(t, 0, 'a', false)
 	c2.send(t, 1, 'b', true)
-	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "ab" {
-		t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
-	}
+	wantText(t, res, "ab")
 }
 
 // When every worker's queue is full the client is told to come back: 429,
@@ -146,9 +154,7 @@ func TestQueueFullMidStreamResumesElsewhere(t *testing.T) {
 		t.Fatalf("resumed call %q with generated %v, want %q with [a]", c3.req.RequestId, c3.req.Generated, c1.req.RequestId+"~1")
 	}
 	c3.send(t, 1, 'b', true)
-	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "ab" {
-		t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
-	}
+	wantText(t, res, "ab")
 }
 
 // With every queue full mid-stream the request waits for one to free
@@ -172,9 +178,7 @@ func TestQueueFullEverywhereMidStreamWaits(t *testing.T) {
 		t.Fatalf("resumed call %q with generated %v, want [a]", c.req.RequestId, c.req.Generated)
 	}
 	c.send(t, 1, 'b', true)
-	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "ab" {
-		t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
-	}
+	wantText(t, res, "ab")
 }
 
 // With no load table the controller chooses, and it takes no exclusions:
