@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 )
@@ -147,17 +148,6 @@ func TestRecoveryFiguresJSONKeys(t *testing.T) {
 	}
 }
 
-func TestGain(t *testing.T) {
-	for _, c := range []struct {
-		a, b float64
-		want string
-	}{{110, 100, "+10.0%"}, {90, 100, "-10.0%"}, {5, 0, "n/a"}, {100, 100, "+0.0%"}} {
-		if got := gain(c.a, c.b); got != c.want {
-			t.Errorf("gain(%v, %v) = %q, want %q", c.a, c.b, got, c.want)
-		}
-	}
-}
-
 func TestRequestBodies(t *testing.T) {
 	reqs := []workload.Request{{Prompt: []int32{5, 6}, Output: 7}}
 	got := requestBodies(reqs)
@@ -203,13 +193,13 @@ func TestRunFigures(t *testing.T) {
 func TestPrintRecoveryTable(t *testing.T) {
 	figs := map[string]*recoveryFigures{}
 	for i, c := range []string{"stop-and-restart", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"} {
-		figs[c] = &recoveryFigures{TTFTMeanMs: float64(100 + 10*i), TTFTP99Ms: 200, TPOTMeanMs: 20, RecoveryS: 2, Recovered: true,
-			PagesReused: float64(i), Requests: 50, FailedRequests: 0}
+		figs[c] = &recoveryFigures{Figures: recoverystudy.Figures{TTFTMeanMs: float64(100 + 10*i), TTFTP99Ms: 200, TPOTMeanMs: 20, RecoveryS: 2,
+			Recovered: true, PagesReused: float64(i), Requests: 50, FailedRequests: 0}, WrongOutputs: i % 2}
 	}
 	figs["stop-and-restart"].Recovered = false
 	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
 	var w bytes.Buffer
-	printRecoveryTable(&w, recoverySetups[0], figs, rule)
+	printRecoveryTable(&w, recoverystudy.Setups[0], figs, rule)
 	lines := strings.Split(w.String(), "\n")
 	for _, want := range []string{
 		"w4 (4 workers, qwen3-32b-h100, 1 failed)",
@@ -220,6 +210,7 @@ func TestPrintRecoveryTable(t *testing.T) {
 		"lumen vs stop-and-restart: TTFT mean +30.0%, p99 +0.0%, TPOT +0.0%, recovery +0.0%",
 		"lumen vs lumen-no-spec (the assist's share): TTFT mean +8.3%, p99 +0.0%, TPOT +0.0%, recovery +0.0%",
 		"checkpointing in steady state (lumen vs none, no failure): TTFT mean -6.7%, TPOT +0.0% (goal: within 2%)",
+		pad("outputs != reference", 24) + "                  0                  1                  0                  1                  0                  1",
 	} {
 		found := false
 		for _, l := range lines {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/servingstats"
 )
 
@@ -45,8 +46,8 @@ func TestWriteJSONPlots(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "recovery.json")
 	o := &runOutcome{recs: []*servingstats.Record{{Arrival: 0, Chunks: []time.Duration{time.Second}}}}
 	figs := map[string]map[string]*recoveryFigures{"w4": {
-		"lumen":            {TTFTMeanMs: 200, TTFTP99Ms: 900, RecoveryS: 12, Series: timeSeries(o, time.Second)},
-		"stop-and-restart": {TTFTMeanMs: 260, TTFTP99Ms: 1200, RecoveryS: 25, Series: timeSeries(o, time.Second)},
+		"lumen":            {Figures: recoverystudy.Figures{TTFTMeanMs: 200, TTFTP99Ms: 900, RecoveryS: 12}, Series: timeSeries(o, time.Second)},
+		"stop-and-restart": {Figures: recoverystudy.Figures{TTFTMeanMs: 260, TTFTP99Ms: 1200, RecoveryS: 25}, Series: timeSeries(o, time.Second)},
 	}}
 	if err := writeJSON(path, figs); err != nil {
 		t.Fatal(err)

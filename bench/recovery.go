@@ -18,6 +18,7 @@ import (
 	"github.com/lumen-project/lumen/internal/devcluster"
 	"github.com/lumen-project/lumen/internal/plot"
 	"github.com/lumen-project/lumen/internal/progress"
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
@@ -49,51 +50,10 @@ func DefaultRecoveryConfig() RecoveryConfig {
 	return RecoveryConfig{Seed: 1, Load: 0.7, Setups: "w4,w8,w8_f4", TimeScale: 1}
 }
 
-// recoverySetup is one cluster shape of the benchmark.
-type recoverySetup struct {
-	name     string
-	workers  int
-	profile  string
-	failures int
-	// maxRunning caps a worker's batch; with the profile's KV pages it
-	// sets the capacity the offered load is a fraction of.
-	maxRunning int
-	budget     string // host checkpoint budget per worker (docs/calibration.md)
-}
-
-var recoverySetups = []recoverySetup{
-	{name: "w4", workers: 4, profile: "qwen3-32b-h100", failures: 1, maxRunning: 64, budget: "160GB"},
-	{name: "w8", workers: 8, profile: "qwen3-14b-h100", failures: 1, maxRunning: 32, budget: "80GB"},
-	{name: "w8_f4", workers: 8, profile: "qwen3-14b-h100", failures: 4, maxRunning: 32, budget: "80GB"},
-}
-
-// recoveryRun is one column of the comparison.
-type recoveryRun struct {
-	name     string
-	strategy policy.Strategy
-	fail     bool
-	ref      string // the failure-free run recovery is measured against
-	// progressive: the restarted workers recover progressively (draft
-	// first, assisting the busiest survivor while the model reloads);
-	// otherwise they reload before serving, as the baselines do.
-	progressive bool
-}
-
-var recoveryRuns = []recoveryRun{
-	{"no-checkpoint-no-failure", policy.StopAndRestart, false, "", false},
-	{"lumen-no-failure", policy.Lumen, false, "", false},
-	{"stop-and-restart", policy.StopAndRestart, true, "no-checkpoint-no-failure", false},
-	{"fixed-checkpoint", policy.FixedCheckpoint, true, "lumen-no-failure", false},
-	{"lumen-no-spec", policy.Lumen, true, "lumen-no-failure", false},
-	{"lumen", policy.Lumen, true, "lumen-no-failure", true},
-}
-
-// benchTiming is a run's timeline.
+// benchTiming is a run's timeline, and the meter of the runs: it counts
+// runs (calibration included); a run adds its arrivals sent as a fraction.
 type benchTiming struct {
-	warmup, failAt, duration, calibration time.Duration
-	loadScale                             float64
-	// progress counts runs (calibration included); a run adds its
-	// arrivals sent as a fraction.
+	recoverystudy.Timeline
 	progress *progress.Meter
 }
 
@@ -114,26 +74,16 @@ type runOutcome struct {
 	paced                                float64
 }
 
+// recoveryFigures are a column's figures: the comparison's
+// (internal/recoverystudy, what `lumen sim` reports too) and what only real
+// processes measure.
 type recoveryFigures struct {
-	TTFTMeanMs       float64 `json:"ttft_mean_ms"`
-	TTFTP99Ms        float64 `json:"ttft_p99_ms"`
-	TPOTMeanMs       float64 `json:"tpot_mean_ms"`
-	ResumeMeanMs     float64 `json:"resume_mean_ms"`
-	RecoveryS        float64 `json:"recovery_s"`
-	PagesReused      float64 `json:"pages_reused"`
-	TokensRecomputed float64 `json:"tokens_recomputed"`
-	Requests         int     `json:"requests"`
-	FailedRequests   int     `json:"failed_requests"`
-	// Beyond the keys the issue asks for.
-	Recovered         bool    `json:"recovered"`
-	Interrupted       int     `json:"interrupted"`
-	ResumeP99Ms       float64 `json:"resume_p99_ms"`
-	PlanMs            float64 `json:"plan_ms"`
-	WrongOutputs      int     `json:"wrong_outputs"`
-	PreFailureTTFTMs  float64 `json:"pre_failure_ttft_mean_ms"`
-	PacingOverrunPct  float64 `json:"pacing_overrun_pct"`
-	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
-	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
+	recoverystudy.Figures
+	// WrongOutputs: completed requests whose text differs from the
+	// failure-free reference's; PacingOverrunPct how much longer the
+	// engines' steps ran than the profile's.
+	WrongOutputs     int     `json:"wrong_outputs"`
+	PacingOverrunPct float64 `json:"pacing_overrun_pct"`
 	// Progressive recovery (the lumen column): drafts verified and
 	// accepted at the assisted workers, their ratio, the drafters' seconds
 	// of assist (summed).
@@ -155,21 +105,13 @@ func Recovery(cfg RecoveryConfig) error {
 	if cfg.TimeScale <= 0 {
 		return fmt.Errorf("-time-scale %g: must be > 0", cfg.TimeScale)
 	}
-	timing := benchTiming{warmup: 10 * time.Second, failAt: 30 * time.Second, duration: 120 * time.Second, calibration: time.Minute, loadScale: 1}
+	timing := benchTiming{Timeline: recoverystudy.FullTimeline()}
 	if cfg.Quick {
-		timing = benchTiming{warmup: 4 * time.Second, failAt: 12 * time.Second, duration: 36 * time.Second, calibration: 24 * time.Second, loadScale: 0.25}
+		timing.Timeline = recoverystudy.QuickTimeline()
 	}
-	var setups []recoverySetup
-	for _, name := range strings.Split(cfg.Setups, ",") {
-		found := false
-		for _, s := range recoverySetups {
-			if s.name == strings.TrimSpace(name) {
-				setups, found = append(setups, s), true
-			}
-		}
-		if !found {
-			return fmt.Errorf("-setups: unknown setup %q: use w4, w8, w8_f4", name)
-		}
+	setups, err := recoverystudy.ParseSetups(cfg.Setups)
+	if err != nil {
+		return fmt.Errorf("-setups: %w", err)
 	}
 	dir := cfg.Dir
 	if dir == "" {
@@ -180,15 +122,15 @@ func Recovery(cfg RecoveryConfig) error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	timing.progress = progress.New("bench recovery", "runs", float64(len(setups)*(len(recoveryRuns)+1)))
+	timing.progress = progress.New("bench recovery", "runs", float64(len(setups)*(len(recoverystudy.Columns)+1)))
 	defer timing.progress.Finish("")
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
-		figs, err := benchSetup(s, timing, cfg.Seed, cfg.Load, cfg.TimeScale, filepath.Join(dir, s.name))
+		figs, err := benchSetup(s, timing, cfg.Seed, cfg.Load, cfg.TimeScale, filepath.Join(dir, s.Name))
 		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+			return fmt.Errorf("%s: %w", s.Name, err)
 		}
-		out[s.name] = figs
+		out[s.Name] = figs
 		if cfg.JSONPath != "" { // after every setup: a long run keeps what it measured
 			if err := writeJSON(cfg.JSONPath, out); err != nil {
 				return err
@@ -198,31 +140,31 @@ func Recovery(cfg RecoveryConfig) error {
 	return nil
 }
 
-func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float64, dir string) (map[string]*recoveryFigures, error) {
-	prof, _, err := engine.LookupProfile(s.profile)
+func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale float64, dir string) (map[string]*recoveryFigures, error) {
+	prof, _, err := engine.LookupProfile(s.Profile)
 	if err != nil {
 		return nil, err
 	}
 	tr := workload.AzureConversation
-	modelled, batch := prof.SaturatedRate(s.maxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+	modelled, batch := prof.SaturatedRate(s.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	fmt.Printf("== %s: %d workers, synthetic engine paced as %s (time scale %g), batch up to %d, %d of them killed at %s\n",
-		s.name, s.workers, s.profile, scale, batch, s.failures, tm.failAt)
+		s.Name, s.Workers, s.Profile, scale, batch, s.Failures, tm.FailAt)
 	// "Busy" is measured, not modelled: a calibration run offers twice
 	// the modelled capacity and counts what the cluster delivers.
-	saturated, err := calibrate(s, tm, scale, seed, 2*modelled*float64(s.workers), filepath.Join(dir, "calibration"))
+	saturated, err := calibrate(s, tm, scale, seed, 2*modelled*float64(s.Workers), filepath.Join(dir, "calibration"))
 	if err != nil {
 		return nil, fmt.Errorf("calibration: %w", err)
 	}
 	rate := busy * saturated
-	reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: tm.duration, Trace: tr})
+	reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: tm.Duration, Trace: tr})
 	if err != nil {
 		return nil, err
 	}
 	fmt.Printf("   saturated, the cluster completes %.2f requests/s (the model said %.2f); the workload offers %.0f%% of that:\n",
-		saturated, modelled*float64(s.workers), 100*busy)
-	fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.duration, tr.Name, seed)
+		saturated, modelled*float64(s.Workers), 100*busy)
+	fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, seed)
 	fmt.Printf("   the failed workers restart at once and reload for %s, as the profile says\n",
-		time.Duration(float64(prof.LoadTime())*tm.loadScale*scale).Round(100*time.Millisecond))
+		time.Duration(float64(prof.LoadTime())*tm.ReloadScale*scale).Round(100*time.Millisecond))
 
 	// The failure-free reference of every output: the synthetic engine
 	// alone, in this process.
@@ -234,34 +176,34 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 
 	outcomes := map[string]*runOutcome{}
 	figs := map[string]*recoveryFigures{}
-	for _, run := range recoveryRuns {
-		fmt.Printf("-- %s / %s\n", s.name, run.name)
-		o, err := benchRun(s, run, tm, scale, reqs, bodies, filepath.Join(dir, run.name), 0)
+	for _, run := range recoverystudy.Columns {
+		fmt.Printf("-- %s / %s\n", s.Name, run.Name)
+		o, err := benchRun(s, run, tm, scale, reqs, bodies, filepath.Join(dir, run.Name), 0)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", run.name, err)
+			return nil, fmt.Errorf("%s: %w", run.Name, err)
 		}
-		outcomes[run.name] = o
+		outcomes[run.Name] = o
 	}
 	rule := servingstats.DefaultRecoveryRule(rate, prof.StepTime(batch, 0))
 	rule.Window = time.Duration(float64(rule.Window) * scale)
 	rule.TTFTSlack = time.Duration(float64(rule.TTFTSlack) * scale)
-	nominalFail := time.Duration(float64(tm.failAt) * scale)
-	end := time.Duration(float64(tm.duration) * scale)
-	for _, run := range recoveryRuns {
-		o := outcomes[run.name]
-		f := runFigures(o, refs, time.Duration(float64(tm.warmup)*scale), nominalFail)
+	nominalFail := time.Duration(float64(tm.FailAt) * scale)
+	end := time.Duration(float64(tm.Duration) * scale)
+	for _, run := range recoverystudy.Columns {
+		o := outcomes[run.Name]
+		f := runFigures(o, refs, time.Duration(float64(tm.Warmup)*scale), nominalFail)
 		f.Series = timeSeries(o, time.Second)
 		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
 		f.Recovered = true
-		if run.fail {
+		if run.Fail {
 			f.PlanMs = float64(o.planAt-o.failAt) / 1e6
-			ref := outcomes[run.ref]
+			ref := outcomes[run.Ref]
 			d, ok := servingstats.RecoveryTime(
 				servingstats.Levels(o.recs, o.queue, o.failAt, end, rule),
 				servingstats.Levels(ref.recs, ref.queue, o.failAt, end, rule), rule)
 			f.RecoveryS, f.Recovered = d.Seconds(), ok
 		}
-		figs[run.name] = f
+		figs[run.Name] = f
 	}
 	printRecoveryTable(os.Stdout, s, figs, rule)
 	return figs, nil
@@ -274,39 +216,22 @@ func benchSetup(s recoverySetup, tm benchTiming, seed uint64, busy, scale float6
 // the pacing overrun.
 func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration) *recoveryFigures {
 	f := &recoveryFigures{}
-	var ttft, tpot, pre, resume []time.Duration
+	f.Latencies(o.recs, warmup, nominalFail)
+	var resume []time.Duration
 	for i, r := range o.recs {
 		if r.Err != nil {
-			f.FailedRequests++
 			continue
 		}
 		if o.texts[i] != refs[i] {
 			f.WrongOutputs++
 		}
-		if r.Arrival < warmup {
-			continue
-		}
-		if d, ok := r.TTFT(); ok {
-			ttft = append(ttft, d)
-			if r.Arrival < nominalFail {
-				pre = append(pre, d)
-			}
-		}
-		if d, ok := r.TPOT(); ok {
-			tpot = append(tpot, d)
-		}
-	}
-	for _, r := range o.recs {
-		if o.interrupted[r.ID] && r.Err == nil {
+		if o.interrupted[r.ID] {
 			if d, ok := r.Resume(o.failAt); ok {
 				resume = append(resume, d)
 			}
 		}
 	}
-	f.Requests = len(o.recs)
-	f.TTFTMeanMs, f.TTFTP99Ms = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99)
-	f.TPOTMeanMs, f.PreFailureTTFTMs = servingstats.Mean(tpot), servingstats.Mean(pre)
-	f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(resume), servingstats.Percentile(resume, 0.99)
+	f.Resumes(resume)
 	f.Interrupted = len(o.interrupted)
 	f.PagesReused, f.TokensRecomputed = o.restored, o.recomputed
 	f.DraftTokens, f.AcceptedTokens, f.AssistS = o.draftTokens, o.acceptedTokens, o.assistS
@@ -406,8 +331,8 @@ func syntheticReferences(reqs []workload.Request) ([]string, error) {
 
 // benchRun runs one column: a fresh cluster, the arrivals, the failure.
 // With stopAt > 0 every request still open then is cancelled (calibration).
-func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, reqs []workload.Request, bodies [][]byte, dir string, stopAt time.Duration) (*runOutcome, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(float64(tm.duration)*scale)+5*time.Minute)
+func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, scale float64, reqs []workload.Request, bodies [][]byte, dir string, stopAt time.Duration) (*runOutcome, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(float64(tm.Duration)*scale)+5*time.Minute)
 	defer cancel()
 	reqCtx, stopRequests := context.WithCancel(ctx)
 	defer stopRequests()
@@ -427,15 +352,19 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 	}
 	defer client.Close()
 	if err := client.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
-		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(run.strategy)})
+		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(run.Strategy)})
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("set strategy: %w", err)
 	}
-	for i := 1; i <= s.workers; i++ {
-		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), "-engine", "synthetic", "-profile", s.profile,
-			"-time-scale", fmt.Sprint(scale), "-load-scale", fmt.Sprint(tm.loadScale*scale), "-emulate-load=false",
-			"-max-running", fmt.Sprint(s.maxRunning), "-token-budget", "2048", "-checkpoint-budget", s.budget); err != nil {
+	args := []string{"-engine", "synthetic", "-profile", s.Profile,
+		"-time-scale", fmt.Sprint(scale), "-load-scale", fmt.Sprint(tm.ReloadScale * scale), "-emulate-load=false",
+		"-max-running", fmt.Sprint(s.MaxRunning), "-token-budget", "2048", "-checkpoint-budget", fmt.Sprint(s.Budget)}
+	if s.KVPages > 0 {
+		args = append(args, "-kv-pages", fmt.Sprint(s.KVPages))
+	}
+	for i := 1; i <= s.Workers; i++ {
+		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), args...); err != nil {
 			return nil, err
 		}
 	}
@@ -446,13 +375,13 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 	if err := gw.WaitReady(ctx); err != nil {
 		return nil, err
 	}
-	if err := waitWorkersServing(ctx, client, s.workers); err != nil {
+	if err := waitWorkersServing(ctx, client, s.Workers); err != nil {
 		return nil, err
 	}
 
 	o := &runOutcome{recs: make([]*servingstats.Record, len(reqs)), texts: make([]string, len(reqs)), interrupted: map[string]bool{}}
 	base := tm.progress.Done()
-	defer tm.progress.Set(base+1, s.name+" / "+run.name+" done")
+	defer tm.progress.Set(base+1, s.Name+" / "+run.Name+" done")
 	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096}}
 	start := time.Now()
 	since := func() time.Duration { return time.Since(start) }
@@ -498,7 +427,7 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 	var killed atomic.Bool
 	evCtx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
-	if run.fail {
+	if run.Fail {
 		failer.Go(func() {
 			st, err := client.ClusterStatus(ctx)
 			if err != nil {
@@ -511,10 +440,10 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 				return
 			}
 			victims := map[string]bool{}
-			for i := 1; i <= s.failures; i++ {
+			for i := 1; i <= s.Failures; i++ {
 				victims[fmt.Sprintf("worker-%d", i)] = true
 			}
-			timer := time.NewTimer(time.Duration(float64(tm.failAt)*scale) - since())
+			timer := time.NewTimer(time.Duration(float64(tm.FailAt)*scale) - since())
 			select {
 			case <-ctx.Done():
 				return
@@ -527,17 +456,17 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 				}
 			}
 			killed.Store(true)
-			fmt.Printf("   t=%4.1fs  kill -9 %d worker(s); they restart and reload\n", o.failAt.Seconds(), s.failures)
+			fmt.Printf("   t=%4.1fs  kill -9 %d worker(s); they restart and reload\n", o.failAt.Seconds(), s.Failures)
 			for _, w := range cl.Workers {
 				if victims[w.ID] {
-					w.Args = append(w.Args, "-emulate-load=true", fmt.Sprintf("-progressive=%v", run.progressive))
+					w.Args = append(w.Args, "-emulate-load=true", fmt.Sprintf("-progressive=%v", run.Progressive))
 					if err := cl.StartWorker(w); err != nil {
 						fmt.Printf("   restart %s: %v\n", w.ID, err)
 					}
 				}
 			}
 			plans := 0
-			for plans < s.failures {
+			for plans < s.Failures {
 				ev, err := events.Recv()
 				if err != nil {
 					return
@@ -566,7 +495,7 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 			select {
 			case <-progress.C:
 				fmt.Printf("   t=%4.0fs  %d sent, %d done, %d failed\n", since().Seconds(), i, done.Load(), failed.Load())
-				tm.progress.Set(base+0.9*float64(i)/float64(len(reqs)), s.name+" / "+run.name)
+				tm.progress.Set(base+0.9*float64(i)/float64(len(reqs)), s.Name+" / "+run.Name)
 			case <-time.After(wait):
 			}
 		}
@@ -622,7 +551,7 @@ func benchRun(s recoverySetup, run recoveryRun, tm benchTiming, scale float64, r
 			*m.sum += v
 		}
 	}
-	if run.fail && !killed.Load() {
+	if run.Fail && !killed.Load() {
 		return nil, errors.New("the failure was never injected")
 	}
 	return o, nil
@@ -642,16 +571,16 @@ func sleepUntil(ctx context.Context, t time.Time) {
 // output tokens delivered per second over the second half of the run,
 // divided by the mean output length. Run at the same lengths, it is the
 // rate the "busy" fraction is of.
-func calibrate(s recoverySetup, tm benchTiming, scale float64, seed uint64, offered float64, dir string) (float64, error) {
-	d := tm.calibration
+func calibrate(s recoverystudy.Setup, tm benchTiming, scale float64, seed uint64, offered float64, dir string) (float64, error) {
+	d := tm.Calibration
 	reqs, err := workload.Generate(workload.Config{Seed: seed + 1000, Rate: offered, Duration: d, Trace: workload.AzureConversation})
 	if err != nil {
 		return 0, err
 	}
 	bodies := requestBodies(reqs)
-	fmt.Printf("-- %s / calibration: %.1f requests/s offered for %s\n", s.name, offered, d)
+	fmt.Printf("-- %s / calibration: %.1f requests/s offered for %s\n", s.Name, offered, d)
 	wall := time.Duration(float64(d) * scale)
-	o, err := benchRun(s, recoveryRun{name: "calibration", strategy: policy.Lumen}, tm, scale, reqs, bodies, dir, wall)
+	o, err := benchRun(s, recoverystudy.Column{Name: "calibration", Strategy: policy.Lumen}, tm, scale, reqs, bodies, dir, wall)
 	if err != nil {
 		return 0, err
 	}
@@ -708,64 +637,20 @@ func streamOne(ctx context.Context, httpc *http.Client, addr string, body []byte
 	return res.Text, res.ID, nil
 }
 
-// gain is a's change over b, as a signed percentage, or "n/a" when b is 0.
-func gain(a, b float64) string {
-	if b == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
-}
-
-// printRecoveryTable prints one setup's comparison of the strategies.
-func printRecoveryTable(w io.Writer, s recoverySetup, figs map[string]*recoveryFigures, rule servingstats.RecoveryRule) {
-	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
-	fmt.Fprintf(w, "\n%s (%d workers, %s, %d failed)\n", s.name, s.workers, s.profile, s.failures)
-	fmt.Fprintf(w, "%-24s", "")
-	for _, c := range cols {
-		fmt.Fprintf(w, " %18s", c)
-	}
-	fmt.Fprintln(w)
-	row := func(name string, get func(f *recoveryFigures) string) {
-		fmt.Fprintf(w, "%-24s", name)
-		for _, c := range cols {
-			fmt.Fprintf(w, " %18s", get(figs[c]))
-		}
-		fmt.Fprintln(w)
-	}
+// printRecoveryTable prints one setup's comparison of the strategies:
+// the comparison's table with what only real processes measure.
+func printRecoveryTable(w io.Writer, s recoverystudy.Setup, figs map[string]*recoveryFigures, rule servingstats.RecoveryRule) {
 	f1 := func(v float64) string { return fmt.Sprintf("%.1f", v) }
-	row("TTFT mean (ms)", func(f *recoveryFigures) string { return f1(f.TTFTMeanMs) })
-	row("TTFT p99 (ms)", func(f *recoveryFigures) string { return f1(f.TTFTP99Ms) })
-	row("TPOT mean (ms)", func(f *recoveryFigures) string { return f1(f.TPOTMeanMs) })
-	row("interrupted requests", func(f *recoveryFigures) string { return fmt.Sprint(f.Interrupted) })
-	row("resume mean (ms)", func(f *recoveryFigures) string { return f1(f.ResumeMeanMs) })
-	row("resume p99 (ms)", func(f *recoveryFigures) string { return f1(f.ResumeP99Ms) })
-	row("recovery (s)", func(f *recoveryFigures) string {
-		if !f.Recovered {
-			return fmt.Sprintf(">%.1f", f.RecoveryS)
-		}
-		return fmt.Sprintf("%.2f", f.RecoveryS)
-	})
-	row("pages reused", func(f *recoveryFigures) string { return fmt.Sprintf("%.0f", f.PagesReused) })
-	row("tokens recomputed", func(f *recoveryFigures) string { return fmt.Sprintf("%.0f", f.TokensRecomputed) })
-	row("requests / failed", func(f *recoveryFigures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) })
-	row("outputs != reference", func(f *recoveryFigures) string { return fmt.Sprint(f.WrongOutputs) })
-	row("pacing overrun (%)", func(f *recoveryFigures) string { return f1(f.PacingOverrunPct) })
-	row("drafts accepted/verified", func(f *recoveryFigures) string {
-		return fmt.Sprintf("%.0f/%.0f", f.AcceptedTokens, f.DraftTokens)
-	})
-	row("assist (s)", func(f *recoveryFigures) string { return f1(f.AssistS) })
-	l, sr, fc := figs["lumen"], figs["stop-and-restart"], figs["fixed-checkpoint"]
-	fmt.Fprintf(w, "lumen vs stop-and-restart: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
-		gain(l.TTFTMeanMs, sr.TTFTMeanMs), gain(l.TTFTP99Ms, sr.TTFTP99Ms), gain(l.TPOTMeanMs, sr.TPOTMeanMs), gain(l.RecoveryS, sr.RecoveryS))
-	fmt.Fprintf(w, "lumen vs fixed-checkpoint: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
-		gain(l.TTFTMeanMs, fc.TTFTMeanMs), gain(l.TTFTP99Ms, fc.TTFTP99Ms), gain(l.TPOTMeanMs, fc.TPOTMeanMs), gain(l.RecoveryS, fc.RecoveryS))
-	ns := figs["lumen-no-spec"]
-	fmt.Fprintf(w, "lumen vs lumen-no-spec (the assist's share): TTFT mean %s, p99 %s, TPOT %s, recovery %s\n",
-		gain(l.TTFTMeanMs, ns.TTFTMeanMs), gain(l.TTFTP99Ms, ns.TTFTP99Ms), gain(l.TPOTMeanMs, ns.TPOTMeanMs), gain(l.RecoveryS, ns.RecoveryS))
-	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
-	fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
-		gain(a.TTFTMeanMs, b.TTFTMeanMs), gain(a.TPOTMeanMs, b.TPOTMeanMs))
-	fmt.Fprintf(w, "recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
-		"is within %.0f%% + %s and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
-		rule.Window, rule.Step, 100*rule.Tolerance, rule.TTFTSlack.Round(time.Millisecond), 100*rule.Tolerance, rule.QueueSlack)
+	t := recoverystudy.Table{Setup: s, Figures: map[string]*recoverystudy.Figures{}, Rule: rule, Rows: []recoverystudy.Row{
+		{Name: "outputs != reference", Cell: func(c string) string { return fmt.Sprint(figs[c].WrongOutputs) }},
+		{Name: "pacing overrun (%)", Cell: func(c string) string { return f1(figs[c].PacingOverrunPct) }},
+		{Name: "drafts accepted/verified", Cell: func(c string) string {
+			return fmt.Sprintf("%.0f/%.0f", figs[c].AcceptedTokens, figs[c].DraftTokens)
+		}},
+		{Name: "assist (s)", Cell: func(c string) string { return f1(figs[c].AssistS) }},
+	}}
+	for name, f := range figs {
+		t.Figures[name] = &f.Figures
+	}
+	t.Print(w)
 }

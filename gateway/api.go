@@ -9,6 +9,7 @@ import (
 	"math"
 	"reflect"
 	"strings"
+	"time"
 )
 
 // apiError is an OpenAI-style error with its HTTP status.
@@ -18,6 +19,9 @@ type apiError struct {
 	Type    string `json:"type"`
 	Param   string `json:"param,omitempty"`
 	Code    string `json:"code,omitempty"`
+	// RetryAfter, when set, goes out as the Retry-After header (whole
+	// seconds, at least one): a 429 says when to come back.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *apiError) Error() string { return e.Message }

@@ -63,27 +63,9 @@ func (g *Gateway) watchLoad() {
 // the request must not go to (one that just refused or failed it). The
 // attempt must be followed (follow) before.
 func (g *Gateway) place(ctx context.Context, e *entry, viaController bool, exclude ...string) (*pb.Placement, *apiError) {
-	id := e.dispatchID()
-	req := &pb.DispatchRequest{RequestId: id, PromptTokens: uint32(len(e.prompt)), MaxTokens: uint32(e.maxToken)}
 	if !viaController {
-		if w, inc, ok := g.replica.Take(id, req.PromptTokens, exclude...); ok {
-			req.WorkerId, req.WorkerIncarnation = w, inc
-			sent := time.Now()
-			settled := make(chan struct{})
-			if g.goFunc(func() {
-				defer close(settled)
-				dctx, cancel := context.WithTimeout(g.ctx, g.cfg.DispatchTimeout)
-				defer cancel()
-				resp, err := g.session.dispatch(dctx, req, g.link.dispatch)
-				g.placed(id, w, sent, resp, err)
-			}) {
-				e.unsettled = append(e.unsettled, settled)
-				g.metrics.placements.WithLabelValues("replica").Inc()
-				return &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc,
-					PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens}, nil
-			}
-			g.replica.Forget(id)
-			return nil, errClosing
+		if pl, ok, aerr := g.placeFast(e, exclude...); ok || aerr != nil {
+			return pl, aerr
 		}
 		if _, tables := g.replica.Applied(); tables == 0 {
 			g.metrics.fallbacks.WithLabelValues("no_table").Inc()
@@ -94,11 +76,47 @@ func (g *Gateway) place(ctx context.Context, e *entry, viaController bool, exclu
 	g.metrics.placements.WithLabelValues("controller").Inc()
 	dctx, cancel := context.WithTimeout(ctx, g.cfg.DispatchTimeout)
 	defer cancel()
-	resp, err := g.session.dispatch(dctx, req, g.link.dispatch)
+	resp, err := g.session.dispatch(dctx, dispatchRequest(e), g.link.dispatch)
 	if err != nil {
 		return nil, dispatchError(err)
 	}
 	return resp.Placement, nil
+}
+
+// placeFast places the request's current attempt on the worker the replica
+// chooses, exclude left out, and sends its Dispatch in parallel; ok is
+// false when the replica has no eligible worker (no table, or every one
+// excluded).
+func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok bool, aerr *apiError) {
+	req := dispatchRequest(e)
+	id := req.RequestId
+	w, inc, ok := g.replica.Take(id, req.PromptTokens, exclude...)
+	if !ok {
+		return nil, false, nil
+	}
+	req.WorkerId, req.WorkerIncarnation = w, inc
+	sent := time.Now()
+	settled := make(chan struct{})
+	if !g.goFunc(func() {
+		defer close(settled)
+		dctx, cancel := context.WithTimeout(g.ctx, g.cfg.DispatchTimeout)
+		defer cancel()
+		resp, err := g.session.dispatch(dctx, req, g.link.dispatch)
+		g.placed(id, w, sent, resp, err)
+	}) {
+		g.replica.Forget(id)
+		return nil, false, errClosing
+	}
+	e.unsettled = append(e.unsettled, settled)
+	g.metrics.placements.WithLabelValues("replica").Inc()
+	return &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc,
+		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens}, true, nil
+}
+
+// dispatchRequest is the Dispatch of the request's current attempt, with
+// no worker named.
+func dispatchRequest(e *entry) *pb.DispatchRequest {
+	return &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)), MaxTokens: uint32(e.maxToken)}
 }
 
 // placed takes the answer to a Dispatch that named worker: the request

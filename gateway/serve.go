@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -143,7 +144,7 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	select {
 	case g.admit <- struct{}{}:
 	default:
-		writeError(w, &apiError{Status: 429, Type: "rate_limit_error", Code: "too_many_requests",
+		writeError(w, &apiError{Status: 429, Type: "rate_limit_error", Code: "too_many_requests", RetryAfter: retryAfter,
 			Message: fmt.Sprintf("the gateway has %d requests in flight, its limit; retry later", g.cfg.MaxConcurrent)})
 		return
 	}
@@ -219,8 +220,14 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 			return // the client went away; the worker stream was cancelled
 		}
 		// A request that ends in an error is what lumen promises not to
-		// happen short of bad input: always worth a line in the log.
-		g.log.Warn("request failed", "request", e.id, "attempt", e.attempt, "tokens", len(e.out), "error", err)
+		// happen short of bad input or overload: always worth a line in
+		// the log.
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == 429 {
+			g.log.Debug("request refused: every worker's queue is full", "request", e.id, "error", err)
+		} else {
+			g.log.Warn("request failed", "request", e.id, "attempt", e.attempt, "tokens", len(e.out), "error", err)
+		}
 		out.fail(err)
 		return
 	}
@@ -268,6 +275,42 @@ var (
 	errResumeTimeout = errors.New("gateway: resume timed out")
 )
 
+// queueFullError: the worker refused the request because its waiting queue
+// is full (ResourceExhausted: core.ErrQueueFull). Not the request's fault:
+// it is placed on another worker, or the client is told to come back.
+type queueFullError struct {
+	worker string
+	msg    string
+}
+
+func (e *queueFullError) Error() string {
+	return fmt.Sprintf("gateway: worker %s refused the request, its queue full: %s", e.worker, e.msg)
+}
+
+// retryAfter is the Retry-After of a 429 (the gateway's own limit, or every
+// worker's queue full): about the time a queue takes to start a few of its
+// requests.
+const retryAfter = time.Second
+
+// allFullError answers a request that streamed nothing when every worker
+// the gateway could place it on has a full queue.
+func allFullError(workers []string) *apiError {
+	return &apiError{Status: 429, Type: "rate_limit_error", Code: "queue_full", RetryAfter: retryAfter,
+		Message: fmt.Sprintf("every worker's queue is full (tried %s); retry after %s", strings.Join(workers, ", "), retryAfter)}
+}
+
+// fullAnswers are the full-queue refusals a request met since its last
+// token (generate).
+type fullAnswers struct {
+	workers []string  // those that refused, each once; cleared after a wait
+	since   time.Time // the first refusal
+	n       int       // refusals, from the same worker included
+	// pause is the wait before the next round over every worker; it
+	// doubles each round, so that a request waiting for a queue costs a
+	// Dispatch per round, not a stream of them.
+	pause time.Duration
+}
+
 // completeLater hands a finished request to the completion flusher. The
 // caller must hold no admission slot. Once Close has begun the flusher has
 // drained its queue for the last time and the id is not sent.
@@ -291,8 +334,10 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 	// A live migration's downtime, as the client sees it: from the last
 	// token before the switch to the first after it.
 	var lastToken, switched time.Time
+	var full fullAnswers
 	deliver := onToken
 	onToken = func(tok int32) bool {
+		full = fullAnswers{} // progress: a queue took it
 		now := time.Now()
 		if !switched.IsZero() {
 			g.metrics.migrationDowntime.Observe(now.Sub(switched).Seconds())
@@ -305,6 +350,24 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		finish, used, progressed, err := g.stream(ctx, e, pl, resumeBy, stopTokens, onToken)
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
 			return finish, err
+		}
+		var qf *queueFullError
+		if errors.As(err, &qf) {
+			// Not a break either: the worker never took the request.
+			g.log.Debug("worker queue full; placing elsewhere", "request", e.id, "worker", qf.worker, "tokens", len(e.out))
+			if full.n == 0 {
+				full.since = time.Now()
+			}
+			full.n++
+			if !slices.Contains(full.workers, qf.worker) {
+				full.workers = append(full.workers, qf.worker)
+			}
+			next, err := g.placeAfterFull(ctx, e, &full)
+			if err != nil {
+				return "", err
+			}
+			pl = next
+			continue
 		}
 		var rf *refusedError
 		if errors.As(err, &rf) {
@@ -410,8 +473,10 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 		}
 		if err != nil {
 			switch status.Code(err) {
-			case codes.InvalidArgument, codes.ResourceExhausted, codes.AlreadyExists:
+			case codes.InvalidArgument, codes.AlreadyExists:
 				return "", used, progressed, fmt.Errorf("%w: %s", errNotResumable, status.Convert(err).Message())
+			case codes.ResourceExhausted:
+				return "", used, progressed, &queueFullError{worker: pl.WorkerId, msg: status.Convert(err).Message()}
 			}
 			return "", used, progressed, cut(err)
 		}
@@ -450,16 +515,73 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 // to the controller. The attempt it leaves is completed with the others
 // when the handler ends (serve), after its admission slot is back.
 func (g *Gateway) redispatch(ctx context.Context, e *entry, viaController bool, exclude ...string) (*pb.Placement, *apiError) {
-	g.unfollow(e.dispatchID())
-	g.replica.Forget(e.dispatchID())
-	e.attempt++
-	g.follow(e.dispatchID())
+	g.nextAttempt(e)
 	for _, w := range exclude {
 		if !slices.Contains(e.excluded, w) {
 			e.excluded = append(e.excluded, w)
 		}
 	}
 	return g.place(ctx, e, viaController, e.excluded...)
+}
+
+// nextAttempt moves the request to its next attempt id, followed for move
+// events before its Dispatch is sent.
+func (g *Gateway) nextAttempt(e *entry) {
+	g.unfollow(e.dispatchID())
+	g.replica.Forget(e.dispatchID())
+	e.attempt++
+	g.follow(e.dispatchID())
+}
+
+// placeAfterFull places a request that a worker refused with its queue full
+// under a new attempt id, on a worker that has not refused it (full): the
+// replica's choice with those left out, as well as the workers its earlier
+// attempts failed on. With no load table the controller chooses (it takes
+// no exclusions, but its view counts queues), up to maxRefusals times.
+//
+// When no worker is left, a request that has streamed nothing is answered
+// 429 (allFullError): a full queue is the cluster's overload, and the
+// client is the one to wait. One that has streamed tokens is never failed
+// for it: it waits, trying the freest worker again, until a queue takes it
+// or ResumeTimeout after the first refusal.
+func (g *Gateway) placeAfterFull(ctx context.Context, e *entry, full *fullAnswers) (*pb.Placement, error) {
+	g.nextAttempt(e)
+	for {
+		if _, tables := g.replica.Applied(); tables > 0 {
+			exclude := append(slices.Clone(e.excluded), full.workers...)
+			if pl, ok, aerr := g.placeFast(e, exclude...); ok || aerr != nil {
+				return pl, nilIfNone(aerr)
+			}
+		} else if full.n < maxRefusals {
+			pl, aerr := g.place(ctx, e, true)
+			return pl, nilIfNone(aerr)
+		}
+		if len(e.out) == 0 {
+			return nil, allFullError(full.workers)
+		}
+		if time.Since(full.since) >= g.cfg.ResumeTimeout {
+			return nil, fmt.Errorf("%w: request %s found every worker's queue full for %s (%d tokens streamed; tried %s)",
+				errResumeTimeout, e.id, g.cfg.ResumeTimeout, len(e.out), strings.Join(full.workers, ", "))
+		}
+		full.pause = min(max(2*full.pause, 20*time.Millisecond), 500*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(full.pause):
+		}
+		// A queue frees as its requests start: every worker is a
+		// candidate again.
+		full.workers, full.n = full.workers[:0], 0
+	}
+}
+
+// nilIfNone turns a nil *apiError into a nil error (not an error holding a
+// nil pointer).
+func nilIfNone(aerr *apiError) error {
+	if aerr == nil {
+		return nil
+	}
+	return aerr
 }
 
 // maxRefusals is how many refused placements of a request the gateway's

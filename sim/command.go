@@ -7,8 +7,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/plot"
 	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/worker/core"
 )
 
 // Options is what `lumen sim` runs: prototype setups by name, or one
@@ -44,11 +46,10 @@ type Options struct {
 	Spec SpecOptions
 	// Migration turns live migration on in every column (Config.Migration).
 	Migration bool
-	// Gateways, GatewayChoice and GatewayBias are every column's dispatch
+	// Gateways and GatewayChoice are every column's dispatch
 	// (Config.Gateways; 0: inside Apply).
 	Gateways      int
 	GatewayChoice GatewayChoice
-	GatewayBias   float64
 	Log           io.Writer
 }
 
@@ -118,7 +119,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
 			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
-			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, GatewayBias: o.GatewayBias}
+			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err
@@ -135,4 +136,303 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		}
 	}
 	return out, nil
+}
+
+// Command is `lumen sim`: what its flags say (cmd/lumen parses them), run
+// by Run. A zero value is not useful: start from DefaultCommand.
+type Command struct {
+	// Setups names prototype setups (PrototypeSetups), comma-separated;
+	// empty: all three, unless Workers is set.
+	Setups string
+	// Workers > 0 is one custom setup of that many workers, with Profile,
+	// Fail, Duration, MaxRunning and Budget.
+	Workers    int
+	Profile    string
+	Fail       int
+	Duration   time.Duration
+	MaxRunning int
+	Budget     uint64 // bytes
+	Quick      bool
+	Seed       uint64
+	// Seeds > 1 runs every figure point with seeds Seed … Seed+Seeds−1.
+	Seeds       int
+	Load        float64
+	Lambda      float64
+	FailAt      time.Duration
+	NoRestart   bool
+	Detect      time.Duration
+	ApplyTiming bool
+	// JSONPath, CSVPath, SVGPath: where the results go (empty: nowhere);
+	// TracePath: an Azure 2023 trace instead of the generator; Replot: a
+	// figure's JSON to plot, running nothing.
+	JSONPath, CSVPath, SVGPath, TracePath, Replot string
+	// Figure is the figure to run (FigureNames, spec-k, burst, gateways);
+	// empty: the studies.
+	Figure string
+	// Gateways, GatewayChoice (a name of GatewayChoices) and GatewayBias
+	// (only placer.ShareBias runs) are issue 16's dispatch.
+	Gateways      int
+	GatewayChoice string
+	GatewayBias   float64
+	// Migration is "on" or "off".
+	Migration string
+	// KVPages and CV apply to the burst figure.
+	KVPages int
+	CV      float64
+	// SpecAlpha and SpecK are lumen's speculation.
+	SpecAlpha float64
+	SpecK     int
+	// Given names the flags set on the command line: some defaults depend
+	// on whether a value was given, and a flag that does not apply to what
+	// runs is refused rather than ignored.
+	Given map[string]bool
+	// Out receives the tables and progress lines, Errs what could not be
+	// plotted.
+	Out, Errs io.Writer
+}
+
+// DefaultCommand is `lumen sim` without flags.
+func DefaultCommand() Command {
+	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
+		Detect: DefaultTiming().DetectDelay, ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
+		Migration: "off", CV: 4, SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
+}
+
+// Run checks the command and runs it: a replot, a figure, or the studies.
+func (c *Command) Run() error {
+	given := func(names ...string) bool {
+		for _, n := range names {
+			if c.Given[n] {
+				return true
+			}
+		}
+		return false
+	}
+	if c.SpecAlpha <= 0 || c.SpecAlpha > 1 {
+		return fmt.Errorf("-spec-alpha %g: must be in (0, 1]", c.SpecAlpha)
+	}
+	if c.SpecK < 0 || c.SpecK > 64 {
+		return fmt.Errorf("-spec-k %d: must be in [0, 64] (0: adaptive)", c.SpecK)
+	}
+	var migrate bool
+	switch c.Migration {
+	case "on":
+		migrate = true
+	case "off":
+	default:
+		return fmt.Errorf("-migration %q: on or off", c.Migration)
+	}
+	if given("cv", "kv-pages") && c.Figure != "burst" {
+		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
+	}
+	if migrate && c.Figure != "" && c.Figure != "burst" {
+		return fmt.Errorf("-migration on applies to the studies, not to -figure %s (-figure burst runs it off and on)", c.Figure)
+	}
+	choice, err := ParseGatewayChoice(c.GatewayChoice)
+	if err != nil {
+		return fmt.Errorf("-gateway-choice: %w", err)
+	}
+	if c.Gateways < 0 {
+		return fmt.Errorf("-gateways %d: must be >= 0 (0: the dispatch inside Apply)", c.Gateways)
+	}
+	if c.GatewayBias != DefaultGatewayBias {
+		return fmt.Errorf("-gateway-bias %g: the gateways run internal/placer's choice, whose preference for a gateway's share is placer.ShareBias (%g); "+
+			"the prototypes with other biases were removed (docs/benchmarks.md has their figures)", c.GatewayBias, DefaultGatewayBias)
+	}
+	if c.Figure != "" && c.Figure != "gateways" && given("gateways", "gateway-choice", "gateway-bias") {
+		return fmt.Errorf("-gateways, -gateway-choice and -gateway-bias apply to the studies and to -figure gateways, not to -figure %s", c.Figure)
+	}
+	timing := DefaultTiming()
+	timing.DetectDelay = c.Detect
+	spec := SpecOptions{Alpha: c.SpecAlpha, K: c.SpecK}
+	switch {
+	case c.Replot != "":
+		return c.replot()
+	case c.Figure == "spec-k":
+		if given("spec-k", "spec-alpha") {
+			return fmt.Errorf("-figure spec-k runs every K at alpha 0.5, 0.7 and 0.9: -spec-k and -spec-alpha do not apply")
+		}
+		ko := DefaultSpecKOptions()
+		ko.Seed, ko.Timing, ko.Log = c.Seed, timing, c.Out
+		f, err := RunSpecK(ko)
+		if err != nil {
+			return err
+		}
+		return c.writeJSON(f, true)
+	case c.Figure == "gateways":
+		if migrate {
+			return fmt.Errorf("-figure gateways runs without migration: -migration does not apply")
+		}
+		g := DefaultGatewayOptions()
+		g.Seed, g.Seeds, g.Timing, g.Log, g.Profile, g.MaxRunning, g.Load, g.Budget = c.Seed, c.Seeds, timing, c.Out, c.Profile, c.MaxRunning, c.Load, c.Budget
+		if c.Workers > 0 {
+			g.Workers = c.Workers
+		}
+		g.Timeline = c.timeline(g.Timeline)
+		if given("gateways", "gateway-choice", "gateway-bias") {
+			counts := []int{1, 4}
+			if given("gateways") {
+				counts = []int{c.Gateways}
+			}
+			if !given("gateway-choice") {
+				choice = ChoosePartitionFill
+			}
+			g.Modes = nil
+			for _, n := range counts {
+				g.Modes = append(g.Modes, GatewayMode{Gateways: n})
+				if choice != ChooseFreest && n > 1 {
+					g.Modes = append(g.Modes, GatewayMode{Gateways: n, Choice: choice})
+				}
+			}
+		}
+		f, err := RunGateways(g)
+		if err != nil {
+			return err
+		}
+		return c.writeJSON(f, false)
+	case c.Figure == "burst":
+		if given("migration") {
+			return fmt.Errorf("-figure burst runs migration off and on: -migration does not apply")
+		}
+		bo := DefaultBurstOptions()
+		bo.Seed, bo.Timing, bo.Log, bo.Profile, bo.MaxRunning, bo.CV, bo.KVPages, bo.Budget = c.Seed, timing, c.Out, c.Profile, c.MaxRunning, c.CV, c.KVPages, c.Budget
+		if c.Workers > 0 {
+			bo.Sizes = []int{c.Workers}
+		}
+		if given("load") {
+			bo.Loads = []float64{c.Load}
+		}
+		bo.Timeline = c.timeline(bo.Timeline)
+		f, err := RunBurst(bo)
+		if err != nil {
+			return err
+		}
+		return c.writeJSON(f, true)
+	case c.Figure != "":
+		fo := DefaultFigureOptions()
+		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning, fo.Budget = c.Seed, c.Seeds, c.Load, timing, c.Out, c.Profile, c.MaxRunning, c.Budget
+		fo.Spec = spec
+		if c.Workers > 0 {
+			fo.Workers = c.Workers
+		}
+		if c.Quick {
+			fo.Timeline = QuickTimeline()
+		}
+		if c.Duration > 0 {
+			fo.Timeline.Duration, fo.Timeline.FailAt, fo.Timeline.Warmup = c.Duration, c.Duration/4, c.Duration/12
+		}
+		f, err := RunFigure(c.Figure, fo)
+		if err != nil {
+			return err
+		}
+		if c.SVGPath != "" {
+			if err := writeSVG(f, c.SVGPath); err != nil {
+				return err
+			}
+		}
+		return c.writeJSON(f, true)
+	}
+	o := Options{Gateways: c.Gateways, GatewayChoice: choice, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
+		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
+		TracePath: c.TracePath, Spec: spec, Log: c.Out}
+	switch {
+	case c.Workers > 0 && c.Setups != "":
+		return fmt.Errorf("-setups and -workers: choose prototype setups or one custom setup")
+	case c.Workers > 0:
+		o.Setups = []Setup{CustomSetup(c.Workers, c.Profile, c.Fail, c.MaxRunning, c.Budget)}
+		o.Duration = c.Duration
+	default:
+		list := c.Setups
+		if list == "" {
+			list = "w4,w8,w8_f4"
+		}
+		s, err := ParseSetups(list)
+		if err != nil {
+			return fmt.Errorf("-setups: %w", err)
+		}
+		o.Setups = s
+	}
+	start := time.Now()
+	if _, err := RunStudies(o); err != nil {
+		return err
+	}
+	for _, p := range []string{c.JSONPath, c.CSVPath} {
+		if p != "" {
+			c.plotNextTo(p)
+		}
+	}
+	fmt.Fprintf(c.Out, "simulated in %s of wall time\n", time.Since(start).Round(10*time.Millisecond))
+	return nil
+}
+
+// timeline is a figure's timeline def shortened by Quick and set to
+// Duration (a twelfth of it warm-up) when given.
+func (c *Command) timeline(def Timeline) Timeline {
+	if c.Quick {
+		def = QuickTimeline()
+	}
+	if c.Duration > 0 {
+		def.Duration, def.Warmup = c.Duration, c.Duration/12
+	}
+	return def
+}
+
+// replot plots a figure's JSON (Replot) as SVG, or prints its table.
+func (c *Command) replot() error {
+	data, err := os.ReadFile(c.Replot)
+	if err != nil {
+		return err
+	}
+	var f Figure
+	if err := json.Unmarshal(data, &f); err != nil {
+		return fmt.Errorf("-replot %s: %w", c.Replot, err)
+	}
+	if c.SVGPath == "" {
+		f.Print(c.Out)
+		return nil
+	}
+	return writeSVG(&f, c.SVGPath)
+}
+
+// writeJSON writes a figure's JSON to JSONPath, when set, and with plot
+// its plot next to it.
+func (c *Command) writeJSON(v any, plot bool) error {
+	if c.JSONPath == "" {
+		return nil
+	}
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(c.JSONPath, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	if plot {
+		c.plotNextTo(c.JSONPath)
+	}
+	return nil
+}
+
+// plotNextTo plots path into the same name with .svg (internal/plot); a
+// plot that cannot be drawn is said, not fatal.
+func (c *Command) plotNextTo(path string) {
+	out, err := plot.WriteNextTo(path)
+	if err != nil {
+		fmt.Fprintf(c.Errs, "plot: %v\n", err)
+		return
+	}
+	fmt.Fprintf(c.Out, "wrote %s\n", out)
+}
+
+// writeSVG plots f into path.
+func writeSVG(f *Figure, path string) error {
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f.WriteSVG(out); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

@@ -137,13 +137,13 @@
 // before. A Complete is sent only after the Dispatch's result, as on the
 // Place stream. Gateways = 0 is the dispatch inside Apply.
 //
-// GatewayChoice prototypes changes to the placer's choice, each a pure
-// function of the view, the gateway's index and the prompt (Choose),
-// applied through Take's exclusion list: ChooseFreest is the placer as it
-// is; ChoosePartitionFill has gateway g prefer the workers at positions
-// ≡ g (mod G) of the table (freeness × 1 + GatewayBias) after counting,
-// on each other gateway's share, as many virtual placements as it has
-// itself that its table does not count.
+// GatewayChoice is the placer's own choice, with or without shares:
+// ChoosePartitionFill gives each gateway its share (Replica.SetShare), as
+// lumen's gateways have theirs from the load table's sessions — gateway g
+// prefers the workers at positions ≡ g (mod G) of the table (freeness
+// × 1 + placer.ShareBias) after counting, on each other gateway's share, as
+// many virtual placements as it has itself that its table does not count;
+// ChooseFreest leaves every gateway a lone one (PickServing), the ablation.
 //
 // The gateways figure (RunGateways, `lumen sim -figure gateways`) runs the
 // same Poisson arrivals with the dispatch inside Apply, 1 gateway, 4

@@ -194,7 +194,8 @@ func (f *Figure) Print(out io.Writer) {
 // MeanFigures is the mean of each figure over runs (a flag is true when
 // it is in every run; counts are rounded).
 func MeanFigures(runs []*Figures) *Figures {
-	m := &Figures{Recovered: true}
+	m := &Figures{}
+	m.Recovered = true
 	n := float64(len(runs))
 	var requests, failed, interrupted, draft, accepted, verif, drafted float64
 	for _, f := range runs {

@@ -46,8 +46,8 @@ func TestFiguresSmall(t *testing.T) {
 // TestFigureSVG: the plot is well-formed XML naming every strategy.
 func TestFigureSVG(t *testing.T) {
 	f := &Figure{Name: "t", XLabel: "x", Points: []Point{
-		{X: 1, Columns: map[string]*Figures{"lumen": {TTFTMeanMs: 100}, "stop-and-restart": {TTFTMeanMs: 150}, "fixed-checkpoint": {TTFTMeanMs: 120}, "lumen-no-failure": {TTFTMeanMs: 90}}},
-		{X: 2, Columns: map[string]*Figures{"lumen": {TTFTMeanMs: 110}, "stop-and-restart": {TTFTMeanMs: 170}, "fixed-checkpoint": {TTFTMeanMs: 130}, "lumen-no-failure": {TTFTMeanMs: 95}}},
+		{X: 1, Columns: map[string]*Figures{"lumen": ttft(100), "stop-and-restart": ttft(150), "fixed-checkpoint": ttft(120), "lumen-no-failure": ttft(90)}},
+		{X: 2, Columns: map[string]*Figures{"lumen": ttft(110), "stop-and-restart": ttft(170), "fixed-checkpoint": ttft(130), "lumen-no-failure": ttft(95)}},
 	}}
 	var b strings.Builder
 	if err := f.WriteSVG(&b); err != nil {
@@ -80,4 +80,11 @@ func TestFigureSVG(t *testing.T) {
 			t.Errorf("no %q in the plot", s)
 		}
 	}
+}
+
+// ttft is a column's figures with only its TTFT mean.
+func ttft(ms float64) *Figures {
+	f := &Figures{}
+	f.TTFTMeanMs = ms
+	return f
 }

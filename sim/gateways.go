@@ -42,42 +42,32 @@ type simGateway struct {
 	tableAt time.Duration
 }
 
-// GatewayChoice is how a gateway chooses among the workers of its view.
-// Every choice is a pure function of the replica's view (the table plus
-// this gateway's placements it does not count), the gateway's index g
-// among G, and the request's prompt: the prototype of a change to
-// internal/placer (Choose).
+// GatewayChoice is how a gateway chooses among the workers of its view:
+// internal/placer's own choice, with or without the gateway's share. The
+// prototypes that led to the placer's choice (fill, partition and other
+// biases; docs/benchmarks.md has their figures) are gone: the simulator
+// runs only what a gateway runs.
 type GatewayChoice int
 
 const (
-	// ChooseFreest is internal/placer's Take as it is: PickServing over
-	// the view, what Apply runs. Gateways with about the same table choose
-	// the same worker until their tables count each other's placements.
+	// ChooseFreest is the placer without shares (a lone gateway's):
+	// PickServing over the view, what Apply runs. Gateways with about the
+	// same table choose the same worker until their tables count each
+	// other's placements: the ablation of the shares.
 	ChooseFreest GatewayChoice = iota
-	// ChooseFill: before choosing, G−1 virtual placements for each of
-	// this gateway's that its table does not count (the others, at the
-	// same rate, made about as many that it cannot see), each on the
-	// freest worker of the view so far.
-	ChooseFill
-	// ChoosePartition: gateway g prefers the workers at positions
-	// i ≡ g (mod G) of the table (sorted by id): their freeness counts
-	// 1 + bias times (divided by it when negative), so each gateway
-	// places in its own share of the cluster, where it sees every
-	// placement, unless another worker is clearly freer.
-	ChoosePartition
-	// ChoosePartitionFill: ChoosePartition after virtual placements on
-	// the other gateways' shares: for each other gateway, as many as this
-	// gateway has that its table does not count, each on the freest
-	// worker of that gateway's share (where that gateway places them).
+	// ChoosePartitionFill is the placer with shares (Replica.SetShare,
+	// placer.PickShared): gateway g of G prefers the workers at positions
+	// ≡ g (mod G) of the table, by placer.ShareBias, after counting, on
+	// each other gateway's share, as many virtual placements as it has
+	// itself that its table does not count. What lumen's gateways run.
 	ChoosePartitionFill
 )
 
 // GatewayChoices names the choices (`lumen sim -gateway-choice`).
-var GatewayChoices = []string{"freest", "fill", "partition", "partition-fill"}
+var GatewayChoices = []string{"freest", "partition-fill"}
 
-// DefaultGatewayBias is ChoosePartition's and ChoosePartitionFill's
-// preference for a gateway's own share (docs/benchmarks.md: 0.15 was the
-// best of 0.05–0.5 for partition-fill at 64 workers).
+// DefaultGatewayBias is the placer's preference for a gateway's own share
+// (placer.ShareBias), the only one the simulator runs.
 const DefaultGatewayBias = placer.ShareBias
 
 func (c GatewayChoice) String() string {
@@ -92,64 +82,8 @@ func ParseGatewayChoice(name string) (GatewayChoice, error) {
 	if i := slices.Index(GatewayChoices, name); i >= 0 {
 		return GatewayChoice(i), nil
 	}
-	return 0, fmt.Errorf("%w: gateway choice %q: one of %s", ErrInvalid, name, strings.Join(GatewayChoices, ", "))
-}
-
-// Choose is a gateway's choice of the serving worker: the index in vs
-// (the replica's view, sorted by id, ineligible where excluded; modified
-// in place) of the worker it picks, or -1. g is the gateway's index among
-// G; pending is how many of its placements the table does not count;
-// pages is the request's prompt in pages. With ChooseFreest it is
-// policy.PickServing(vs).
-func Choose(c GatewayChoice, vs []policy.Worker, g, G, pending int, pages uint64, bias float64) int {
-	add := func(i int) {
-		vs[i].PendingRequests++
-		vs[i].PendingPages += pages
-	}
-	switch c {
-	case ChooseFill:
-		for range (G - 1) * pending {
-			i := policy.PickServing(vs)
-			if i < 0 {
-				return -1
-			}
-			add(i)
-		}
-		return policy.PickServing(vs)
-	case ChoosePartitionFill:
-		return placer.PickShared(vs, g, G, pending, pages, bias)
-	}
-	if c == ChooseFreest || c == ChooseFill {
-		return policy.PickServing(vs)
-	}
-	return placer.SharePick(vs, g, G, bias)
-}
-
-// steer returns what Take is to exclude: exclude itself, and, with a
-// choice other than ChooseFreest, every eligible worker but the one
-// Choose names (Take then picks that one: the prototype runs through the
-// placer's own API, its accounting unchanged).
-func (s *Sim) steer(gw *simGateway, prompt uint32, exclude []string) []string {
-	if s.cfg.GatewayChoice == ChooseFreest || s.placerShares() {
-		return exclude
-	}
-	vs := gw.rep.Views()
-	for i := range vs {
-		if slices.Contains(exclude, vs[i].ID) {
-			vs[i].Eligible = false
-		}
-	}
-	pick := Choose(s.cfg.GatewayChoice, vs, gw.idx, len(s.gateways), gw.rep.Pending(), policy.Pages(uint64(prompt)), s.cfg.GatewayBias)
-	if pick < 0 {
-		return exclude
-	}
-	out := slices.Clone(exclude)
-	for i := range vs {
-		if i != pick && vs[i].Eligible {
-			out = append(out, vs[i].ID)
-		}
-	}
-	return out
+	return 0, fmt.Errorf("%w: gateway choice %q: one of %s (the prototypes fill and partition were removed: internal/placer's choice is partition-fill)",
+		ErrInvalid, name, strings.Join(GatewayChoices, ", "))
 }
 
 // gatewayPlacement is a placement a gateway made, for the herding count.
@@ -188,13 +122,9 @@ type SpreadSample struct {
 	MaxMin   int
 }
 
-// placerShares says whether the gateways choose as internal/placer does
-// when it knows its share (ChoosePartitionFill at the placer's bias: the
-// gateway's choice since issue 16's herding measurement); ChooseFreest is
-// the placer without shares, the other choices prototypes.
-func (s *Sim) placerShares() bool {
-	return s.cfg.GatewayChoice == ChoosePartitionFill && s.cfg.GatewayBias == placer.ShareBias
-}
+// placerShares says whether the gateways know their share
+// (ChoosePartitionFill); without, each is a lone gateway's placer.
+func (s *Sim) placerShares() bool { return s.cfg.GatewayChoice == ChoosePartitionFill }
 
 // startGateways creates the gateways and their WatchLoad streams: a table
 // at once, then one every WatchInterval, gateway g's ticks offset by
@@ -243,7 +173,7 @@ func (s *Sim) place(r *simRequest, exclude ...string) {
 	r.id = dispatchID(r)
 	s.byID[r.id] = r
 	prompt := uint32(r.w.PromptLen())
-	w, inc, ok := gw.rep.Take(r.id, prompt, s.steer(gw, prompt, exclude)...)
+	w, inc, ok := gw.rep.Take(r.id, prompt, exclude...)
 	if !ok {
 		s.res.Gateways.Fallback++
 		s.dispatchApply(r)
@@ -400,8 +330,6 @@ type GatewayMode struct {
 	// Gateways: 0 is the dispatch inside Apply.
 	Gateways int
 	Choice   GatewayChoice
-	// Bias is ChoosePartition's (0: DefaultGatewayBias).
-	Bias float64
 }
 
 // Name is the mode's name in the table and the JSON: "apply",
@@ -530,8 +458,6 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 		}
 		if m.Gateways == 0 {
 			m = GatewayMode{}
-		} else if m.Bias == 0 && m.Choice >= ChoosePartition {
-			m.Bias = DefaultGatewayBias
 		}
 		if !slices.Contains(modes, m) {
 			modes = append(modes, m)
@@ -565,7 +491,7 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 		for i, m := range modes {
 			start := time.Now()
 			cfg := st.config(p, policy.Lumen, reqs)
-			cfg.Gateways, cfg.GatewayChoice, cfg.GatewayBias = m.Gateways, m.Choice, m.Bias
+			cfg.Gateways, cfg.GatewayChoice = m.Gateways, m.Choice
 			res, err := Run(cfg)
 			if err != nil {
 				return nil, fmt.Errorf("gateways figure, %d workers, seed %d, %s: %w", o.Workers, seed, m.Name(), err)
@@ -582,9 +508,12 @@ func RunGateways(o GatewayOptions) (*GatewayFigure, error) {
 	for i := range f.Runs {
 		r := &f.Runs[i]
 		m := modes[i]
-		r.Dispatch, r.Gateways, r.Bias = m.Name(), m.Gateways, m.Bias
+		r.Dispatch, r.Gateways = m.Name(), m.Gateways
 		if m.Gateways > 0 {
 			r.Choice = m.Choice.String()
+		}
+		if m.Gateways > 0 && m.Choice == ChoosePartitionFill {
+			r.Bias = DefaultGatewayBias
 		}
 		r.TTFTMeanVsApplyPct = pctOver(r.TTFTMeanMs, base.TTFTMeanMs)
 		r.RunningCVVsApplyPct = pctOver(r.RunningCV, base.RunningCV)

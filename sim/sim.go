@@ -77,10 +77,9 @@ type Config struct {
 	// inside Apply: the fsm chooses and the request starts after the
 	// commit.
 	Gateways int
-	// GatewayChoice is how the gateways choose (ChooseFreest: placer's
-	// Take as it is).
+	// GatewayChoice is how the gateways choose (ChooseFreest: the placer
+	// without shares).
 	GatewayChoice GatewayChoice
-	GatewayBias   float64
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool

@@ -3,111 +3,50 @@ package sim
 import (
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/lumen-project/lumen/internal/progress"
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
+// The comparison's setups, columns, timeline, figures and table are
+// internal/recoverystudy's: `lumen bench recovery` runs the same on real
+// processes.
+
 // Setup is one cluster shape of the recovery comparison.
-type Setup struct {
-	Name     string
-	Workers  int
-	Profile  string
-	Failures int // workers killed (worker-1 … worker-K) at the failure time
-	// MaxRunning caps a worker's batch; with the profile's KV pages it sets
-	// the capacity the offered load is a fraction of.
-	MaxRunning int
-	// Budget is the host checkpoint budget per worker (docs/calibration.md,
-	// "Engine defaults").
-	Budget uint64
-	// KVPages is a worker's KV cache in pages (0: the profile's GPU,
-	// Profile.KVPages): smaller puts the workers under memory pressure.
-	KVPages int
-}
+type Setup = recoverystudy.Setup
 
 // PrototypeSetups are `lumen bench recovery`'s setups, by the same names.
-var PrototypeSetups = []Setup{
-	{Name: "w4", Workers: 4, Profile: "qwen3-32b-h100", Failures: 1, MaxRunning: 64, Budget: 160e9},
-	{Name: "w8", Workers: 8, Profile: "qwen3-14b-h100", Failures: 1, MaxRunning: 32, Budget: 80e9},
-	{Name: "w8_f4", Workers: 8, Profile: "qwen3-14b-h100", Failures: 4, MaxRunning: 32, Budget: 80e9},
-}
+var PrototypeSetups = recoverystudy.Setups
 
-// LookupSetup returns a prototype setup by name.
-func LookupSetup(name string) (Setup, bool) {
-	for _, s := range PrototypeSetups {
-		if s.Name == name {
-			return s, true
-		}
-	}
-	return Setup{}, false
-}
-
-// Column is one run of the comparison.
-type Column struct {
-	Name     string
-	Strategy policy.Strategy
-	Fail     bool
-	Ref      string // the failure-free column recovery is measured against
-	// Spec: progressive recovery with speculation assist
-	// (Config.Speculation); the other columns reload plainly.
-	Spec bool
-}
+// Column is one run of the comparison; Progressive is lumen's speculation
+// assist (Config.Speculation).
+type Column = recoverystudy.Column
 
 // Columns are the benchmark's columns, in the order they run.
-// lumen-no-spec is lumen with the plain reload: the ablation of the
-// speculation assist.
-var Columns = []Column{
-	{Name: "no-checkpoint-no-failure", Strategy: policy.StopAndRestart},
-	{Name: "lumen-no-failure", Strategy: policy.Lumen},
-	{Name: "stop-and-restart", Strategy: policy.StopAndRestart, Fail: true, Ref: "no-checkpoint-no-failure"},
-	{Name: "fixed-checkpoint", Strategy: policy.FixedCheckpoint, Fail: true, Ref: "lumen-no-failure"},
-	{Name: "lumen-no-spec", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure"},
-	{Name: "lumen", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure", Spec: true},
-}
+var Columns = recoverystudy.Columns
 
 // Timeline is a run's schedule.
-type Timeline struct {
-	Warmup, FailAt, Duration, Calibration time.Duration
-	// ReloadScale scales a restarted worker's model reload.
-	ReloadScale float64
-}
+type Timeline = recoverystudy.Timeline
 
 // FullTimeline is the benchmark's: 120 s of arrivals, the failure at 30 s,
 // TTFT from 10 s; a one-minute calibration.
-func FullTimeline() Timeline {
-	return Timeline{Warmup: 10 * time.Second, FailAt: 30 * time.Second, Duration: 120 * time.Second, Calibration: time.Minute, ReloadScale: 1}
-}
+func FullTimeline() Timeline { return recoverystudy.FullTimeline() }
 
 // QuickTimeline is `-quick`'s.
-func QuickTimeline() Timeline {
-	return Timeline{Warmup: 4 * time.Second, FailAt: 12 * time.Second, Duration: 36 * time.Second, Calibration: 24 * time.Second, ReloadScale: 0.25}
-}
+func QuickTimeline() Timeline { return recoverystudy.QuickTimeline() }
 
-// Figures are one column's results, under the keys of `lumen bench
-// recovery -json`, and the fsm's Apply times.
+// Gain is a's change relative to b, as a signed percentage.
+func Gain(a, b float64) string { return recoverystudy.Gain(a, b) }
+
+// Figures are one column's results: the comparison's figures, under the
+// keys of `lumen bench recovery -json`, and the simulator's own.
 type Figures struct {
-	TTFTMeanMs       float64 `json:"ttft_mean_ms"`
-	TTFTP99Ms        float64 `json:"ttft_p99_ms"`
-	TPOTMeanMs       float64 `json:"tpot_mean_ms"`
-	ResumeMeanMs     float64 `json:"resume_mean_ms"`
-	RecoveryS        float64 `json:"recovery_s"`
-	PagesReused      float64 `json:"pages_reused"`
-	TokensRecomputed float64 `json:"tokens_recomputed"`
-	Requests         int     `json:"requests"`
-	FailedRequests   int     `json:"failed_requests"`
-	// Beyond the keys the issue asks for, as the benchmark writes them.
-	Recovered         bool    `json:"recovered"`
-	Interrupted       int     `json:"interrupted"`
-	ResumeP99Ms       float64 `json:"resume_p99_ms"`
-	PlanMs            float64 `json:"plan_ms"`
-	PreFailureTTFTMs  float64 `json:"pre_failure_ttft_mean_ms"`
-	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
-	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
+	recoverystudy.Figures
 	// Wall-clock p99 of fsm.Apply (0 unless measured).
 	ApplyMarkFailedP99Ms float64 `json:"apply_markfailed_p99_ms"`
 	ApplyDispatchP99Ms   float64 `json:"apply_dispatch_p99_ms"`
@@ -176,11 +115,10 @@ type Study struct {
 	// Meter, when set, counts the columns run (internal/progress), a
 	// column's requests done as a fraction.
 	Meter *progress.Meter
-	// Gateways, GatewayChoice and GatewayBias are every column's dispatch
+	// Gateways and GatewayChoice are every column's dispatch
 	// (Config.Gateways; not the calibration's, which is Apply's).
 	Gateways      int
 	GatewayChoice GatewayChoice
-	GatewayBias   float64
 }
 
 // arrivals returns the requests of a run at rate for d: from the trace
@@ -277,9 +215,9 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	results := map[string]*Result{}
 	for _, col := range Columns {
 		cfg := st.config(p, col.Strategy, reqs)
-		cfg.Speculation = col.Spec
+		cfg.Speculation = col.Progressive
 		cfg.Migration = st.Migration
-		cfg.Gateways, cfg.GatewayChoice, cfg.GatewayBias = st.Gateways, st.GatewayChoice, st.GatewayBias
+		cfg.Gateways, cfg.GatewayChoice = st.Gateways, st.GatewayChoice
 		// The decode rates of the paired workers, with and without
 		// speculation, come from the token series.
 		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail
@@ -315,33 +253,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	figs := map[string]*Figures{}
 	for _, col := range Columns {
 		res := results[col.Name]
-		f := &Figures{ArrivalRatePerSec: rate, SaturatedPerSec: saturated}
+		f := &Figures{}
+		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
 		if st.Gateways > 0 {
 			f.Dispatch = GatewayMode{Gateways: st.Gateways, Choice: st.GatewayChoice}.Name()
 		}
-		var ttft, tpot, pre []time.Duration
-		for _, r := range res.Records {
-			if r.Err != nil {
-				f.FailedRequests++
-				continue
-			}
-			if r.Arrival < tm.Warmup {
-				continue
-			}
-			if d, ok := r.TTFT(); ok {
-				ttft = append(ttft, d)
-				if r.Arrival < tm.FailAt {
-					pre = append(pre, d)
-				}
-			}
-			if d, ok := r.TPOT(); ok {
-				tpot = append(tpot, d)
-			}
-		}
-		f.Requests = len(res.Records)
-		f.TTFTMeanMs, f.TTFTP99Ms = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99)
-		f.TPOTMeanMs, f.PreFailureTTFTMs = servingstats.Mean(tpot), servingstats.Mean(pre)
-		f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(res.Resumes), servingstats.Percentile(res.Resumes, 0.99)
+		f.Latencies(res.Records, tm.Warmup, tm.FailAt)
+		f.Resumes(res.Resumes)
 		f.Interrupted = res.Interrupted
 		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages), float64(res.RecomputedTokens)
 		f.ApplyDispatchP99Ms = servingstats.Percentile(res.ApplyDispatch, 0.99)
@@ -356,7 +274,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 				servingstats.Levels(ref.Records, ref.Queue, res.FailAt, end, rule), rule)
 			f.RecoveryS, f.Recovered = d.Seconds(), ok
 		}
-		if col.Spec {
+		if col.Progressive {
 			specFigures(f, res, results["lumen-no-spec"], tm.FailAt)
 		}
 		figs[col.Name] = f
@@ -369,7 +287,15 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		}
 	}
 	if st.Log != nil {
-		PrintTable(st.Log, st.Setup, figs)
+		t := recoverystudy.Table{Setup: st.Setup, Note: "simulated", Figures: map[string]*recoverystudy.Figures{}, Rule: rule,
+			Rows: []recoverystudy.Row{
+				{Name: "Apply(MarkFailed) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyMarkFailedP99Ms) }},
+				{Name: "Apply(Dispatch) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyDispatchP99Ms) }},
+			}}
+		for name, f := range figs {
+			t.Figures[name] = &f.Figures
+		}
+		t.Print(st.Log)
 		PrintSpec(st.Log, figs["lumen"])
 		rejoin := time.Duration(-1)
 		if !st.NoRestart {
@@ -438,73 +364,11 @@ func Attribute(run, ref *Result, warmup, failAt, rejoin time.Duration) Attributi
 	return a
 }
 
-// PrintTable writes the figures as `lumen bench recovery` prints them.
-func PrintTable(out io.Writer, s Setup, figs map[string]*Figures) {
-	cols := []string{"stop-and-restart", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
-	fmt.Fprintf(out, "\n%s (%d workers, %s, %d failed; simulated)\n", s.Name, s.Workers, s.Profile, s.Failures)
-	fmt.Fprintf(out, "%-24s", "")
-	for _, c := range cols {
-		fmt.Fprintf(out, " %18s", c)
-	}
-	fmt.Fprintln(out)
-	row := func(name string, get func(f *Figures) string) {
-		fmt.Fprintf(out, "%-24s", name)
-		for _, c := range cols {
-			fmt.Fprintf(out, " %18s", get(figs[c]))
-		}
-		fmt.Fprintln(out)
-	}
-	f1 := func(v float64) string { return fmt.Sprintf("%.1f", v) }
-	row("TTFT mean (ms)", func(f *Figures) string { return f1(f.TTFTMeanMs) })
-	row("TTFT p99 (ms)", func(f *Figures) string { return f1(f.TTFTP99Ms) })
-	row("TPOT mean (ms)", func(f *Figures) string { return f1(f.TPOTMeanMs) })
-	row("TTFT before failure", func(f *Figures) string { return f1(f.PreFailureTTFTMs) })
-	row("interrupted requests", func(f *Figures) string { return fmt.Sprint(f.Interrupted) })
-	row("resume mean (ms)", func(f *Figures) string { return f1(f.ResumeMeanMs) })
-	row("resume p99 (ms)", func(f *Figures) string { return f1(f.ResumeP99Ms) })
-	row("recovery (s)", func(f *Figures) string {
-		if !f.Recovered {
-			return fmt.Sprintf(">%.1f", f.RecoveryS)
-		}
-		return fmt.Sprintf("%.2f", f.RecoveryS)
-	})
-	row("pages reused", func(f *Figures) string { return fmt.Sprintf("%.0f", f.PagesReused) })
-	row("tokens recomputed", func(f *Figures) string { return fmt.Sprintf("%.0f", f.TokensRecomputed) })
-	row("requests / failed", func(f *Figures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) })
-	row("Apply(MarkFailed) p99 ms", func(f *Figures) string { return fmt.Sprintf("%.3f", f.ApplyMarkFailedP99Ms) })
-	row("Apply(Dispatch) p99 ms", func(f *Figures) string { return fmt.Sprintf("%.3f", f.ApplyDispatchP99Ms) })
-	vs := func(a, b string) {
-		l, o := figs[a], figs[b]
-		fmt.Fprintf(out, "%s vs %s: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n", a, b,
-			Gain(l.TTFTMeanMs, o.TTFTMeanMs), Gain(l.TTFTP99Ms, o.TTFTP99Ms), Gain(l.TPOTMeanMs, o.TPOTMeanMs), Gain(l.RecoveryS, o.RecoveryS))
-	}
-	vs("lumen", "stop-and-restart")
-	vs("lumen", "fixed-checkpoint")
-	vs("lumen", "lumen-no-spec")
-	vs("lumen-no-spec", "stop-and-restart")
-	vs("lumen-no-spec", "fixed-checkpoint")
-	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
-	fmt.Fprintf(out, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s\n\n",
-		Gain(a.TTFTMeanMs, b.TTFTMeanMs), Gain(a.TPOTMeanMs, b.TPOTMeanMs))
-}
-
-// Gain is a's change relative to b, as a signed percentage.
-func Gain(a, b float64) string {
-	if b == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
-}
-
 // ParseSetups resolves a comma-separated list of prototype setup names.
 func ParseSetups(list string) ([]Setup, error) {
-	var out []Setup
-	for _, name := range strings.Split(list, ",") {
-		s, ok := LookupSetup(strings.TrimSpace(name))
-		if !ok {
-			return nil, fmt.Errorf("%w: unknown setup %q: use w4, w8, w8_f4", ErrInvalid, name)
-		}
-		out = append(out, s)
+	out, err := recoverystudy.ParseSetups(list)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return out, nil
 }

@@ -1,0 +1,266 @@
+// Package recoverystudy is the recovery comparison lumen measures twice:
+// on real processes (`lumen bench recovery`, package bench) and in the
+// simulator (`lumen sim`, package sim). Both run the same cluster setups,
+// the same columns in the same order on the same timeline, and report the
+// same figures under the same JSON keys in the same table: each is defined
+// here once, so that the two measurements stay comparable.
+package recoverystudy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/lumen-project/lumen/internal/servingstats"
+	"github.com/lumen-project/lumen/policy"
+)
+
+// ErrUnknownSetup: a setup name that is not one of Setups.
+var ErrUnknownSetup = errors.New("recoverystudy: unknown setup")
+
+// Setup is one cluster shape of the comparison.
+type Setup struct {
+	Name     string
+	Workers  int
+	Profile  string // the engine's timing profile (engine.Profiles)
+	Failures int    // workers killed (worker-1 … worker-K) at the failure time
+	// MaxRunning caps a worker's batch; with the profile's KV pages it sets
+	// the capacity the offered load is a fraction of.
+	MaxRunning int
+	// Budget is the host checkpoint budget per worker, in bytes.
+	Budget uint64
+	// KVPages is a worker's KV cache in 16-token pages (0: the profile's
+	// GPU); smaller puts the workers under memory pressure.
+	KVPages int
+}
+
+// Setups are the prototype's setups, by the names both commands take.
+var Setups = []Setup{
+	{Name: "w4", Workers: 4, Profile: "qwen3-32b-h100", Failures: 1, MaxRunning: 64, Budget: 160e9},
+	{Name: "w8", Workers: 8, Profile: "qwen3-14b-h100", Failures: 1, MaxRunning: 32, Budget: 80e9},
+	{Name: "w8_f4", Workers: 8, Profile: "qwen3-14b-h100", Failures: 4, MaxRunning: 32, Budget: 80e9},
+}
+
+// Lookup returns a setup of Setups by name.
+func Lookup(name string) (Setup, bool) {
+	for _, s := range Setups {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Setup{}, false
+}
+
+// ParseSetups resolves a comma-separated list of setup names.
+func ParseSetups(list string) ([]Setup, error) {
+	var out []Setup
+	for _, name := range strings.Split(list, ",") {
+		s, ok := Lookup(strings.TrimSpace(name))
+		if !ok {
+			return nil, fmt.Errorf("%w %q: use w4, w8, w8_f4", ErrUnknownSetup, name)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Column is one run of the comparison.
+type Column struct {
+	Name     string
+	Strategy policy.Strategy
+	Fail     bool   // the setup's workers are killed at Timeline.FailAt
+	Ref      string // the failure-free column recovery is measured against
+	// Progressive: the restarted workers recover progressively (the draft
+	// first, assisting the busiest survivor by speculation while the model
+	// reloads); the other columns reload before serving.
+	Progressive bool
+}
+
+// Columns are the comparison's columns, in the order they run.
+// lumen-no-spec is lumen with the plain reload: the ablation of the
+// speculation assist.
+var Columns = []Column{
+	{Name: "no-checkpoint-no-failure", Strategy: policy.StopAndRestart},
+	{Name: "lumen-no-failure", Strategy: policy.Lumen},
+	{Name: "stop-and-restart", Strategy: policy.StopAndRestart, Fail: true, Ref: "no-checkpoint-no-failure"},
+	{Name: "fixed-checkpoint", Strategy: policy.FixedCheckpoint, Fail: true, Ref: "lumen-no-failure"},
+	{Name: "lumen-no-spec", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure"},
+	{Name: "lumen", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure", Progressive: true},
+}
+
+// tableOrder is the columns as the table shows them: the failed runs
+// first, the baselines before lumen.
+var tableOrder = []string{"stop-and-restart", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+
+// Timeline is a run's schedule, from the start of the arrivals.
+type Timeline struct {
+	// Warmup: TTFT and TPOT count the requests arriving from then on.
+	// FailAt: the failure. Duration: the arrivals' span. Calibration: the
+	// saturated-throughput run's.
+	Warmup, FailAt, Duration, Calibration time.Duration
+	// ReloadScale scales a restarted worker's model reload.
+	ReloadScale float64
+}
+
+// FullTimeline is the comparison's: 120 s of arrivals, the failure at
+// 30 s, TTFT from 10 s; a one-minute calibration.
+func FullTimeline() Timeline {
+	return Timeline{Warmup: 10 * time.Second, FailAt: 30 * time.Second, Duration: 120 * time.Second, Calibration: time.Minute, ReloadScale: 1}
+}
+
+// QuickTimeline is `-quick`'s: shorter runs and a faster reload, same keys.
+func QuickTimeline() Timeline {
+	return Timeline{Warmup: 4 * time.Second, FailAt: 12 * time.Second, Duration: 36 * time.Second, Calibration: 24 * time.Second, ReloadScale: 0.25}
+}
+
+// Figures are what both measurements report of one column, under the JSON
+// keys scripts and docs/benchmarks.md read; each command's figures embed
+// them and add their own.
+type Figures struct {
+	TTFTMeanMs       float64 `json:"ttft_mean_ms"`
+	TTFTP99Ms        float64 `json:"ttft_p99_ms"`
+	TPOTMeanMs       float64 `json:"tpot_mean_ms"`
+	ResumeMeanMs     float64 `json:"resume_mean_ms"`
+	RecoveryS        float64 `json:"recovery_s"`
+	PagesReused      float64 `json:"pages_reused"`
+	TokensRecomputed float64 `json:"tokens_recomputed"`
+	Requests         int     `json:"requests"`
+	FailedRequests   int     `json:"failed_requests"`
+	// Beyond the keys the issue asks for. Recovered is false when the run
+	// never came back within the rule (RecoveryS is then a lower bound).
+	Recovered         bool    `json:"recovered"`
+	Interrupted       int     `json:"interrupted"`
+	ResumeP99Ms       float64 `json:"resume_p99_ms"`
+	PlanMs            float64 `json:"plan_ms"`
+	PreFailureTTFTMs  float64 `json:"pre_failure_ttft_mean_ms"`
+	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
+	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
+}
+
+// Latencies sets the figures the client records give: the requests and
+// those that failed; TTFT mean and p99 and TPOT mean of the requests that
+// arrived from warmup on, and TTFT mean of those among them that arrived
+// before failAt.
+func (f *Figures) Latencies(recs []*servingstats.Record, warmup, failAt time.Duration) {
+	var ttft, tpot, pre []time.Duration
+	f.Requests, f.FailedRequests = len(recs), 0
+	for _, r := range recs {
+		if r.Err != nil {
+			f.FailedRequests++
+			continue
+		}
+		if r.Arrival < warmup {
+			continue
+		}
+		if d, ok := r.TTFT(); ok {
+			ttft = append(ttft, d)
+			if r.Arrival < failAt {
+				pre = append(pre, d)
+			}
+		}
+		if d, ok := r.TPOT(); ok {
+			tpot = append(tpot, d)
+		}
+	}
+	f.TTFTMeanMs, f.TTFTP99Ms = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99)
+	f.TPOTMeanMs, f.PreFailureTTFTMs = servingstats.Mean(tpot), servingstats.Mean(pre)
+}
+
+// Resumes sets the resume figures from the interrupted requests' resume
+// latencies.
+func (f *Figures) Resumes(d []time.Duration) {
+	f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(d), servingstats.Percentile(d, 0.99)
+}
+
+// Gain is a's change relative to b, as a signed percentage, or "n/a" when
+// b is 0.
+func Gain(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
+}
+
+// Row is a table row a command adds to the common ones: its name and its
+// cell in each column (by column name).
+type Row struct {
+	Name string
+	Cell func(column string) string
+}
+
+// Table is one setup's comparison as both commands print it.
+type Table struct {
+	Setup Setup
+	// Note follows the setup in the title ("simulated"); empty for none.
+	Note    string
+	Figures map[string]*Figures // by column name, every column of Columns
+	// Rows follow the common rows.
+	Rows []Row
+	// Rule is the recovery rule RecoveryS was measured by, said under the
+	// table.
+	Rule servingstats.RecoveryRule
+}
+
+// Print writes the table, lumen's gains over each baseline, and the rule.
+func (t *Table) Print(w io.Writer) {
+	s, figs := t.Setup, t.Figures
+	note := ""
+	if t.Note != "" {
+		note = "; " + t.Note
+	}
+	fmt.Fprintf(w, "\n%s (%d workers, %s, %d failed%s)\n", s.Name, s.Workers, s.Profile, s.Failures, note)
+	fmt.Fprintf(w, "%-24s", "")
+	for _, c := range tableOrder {
+		fmt.Fprintf(w, " %18s", c)
+	}
+	fmt.Fprintln(w)
+	row := func(name string, cell func(column string) string) {
+		fmt.Fprintf(w, "%-24s", name)
+		for _, c := range tableOrder {
+			fmt.Fprintf(w, " %18s", cell(c))
+		}
+		fmt.Fprintln(w)
+	}
+	of := func(get func(f *Figures) string) func(string) string {
+		return func(c string) string { return get(figs[c]) }
+	}
+	f1 := func(v float64) string { return fmt.Sprintf("%.1f", v) }
+	row("TTFT mean (ms)", of(func(f *Figures) string { return f1(f.TTFTMeanMs) }))
+	row("TTFT p99 (ms)", of(func(f *Figures) string { return f1(f.TTFTP99Ms) }))
+	row("TPOT mean (ms)", of(func(f *Figures) string { return f1(f.TPOTMeanMs) }))
+	row("TTFT before failure", of(func(f *Figures) string { return f1(f.PreFailureTTFTMs) }))
+	row("interrupted requests", of(func(f *Figures) string { return fmt.Sprint(f.Interrupted) }))
+	row("resume mean (ms)", of(func(f *Figures) string { return f1(f.ResumeMeanMs) }))
+	row("resume p99 (ms)", of(func(f *Figures) string { return f1(f.ResumeP99Ms) }))
+	row("recovery (s)", of(func(f *Figures) string {
+		if !f.Recovered {
+			return fmt.Sprintf(">%.1f", f.RecoveryS)
+		}
+		return fmt.Sprintf("%.2f", f.RecoveryS)
+	}))
+	row("pages reused", of(func(f *Figures) string { return fmt.Sprintf("%.0f", f.PagesReused) }))
+	row("tokens recomputed", of(func(f *Figures) string { return fmt.Sprintf("%.0f", f.TokensRecomputed) }))
+	row("requests / failed", of(func(f *Figures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) }))
+	for _, r := range t.Rows {
+		row(r.Name, r.Cell)
+	}
+	vs := func(a, b, why string) {
+		l, o := figs[a], figs[b]
+		fmt.Fprintf(w, "%s vs %s%s: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n", a, b, why,
+			Gain(l.TTFTMeanMs, o.TTFTMeanMs), Gain(l.TTFTP99Ms, o.TTFTP99Ms), Gain(l.TPOTMeanMs, o.TPOTMeanMs), Gain(l.RecoveryS, o.RecoveryS))
+	}
+	vs("lumen", "stop-and-restart", "")
+	vs("lumen", "fixed-checkpoint", "")
+	vs("lumen", "lumen-no-spec", " (the assist's share)")
+	vs("lumen-no-spec", "stop-and-restart", "")
+	vs("lumen-no-spec", "fixed-checkpoint", "")
+	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
+	fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
+		Gain(a.TTFTMeanMs, b.TTFTMeanMs), Gain(a.TPOTMeanMs, b.TPOTMeanMs))
+	r := t.Rule
+	fmt.Fprintf(w, "recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
+		"is within %.0f%% + %s and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
+		r.Window, r.Step, 100*r.Tolerance, r.TTFTSlack.Round(time.Millisecond), 100*r.Tolerance, r.QueueSlack)
+}
