@@ -211,8 +211,8 @@ func (c *Command) Run() error {
 	if c.SpecAlpha <= 0 || c.SpecAlpha > 1 {
 		return fmt.Errorf("-spec-alpha %g: must be in (0, 1]", c.SpecAlpha)
 	}
-	if c.SpecK < 0 || c.SpecK > 64 {
-		return fmt.Errorf("-spec-k %d: must be in [0, 64] (0: adaptive)", c.SpecK)
+	if err := core.CheckSpecK(c.SpecK); err != nil {
+		return fmt.Errorf("-spec-k (0: adaptive): %w", err)
 	}
 	var migrate bool
 	switch c.Migration {
