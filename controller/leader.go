@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/serf/serf"
 
 	"github.com/lumen-project/lumen/internal/gossip"
+	"github.com/lumen-project/lumen/fsm"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -87,9 +88,11 @@ func (n *Node) leaderLoop(ls *leaderState) {
 	}
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
-		// It also renews every session: no gateway could renew while
-		// there was no leader.
-		_, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{RenewSessions: true}}})
+		// It also forgives the sessions and the migrations the time
+		// no leader stamped (fsm's NoopCmd.new_leader): no gateway could
+		// renew and no migration could commit, and this replica's clock
+		// may be ahead of the last leader's.
+		_, err := ls.proposer.propose(ctx, fsm.NewLeaderCmd())
 		cancel()
 		if err == nil {
 			break

@@ -179,25 +179,43 @@ func TestCompletedRing(t *testing.T) {
 	}
 }
 
-// TestLoadTableSessions: the table names the live sessions, sorted (a
-// gateway's share of the workers comes from its place among them), and a
-// session created or ended is a new version.
+// TestLoadTableSessions: the table names the live gateway sessions alone
+// (a bench or jepsen client's session takes no share), the newest of each
+// owner (a gateway that restarted under its name replaces its old session
+// at once, not after its TTL), in the order of the owners' names, not the
+// ids' (a gateway's share comes from its place among them); a change is a
+// new version.
 func TestLoadTableSessions(t *testing.T) {
 	h := newHarness(t)
+	gw := func(id, owner string) *pb.Command {
+		c := createSession(id, 2*time.Second)
+		c.GetCreateSession().Owner, c.GetCreateSession().Gateway = owner, true
+		return c
+	}
 	h.one(worker("w1", 1<<30))
 	_, v0 := h.f.LoadTable()
-	h.one(createSession("gw-b", 2*time.Second))
-	h.one(createSession("gw-a", 2*time.Second))
+	h.one(gw("s9", "gw-a"))
+	h.one(gw("s1", "gw-b"))
+	h.one(createSession("s0", 2*time.Second)) // a client's, not a gateway's
 	tab, v1 := h.f.LoadTable()
-	if !slices.Equal(tab.Sessions, []string{"gw-a", "gw-b"}) || v1 == v0 {
-		t.Fatalf("sessions %v at version %d (before: %d), want [gw-a gw-b] at a new version", tab.Sessions, v1, v0)
+	if !slices.Equal(tab.Sessions, []string{"s9", "s1"}) || v1 == v0 {
+		t.Fatalf("sessions %v at version %d (before: %d), want [s9 s1] (gw-a's, gw-b's) at a new version", tab.Sessions, v1, v0)
+	}
+	// gw-a restarts: its new session takes its place.
+	h.one(gw("s5", "gw-a"))
+	tab, v2 := h.f.LoadTable()
+	if !slices.Equal(tab.Sessions, []string{"s5", "s1"}) || v2 == v1 {
+		t.Fatalf("after gw-a restarted: sessions %v at version %d (before: %d), want [s5 s1]", tab.Sessions, v2, v1)
 	}
 	h.advance(1500 * time.Millisecond)
-	h.one(renewSession("gw-a"))
+	h.one(renewSession("s5"))
 	h.advance(1500 * time.Millisecond)
-	h.one(noop()) // gw-b expires
-	tab, v2 := h.f.LoadTable()
-	if !slices.Equal(tab.Sessions, []string{"gw-a"}) || v2 == v1 {
-		t.Fatalf("after gw-b expired: sessions %v at version %d (before: %d)", tab.Sessions, v2, v1)
+	h.one(noop()) // s9, s1 and s0 expire
+	tab, v3 := h.f.LoadTable()
+	if !slices.Equal(tab.Sessions, []string{"s5"}) || v3 == v2 {
+		t.Fatalf("after gw-b expired: sessions %v at version %d (before: %d)", tab.Sessions, v3, v2)
+	}
+	if ss, _ := h.f.Session("s5"); !ss.Gateway {
+		t.Fatalf("session row %v: not marked a gateway's", ss)
 	}
 }

@@ -232,3 +232,38 @@ func TestNewLeaderRenewsSessions(t *testing.T) {
 		t.Fatal("an unrenewed session outlived its TTL after the renewal")
 	}
 }
+
+// TestElectionsDoNotKeepDeadSessions (issue 21, defect 11): a new leader
+// forgives the sessions the time no leader stamped, not what elapsed under
+// the leaders before it, so a dead gateway's session expires after its TTL
+// of stamped time even when the leader changes more often than once per
+// TTL (a full renewal on each election kept it forever), while the live
+// gateway's, renewed each term, stays.
+func TestElectionsDoNotKeepDeadSessions(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("w1", 1<<30))
+	h.one(createSession("dead", 2*time.Second))
+	h.one(createSession("live", 2*time.Second))
+	h.one(dispatchIn("dead", "r", 10, 10))
+	for term := 0; term < 10; term++ {
+		// A term of 800 ms (less than half the TTL), then 3 s with no leader
+		// (more than the TTL) and a new one whose clock is ahead.
+		h.advance(800 * time.Millisecond)
+		h.one(renewSession("live"))
+		h.advance(3 * time.Second)
+		h.one(NewLeaderCmd())
+		if ss, _ := h.f.Session("live"); ss == nil {
+			t.Fatalf("term %d: the live gateway's session expired across an election", term)
+		}
+		if ss, _ := h.f.Session("dead"); ss == nil {
+			if term < 2 {
+				t.Fatalf("term %d: the dead session expired after %d ms of stamped time, under its TTL", term, 800*(term+1))
+			}
+			if p, _ := h.f.Placement("r"); p != nil {
+				t.Fatal("the dead session's placement outlived it")
+			}
+			return
+		}
+	}
+	t.Fatal("ten elections, 8 s of stamped time: the dead gateway's session is still alive (TTL 2 s)")
+}

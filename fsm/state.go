@@ -109,12 +109,17 @@ func (s *state) emit(evs eventSink, idx uint64, ev *pb.Event) {
 }
 
 func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
+	prev := s.lastStamp
 	if c.StampedUnixNano > s.lastStamp {
 		s.lastStamp = c.StampedUnixNano
 	}
 	// Sessions past their deadline by this command's stamp end before it
 	// applies: a renewal or dispatch that comes too late finds them gone.
-	// A new leader's first command renews them all first.
+	// A new leader's first command first forgives the time no leader
+	// stamped (older leaders renewed every session in full instead).
+	if c.GetNoop().GetNewLeader() && prev != 0 {
+		s.newLeader(s.lastStamp - prev)
+	}
 	if c.GetNoop().GetRenewSessions() {
 		s.renewAllSessions()
 	}
