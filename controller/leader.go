@@ -8,8 +8,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/hashicorp/serf/serf"
 
-	"github.com/lumen-project/lumen/internal/gossip"
 	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/internal/gossip"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
