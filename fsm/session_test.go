@@ -188,6 +188,12 @@ func compareSessions(t *testing.T, a, b *FSM) {
 			t.Fatalf("session %s: %v %v vs %v %v", id, s1, r1, s2, r2)
 		}
 	}
+	// The gateway list (the shares) is derived from the rows: the same.
+	ta, _ := a.LoadTable()
+	tb, _ := b.LoadTable()
+	if !reflect.DeepEqual(ta.Sessions, tb.Sessions) {
+		t.Fatalf("gateway sessions %v vs %v", ta.Sessions, tb.Sessions)
+	}
 }
 
 // TestObserveApply: every applied command is timed under its type's name.
