@@ -206,6 +206,22 @@ func (s *state) expireSessions(idx uint64, evs eventSink) (expired int) {
 	return len(due)
 }
 
+// StampAge returns how far now (Unix nanoseconds, the leader's clock) is
+// past the last applied stamp, and whether a clock runs on the stamps: a
+// session or a migration exists. The leader commits a no-op when the age
+// passes an interval (controller/leader.go), so the time a new leader
+// forgives (newLeader: from the last stamp to its own) is the leaderless
+// gap and at most that interval of the last term, however idle.
+func (f *FSM) StampAge(now int64) (age int64, timed bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	timed = len(f.st.sessions) > 0
+	for _, reqs := range f.st.incoming {
+		timed = timed || len(reqs) > 0
+	}
+	return now - f.st.lastStamp, timed
+}
+
 // NextSessionExpiry returns the earliest time (Unix nanoseconds, by the
 // stamps of applied commands) at which a session may expire, or 0 when there
 // is none. The leader proposes a no-op once its clock passes it, so expiry

@@ -273,3 +273,17 @@ func TestElectionsDoNotKeepDeadSessions(t *testing.T) {
 	}
 	t.Fatal("ten elections, 8 s of stamped time: the dead gateway's session is still alive (TTL 2 s)")
 }
+
+// StampAge says how old the last stamp is and whether a clock runs on the
+// stamps (a session or a migration), for the leader's keep-stamping no-op.
+func TestStampAge(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("w1", 1<<30))
+	if _, timed := h.f.StampAge(h.stamp); timed {
+		t.Fatal("timed with no session and no migration")
+	}
+	h.one(createSession("gw", time.Second))
+	if age, timed := h.f.StampAge(h.stamp + int64(time.Second)); !timed || age != int64(time.Second) {
+		t.Fatalf("age %d timed %v, want 1 s and true", age, timed)
+	}
+}
