@@ -248,6 +248,18 @@ func TestPlaceChosenWorkerFailed(t *testing.T) {
 	if r, err := p.Dispatch(ctxT(t, 5*time.Second), req); err != nil || r.Placement.WorkerId != "w2" {
 		t.Fatalf("redispatch: %v %v", r, err)
 	}
+	// A DRAINING worker is refused the same way (issue 21, defect 13): its
+	// Generate refused the request, which the gateway places elsewhere.
+	c.addWorker("w3", 1, 1<<30)
+	if _, err := c.client(c.anyNode()).SetWorkerPhase(ctxT(t, 5*time.Second), &pb.SetWorkerPhaseRequest{
+		WorkerId: "w3", Incarnation: 1, Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	dreq := &pb.DispatchRequest{RequestId: "r2", PromptTokens: 10, MaxTokens: 10, SessionId: sid, WorkerId: "w3", WorkerIncarnation: 1}
+	_, err = p.Dispatch(ctxT(t, 5*time.Second), dreq)
+	if ctlclient.Reason(err) != ctlclient.ReasonWorkerUnavailable || !strings.Contains(status.Convert(err).Message(), "DRAINING") {
+		t.Fatalf("dispatch to a draining worker: %v (reason %q), want WORKER_UNAVAILABLE naming DRAINING", err, ctlclient.Reason(err))
+	}
 }
 
 // Leadership moves while a Placer streams: unanswered batches are sent
