@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/hashicorp/serf/serf"
 
+	"github.com/lumen-project/lumen/fsm"
 	"github.com/lumen-project/lumen/internal/gossip"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -87,9 +88,11 @@ func (n *Node) leaderLoop(ls *leaderState) {
 	}
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
-		// It also renews every session: no gateway could renew while
-		// there was no leader.
-		_, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{RenewSessions: true}}})
+		// It also forgives the sessions and the migrations the time
+		// no leader stamped (fsm's NoopCmd.new_leader): no gateway could
+		// renew and no migration could commit, and this replica's clock
+		// may be ahead of the last leader's.
+		_, err := ls.proposer.propose(ctx, fsm.NewLeaderCmd())
 		cancel()
 		if err == nil {
 			break
@@ -131,13 +134,23 @@ func (n *Node) leaderLoop(ls *leaderState) {
 // even when nothing else is written.
 const sessionCheckInterval = 250 * time.Millisecond
 
+// stampInterval is the longest the leader leaves the applied stamps behind
+// its clock while a session or a migration exists: a new leader forgives
+// the time from the last stamp to its own (fsm's NoopCmd.new_leader), so
+// without it an idle term would count for nothing and elections more often
+// than once per TTL would keep a dead gateway's session forever.
+const stampInterval = 2 * sessionCheckInterval
+
 // expireSessions commits a no-op once a session's deadline has passed on the
-// leader's clock. Apply decides expiry by the stamps of the commands it
-// applies; the no-op carries a stamp past the deadline, so an idle cluster
-// expires the sessions of dead gateways too.
+// leader's clock, or once the last stamp is stampInterval old while a
+// session or migration exists. Apply decides expiry by the stamps of the
+// commands it applies; the no-op carries a stamp past the deadline, so an
+// idle cluster expires the sessions of dead gateways too.
 func (n *Node) expireSessions(ls *leaderState) {
+	now := time.Now().UnixNano()
 	due := n.fsm.NextSessionExpiry()
-	if due == 0 || time.Now().UnixNano() <= due {
+	age, timed := n.fsm.StampAge(now)
+	if (due == 0 || now <= due) && (!timed || age < int64(stampInterval)) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)

@@ -271,7 +271,7 @@ func (s *server) WatchLoad(req *pb.WatchLoadRequest, stream grpc.ServerStreaming
 	for {
 		t, ver := n.fsm.LoadTable()
 		if !sent || ver != lastVer {
-			msg := &pb.LoadTable{AppliedIndex: t.AppliedIndex, Workers: t.Workers, ControllerId: n.cfg.NodeID, Leader: n.IsLeader()}
+			msg := LoadTableMessage(t, n.cfg.NodeID, n.IsLeader())
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
@@ -295,6 +295,16 @@ func (s *server) WatchLoad(req *pb.WatchLoadRequest, stream grpc.ServerStreaming
 			return status.Error(codes.Unavailable, "controller shutting down")
 		}
 	}
+}
+
+// LoadTableMessage is the LoadTable WatchLoad sends: every field of the
+// FSM's table t (fsm.LoadTable; shared, so not modified) and the replica
+// that serves it. The server and the tests build the message here alone: a
+// field left out reaches no gateway (the gateway session list once did
+// not, and every gateway chose alone).
+func LoadTableMessage(t *pb.LoadTable, controllerID string, leader bool) *pb.LoadTable {
+	return &pb.LoadTable{AppliedIndex: t.AppliedIndex, Workers: t.Workers, Sessions: t.Sessions,
+		ControllerId: controllerID, Leader: leader}
 }
 
 // GetPlacements reads many placements. Linearizable calls are served by the

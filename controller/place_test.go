@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/placer"
@@ -245,6 +247,18 @@ func TestPlaceChosenWorkerFailed(t *testing.T) {
 	req.WorkerId = "w2"
 	if r, err := p.Dispatch(ctxT(t, 5*time.Second), req); err != nil || r.Placement.WorkerId != "w2" {
 		t.Fatalf("redispatch: %v %v", r, err)
+	}
+	// A DRAINING worker is refused the same way (issue 21, defect 13): its
+	// Generate refused the request, which the gateway places elsewhere.
+	c.addWorker("w3", 1, 1<<30)
+	if _, err := c.client(c.anyNode()).SetWorkerPhase(ctxT(t, 5*time.Second), &pb.SetWorkerPhaseRequest{
+		WorkerId: "w3", Incarnation: 1, Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	dreq := &pb.DispatchRequest{RequestId: "r2", PromptTokens: 10, MaxTokens: 10, SessionId: sid, WorkerId: "w3", WorkerIncarnation: 1}
+	_, err = p.Dispatch(ctxT(t, 5*time.Second), dreq)
+	if ctlclient.Reason(err) != ctlclient.ReasonWorkerUnavailable || !strings.Contains(status.Convert(err).Message(), "DRAINING") {
+		t.Fatalf("dispatch to a draining worker: %v (reason %q), want WORKER_UNAVAILABLE naming DRAINING", err, ctlclient.Reason(err))
 	}
 }
 
@@ -574,5 +588,62 @@ func TestPlaceMetrics(t *testing.T) {
 		if v := metricValue(t, n, m.name, m.labels); v < m.min {
 			t.Errorf("%s%v = %v, want at least %v", m.name, m.labels, v, m.min)
 		}
+	}
+}
+
+// TestWatchLoadSendsGatewaySessions (issue 21, defect 2): over gRPC, from a
+// follower, the table carries every field of the FSM's (LoadTableMessage),
+// the gateway sessions among them: only gateways', in their owners' order;
+// each gateway's replica computes its share from it. WatchLoad used to
+// leave the list out, and every gateway chose alone.
+func TestWatchLoadSendsGatewaySessions(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	c.addWorker("w1", 1, 1<<30)
+	c.addWorker("w2", 1, 1<<30)
+	cl := c.client(c.anyNode())
+	open := func(owner string, gateway bool) string {
+		s, err := cl.CreateSession(ctxT(t, 5*time.Second), &pb.CreateSessionRequest{Owner: owner, TtlMs: 30_000, Gateway: gateway})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Session.Id
+	}
+	b := open("gw-b", true)
+	open("bench-client", false) // holds a session, takes no share
+	a := open("gw-a", true)
+	f := c.follower()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := c.client(f).WatchLoad(ctx, &pb.WatchLoadRequest{IntervalMs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		tab, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("no table listing both gateways' sessions came: %v", err)
+		}
+		if len(tab.Workers) < 2 || len(tab.Sessions) < 2 {
+			continue
+		}
+		if !slices.Equal(tab.Sessions, []string{a, b}) {
+			t.Fatalf("sessions %v, want gw-a's and gw-b's [%s %s]", tab.Sessions, a, b)
+		}
+		// Every field of the FSM's table, once the follower is there.
+		waitFor(t, 5*time.Second, "the follower at the table's index", func() bool { return f.fsm.Applied() >= tab.AppliedIndex })
+		if ft, _ := f.fsm.LoadTable(); ft.AppliedIndex == tab.AppliedIndex {
+			if want := LoadTableMessage(ft, f.ID(), false); !proto.Equal(tab, want) {
+				t.Fatalf("received %v\nwant %v", tab, want)
+			}
+		}
+		for i, sid := range []string{a, b} {
+			r := placer.New()
+			r.SetSelf(sid)
+			r.Update(tab)
+			if g, G := r.Share(); g != i || G != 2 {
+				t.Fatalf("gateway %d's share: %d of %d, want %d of 2", i, g, G, i)
+			}
+		}
+		return
 	}
 }

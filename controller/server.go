@@ -289,7 +289,7 @@ func (s *server) CreateSession(ctx context.Context, req *pb.CreateSessionRequest
 		return nil, status.Errorf(codes.Internal, "session id: %v", err)
 	}
 	cmd := &pb.Command{Body: &pb.Command_CreateSession{CreateSession: &pb.CreateSessionCmd{
-		Id: hex.EncodeToString(b[:]), Owner: req.Owner, TtlNanos: int64(ttl)}}}
+		Id: hex.EncodeToString(b[:]), Owner: req.Owner, TtlNanos: int64(ttl), Gateway: req.Gateway}}}
 	return write(ctx, s.n, "CreateSession", cmd, func(r proposalResult) *pb.CreateSessionResponse {
 		return &pb.CreateSessionResponse{Session: r.res.Session, Index: r.index}
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.CreateSessionResponse, error) {

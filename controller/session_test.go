@@ -156,3 +156,33 @@ func TestSessionSurvivesLeaderlessOutage(t *testing.T) {
 		t.Fatalf("session not renewed by the new leader: %v", ss)
 	}
 }
+
+// TestElectionsExpireDeadSession (issue 21, defect 11): a session nobody
+// renews (a dead gateway's) expires even when the leader changes more often
+// than once per TTL. Each new leader's first command used to renew every
+// session in full, and a 900-ms term never reached the 1-s deadline; now a
+// new leader forgives only the time from the last stamp to its own, and the
+// leader stamps at least every stampInterval while a session exists, so
+// each term counts.
+func TestElectionsExpireDeadSession(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	sess, err := c.client(c.nodes[0]).CreateSession(ctxT(t, 5*time.Second), &pb.CreateSessionRequest{Owner: "gw", TtlMs: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sess.Session.Id
+	const term = 900 * time.Millisecond // under the TTL
+	for i := 0; i < 8; i++ {
+		leader := c.waitLeader()
+		up := time.Now()
+		expired := func() bool { ss, _ := leader.FSM().Session(id); return ss == nil }
+		waitFor(t, 10*time.Second, "the term to last 900 ms", func() bool { return expired() || time.Since(up) > term })
+		if expired() {
+			t.Logf("expired in term %d", i+1)
+			return
+		}
+		c.stop(0)
+		c.restart(0)
+	}
+	t.Fatal("eight terms of 900 ms each: the dead gateway's session (TTL 1 s) is still alive")
+}

@@ -448,7 +448,13 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 					phase[id] = to
 				}
 			case op >= 100 && op < 104:
-				batch = append(batch, createSession(fmt.Sprintf("s%03d", nextSession), time.Duration(1+rng.Intn(3))*time.Second))
+				c := createSession(fmt.Sprintf("s%03d", nextSession), time.Duration(1+rng.Intn(3))*time.Second)
+				if rng.Intn(2) == 0 {
+					// A gateway's, of a few names: restarts replace.
+					c.GetCreateSession().Gateway = true
+					c.GetCreateSession().Owner = fmt.Sprintf("gw-%d", rng.Intn(3))
+				}
+				batch = append(batch, c)
 				nextSession++
 			case op >= 104 && op < 108 && nextSession > 0:
 				batch = append(batch, renewSession(session()))
@@ -457,7 +463,12 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 			case op >= 109:
 				stamp += rng.Int63n(int64(2 * time.Second))
 				c := noop()
-				c.GetNoop().RenewSessions = rng.Intn(4) == 0 // a new leader
+				switch rng.Intn(8) {
+				case 0:
+					c.GetNoop().RenewSessions = true // an older leader's first command
+				case 1:
+					c = NewLeaderCmd()
+				}
 				batch = append(batch, c)
 			case op >= 8 && op < 30 && nextSession > 0:
 				batch = append(batch, dispatchIn(session(), fmt.Sprintf("r%05d", nextReq), uint32(1+rng.Intn(2000)), uint32(1+rng.Intn(500))))

@@ -22,7 +22,7 @@ type loadCache struct {
 	views   []policy.Worker
 	incs    []uint64
 	phases  []pb.WorkerPhase
-	// sessions is the sorted live session ids of the table.
+	// sessions is the table's gateway sessions (state.gatewaySessions).
 	sessions []string
 }
 
@@ -43,7 +43,8 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 		return c.table, c.version
 	}
 	st := f.st
-	same := len(st.ids) == len(c.views) && sameSessions(st.sessions, c.sessions)
+	sessions := st.gatewaySessions()
+	same := len(st.ids) == len(c.views) && slices.Equal(sessions, c.sessions)
 	for i := 0; same && i < len(st.ids); i++ {
 		w := st.workers[st.ids[i]]
 		same = loadFields(st.views[i]) == c.views[i] && w.Incarnation == c.incs[i] && w.Phase == c.phases[i]
@@ -67,28 +68,11 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 				Running: v.Running, Waiting: v.Waiting},
 			PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
 	}
-	c.sessions = make([]string, 0, len(st.sessions))
-	for id := range st.sessions {
-		c.sessions = append(c.sessions, id)
-	}
+	c.sessions = sessions
 	f.mu.RUnlock()
-	slices.Sort(c.sessions)
 	c.version++
 	c.table = &pb.LoadTable{AppliedIndex: applied, Workers: rows, Sessions: c.sessions}
 	return c.table, c.version
-}
-
-// sameSessions says whether the live sessions are the sorted ids held.
-func sameSessions[V any](live map[string]V, held []string) bool {
-	if len(live) != len(held) {
-		return false
-	}
-	for _, id := range held {
-		if _, ok := live[id]; !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // loadFields is the part of a view the load table carries: what

@@ -500,3 +500,35 @@ func TestPlanMigrationsFromTables(t *testing.T) {
 	}
 	checkMigrations(t, h.f.st)
 }
+
+// TestNewLeaderKeepsMigrationClock (issue 21, defect 11): the stage timeout
+// compares the leader's clock with the migration's start stamp, which the
+// leader that started it wrote. A new leader whose clock is 30 s ahead used
+// to find every migration 30 s old and abort them all at once; its first
+// command (NewLeaderCmd) moves the starts forward by the time no leader
+// stamped, so what elapsed under the old leader still counts and nothing
+// more.
+func TestNewLeaderKeepsMigrationClock(t *testing.T) {
+	const timeout = 10 * time.Second
+	h := migrationCluster(t)
+	h.one(migrateCmd("r1", 0, "w3", 1))
+	h.advance(4 * time.Second) // the copy runs 4 s under the old leader
+	h.one(noop())
+	// The old leader goes; the new one's clock is 30 s ahead.
+	h.advance(30 * time.Second)
+	h.one(NewLeaderCmd())
+	now := h.stamp // the new leader's clock
+	if aborts := h.f.MigrationsStartedBefore(now-int64(timeout), ReasonTimeout); len(aborts) != 0 {
+		t.Fatalf("the new leader's first round aborts %v: a clock ahead is not a stage timeout", aborts)
+	}
+	// 4 s counted already: 6 s more by the new leader's clock is the timeout.
+	if p := h.placement("r1"); now-p.MigrationStartedUnixNano != int64(4*time.Second)+1000 {
+		t.Fatalf("the migration counts %s on the new leader, want the 4 s it ran under the old one",
+			time.Duration(now-p.MigrationStartedUnixNano))
+	}
+	later := now + int64(6*time.Second) + 2000
+	if aborts := h.f.MigrationsStartedBefore(later-int64(timeout), ReasonTimeout); len(aborts) != 1 || aborts[0].RequestId != "r1" {
+		t.Fatalf("6 s later on the new leader: aborts %v, want r1's", aborts)
+	}
+	checkMigrations(t, h.f.st)
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 
+	"google.golang.org/protobuf/proto"
+
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -17,9 +19,13 @@ import (
 //
 // Stamps only move when commands are applied; the leader proposes a no-op
 // once a session's deadline has passed on its clock, so an idle cluster
-// expires sessions too. A new leader's first command renews every session
-// (NoopCmd.renew_sessions): while there was no leader no gateway could
-// renew, and its clock may differ from the last leader's.
+// expires sessions too. A new leader's first command (NewLeaderCmd)
+// forgives every session the time between the last stamp and its own:
+// while there was no leader no gateway could renew, and its clock may be
+// ahead of the last leader's. Time stamped under earlier leaders still
+// counts, so a dead gateway's session expires however often the leader
+// changes. (Older leaders renewed every session in full,
+// NoopCmd.renew_sessions: elections once per TTL kept it forever.)
 
 // Session TTL bounds, enforced by Apply as well as by the controller.
 const (
@@ -39,7 +45,7 @@ func (s *state) createSession(c *pb.CreateSessionCmd, idx uint64) Result {
 		return Result{Session: old}
 	}
 	ss := &pb.Session{Id: c.Id, Owner: c.Owner, TtlNanos: c.TtlNanos,
-		CreatedUnixNano: s.lastStamp, RenewedUnixNano: s.lastStamp, CreatedIndex: idx}
+		CreatedUnixNano: s.lastStamp, RenewedUnixNano: s.lastStamp, CreatedIndex: idx, Gateway: c.Gateway}
 	s.sessions[c.Id] = ss
 	s.noteDeadline(ss)
 	return Result{Session: ss}
@@ -50,8 +56,7 @@ func (s *state) renewSession(c *pb.RenewSessionCmd) Result {
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %q", ErrSessionExpired, c.Id)}
 	}
-	ns := &pb.Session{Id: old.Id, Owner: old.Owner, TtlNanos: old.TtlNanos,
-		CreatedUnixNano: old.CreatedUnixNano, RenewedUnixNano: s.lastStamp, CreatedIndex: old.CreatedIndex}
+	ns := renewedAt(old, s.lastStamp)
 	s.sessions[c.Id] = ns
 	if sessionDeadline(old) == s.nextExpiry {
 		// It was (one of) the earliest: find the new earliest, so the
@@ -84,15 +89,85 @@ func (s *state) endSession(id, why string, idx uint64, evs eventSink) uint32 {
 	return uint32(len(reqs))
 }
 
-// renewAllSessions renews every session as of the last stamp.
+// NewLeaderCmd is the command a new leader commits first, before it
+// serves (controller/leader.go): a no-op that forgives the sessions and the
+// migrations the time no leader stamped (newLeader).
+func NewLeaderCmd() *pb.Command {
+	return &pb.Command{Body: &pb.Command_Noop{Noop: &pb.NoopCmd{NewLeader: true}}}
+}
+
+// renewedAt returns a copy of session old renewed at stamp (rows are
+// shared with readers: never modified in place).
+func renewedAt(old *pb.Session, stamp int64) *pb.Session {
+	ns := proto.Clone(old).(*pb.Session)
+	ns.RenewedUnixNano = stamp
+	return ns
+}
+
+// renewAllSessions renews every session as of the last stamp (the
+// renew_sessions of an older leader's first command).
 func (s *state) renewAllSessions() {
 	s.nextExpiry = 0
 	for id, old := range s.sessions { // each row on its own: map order does not matter
-		ns := &pb.Session{Id: old.Id, Owner: old.Owner, TtlNanos: old.TtlNanos,
-			CreatedUnixNano: old.CreatedUnixNano, RenewedUnixNano: s.lastStamp, CreatedIndex: old.CreatedIndex}
+		ns := renewedAt(old, s.lastStamp)
 		s.sessions[id] = ns
 		s.noteDeadline(ns)
 	}
+}
+
+// newLeader forgives the time no leader stamped: a new leader's first
+// command (NoopCmd.new_leader) is stamped gap past the last command, and
+// every session's renewal and every migration's start move forward by
+// gap. What elapsed under the earlier leaders, by their stamps, still
+// counts: a session expires after TTL of stamped time without a renewal
+// however often the leader changes, and a migration's stage timeout runs
+// on from where it was, whatever the new leader's clock says.
+func (s *state) newLeader(gap int64) {
+	if gap <= 0 {
+		return
+	}
+	s.nextExpiry = 0
+	for id, old := range s.sessions { // each row on its own: map order does not matter
+		ns := renewedAt(old, old.RenewedUnixNano+gap)
+		s.sessions[id] = ns
+		s.noteDeadline(ns)
+	}
+	for _, reqs := range s.incoming {
+		for rid := range reqs {
+			np := proto.Clone(s.placements[rid]).(*pb.Placement)
+			np.MigrationStartedUnixNano += gap
+			s.placements[rid] = np
+		}
+	}
+}
+
+// gatewaySessions returns the ids of the live gateway sessions, the newest
+// of each owner only, in the order of their owners (LoadTable.sessions):
+// other clients' sessions do not take a share, and a gateway that
+// restarted under its name replaces its old session at once.
+func (s *state) gatewaySessions() []string {
+	newest := map[string]*pb.Session{}
+	for _, ss := range s.sessions {
+		if !ss.Gateway {
+			continue
+		}
+		// One entry may create several (group commit): the greater id
+		// breaks the tie, as map order must not.
+		if o := newest[ss.Owner]; o == nil || ss.CreatedIndex > o.CreatedIndex ||
+			ss.CreatedIndex == o.CreatedIndex && ss.Id > o.Id {
+			newest[ss.Owner] = ss
+		}
+	}
+	owners := make([]string, 0, len(newest))
+	for o := range newest {
+		owners = append(owners, o)
+	}
+	sort.Strings(owners)
+	ids := make([]string, len(owners))
+	for i, o := range owners {
+		ids[i] = newest[o].Id
+	}
+	return ids
 }
 
 // noteDeadline keeps nextExpiry at or below a session's deadline.
@@ -129,6 +204,22 @@ func (s *state) expireSessions(idx uint64, evs eventSink) (expired int) {
 		s.endSession(ss.Id, ReasonSessionExpired, idx, evs)
 	}
 	return len(due)
+}
+
+// StampAge returns how far now (Unix nanoseconds, the leader's clock) is
+// past the last applied stamp, and whether a clock runs on the stamps: a
+// session or a migration exists. The leader commits a no-op when the age
+// passes an interval (controller/leader.go), so the time a new leader
+// forgives (newLeader: from the last stamp to its own) is the leaderless
+// gap and at most that interval of the last term, however idle.
+func (f *FSM) StampAge(now int64) (age int64, timed bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	timed = len(f.st.sessions) > 0
+	for _, reqs := range f.st.incoming {
+		timed = timed || len(reqs) > 0
+	}
+	return now - f.st.lastStamp, timed
 }
 
 // NextSessionExpiry returns the earliest time (Unix nanoseconds, by the

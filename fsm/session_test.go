@@ -188,6 +188,12 @@ func compareSessions(t *testing.T, a, b *FSM) {
 			t.Fatalf("session %s: %v %v vs %v %v", id, s1, r1, s2, r2)
 		}
 	}
+	// The gateway list (the shares) is derived from the rows: the same.
+	ta, _ := a.LoadTable()
+	tb, _ := b.LoadTable()
+	if !reflect.DeepEqual(ta.Sessions, tb.Sessions) {
+		t.Fatalf("gateway sessions %v vs %v", ta.Sessions, tb.Sessions)
+	}
 }
 
 // TestObserveApply: every applied command is timed under its type's name.
@@ -230,5 +236,54 @@ func TestNewLeaderRenewsSessions(t *testing.T) {
 	h.one(noop())
 	if ss, _ := h.f.Session("gw"); ss != nil {
 		t.Fatal("an unrenewed session outlived its TTL after the renewal")
+	}
+}
+
+// TestElectionsDoNotKeepDeadSessions (issue 21, defect 11): a new leader
+// forgives the sessions the time no leader stamped, not what elapsed under
+// the leaders before it, so a dead gateway's session expires after its TTL
+// of stamped time even when the leader changes more often than once per
+// TTL (a full renewal on each election kept it forever), while the live
+// gateway's, renewed each term, stays.
+func TestElectionsDoNotKeepDeadSessions(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("w1", 1<<30))
+	h.one(createSession("dead", 2*time.Second))
+	h.one(createSession("live", 2*time.Second))
+	h.one(dispatchIn("dead", "r", 10, 10))
+	for term := 0; term < 10; term++ {
+		// A term of 800 ms (less than half the TTL), then 3 s with no leader
+		// (more than the TTL) and a new one whose clock is ahead.
+		h.advance(800 * time.Millisecond)
+		h.one(renewSession("live"))
+		h.advance(3 * time.Second)
+		h.one(NewLeaderCmd())
+		if ss, _ := h.f.Session("live"); ss == nil {
+			t.Fatalf("term %d: the live gateway's session expired across an election", term)
+		}
+		if ss, _ := h.f.Session("dead"); ss == nil {
+			if term < 2 {
+				t.Fatalf("term %d: the dead session expired after %d ms of stamped time, under its TTL", term, 800*(term+1))
+			}
+			if p, _ := h.f.Placement("r"); p != nil {
+				t.Fatal("the dead session's placement outlived it")
+			}
+			return
+		}
+	}
+	t.Fatal("ten elections, 8 s of stamped time: the dead gateway's session is still alive (TTL 2 s)")
+}
+
+// StampAge says how old the last stamp is and whether a clock runs on the
+// stamps (a session or a migration), for the leader's keep-stamping no-op.
+func TestStampAge(t *testing.T) {
+	h := newHarness(t)
+	h.one(worker("w1", 1<<30))
+	if _, timed := h.f.StampAge(h.stamp); timed {
+		t.Fatal("timed with no session and no migration")
+	}
+	h.one(createSession("gw", time.Second))
+	if age, timed := h.f.StampAge(h.stamp + int64(time.Second)); !timed || age != int64(time.Second) {
+		t.Fatalf("age %d timed %v, want 1 s and true", age, timed)
 	}
 }

@@ -109,12 +109,17 @@ func (s *state) emit(evs eventSink, idx uint64, ev *pb.Event) {
 }
 
 func (s *state) apply(c *pb.Command, idx uint64, evs eventSink) Result {
+	prev := s.lastStamp
 	if c.StampedUnixNano > s.lastStamp {
 		s.lastStamp = c.StampedUnixNano
 	}
 	// Sessions past their deadline by this command's stamp end before it
 	// applies: a renewal or dispatch that comes too late finds them gone.
-	// A new leader's first command renews them all first.
+	// A new leader's first command first forgives the time no leader
+	// stamped (older leaders renewed every session in full instead).
+	if c.GetNoop().GetNewLeader() && prev != 0 {
+		s.newLeader(s.lastStamp - prev)
+	}
 	if c.GetNoop().GetRenewSessions() {
 		s.renewAllSessions()
 	}
@@ -598,8 +603,8 @@ func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
 	var serving int
 	if c.WorkerId != "" {
 		// The gateway chose the worker and the request already runs there:
-		// accept while that incarnation is alive, whatever its phase (a
-		// draining worker's requests migrate away). O(log n).
+		// accept while that incarnation is alive and not DRAINING (whose
+		// Generate refused it). O(log n).
 		i, err := s.chosen(c)
 		if err != nil {
 			return Result{Err: err}
@@ -639,6 +644,12 @@ func (s *state) chosen(c *pb.DispatchCmd) (int, error) {
 			ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation, w.Incarnation, phaseName(w.Phase))
 	case w.Phase == pb.WorkerPhase_WORKER_PHASE_FAILED || w.Phase == pb.WorkerPhase_WORKER_PHASE_LEFT:
 		return -1, fmt.Errorf("%w: worker %s incarnation %d is %s", ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation, phaseName(w.Phase))
+	case w.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING:
+		// Its Generate refuses new requests, so nothing runs there to
+		// place, and a placement would only be a migration the drain
+		// cannot make: the gateway places the request elsewhere.
+		return -1, fmt.Errorf("%w: worker %s incarnation %d is DRAINING and takes no new request; place it on a worker in FULL_SERVICE",
+			ErrWorkerUnavailable, c.WorkerId, c.WorkerIncarnation)
 	}
 	if !eligible(w) {
 		if inc, left := s.leftover(w); left {

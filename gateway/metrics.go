@@ -106,7 +106,17 @@ func (m *metrics) watchReplica(r *placer.Replica, tableAt *atomic.Int64) {
 			return time.Since(time.Unix(0, at)).Seconds()
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_gateway_replica_pending",
-			Help: "This gateway's placements the load table does not count yet."}, func() float64 { return float64(r.Pending()) }))
+			Help: "This gateway's placements the load table does not count yet."}, func() float64 { return float64(r.Pending()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_gateway_share_index",
+			Help: "This gateway's share of the workers: its index g among the gateways the load table lists (0..G-1)."}, func() float64 {
+			g, _ := r.Share()
+			return float64(g)
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_gateway_share_gateways",
+			Help: "How many gateways share the workers, G, as the load table lists them (1: this gateway chooses alone, PickServing)."}, func() float64 {
+			_, G := r.Share()
+			return float64(G)
+		}))
 }
 
 func (m *metrics) handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }

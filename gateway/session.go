@@ -4,7 +4,10 @@ package gateway
 // the gateway dispatches belongs to it, and the controller completes them
 // all when the session expires — the gateway died, or was cut off from the
 // quorum for longer than the TTL — so a lost gateway leaks no placement and
-// no checkpoint reservation. The gateway renews the session every TTL/3
+// no checkpoint reservation. It is marked a gateway's session, so that the
+// load table lists it and the gateway gets its share of the workers
+// (internal/placer's shares) by its name's place among the gateways'. The
+// gateway renews the session every TTL/3
 // from the last renewal that went through, retries a failed one at once
 // (with backoff) until one does, opens a new one when the controller says it expired, and destroys it on
 // Close.
@@ -176,7 +179,7 @@ func (s *session) keep(stop <-chan struct{}) error {
 		s.log.Warn("session expired: its placements were completed; opening a new one", "session", id)
 		s.expired(id)
 	}
-	resp, err := s.ctl.CreateSession(ctx, &pb.CreateSessionRequest{Owner: s.owner, TtlMs: uint32(s.ttl.Milliseconds())})
+	resp, err := s.ctl.CreateSession(ctx, &pb.CreateSessionRequest{Owner: s.owner, TtlMs: uint32(s.ttl.Milliseconds()), Gateway: true})
 	if err != nil {
 		s.log.Warn("cannot open a controller session", "error", err)
 		return err

@@ -371,3 +371,55 @@ func (c *cutter) close() {
 	c.setCut(true)
 	c.wg.Wait()
 }
+
+// TestGatewaysShareTheWorkers (issue 21, defect 2): two gateways on one
+// controller, beside a client that holds a session of its own (a
+// benchmark's), each get their share from the load table — gateway 0 and 1
+// of 2, in their names' order — and export it. WatchLoad used to send no
+// session list: every gateway was 0 of 1 and chose alone.
+func TestGatewaysShareTheWorkers(t *testing.T) {
+	ctl := startController(t, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0")
+	defer ctl.Shutdown()
+	cl := ctlClient(t, ctl)
+	registerWorkers(t, cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cl.CreateSession(ctx, &pb.CreateSessionRequest{Owner: "bench-gw-0", TtlMs: 30_000}); err != nil {
+		t.Fatal(err)
+	}
+	gws := map[string]*Gateway{}
+	for _, name := range []string{"gw-b", "gw-a"} {
+		gws[name] = newTestGateway(t, func(c *Config) {
+			c.Controllers = []string{ctl.GRPCAddr()}
+			c.Name = name
+		})
+	}
+	for i, name := range []string{"gw-a", "gw-b"} {
+		g := gws[name]
+		waitUntil(t, 10*time.Second, name+"'s share", func() bool {
+			gi, G := g.replica.Share()
+			return gi == i && G == 2
+		})
+		for metric, want := range map[string]float64{"lumen_gateway_share_index": float64(i), "lumen_gateway_share_gateways": 2} {
+			if got := gaugeValue(t, g, metric); got != want {
+				t.Errorf("%s %s = %v, want %v", name, metric, got, want)
+			}
+		}
+	}
+}
+
+// gaugeValue reads a gauge of the gateway's registry.
+func gaugeValue(t *testing.T, g *Gateway, name string) float64 {
+	t.Helper()
+	fams, err := g.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}

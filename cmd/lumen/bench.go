@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/lumen-project/lumen/bench"
 )
@@ -10,6 +12,7 @@ import (
 func init() {
 	register("bench controller", "measure a 3-replica quorum: Dispatch/s, linearizable reads/s, failover", runBenchController)
 	register("bench gateway", "TTFT and throughput through the gateway vs straight to the worker, at 1/100/500 streams", runBenchGateway)
+	register("bench spread", "the spread of running requests across workers with 1, 2 and 4 gateways (the simulator's gateways figure, on real processes)", runBenchSpread)
 	register("bench pacing", "64 paced synthetic engines decoding at once: does each step take the profile's time?", runBenchPacing)
 	register("bench migration", "live migration on real processes: downtime vs context length, slowdown, burst balance, drain", runBenchMigration)
 	register("bench recovery", "the recovery strategies side by side on real processes: one worker (or 4 of 8) killed under an Azure-like load", runBenchRecovery)
@@ -98,3 +101,30 @@ type stringList []string
 
 func (s *stringList) String() string     { return fmt.Sprint(*s) }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func runBenchSpread(args []string) error {
+	cfg := bench.DefaultSpreadConfig()
+	fs := flag.NewFlagSet("bench spread", flag.ContinueOnError)
+	gws := fs.String("gateways", "1,2,4", "comma-separated gateway counts, one cluster each")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "synthetic workers")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "arrivals per second over all gateways (Poisson)")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "time before the samples start")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "time the samples are taken over")
+	fs.StringVar(&cfg.Profile, "profile", cfg.Profile, "the workers' timing profile")
+	fs.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "output tokens per request: uniform in 1..this")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "arrivals and lengths seed")
+	fs.StringVar(&cfg.Bin, "bin", "", "the lumen binary the cluster runs (default: this one), to measure another commit")
+	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Gateways = nil
+	for _, f := range strings.Split(*gws, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-gateways %q: want counts of at least 1, comma-separated", *gws)
+		}
+		cfg.Gateways = append(cfg.Gateways, n)
+	}
+	return bench.Spread(cfg)
+}

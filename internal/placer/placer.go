@@ -144,8 +144,7 @@ func (r *Replica) Update(t *pb.LoadTable) {
 	}
 	r.applied = t.AppliedIndex
 	r.tables++
-	r.sessions = slices.Clone(t.Sessions)
-	slices.Sort(r.sessions)
+	r.sessions = slices.Clone(t.Sessions) // in the table's order: it is the shares'
 	r.shareFromSessions()
 	for id, o := range r.own {
 		if o.index != 0 && o.index <= t.AppliedIndex {

@@ -81,12 +81,12 @@ func TestOwnPlacementsCountUntilATableCountsThem(t *testing.T) {
 	}
 }
 
-// TestShares: a gateway's share comes from its place among the table's
-// sessions; two gateways with the same fresh table and one placement of
+// TestShares: a gateway's share comes from its place in the table's
+// gateway session list (in the list's order, not the ids'); two gateways with the same fresh table and one placement of
 // their own each not yet counted choose different workers, where without
 // shares both choose the freest.
 func TestShares(t *testing.T) {
-	tab := &pb.LoadTable{AppliedIndex: 1, Sessions: []string{"s-b", "s-a"}, Workers: []*pb.WorkerLoad{
+	tab := &pb.LoadTable{AppliedIndex: 1, Sessions: []string{"s-a", "s-b"}, Workers: []*pb.WorkerLoad{
 		row("w1", 1, full, 0, 0), row("w2", 1, full, 0, 0), row("w3", 1, full, 0, 0), row("w4", 1, full, 0, 0)}}
 	a, b, lone := New(), New(), New()
 	a.SetSelf("s-a")

@@ -40,10 +40,11 @@ func (r *Replica) SetShare(g, G int) {
 	r.g, r.G = g, G
 }
 
-// SetSelf names this gateway's controller session: each table's sorted
-// session list then gives its share (its position among them, their
-// number). A session not in the table (just created, or expired) makes it
-// a lone gateway until one lists it.
+// SetSelf names this gateway's controller session: each table's gateway
+// session list (LoadTable.sessions, in the order of the gateways' names)
+// then gives its share: its position among them, their number. A session
+// not in the table (just created, expired, or not a gateway's) makes it a
+// lone gateway until one lists it.
 func (r *Replica) SetSelf(session string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -63,7 +64,7 @@ func (r *Replica) shareFromSessions() {
 		return
 	}
 	r.g, r.G = 0, 1
-	if i, ok := slices.BinarySearch(r.sessions, r.self); ok && len(r.sessions) > 1 {
+	if i := slices.Index(r.sessions, r.self); i >= 0 && len(r.sessions) > 1 {
 		r.g, r.G = i, len(r.sessions)
 	}
 }

@@ -2184,7 +2184,12 @@ type CreateSessionRequest struct {
 	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
 	// How long the session lives without a renewal, in milliseconds
 	// (1000..3600000).
-	TtlMs         uint32 `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	TtlMs uint32 `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// The session is a serving gateway's: it counts in the load table's
+	// gateway list, which gives each gateway its share of the workers.
+	// Clients that hold sessions for other reasons (benchmarks, jepsen) leave
+	// it false.
+	Gateway       bool `protobuf:"varint,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2231,6 +2236,13 @@ func (x *CreateSessionRequest) GetTtlMs() uint32 {
 		return x.TtlMs
 	}
 	return 0
+}
+
+func (x *CreateSessionRequest) GetGateway() bool {
+	if x != nil {
+		return x.Gateway
+	}
+	return false
 }
 
 type CreateSessionResponse struct {
@@ -2825,9 +2837,13 @@ type LoadTable struct {
 	// The replica that served it, and whether it is the leader.
 	ControllerId string `protobuf:"bytes,3,opt,name=controller_id,json=controllerId,proto3" json:"controller_id,omitempty"`
 	Leader       bool   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
-	// The live sessions' ids, sorted: a gateway's position among them and
-	// their number are its share of the workers (internal/placer), so that
-	// gateways whose tables lag do not all choose the same freest worker.
+	// The live gateway sessions' ids (Session.gateway), the newest of each
+	// owner only, in the order of their owners' names: a gateway's position
+	// among them and their number are its share of the workers
+	// (internal/placer), so that gateways whose tables lag do not all choose
+	// the same freest worker. Owners order it, not ids, so a gateway that
+	// restarts under the same name keeps its place and its old session does
+	// not count until its TTL.
 	Sessions      []string `protobuf:"bytes,5,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3166,10 +3182,11 @@ const file_controller_proto_rawDesc = "" +
 	"\x19ReportUnreachableResponse\x12#\n" +
 	"\rmarked_failed\x18\x01 \x01(\bR\fmarkedFailed\x12\x1f\n" +
 	"\vprobe_error\x18\x02 \x01(\tR\n" +
-	"probeError\"C\n" +
+	"probeError\"]\n" +
 	"\x14CreateSessionRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x15\n" +
-	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"Z\n" +
+	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\x12\x18\n" +
+	"\agateway\x18\x03 \x01(\bR\agateway\"Z\n" +
 	"\x15CreateSessionResponse\x12+\n" +
 	"\asession\x18\x01 \x01(\v2\x11.lumen.v1.SessionR\asession\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"4\n" +

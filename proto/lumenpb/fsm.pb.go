@@ -997,6 +997,14 @@ type NoopCmd struct {
 	// election too), so a quorum outage longer than a TTL, in which no
 	// gateway could renew, does not end every session at once.
 	RenewSessions bool `protobuf:"varint,1,opt,name=renew_sessions,json=renewSessions,proto3" json:"renew_sessions,omitempty"`
+	// Set on a new leader's first command instead of renew_sessions (issue
+	// 21): every session's renewal and every migration's start move forward
+	// by how far this command's stamp is past the last one, the time no
+	// leader stamped. Time measured under earlier leaders still counts, so
+	// elections more often than once per TTL do not keep a dead gateway's
+	// session alive forever, and a new leader whose clock is ahead aborts no
+	// migration for it.
+	NewLeader     bool `protobuf:"varint,2,opt,name=new_leader,json=newLeader,proto3" json:"new_leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1038,13 +1046,22 @@ func (x *NoopCmd) GetRenewSessions() bool {
 	return false
 }
 
+func (x *NoopCmd) GetNewLeader() bool {
+	if x != nil {
+		return x.NewLeader
+	}
+	return false
+}
+
 // CreateSessionCmd opens a session. The controller picks the id (at random,
 // before proposing: Apply never draws one).
 type CreateSessionCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
-	TtlNanos      int64                  `protobuf:"varint,3,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Owner    string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	TtlNanos int64                  `protobuf:"varint,3,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	// A serving gateway's session (CreateSessionRequest.gateway).
+	Gateway       bool `protobuf:"varint,4,opt,name=gateway,proto3" json:"gateway,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1098,6 +1115,13 @@ func (x *CreateSessionCmd) GetTtlNanos() int64 {
 		return x.TtlNanos
 	}
 	return 0
+}
+
+func (x *CreateSessionCmd) GetGateway() bool {
+	if x != nil {
+		return x.Gateway
+	}
+	return false
 }
 
 type RenewSessionCmd struct {
@@ -1202,8 +1226,11 @@ type Session struct {
 	// The stamp of the command that created or last renewed it.
 	RenewedUnixNano int64  `protobuf:"varint,5,opt,name=renewed_unix_nano,json=renewedUnixNano,proto3" json:"renewed_unix_nano,omitempty"`
 	CreatedIndex    uint64 `protobuf:"varint,6,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// A serving gateway's session: it counts in the load table's gateway
+	// list (LoadTable.sessions).
+	Gateway       bool `protobuf:"varint,7,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -1276,6 +1303,13 @@ func (x *Session) GetCreatedIndex() uint64 {
 		return x.CreatedIndex
 	}
 	return 0
+}
+
+func (x *Session) GetGateway() bool {
+	if x != nil {
+		return x.Gateway
+	}
+	return false
 }
 
 // SessionPlacement says a placement belongs to a session.
@@ -1624,24 +1658,28 @@ const file_fsm_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"I\n" +
 	"\bLeaveCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"0\n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"O\n" +
 	"\aNoopCmd\x12%\n" +
-	"\x0erenew_sessions\x18\x01 \x01(\bR\rrenewSessions\"U\n" +
+	"\x0erenew_sessions\x18\x01 \x01(\bR\rrenewSessions\x12\x1d\n" +
+	"\n" +
+	"new_leader\x18\x02 \x01(\bR\tnewLeader\"o\n" +
 	"\x10CreateSessionCmd\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1b\n" +
-	"\tttl_nanos\x18\x03 \x01(\x03R\bttlNanos\"!\n" +
+	"\tttl_nanos\x18\x03 \x01(\x03R\bttlNanos\x12\x18\n" +
+	"\agateway\x18\x04 \x01(\bR\agateway\"!\n" +
 	"\x0fRenewSessionCmd\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"#\n" +
 	"\x11DestroySessionCmd\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xc9\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xe3\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1b\n" +
 	"\tttl_nanos\x18\x03 \x01(\x03R\bttlNanos\x12*\n" +
 	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12*\n" +
 	"\x11renewed_unix_nano\x18\x05 \x01(\x03R\x0frenewedUnixNano\x12#\n" +
-	"\rcreated_index\x18\x06 \x01(\x04R\fcreatedIndex\"P\n" +
+	"\rcreated_index\x18\x06 \x01(\x04R\fcreatedIndex\x12\x18\n" +
+	"\agateway\x18\a \x01(\bR\agateway\"P\n" +
 	"\x10SessionPlacement\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +

@@ -705,7 +705,10 @@ type Placement struct {
 	// Log index of the Dispatch that created it.
 	CreatedIndex      uint64 `protobuf:"varint,10,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
 	WorkerIncarnation uint64 `protobuf:"varint,11,opt,name=worker_incarnation,json=workerIncarnation,proto3" json:"worker_incarnation,omitempty"`
-	// While MIGRATING: the destination, and when the migration started.
+	// While MIGRATING: the destination, and when the migration started (the
+	// leader stamp of its start, moved forward by each new leader past the
+	// time no leader stamped: NoopCmd.new_leader; the stage timeout counts
+	// from it).
 	MigrationTarget            string `protobuf:"bytes,12,opt,name=migration_target,json=migrationTarget,proto3" json:"migration_target,omitempty"`
 	MigrationTargetIncarnation uint64 `protobuf:"varint,13,opt,name=migration_target_incarnation,json=migrationTargetIncarnation,proto3" json:"migration_target_incarnation,omitempty"`
 	MigrationStartedUnixNano   int64  `protobuf:"varint,14,opt,name=migration_started_unix_nano,json=migrationStartedUnixNano,proto3" json:"migration_started_unix_nano,omitempty"`
