@@ -170,9 +170,13 @@ func placeBatchesInOrder(t *testing.T, c *cluster, sid string, attempt int) (grp
 			msg.Completes = []string{fmt.Sprintf("a%d-b%d-0", attempt, b-1)}
 		}
 		if err := stream.Send(msg); err != nil {
-			// The stream ended; Recv says why.
-			_, err = stream.Recv()
-			return nil, err
+			// The stream ended; Recv says why, after the answers the
+			// server sent before it ended.
+			for {
+				if _, err = stream.Recv(); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	var lastIndex uint64

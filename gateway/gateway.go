@@ -253,6 +253,7 @@ func New(cfg Config) (*Gateway, error) {
 		g.cfg.Name = cfg.Name
 	}
 	g.session = newSession(ctl, g.log, cfg.Name, cfg.SessionTTL)
+	g.session.changed = g.replica.SetSelf
 	g.link = newPlaceLink(g)
 	g.metrics.watchReplica(g.replica, &g.tableAt)
 	g.srv = &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}

@@ -46,6 +46,13 @@ type session struct {
 	// expired: run opens a new one at once.
 	renew chan struct{}
 
+	// changed, when set, is told each new id ("" when the session is
+	// gone), outside mu: the load table's share depends on it, and a
+	// table that listed the session before its id was known would
+	// otherwise go unread until the table changes again (an idle cluster
+	// sends none).
+	changed func(id string)
+
 	mu sync.Mutex // guards id and ready
 	id string
 	// ready is closed when id is set; replaced when id is cleared.
@@ -78,11 +85,15 @@ func (s *session) current(ctx context.Context) (string, error) {
 // new session.
 func (s *session) expired(id string) {
 	s.mu.Lock()
-	if s.id == id {
+	gone := s.id == id
+	if gone {
 		s.id = ""
 		s.ready = make(chan struct{})
 	}
 	s.mu.Unlock()
+	if gone && s.changed != nil {
+		s.changed("")
+	}
 	select {
 	case s.renew <- struct{}{}:
 	default:
@@ -98,9 +109,12 @@ func (s *session) idNow() string {
 
 func (s *session) set(id string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.id = id
 	close(s.ready)
+	s.mu.Unlock()
+	if s.changed != nil {
+		s.changed(id)
+	}
 }
 
 // Renewal retries: after a failed renewal or creation the next try comes
