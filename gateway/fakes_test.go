@@ -73,6 +73,9 @@ type fakeController struct {
 	// when reportGate) until it is closed or the call's context ends.
 	completeGate chan struct{}
 	reportGate   chan struct{}
+	// placeGate, when set before the gateway starts, holds the
+	// Unimplemented answer to Place until it is closed.
+	placeGate chan struct{}
 	// nextEpoch, when set, makes GetPlacement bump the epoch on every call.
 	nextEpoch bool
 	// dispatched and completed are the ids Dispatch placed and Complete
