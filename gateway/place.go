@@ -29,10 +29,12 @@ type placeLink struct {
 	unary    atomic.Bool
 	noStream context.Context
 	toUnary  context.CancelFunc
+	// made is closed once p is set (the Placer's OnError may run before).
+	made chan struct{}
 }
 
 func newPlaceLink(g *Gateway) *placeLink {
-	l := &placeLink{g: g}
+	l := &placeLink{g: g, made: make(chan struct{})}
 	l.noStream, l.toUnary = context.WithCancel(context.Background())
 	l.p = g.ctl.NewPlacer(ctlclient.PlacerOptions{OnError: func(addr string, err error) {
 		if status.Code(err) == codes.Unimplemented {
@@ -40,6 +42,7 @@ func newPlaceLink(g *Gateway) *placeLink {
 				g.log.Info("the controller does not serve the Place stream; placing with unary calls", "controller", addr)
 				l.toUnary()
 			}
+			<-l.made
 			l.rescue()
 			return
 		}
@@ -47,6 +50,7 @@ func newPlaceLink(g *Gateway) *placeLink {
 			g.log.Debug("place stream broke; reconnecting", "controller", addr, "error", err)
 		}
 	}})
+	close(l.made)
 	return l
 }
 
