@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/liveness"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -73,6 +74,15 @@ type fakeController struct {
 	// when reportGate) until it is closed or the call's context ends.
 	completeGate chan struct{}
 	reportGate   chan struct{}
+	// compacted, once set (compact), is the index up to which the event
+	// log is no longer kept: a watch from before it gets OutOfRange, and
+	// ClusterStatus reports the applied index (under mu).
+	compacted uint64
+	// watching counts the event streams open.
+	watching atomic.Int32
+	// placeGate, when set before the gateway starts, holds the
+	// Unimplemented answer to Place until it is closed.
+	placeGate chan struct{}
 	// nextEpoch, when set, makes GetPlacement bump the epoch on every call.
 	nextEpoch bool
 	// dispatched and completed are the ids Dispatch placed and Complete
@@ -132,6 +142,14 @@ func (fc *fakeController) publish(ev *pb.Event) uint64 {
 	return ev.Index
 }
 
+// compact drops the event log up to its last index, as a controller's
+// snapshot does: a watch that missed those events starts again from now.
+func (fc *fakeController) compact() {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	fc.compacted = uint64(len(fc.events))
+}
+
 func moved(pl *pb.Placement) *pb.Event {
 	return &pb.Event{Body: &pb.Event_PlacementMoved{PlacementMoved: &pb.PlacementMoved{Placement: pl, Reason: "test"}}}
 }
@@ -187,6 +205,23 @@ func (r *replica) GetPlacement(_ context.Context, req *pb.GetPlacementRequest) (
 	return &pb.GetPlacementResponse{Placement: pl}, nil
 }
 
+func (r *replica) GetPlacements(_ context.Context, req *pb.GetPlacementsRequest) (*pb.GetPlacementsResponse, error) {
+	if len(req.RequestIds) == 0 || len(req.RequestIds) > ctlclient.MaxGetPlacements {
+		return nil, status.Errorf(codes.InvalidArgument, "fake: %d ids", len(req.RequestIds))
+	}
+	r.fc.mu.Lock()
+	defer r.fc.mu.Unlock()
+	resp := &pb.GetPlacementsResponse{AppliedIndex: uint64(len(r.fc.events))}
+	for _, id := range req.RequestIds {
+		if pl, ok := r.fc.placements[id]; ok {
+			resp.Placements = append(resp.Placements, pl)
+		} else {
+			resp.NotFound = append(resp.NotFound, id)
+		}
+	}
+	return resp, nil
+}
+
 func (r *replica) ListWorkers(context.Context, *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
 	r.fc.mu.Lock()
 	defer r.fc.mu.Unlock()
@@ -225,7 +260,15 @@ func (r *replica) ReportUnreachable(ctx context.Context, _ *pb.ReportUnreachable
 }
 
 func (r *replica) WatchEvents(req *pb.WatchEventsRequest, stream grpc.ServerStreamingServer[pb.Event]) error {
+	r.fc.watching.Add(1)
+	defer r.fc.watching.Add(-1)
 	from := req.FromIndex
+	r.fc.mu.Lock()
+	compacted := r.fc.compacted
+	r.fc.mu.Unlock()
+	if from < compacted {
+		return status.Errorf(codes.OutOfRange, "fake: events up to %d are no longer kept", compacted)
+	}
 	for {
 		r.fc.mu.Lock()
 		var evs []*pb.Event
@@ -250,6 +293,11 @@ func (r *replica) WatchEvents(req *pb.WatchEventsRequest, stream grpc.ServerStre
 
 func (o *operator) ClusterStatus(context.Context, *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
 	st := &pb.ClusterStatusResponse{LeaderId: "ctl1", NodeId: "fake"}
+	o.r.fc.mu.Lock()
+	if o.r.fc.compacted > 0 {
+		st.AppliedIndex = uint64(len(o.r.fc.events))
+	}
+	o.r.fc.mu.Unlock()
 	if o.r.stalled.Load() {
 		st.LeaderId = ""
 	}

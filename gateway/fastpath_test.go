@@ -100,6 +100,10 @@ func (r *replica) WatchLoad(_ *pb.WatchLoadRequest, stream grpc.ServerStreamingS
 func (r *replica) Place(stream grpc.BidiStreamingServer[pb.PlaceBatch, pb.PlaceResults]) error {
 	st := fastOf(r.fc)
 	if st == nil {
+		// A slow answer, for a test to act before it.
+		if err := gate(stream.Context(), r.fc.placeGate); err != nil {
+			return err
+		}
 		return status.Error(codes.Unimplemented, "fake: no place stream")
 	}
 	if err := stream.SendHeader(metadata.Pairs(ctlclient.AcceptedHeader, "fake")); err != nil {

@@ -87,6 +87,26 @@ func TestAbandonedAttemptCompletedAfterSlotIsBack(t *testing.T) {
 	waitFor(t, 2*time.Second, "the admission slot to be free", func() bool { return len(r.g.admit) == 0 })
 }
 
+// A completion the flusher hands the Place stream before the controller
+// answers Place with Unimplemented (the stream opens in the background,
+// and under load the answer comes late) is sent unary after the answer:
+// no stream would ever send it.
+func TestCompleteBeforeUnimplementedIsSentUnary(t *testing.T) {
+	r := newRigThen(t, 1, nil, nil, func(r *rig) { r.fc.placeGate = make(chan struct{}) })
+	r.g.done <- "early"
+	waitFor(t, 10*time.Second, "the Placer to queue the complete", func() bool {
+		_, n := r.g.link.p.Pending()
+		return n == 1
+	})
+	close(r.fc.placeGate)
+	waitFor(t, 10*time.Second, "the early complete to reach the controller", func() bool {
+		return slices.Contains(r.fc.completedIDs(), "early")
+	})
+	if _, n := r.g.link.p.Pending(); n != 0 {
+		t.Fatalf("the Placer still holds %d completes", n)
+	}
+}
+
 // A PlacementMoved event that the watcher handles before Dispatch has
 // answered (the move committed right after the placement) is not lost: the
 // first stream starts where the event says.

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -117,10 +121,48 @@ func (g *Gateway) placementMoved(pl *pb.Placement, migration bool) {
 // and moves on to the next when the stream breaks, when the replica stops
 // answering (the connection's keepalive, or the probe every
 // WatchProbeInterval) or when it has lost its leader.
+//
+// A stream that starts from the replica's applied index (after OutOfRange:
+// the events asked for are no longer kept) misses the moves before it;
+// every stream therefore starts by reading the in-flight requests'
+// placements from its replica (readMoves), which is at least as new as the
+// stream's start.
 func (g *Gateway) watchMoves() {
 	w := &ctlclient.Watch[pb.Event]{Conns: g.watchConns, ProbeInterval: g.cfg.WatchProbeInterval, Logger: g.log,
-		Open: ctlclient.WatchEventsOn, Index: ctlclient.EventIndex, Deliver: g.onEvent}
+		Open: ctlclient.WatchEventsOn, Index: ctlclient.EventIndex, Deliver: g.onEvent, Started: g.readMoves}
 	_ = w.Run(g.ctx)
+}
+
+// readMoves reads the placements of the requests in flight from the
+// replica cc, in calls of at most ctlclient.MaxGetPlacements ids, and
+// applies each as a PlacementMoved event would: the epoch fence makes one
+// the stream already runs at a no-op. Each call has the watch's probe
+// interval to answer (a paused replica is left for the next, as its probe
+// would be). A controller without GetPlacements is not read.
+func (g *Gateway) readMoves(ctx context.Context, cc *grpc.ClientConn) error {
+	g.mu.Lock()
+	ids := make([]string, 0, len(g.flights))
+	for id := range g.flights {
+		ids = append(ids, id)
+	}
+	g.mu.Unlock()
+	c := pb.NewControllerClient(cc)
+	for start := 0; start < len(ids); start += ctlclient.MaxGetPlacements {
+		part := ids[start:min(start+ctlclient.MaxGetPlacements, len(ids))]
+		rctx, cancel := context.WithTimeout(ctx, g.cfg.WatchProbeInterval)
+		resp, err := c.GetPlacements(rctx, &pb.GetPlacementsRequest{RequestIds: part, Consistency: pb.Consistency_CONSISTENCY_STALE})
+		cancel()
+		if status.Code(err) == codes.Unimplemented {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the placements of %d requests in flight: %w", len(part), err)
+		}
+		for _, pl := range resp.Placements {
+			g.placementMoved(pl, false)
+		}
+	}
+	return nil
 }
 
 // onEvent acts on one event; a repeat (an event of the index in progress

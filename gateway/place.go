@@ -29,10 +29,12 @@ type placeLink struct {
 	unary    atomic.Bool
 	noStream context.Context
 	toUnary  context.CancelFunc
+	// made is closed once p is set (the Placer's OnError may run before).
+	made chan struct{}
 }
 
 func newPlaceLink(g *Gateway) *placeLink {
-	l := &placeLink{g: g}
+	l := &placeLink{g: g, made: make(chan struct{})}
 	l.noStream, l.toUnary = context.WithCancel(context.Background())
 	l.p = g.ctl.NewPlacer(ctlclient.PlacerOptions{OnError: func(addr string, err error) {
 		if status.Code(err) == codes.Unimplemented {
@@ -40,12 +42,15 @@ func newPlaceLink(g *Gateway) *placeLink {
 				g.log.Info("the controller does not serve the Place stream; placing with unary calls", "controller", addr)
 				l.toUnary()
 			}
+			<-l.made
+			l.rescue()
 			return
 		}
 		if g.ctx.Err() == nil {
 			g.log.Debug("place stream broke; reconnecting", "controller", addr, "error", err)
 		}
 	}})
+	close(l.made)
 	return l
 }
 
@@ -75,7 +80,37 @@ func (l *placeLink) complete(ctx context.Context, ids []string) error {
 		_, err := l.g.ctl.Complete(ctx, &pb.CompleteRequest{RequestIds: ids})
 		return err
 	}
-	return l.p.Complete(ids...)
+	if err := l.p.Complete(ids...); err != nil {
+		return err
+	}
+	if l.unary.Load() {
+		// The switch to unary calls came while the ids went in: its
+		// rescue may have run before they did.
+		l.rescue()
+	}
+	return nil
+}
+
+// rescue hands the completes the Placer still queues back to the flusher,
+// which sends them unary: once the controller answered Unimplemented no
+// stream sends them, and the gateway's first completes can go in before
+// that answer (the stream opens in the background). The flusher's bound
+// holds: the ids wait to be taken as a handler's do, and those left when
+// the gateway stops are completed with its session.
+func (l *placeLink) rescue() {
+	ids := l.p.TakeCompletes()
+	if len(ids) == 0 {
+		return
+	}
+	go func() {
+		for _, id := range ids {
+			select {
+			case l.g.done <- id:
+			case <-l.g.stop:
+				return
+			}
+		}
+	}()
 }
 
 // close flushes the completions sent over the stream (for at most wait)

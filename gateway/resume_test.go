@@ -140,6 +140,39 @@ func TestWatchMovesOffReplicaWithoutLeader(t *testing.T) {
 	}
 }
 
+// A move committed while the move watch was away, on a replica that no
+// longer keeps the events it missed (OutOfRange: the watch starts again
+// from now), still moves the request: the watch reads the placements of
+// the requests in flight when it starts. The worker stream never breaks,
+// so nothing else would.
+func TestMoveMissedAcrossOutOfRangeIsApplied(t *testing.T) {
+	r := newRig(t, 1, func(c *Config) { c.WatchProbeInterval = 50 * time.Millisecond }, nil)
+	res := r.complete(t, 2)
+	c1 := r.w["w1"].next(t)
+	c1.send(t, 0, 'a', false)
+	waitFor(t, 10*time.Second, "the gateway to deliver the token", func() bool { return tokensOut(r.g) >= 1 })
+	r.rep[0].stalled.Store(true)
+	waitFor(t, 10*time.Second, "the watch to leave the replica", func() bool { return r.fc.watching.Load() == 0 })
+	to := &pb.Placement{RequestId: c1.req.RequestId, WorkerId: "w2", Epoch: 2}
+	r.fc.setPlacement(to)
+	r.fc.publish(moved(to))
+	r.fc.compact()
+	r.rep[0].stalled.Store(false)
+	var c2 *call
+	select {
+	case c2 = <-r.w["w2"].calls:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request was not moved to w2: the watch missed the move committed while it was away")
+	}
+	if c2.req.Epoch != 2 || c2.req.RequestId != c1.req.RequestId {
+		t.Fatalf("moved as %s at epoch %d, want %s at 2", c2.req.RequestId, c2.req.Epoch, c1.req.RequestId)
+	}
+	c2.send(t, 1, 'b', true)
+	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "ab" {
+		t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
+	}
+}
+
 // A handler that finished gives its admission slot back before it waits on
 // the completion flusher: a flusher held up by the controller does not turn
 // new requests away with 429.

@@ -212,6 +212,19 @@ func (p *Placer) Complete(ids ...string) error {
 	return nil
 }
 
+// TakeCompletes returns the completes not yet sent and forgets them, for a
+// caller that sends them another way (a controller that serves no Place
+// stream: no stream would ever send them). Those in flight on a stream
+// stay, sent again until acknowledged.
+func (p *Placer) TakeCompletes() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := p.completes
+	p.completes = nil
+	p.checkIdleLocked()
+	return ids
+}
+
 // unackedLocked counts the completes queued and in flight. p.mu must be
 // held.
 func (p *Placer) unackedLocked() int {

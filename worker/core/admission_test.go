@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -192,5 +193,40 @@ func TestSubmitLeavesNoPhantomAfterAFailedAdoption(t *testing.T) {
 		if ev.Req == x {
 			t.Fatal("HandBack ended the refused call again")
 		}
+	}
+}
+
+// A resume is not refused for a full waiting queue: a call with output
+// tokens already generated (its worker failed, or it moved) and one that
+// takes over a request this Core holds are queued past MaxWaiting, while
+// a new request is still refused. Its client is already streaming; the
+// resumes are bounded by the requests admitted.
+func TestResumeBypassesTheWaitingCap(t *testing.T) {
+	c := New(Config{TokenBudget: 256, MaxRunning: 1, MaxWaiting: 1, TotalPages: 64}, nil)
+	c.Submit(&Request{ID: "run", History: make([]int32, 8), Prompt: 8, MaxTokens: 4})
+	if st := c.Next(time.Unix(0, 0), 64); len(st.Batch) != 1 {
+		t.Fatalf("batch %v, want the first request", st.Batch)
+	}
+	c.Submit(&Request{ID: "wait", History: make([]int32, 8), Prompt: 8, MaxTokens: 4})
+	c.Output()
+
+	c.Submit(&Request{ID: "resumed", History: make([]int32, 10), Prompt: 8, MaxTokens: 4})
+	c.Submit(&Request{ID: "run", Epoch: 1, History: make([]int32, 8), Prompt: 8, MaxTokens: 4})
+	c.Submit(&Request{ID: "new", History: make([]int32, 8), Prompt: 8, MaxTokens: 4})
+	var refused []string
+	for _, ev := range c.Output().Events {
+		if errors.Is(ev.Err, ErrQueueFull) {
+			refused = append(refused, ev.Req.ID)
+		}
+	}
+	if !slices.Equal(refused, []string{"new"}) {
+		t.Fatalf("refused for a full queue: %v, want only the new request", refused)
+	}
+	var waiting []string
+	for _, r := range c.Requests() {
+		waiting = append(waiting, r.ID)
+	}
+	if want := []string{"resumed", "wait", "run"}; !slices.Equal(waiting, want) {
+		t.Fatalf("the Core holds %v, want %v (the resume first, the taken-over call last)", waiting, want)
 	}
 }

@@ -350,8 +350,18 @@ func (c *Core) Output() Output {
 
 // Submit queues a new call. It refuses (an Event with the error) a call
 // that can never fit the KV cache (ErrTooLarge), one of an older epoch
-// than the request runs under here (ErrStaleEpoch), and one that finds the
-// queue full (ErrQueueFull).
+// than the request runs under here (ErrStaleEpoch), and a new request that
+// finds the queue full (ErrQueueFull).
+//
+// A resume is not held to MaxWaiting: a call that arrives with output
+// tokens already generated (its worker failed, or it moved), or one that
+// takes over a request this Core holds. Its client is already streaming,
+// and a refusal would leave the gateway waiting mid-stream for a queue. The
+// queue stays bounded: a resume comes only from a request some worker
+// accepted under its caps (a gateway resumes only what it placed, and each
+// request at most once at a time), so the resumes waiting are bounded by
+// the requests admitted and in flight, and new requests still stop at
+// MaxWaiting.
 func (c *Core) Submit(r *Request) {
 	r.outStart = r.Outputs()
 	if r.lastToken.IsZero() {
@@ -364,7 +374,8 @@ func (c *Core) Submit(r *Request) {
 			ErrTooLarge, r.Prompt, r.MaxTokens, need, engine.PageTokens, c.cfg.TotalPages, c.cfg.TotalPages*engine.PageTokens+1)})
 		return
 	}
-	if old, dup := c.byID[r.ID]; dup {
+	old, resume := c.byID[r.ID]
+	if resume {
 		// A call made for an older placement epoch comes from before a
 		// move (a gateway that read a lagging replica): it is refused and
 		// the request runs on.
@@ -390,7 +401,8 @@ func (c *Core) Submit(r *Request) {
 		}
 		delete(c.byID, r.ID) // queued below, or refused
 	}
-	if len(c.waiting) >= c.cfg.MaxWaiting {
+	resume = resume || r.outStart > 0
+	if len(c.waiting) >= c.cfg.MaxWaiting && !resume {
 		c.event(Event{Req: r, Err: fmt.Errorf("%w: %d requests wait", ErrQueueFull, len(c.waiting))})
 		return
 	}
