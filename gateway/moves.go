@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/grpc"
+
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -119,8 +122,28 @@ func (g *Gateway) placementMoved(pl *pb.Placement, migration bool) {
 // WatchProbeInterval) or when it has lost its leader.
 func (g *Gateway) watchMoves() {
 	w := &ctlclient.Watch[pb.Event]{Conns: g.watchConns, ProbeInterval: g.cfg.WatchProbeInterval, Logger: g.log,
-		Open: ctlclient.WatchEventsOn, Index: ctlclient.EventIndex, Deliver: g.onEvent}
+		Open: ctlclient.WatchEventsOn, Index: ctlclient.EventIndex, Deliver: g.onEvent, Started: g.readStrategy}
 	_ = w.Run(g.ctx)
+}
+
+// readStrategy reads the cluster's strategy from the replica whose event
+// stream just opened: its state is at least as new as the stream's start,
+// and the StrategyChanged events the stream brings keep it current.
+func (g *Gateway) readStrategy(ctx context.Context, cc *grpc.ClientConn) error {
+	st, err := ctlclient.Probe(ctx, pb.NewOperatorClient(cc), g.cfg.WatchProbeInterval)
+	if err != nil {
+		return err
+	}
+	g.strategy.Store(int32(st.Strategy))
+	return nil
+}
+
+// regenerates reports whether a resumed call sends the prompt alone, its
+// output tokens to be decoded again (stop-and-restart: the strategy the
+// watcher last saw). Until the strategy is known a resume carries the whole
+// history, as under every other strategy.
+func (g *Gateway) regenerates() bool {
+	return policy.Strategy(g.strategy.Load()).Regenerates()
 }
 
 // onEvent acts on one event; a repeat (an event of the index in progress
@@ -134,6 +157,9 @@ func (g *Gateway) onEvent(ev *pb.Event) {
 	// enough).
 	if mg := ev.GetMigration(); mg != nil && mg.Stage == pb.Migration_STAGE_COMMITTED && mg.Placement != nil {
 		g.placementMoved(mg.Placement, true)
+	}
+	if sc := ev.GetStrategyChanged(); sc != nil {
+		g.strategy.Store(int32(sc.To))
 	}
 	g.watched.Store(ev.Index)
 }
