@@ -738,11 +738,10 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 	// The prompt's ids are drawn again for each call (a lazy arrival
 	// keeps none) and the history is the call's: it goes with the call.
 	hist := r.w.AppendPrompt(make([]int32, 0, r.w.PromptLen()+r.w.Output))
-	for k := range r.out {
-		if regen {
-			break
+	if !regen {
+		for k := range r.out {
+			hist = append(hist, token(r.idx, k))
 		}
-		hist = append(hist, token(r.idx, k))
 	}
 	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: r.w.PromptLen(), MaxTokens: r.w.Output,
 		Arrived: s.clock(), Sink: r}
