@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -101,8 +102,8 @@ func (s *server) TransferLeadership(ctx context.Context, req *pb.TransferLeaders
 }
 
 func (s *server) SetStrategy(ctx context.Context, req *pb.SetStrategyRequest) (*pb.SetStrategyResponse, error) {
-	if req.Strategy < pb.Strategy_STRATEGY_UNSPECIFIED || req.Strategy > pb.Strategy_STRATEGY_STOP_AND_RESTART {
-		return nil, status.Errorf(codes.InvalidArgument, "strategy %d unknown: use lumen, fixed-checkpoint or stop-and-restart (or unspecified to keep it)", req.Strategy)
+	if req.Strategy != pb.Strategy_STRATEGY_UNSPECIFIED && !policy.Strategy(req.Strategy).Known() {
+		return nil, status.Errorf(codes.InvalidArgument, "strategy %d unknown: use %s (or unspecified to keep it)", req.Strategy, policy.StrategyNames())
 	}
 	if math.IsNaN(req.Lambda) || math.IsInf(req.Lambda, 0) || req.Lambda < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "lambda %v must be a finite number >= 0", req.Lambda)

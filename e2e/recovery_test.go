@@ -124,6 +124,9 @@ func TestRecoveryScenarios(t *testing.T) {
 		{name: "stop-and-restart", strategy: "stop-and-restart", reuse: noPages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			return []*devcluster.Worker{busiest(t, env.workers)}
 		}},
+		{name: "recompute", strategy: "recompute", reuse: noPages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+			return []*devcluster.Worker{busiest(t, env.workers)}
+		}},
 		{name: "holder dies with the serving worker", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			a := busiest(t, env.workers)
 			return []*devcluster.Worker{a, env.holdingMost(t, a)}
@@ -282,6 +285,16 @@ func runScenario(t *testing.T, modelDir string, sc scenario) {
 		if restored == 0 {
 			t.Errorf("%s: no interrupted request resumed from a checkpointed page (%v tokens recomputed)", sc.strategy, recomputed)
 		}
+	}
+	// Stop-and-restart runs the interrupted requests again from their
+	// prompts: the gateway checked the tokens decoded again against what
+	// the clients had (the streams above are the reference, no repeat).
+	gm := "http://" + gw.Addr + "/metrics"
+	matched := metricValue(t, gm, `lumen_gateway_regenerated_tokens_total{result="matched"}`)
+	mismatched := metricValue(t, gm, `lumen_gateway_regenerated_tokens_total{result="mismatched"}`)
+	t.Logf("%s: %v tokens regenerated and suppressed, %v mismatched", sc.name, matched, mismatched)
+	if regen := sc.strategy == "stop-and-restart"; regen && matched == 0 || !regen && matched > 0 || mismatched > 0 {
+		t.Errorf("%s: %v regenerated tokens matched the journal, %v did not", sc.strategy, matched, mismatched)
 	}
 	if sc.budget == "4KiB" && maxHeld > 4096 {
 		t.Errorf("a holder keeps %v bytes, over its 4 KiB budget", maxHeld)

@@ -351,7 +351,7 @@ func TestFailedIncarnationRejoins(t *testing.T) {
 }
 
 func TestStrategies(t *testing.T) {
-	for _, s := range []pb.Strategy{pb.Strategy_STRATEGY_LUMEN, pb.Strategy_STRATEGY_FIXED_CHECKPOINT, pb.Strategy_STRATEGY_STOP_AND_RESTART} {
+	for _, s := range []pb.Strategy{pb.Strategy_STRATEGY_LUMEN, pb.Strategy_STRATEGY_FIXED_CHECKPOINT, pb.Strategy_STRATEGY_STOP_AND_RESTART, pb.Strategy_STRATEGY_RECOMPUTE} {
 		h := newHarness(t)
 		h.apply(worker("a", 1<<30), worker("b", 1<<30), worker("c", 1<<30))
 		h.apply(load("a", 1, 0, 0), load("b", 1, 50, 800), load("c", 1, 1, 800))
@@ -363,14 +363,59 @@ func TestStrategies(t *testing.T) {
 			pb.Strategy_STRATEGY_LUMEN:            "c", // lowest q_w
 			pb.Strategy_STRATEGY_FIXED_CHECKPOINT: "b", // next on the ring after a
 			pb.Strategy_STRATEGY_STOP_AND_RESTART: "",
+			pb.Strategy_STRATEGY_RECOMPUTE:        "",
 		}[s]
 		if p.WorkerId != "a" || p.HolderId != want {
 			t.Errorf("%v: placement %v, want holder %q", s, p, want)
 		}
 	}
 	h := newHarness(t)
-	if r := h.one(strategy(pb.Strategy(9))); !errors.Is(r.Err, ErrInvalid) {
-		t.Fatalf("unknown strategy accepted: %v", r.Err)
+	for _, s := range []pb.Strategy{5, 9, -1} {
+		if r := h.one(strategy(s)); !errors.Is(r.Err, ErrInvalid) {
+			t.Fatalf("unknown strategy %d accepted: %v", s, r.Err)
+		}
+	}
+}
+
+// Under recompute (Dynamo's baseline) a failed worker's requests are
+// recomputed on the least-loaded survivors, none reusing a checkpoint, and
+// the strategy is part of the snapshot.
+func TestRecomputeStrategy(t *testing.T) {
+	h := newHarness(t)
+	h.apply(worker("a", 1<<30), worker("b", 1<<30), worker("c", 1<<30))
+	h.apply(load("a", 1, 0, 0), load("b", 1, 1, 800), load("c", 1, 2, 800))
+	if r := h.one(strategy(pb.Strategy_STRATEGY_RECOMPUTE)); r.Err != nil || r.Previous != pb.Strategy_STRATEGY_LUMEN {
+		t.Fatalf("set recompute: %+v", r)
+	}
+	for i := 0; i < 4; i++ {
+		if p := h.one(dispatch(fmt.Sprintf("r%d", i), 100, 32)).Dispatch.Placement; p.HolderId != "" || p.ReservedBytes != 0 {
+			t.Fatalf("recompute placed a checkpoint: %v", p)
+		}
+	}
+	h.one(markFailed("a", 1))
+	recs := h.f.Recoveries()
+	if len(recs) != 1 || len(recs[0].Assignments) != 4 {
+		t.Fatalf("recoveries %v", recs)
+	}
+	for _, a := range recs[0].Assignments {
+		if a.Mode != pb.RecoveryMode_RECOVERY_MODE_RECOMPUTE || a.TargetWorker == "a" || a.NewHolder != "" {
+			t.Fatalf("assignment %v: want a recompute on a survivor, no holder", a)
+		}
+	}
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf sink
+	if err := snap.Persist(&buf); err != nil {
+		t.Fatal(err)
+	}
+	restored := newHarness(t)
+	if err := restored.f.Restore(io.NopCloser(bytes.NewReader(buf.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := restored.f.Strategy(); s != pb.Strategy_STRATEGY_RECOMPUTE {
+		t.Fatalf("restored strategy %v, want recompute", s)
 	}
 }
 
@@ -502,7 +547,7 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 				batch = append(batch, markFailed(id, inc[id]))
 				phase[id] = failed
 			case op < 100:
-				batch = append(batch, strategy(pb.Strategy(1+rng.Intn(3))))
+				batch = append(batch, strategy(pb.Strategy(1+rng.Intn(4))))
 			default:
 				batch = append(batch, noop())
 			}

@@ -487,7 +487,7 @@ func (s *state) setPhase(c *pb.SetPhaseCmd, idx uint64, evs eventSink) Result {
 }
 
 func (s *state) setStrategy(c *pb.SetStrategyCmd, idx uint64, evs eventSink) Result {
-	if c.Strategy < pb.Strategy_STRATEGY_UNSPECIFIED || c.Strategy > pb.Strategy_STRATEGY_STOP_AND_RESTART {
+	if c.Strategy != pb.Strategy_STRATEGY_UNSPECIFIED && !policy.Strategy(c.Strategy).Known() {
 		return Result{Err: fmt.Errorf("%w: unknown strategy %d", ErrInvalid, c.Strategy)}
 	}
 	if c.Migration < pb.MigrationMode_MIGRATION_MODE_UNCHANGED || c.Migration > pb.MigrationMode_MIGRATION_MODE_OFF {

@@ -91,6 +91,8 @@ type fakeController struct {
 	// onDispatch, when set, runs in Dispatch after the placement is made
 	// and before the answer; a non-nil error is the answer.
 	onDispatch func(ctx context.Context, pl *pb.Placement) error
+	// strategy is what ClusterStatus says the cluster's strategy is.
+	strategy atomic.Int32
 }
 
 // completedIDs returns the ids Complete was given so far.
@@ -292,7 +294,7 @@ func (r *replica) WatchEvents(req *pb.WatchEventsRequest, stream grpc.ServerStre
 }
 
 func (o *operator) ClusterStatus(context.Context, *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
-	st := &pb.ClusterStatusResponse{LeaderId: "ctl1", NodeId: "fake"}
+	st := &pb.ClusterStatusResponse{LeaderId: "ctl1", NodeId: "fake", Strategy: pb.Strategy(o.r.fc.strategy.Load())}
 	o.r.fc.mu.Lock()
 	if o.r.fc.compacted > 0 {
 		st.AppliedIndex = uint64(len(o.r.fc.events))

@@ -170,6 +170,11 @@ type Gateway struct {
 	// event it handled (tests wait on it).
 	watchConns []*grpc.ClientConn
 	watched    atomic.Uint64
+	// strategy is the cluster's recovery strategy (a pb.Strategy; 0 until
+	// known) as the move watcher last saw it: read from the replica when
+	// its stream opens, then from StrategyChanged events. It says what a
+	// resumed call carries (Gateway.regenerates).
+	strategy atomic.Int32
 
 	workers *workerdir.Directory
 

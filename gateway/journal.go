@@ -28,6 +28,10 @@ type entry struct {
 	// on; refusals counts the refused ones.
 	excluded []string
 	refusals int
+	// diverged is set when a stop-and-restart resume regenerated a token
+	// other than the journal's: the request's later resumes carry the
+	// journal instead.
+	diverged bool
 	// lps[i] are out[i]'s logprobs when the request asks for them.
 	lps []*pb.GenerateResponse
 }

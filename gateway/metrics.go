@@ -18,8 +18,11 @@ type metrics struct {
 	ttft     prometheus.Histogram
 	e2e      prometheus.Histogram
 	resumes  *prometheus.CounterVec
-	inflight prometheus.Gauge
-	tokens   prometheus.Counter
+	// regenerated: output tokens a stop-and-restart resume decoded again
+	// and the gateway suppressed, by whether they matched the journal.
+	regenerated *prometheus.CounterVec
+	inflight    prometheus.Gauge
+	tokens      prometheus.Counter
 	// migrationDowntime: the last token before a live migration's switch
 	// to the first after it.
 	migrationDowntime prometheus.Histogram
@@ -54,6 +57,8 @@ func newMetrics(model string) *metrics {
 			Help: "Time from arrival to the last token.", Buckets: lat, ConstLabels: vl}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_resumes_total",
 			Help: "Broken worker streams resumed, by how: moved (the placement moved), migrated (a live migration committed), retry (same worker), redispatch (before the first token)."}, []string{"how"}),
+		regenerated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_regenerated_tokens_total",
+			Help: "Output tokens a stop-and-restart resume decoded again, checked against the journal and not sent to the client, by result: matched, or mismatched (decoding was not deterministic; the request continued from the journal, and the client saw no repeat or gap)."}, []string{"result"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_gateway_inflight", Help: "Requests in flight."}),
 		tokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_gateway_tokens_total", Help: "Output tokens delivered."}),
 		migrationDowntime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_migration_downtime_seconds",
@@ -76,12 +81,13 @@ func newMetrics(model string) *metrics {
 		c      *prometheus.CounterVec
 		labels []string
 	}{{m.placements, []string{"replica", "controller"}}, {m.fallbacks, []string{"no_table", "no_worker"}},
-		{m.refusals, []string{"worker_unavailable", "other", "unconfirmed"}}, {m.setHolder, []string{"applied", "not_applied", "failed"}}} {
+		{m.refusals, []string{"worker_unavailable", "other", "unconfirmed"}}, {m.setHolder, []string{"applied", "not_applied", "failed"}},
+		{m.regenerated, []string{"matched", "mismatched"}}} {
 		for _, l := range v.labels {
 			v.c.WithLabelValues(l)
 		}
 	}
-	m.reg.MustRegister(m.placements, m.fallbacks, m.commit, m.refusals, m.setHolder)
+	m.reg.MustRegister(m.placements, m.fallbacks, m.commit, m.refusals, m.setHolder, m.regenerated)
 	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.resumes, m.inflight, m.tokens, m.migrationDowntime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -129,7 +130,7 @@ func (g *Gateway) placementMoved(pl *pb.Placement, migration bool) {
 // stream's start.
 func (g *Gateway) watchMoves() {
 	w := &ctlclient.Watch[pb.Event]{Conns: g.watchConns, ProbeInterval: g.cfg.WatchProbeInterval, Logger: g.log,
-		Open: ctlclient.WatchEventsOn, Index: ctlclient.EventIndex, Deliver: g.onEvent, Started: g.readMoves}
+		Open: ctlclient.WatchEventsOn, Index: ctlclient.EventIndex, Deliver: g.onEvent, Started: g.startWatch}
 	_ = w.Run(g.ctx)
 }
 
@@ -165,6 +166,35 @@ func (g *Gateway) readMoves(ctx context.Context, cc *grpc.ClientConn) error {
 	return nil
 }
 
+// startWatch runs when the event stream opens on a replica: it reads the
+// cluster's strategy and the in-flight requests' placements from it.
+func (g *Gateway) startWatch(ctx context.Context, cc *grpc.ClientConn) error {
+	if err := g.readStrategy(ctx, cc); err != nil {
+		return err
+	}
+	return g.readMoves(ctx, cc)
+}
+
+// readStrategy reads the cluster's strategy from the replica whose event
+// stream just opened: its state is at least as new as the stream's start,
+// and the StrategyChanged events the stream brings keep it current.
+func (g *Gateway) readStrategy(ctx context.Context, cc *grpc.ClientConn) error {
+	st, err := ctlclient.Probe(ctx, pb.NewOperatorClient(cc), g.cfg.WatchProbeInterval)
+	if err != nil {
+		return err
+	}
+	g.strategy.Store(int32(st.Strategy))
+	return nil
+}
+
+// regenerates reports whether a resumed call sends the prompt alone, its
+// output tokens to be decoded again (stop-and-restart: the strategy the
+// watcher last saw). Until the strategy is known a resume carries the whole
+// history, as under every other strategy.
+func (g *Gateway) regenerates() bool {
+	return policy.Strategy(g.strategy.Load()).Regenerates()
+}
+
 // onEvent acts on one event; a repeat (an event of the index in progress
 // when a stream broke, delivered again) is harmless: the epoch fence.
 func (g *Gateway) onEvent(ev *pb.Event) {
@@ -176,6 +206,9 @@ func (g *Gateway) onEvent(ev *pb.Event) {
 	// enough).
 	if mg := ev.GetMigration(); mg != nil && mg.Stage == pb.Migration_STAGE_COMMITTED && mg.Placement != nil {
 		g.placementMoved(mg.Placement, true)
+	}
+	if sc := ev.GetStrategyChanged(); sc != nil {
+		g.strategy.Store(int32(sc.To))
 	}
 	g.watched.Store(ev.Index)
 }

@@ -273,6 +273,9 @@ var (
 	// errResumeTimeout: the request's stream broke and it could not be
 	// resumed within Config.ResumeTimeout.
 	errResumeTimeout = errors.New("gateway: resume timed out")
+	// errDiverged: a stop-and-restart resume regenerated a token other
+	// than the one the client has; the request continues from the journal.
+	errDiverged = errors.New("gateway: regenerated output differs from the journal")
 )
 
 // queueFullError: the worker refused the request because its waiting queue
@@ -324,13 +327,22 @@ func (g *Gateway) completeLater(id string) {
 // generate streams the request from its worker until it finishes, calling
 // onToken for each new token in index order (true stops generation). When
 // the worker stream breaks it resumes where the controller says the request
-// continues, with the whole token history: at the placement a move event
-// announced, or where GetPlacement says. A resume has one deadline,
-// ResumeTimeout from the break, for every attempt it takes; only a new
-// token ends it.
+// continues: at the placement a move event announced, or where
+// GetPlacement says. The resumed call carries the whole token history, or
+// under stop-and-restart the prompt alone: the worker decodes the output
+// again, and the gateway checks each regenerated token against the journal
+// and suppresses it (the client sees neither a repeat nor a gap; its stall
+// is the regeneration). A regenerated token that differs is counted
+// (lumen_gateway_regenerated_tokens_total{result="mismatched"}) and logged,
+// and the request continues from the journal instead. A resume has one
+// deadline, ResumeTimeout from the break, for every attempt it takes; a
+// new token ends it, and so does a regenerated one that matches.
 func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stopTokens []int32, onToken func(int32) bool) (string, error) {
 	var resumeBy time.Time // zero while the request makes progress
 	var broke error        // what broke the stream last
+	// regen: the next call sends the prompt alone and its output is
+	// decoded again (a resume under stop-and-restart).
+	var regen bool
 	// A live migration's downtime, as the client sees it: from the last
 	// token before the switch to the first after it.
 	var lastToken, switched time.Time
@@ -347,9 +359,12 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		return deliver(tok)
 	}
 	for {
-		finish, used, progressed, err := g.stream(ctx, e, pl, resumeBy, stopTokens, onToken)
+		finish, used, progressed, err := g.stream(ctx, e, pl, resumeBy, regen, stopTokens, onToken)
 		if err == nil || ctx.Err() != nil || errors.Is(err, errNotResumable) {
 			return finish, err
+		}
+		if progressed {
+			full = fullAnswers{} // a queue took it
 		}
 		var qf *queueFullError
 		if errors.As(err, &qf) {
@@ -398,8 +413,19 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 			return "", fmt.Errorf("%w: request %s was not resumed within %s (%d tokens streamed); last error: %v",
 				errResumeTimeout, e.id, g.cfg.ResumeTimeout, len(e.out), broke)
 		}
-		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "epoch", pl.Epoch, "tokens", len(e.out), "error", err)
+		if errors.Is(err, errDiverged) {
+			// Logged and counted where it was seen. The same placement
+			// again, with the journal: the worker continues from it.
+			e.diverged, regen = true, false
+			continue
+		}
 		var mv *movedError
+		// Under stop-and-restart every resume regenerates, except after a
+		// live migration: its destination holds the request's pages, and
+		// the call with its history continues there.
+		regen = g.regenerates() && !e.diverged && !(errors.As(err, &mv) && mv.migration)
+		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "epoch", pl.Epoch, "tokens", len(e.out),
+			"regenerate", regen, "error", err)
 		if errors.As(err, &mv) {
 			if mv.migration {
 				g.metrics.resumes.WithLabelValues("migrated").Inc()
@@ -424,8 +450,11 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 // stream runs one Generate call, at pl or at a newer placement an event
 // announced (used says which). A non-zero resumeBy is the resume's
 // deadline: the call is cut there unless a new token arrived first
-// (progressed).
-func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resumeBy time.Time, stopTokens []int32,
+// (progressed). regen sends the prompt alone: the worker decodes the
+// journal's output again, each token of it checked against the journal and
+// not delivered (progress all the same), and a token that differs ends the
+// call with errDiverged.
+func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resumeBy time.Time, regen bool, stopTokens []int32,
 	onToken func(int32) bool) (finish string, used *pb.Placement, progressed bool, err error) {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -436,14 +465,16 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	if refused != nil {
 		return "", used, false, refused
 	}
+	var deadline *time.Timer
 	if !resumeBy.IsZero() {
-		deadline := time.AfterFunc(time.Until(resumeBy), func() { cancel(errResumeTimeout) })
+		deadline = time.AfterFunc(time.Until(resumeBy), func() { cancel(errResumeTimeout) })
 		defer deadline.Stop()
-		deliver := onToken
-		onToken = func(tok int32) bool {
-			deadline.Stop() // progress: the resume is over
-			return deliver(tok)
+	}
+	progress := func() {
+		if deadline != nil {
+			deadline.Stop() // the resume is over
 		}
+		progressed = true
 	}
 	// cut turns an error seen after sctx was cancelled into its cause: a
 	// move, or the resume deadline.
@@ -457,8 +488,12 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	if err != nil {
 		return "", used, false, cut(err)
 	}
+	generated := e.out
+	if regen {
+		generated = nil
+	}
 	st, err := pb.NewInferenceClient(cc).Generate(sctx, &pb.GenerateRequest{
-		RequestId: id, Prompt: e.prompt, Generated: e.out, MaxTokens: uint32(e.maxToken),
+		RequestId: id, Prompt: e.prompt, Generated: generated, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
 		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId,
 		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs),
@@ -489,13 +524,26 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 			}
 			return "", used, progressed, &movedError{to: r.Moved, migration: true}
 		}
+		if regen && int(r.Index) < len(e.out) {
+			// A token the client has: decoded again, suppressed.
+			if e.out[r.Index] != r.Token || r.Done {
+				g.metrics.regenerated.WithLabelValues("mismatched").Inc()
+				g.log.Error("a regenerated token differs from the one the client has (decoding is not deterministic here); continuing from the journal",
+					"request", e.id, "worker", pl.WorkerId, "index", r.Index, "token", r.Token, "journal", e.out[r.Index], "done", r.Done)
+				return "", used, progressed, fmt.Errorf("%w: worker %s regenerated index %d as token %d (done %v), the journal holds %d",
+					errDiverged, pl.WorkerId, r.Index, r.Token, r.Done, e.out[r.Index])
+			}
+			g.metrics.regenerated.WithLabelValues("matched").Inc()
+			progress()
+			continue
+		}
 		fresh, err := e.accept(r.Index, r.Token)
 		if err != nil {
 			return "", used, progressed, err // a gap or a conflict: resume from the journal
 		}
 		if fresh {
 			e.noteLogprobs(r)
-			progressed = true
+			progress()
 			if onToken(r.Token) {
 				return "stop", used, true, nil
 			}

@@ -306,6 +306,7 @@ func TestPlanRecoveryReusesMigrationCopy(t *testing.T) {
 		{"lumen: the copy", Lumen, r, Assignment{RequestID: "r1", Target: 2, Mode: Reuse, Holder: "c", MigrationCopy: true}},
 		{"fixed-checkpoint: the checkpoint, as ever", FixedCheckpoint, r, Assignment{RequestID: "r1", Target: 1, Mode: Reuse, Holder: "b"}},
 		{"stop-and-restart: recompute, as ever", StopAndRestart, r, Assignment{RequestID: "r1", Target: 0, Mode: Recompute, Holder: "b"}},
+		{"recompute: recompute, not the copy", RecomputeHistory, r, Assignment{RequestID: "r1", Target: 0, Mode: Recompute, Holder: "b"}},
 		{"lumen: the destination is gone", Lumen, func() Interrupted { x := r; x.MigrationTarget = "d"; return x }(),
 			Assignment{RequestID: "r1", Target: 1, Mode: Reuse, Holder: "b"}},
 	} {

@@ -23,10 +23,26 @@ type Strategy int
 
 // The strategies. Their values match lumenpb.Strategy.
 const (
-	Lumen           Strategy = 1
+	// Lumen checkpoints each request to the holder h(r) chooses and
+	// recovers with locality (PlanRecovery).
+	Lumen Strategy = 1
+	// FixedCheckpoint is DéjàVu's: the holder is the serving worker's
+	// successor on a fixed ring, and every request restores there.
 	FixedCheckpoint Strategy = 2
-	StopAndRestart  Strategy = 3
+	// StopAndRestart is the seed's baseline (KServe, TGI, Triton, vLLM on
+	// Kubernetes): no checkpoints; an interrupted request runs again from
+	// its prompt on the least-loaded worker, decoding the output tokens it
+	// had sent again (the gateway checks them against its journal and
+	// suppresses them: the client sees neither a repeat nor a gap).
+	StopAndRestart Strategy = 3
+	// RecomputeHistory ("recompute") is Dynamo's: no checkpoints; an interrupted request is
+	// prefilled again with its whole history, prompt and output, on the
+	// least-loaded worker, and continues at its next token.
+	RecomputeHistory Strategy = 4
 )
+
+// Strategies are every strategy, in value order.
+var Strategies = []Strategy{Lumen, FixedCheckpoint, StopAndRestart, RecomputeHistory}
 
 // String returns the strategy's name as operators type it.
 func (s Strategy) String() string {
@@ -37,13 +53,43 @@ func (s Strategy) String() string {
 		return "fixed-checkpoint"
 	case StopAndRestart:
 		return "stop-and-restart"
+	case RecomputeHistory:
+		return "recompute"
 	}
 	return "unknown"
 }
 
+// Known reports whether s is one of Strategies.
+func (s Strategy) Known() bool { return s >= Lumen && s <= RecomputeHistory }
+
+// KeepsCheckpoints reports whether the strategy gives requests checkpoint
+// holders (ChooseHolder) and resumes them from their pages.
+func (s Strategy) KeepsCheckpoints() bool { return s == Lumen || s == FixedCheckpoint }
+
+// Regenerates reports whether a request resumed after a failure runs again
+// from its prompt alone, its output decoded a second time (StopAndRestart),
+// rather than continuing from its whole history.
+func (s Strategy) Regenerates() bool { return s == StopAndRestart }
+
+// StrategyNames lists the strategies' names for messages: "a, b, c or d".
+func StrategyNames() string {
+	names := ""
+	for i, s := range Strategies {
+		switch {
+		case i == 0:
+		case i == len(Strategies)-1:
+			names += " or "
+		default:
+			names += ", "
+		}
+		names += s.String()
+	}
+	return names
+}
+
 // ParseStrategy maps an operator's name to a Strategy.
 func ParseStrategy(name string) (Strategy, bool) {
-	for _, s := range []Strategy{Lumen, FixedCheckpoint, StopAndRestart} {
+	for _, s := range Strategies {
 		if s.String() == name {
 			return s, true
 		}
@@ -219,7 +265,7 @@ func RingHolder(ws []Worker, serving int, footprint uint64) (int, NoHolder) {
 // HolderIndex of ws and answers LUMEN's h(r).
 func ChooseHolder(s Strategy, ws []Worker, idx *HolderIndex, serving int, footprint uint64, lambda float64) (int, NoHolder) {
 	switch s {
-	case StopAndRestart:
+	case StopAndRestart, RecomputeHistory:
 		return -1, NoHolderStrategy
 	case FixedCheckpoint:
 		return RingHolder(ws, serving, footprint)

@@ -132,8 +132,10 @@ func TestRingHolder(t *testing.T) {
 			t.Errorf("%s: got %s (%q), want %s (%q)", c.name, ids(c.ws, got), reason, c.want, c.reason)
 		}
 	}
-	if got, reason := ChooseHolder(StopAndRestart, []Worker{w("a", 0), w("b", 0)}, nil, 0, 1, 1); got != -1 || reason != NoHolderStrategy {
-		t.Errorf("stop-and-restart chose holder %d (%q)", got, reason)
+	for _, s := range []Strategy{StopAndRestart, RecomputeHistory} {
+		if got, reason := ChooseHolder(s, []Worker{w("a", 0), w("b", 0)}, nil, 0, 1, 1); got != -1 || reason != NoHolderStrategy {
+			t.Errorf("%s chose holder %d (%q)", s, got, reason)
+		}
 	}
 }
 
@@ -150,14 +152,36 @@ func TestFootprint(t *testing.T) {
 }
 
 func TestParseStrategy(t *testing.T) {
-	for _, s := range []Strategy{Lumen, FixedCheckpoint, StopAndRestart} {
+	for _, s := range []Strategy{Lumen, FixedCheckpoint, StopAndRestart, RecomputeHistory} {
 		got, ok := ParseStrategy(s.String())
-		if !ok || got != s {
-			t.Errorf("round trip of %v: %v %v", s, got, ok)
+		if !ok || got != s || !s.Known() {
+			t.Errorf("round trip of %v: %v %v (known %v)", s, got, ok, s.Known())
 		}
+	}
+	if got, _ := ParseStrategy("recompute"); got != RecomputeHistory || int(got) != 4 {
+		t.Errorf("recompute parsed as %d, want 4 (lumenpb.Strategy_STRATEGY_RECOMPUTE)", got)
 	}
 	if _, ok := ParseStrategy("round-robin"); ok {
 		t.Error("unknown strategy parsed")
+	}
+	if Strategy(0).Known() || Strategy(5).Known() {
+		t.Error("0 or 5 is a known strategy")
+	}
+	if got, want := StrategyNames(), "lumen, fixed-checkpoint, stop-and-restart or recompute"; got != want {
+		t.Errorf("StrategyNames() = %q, want %q", got, want)
+	}
+}
+
+// Only stop-and-restart runs a resumed request again from its prompt; only
+// the checkpointing strategies give holders.
+func TestStrategyResume(t *testing.T) {
+	for _, c := range []struct {
+		s                  Strategy
+		keeps, regenerates bool
+	}{{Lumen, true, false}, {FixedCheckpoint, true, false}, {StopAndRestart, false, true}, {RecomputeHistory, false, false}} {
+		if c.s.KeepsCheckpoints() != c.keeps || c.s.Regenerates() != c.regenerates {
+			t.Errorf("%s: keeps checkpoints %v, regenerates %v; want %v, %v", c.s, c.s.KeepsCheckpoints(), c.s.Regenerates(), c.keeps, c.regenerates)
+		}
 	}
 }
 
@@ -198,6 +222,12 @@ func TestPlanRecovery(t *testing.T) {
 		{"stop-and-restart ignores holders", StopAndRestart, cluster(),
 			[]Interrupted{req("r1", "b", 100), req("r2", "b", 100), req("r3", "b", 100)},
 			"r1->b:recompute r2->c:recompute r3->d:recompute "},
+		{"recompute ignores holders", RecomputeHistory, cluster(),
+			[]Interrupted{req("r1", "b", 100), req("r2", "b", 100), req("r3", "b", 100)},
+			"r1->b:recompute r2->c:recompute r3->d:recompute "},
+		{"recompute does not rebalance: there is no holder to shed", RecomputeHistory, cluster(),
+			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},
+			"r1->b:recompute r2->c:recompute r3->d:recompute r4->c:recompute "},
 		{"rebalance smallest prefix off an overloaded holder", Lumen, cluster(),
 			// 4 requests, 3 eligible workers: average rounds up to 2.
 			[]Interrupted{req("r1", "b", 300), req("r2", "b", 10), req("r3", "b", 200), req("r4", "b", 50)},

@@ -42,10 +42,15 @@ type Assignment struct {
 //     (Llumnix restarts it instead): they are already in the destination's
 //     KV cache, so no room check, and rebalancing leaves it there;
 //  1. a request whose holder is eligible resumes there, reusing its pages
-//     (not under stop-and-restart, which keeps no checkpoints) — under
+//     (not under stop-and-restart or recompute, which keep no
+//     checkpoints) — under
 //     lumen, only when the holder has the KV pages for it, or no worker
 //     has more: otherwise it is recomputed on the freest worker;
-//  2. any other request is recomputed on the least-loaded eligible worker;
+//  2. any other request is recomputed on the least-loaded eligible worker
+//     (Recompute mode: no pages to reuse). What history the call there
+//     carries is the strategy's, not the plan's: the whole history, or
+//     under stop-and-restart the prompt alone, its output decoded again
+//     (Strategy.Regenerates; the gateway sends the call);
 //  3. under lumen only, rebalance: while a holder has more recovered requests
 //     than the cluster average (rounded up) and more requests on their way
 //     to it than it runs, its request with the smallest checkpointed prefix
@@ -106,7 +111,7 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
 		if m, ok := byID[r.MigrationTarget]; ok && s == Lumen && r.MigrationTarget != "" && ws[m].Eligible {
 			a.Target, a.Mode, a.Holder, a.MigrationCopy = m, Reuse, r.MigrationTarget, true
-		} else if h, ok := byID[r.Holder]; ok && s != StopAndRestart && r.Holder != "" && ws[h].Eligible {
+		} else if h, ok := byID[r.Holder]; ok && s.KeepsCheckpoints() && r.Holder != "" && ws[h].Eligible {
 			a.Target, a.Mode = h, Reuse
 			// A restore needs the whole prefix in KV at once: at a holder
 			// without the room it waits for running requests to finish

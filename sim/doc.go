@@ -14,8 +14,9 @@
 // queue, as the worker's sender does), Raft's commit latency, failure
 // detection (the fast path's probe, a parameter) and the gateway (its
 // journal, its placement polling after a broken stream, the resume with
-// the token history at the plan's target, the re-dispatch of a request that
-// had streamed nothing). Each parameter says where its default comes from.
+// the token history at the plan's target — under stop-and-restart with the
+// prompt alone, the delivered tokens decoded again and suppressed — the
+// re-dispatch of a request that had streamed nothing). Each parameter says where its default comes from.
 //
 // # Progressive recovery with speculation assist
 //

@@ -188,8 +188,8 @@ func (c *Config) Validate() error {
 	if c.TokenBudget < 1 || c.MaxRunning < 1 || c.MaxWaiting < 1 {
 		errs = append(errs, fmt.Errorf("TokenBudget (%d), MaxRunning (%d) and MaxWaiting (%d) must be >= 1", c.TokenBudget, c.MaxRunning, c.MaxWaiting))
 	}
-	if c.Strategy < policy.Lumen || c.Strategy > policy.StopAndRestart {
-		errs = append(errs, fmt.Errorf("unknown strategy %d", c.Strategy))
+	if !c.Strategy.Known() {
+		errs = append(errs, fmt.Errorf("unknown strategy %d: use %s", c.Strategy, policy.StrategyNames()))
 	}
 	for _, f := range c.Failures {
 		if f.Worker < 0 || f.Worker >= c.Workers {
@@ -351,6 +351,11 @@ type simRequest struct {
 
 	resumeEnd   time.Duration
 	interrupted bool
+	// regen: the live call was made with the prompt alone, and the
+	// journal's out tokens are being decoded again (a resume under
+	// stop-and-restart); fresh: no new token of the call has reached the
+	// client yet.
+	regen, fresh bool
 
 	// committing: a gateway placed it and its Dispatch has not been
 	// applied yet; completeAfterCommit: it completed meanwhile, and the
@@ -707,10 +712,23 @@ func token(req, index int) int32 {
 
 // generate is the gateway's Generate call at the placement's worker, with
 // the journal's token history.
-func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
+func (s *Sim) generate(r *simRequest, pl *pb.Placement) { s.call(r, pl, false) }
+
+// resume is the gateway's call after a break, at the placement the request
+// moved to: under stop-and-restart with the prompt alone, the output the
+// client has decoded again (gateway.Gateway.generate), else with the whole
+// history.
+func (s *Sim) resume(r *simRequest, pl *pb.Placement) {
+	s.call(r, pl, s.cfg.Strategy.Regenerates() && r.out > 0)
+}
+
+// call makes a Generate call at the placement's worker: with the journal's
+// token history, or with the prompt alone (regen).
+func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 	if r.ended > 0 {
 		return
 	}
+	r.regen, r.fresh = regen, true
 	w := s.worker(pl.WorkerId)
 	r.worker, r.epoch = pl.WorkerId, pl.Epoch
 	if w == nil || !w.alive || w.inc != pl.WorkerIncarnation {
@@ -720,8 +738,10 @@ func (s *Sim) generate(r *simRequest, pl *pb.Placement) {
 	// The prompt's ids are drawn again for each call (a lazy arrival
 	// keeps none) and the history is the call's: it goes with the call.
 	hist := r.w.AppendPrompt(make([]int32, 0, r.w.PromptLen()+r.w.Output))
-	for k := range r.out {
-		hist = append(hist, token(r.idx, k))
+	if !regen {
+		for k := range r.out {
+			hist = append(hist, token(r.idx, k))
+		}
 	}
 	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: r.w.PromptLen(), MaxTokens: r.w.Output,
 		Arrived: s.clock(), Sink: r}
@@ -786,7 +806,7 @@ func (s *Sim) poll(r *simRequest) {
 	pl, _ := s.fsm.Placement(r.id)
 	switch {
 	case pl != nil && (pl.WorkerId != r.worker || pl.Epoch != r.epoch):
-		s.generate(r, pl)
+		s.resume(r, pl)
 		return
 	case r.out == 0 && (pl == nil || s.now-r.broken > s.cfg.Timing.RedispatchAfter):
 		s.complete(r.id)
@@ -827,8 +847,24 @@ func (s *Sim) end(r *simRequest, err error) {
 	delete(s.byID, r.id)
 }
 
-// onToken is a token reaching the client.
+// onToken is a token reaching the client, or under stop-and-restart's
+// regeneration the gateway, which checks it and does not deliver it.
 func (s *Sim) onToken(r *simRequest, ev core.Event) {
+	if r.regen && ev.Index < r.out {
+		// Decoded again. The tokens recomputed are the prompt, prefilled
+		// again for the call's first token, and each of these.
+		if want := token(r.idx, ev.Index); ev.Token != want || ev.Finish != core.FinishNone {
+			s.fail("request %s: regenerated token %d is %d (finish %v), the client has %d", r.id, ev.Index, ev.Token, ev.Finish, want)
+			return
+		}
+		if ev.First {
+			s.res.RecomputedTokens += r.w.PromptLen()
+		}
+		s.res.RecomputedTokens++
+		return
+	}
+	first := r.fresh
+	r.fresh = false
 	if ev.Index != r.out {
 		s.fail("request %s: token %d arrived, the journal has %d", r.id, ev.Index, r.out)
 		return
@@ -850,7 +886,7 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 	// The resume is exact here: the first token of the first call made
 	// after the failure (the client-side estimate of the bench,
 	// servingstats.Record.Resume, cannot see calls).
-	if ff := s.firstFail; ff >= 0 && r.resumeEnd == 0 && ev.First && ev.Req.Arrived.After(epoch.Add(ff)) {
+	if ff := s.firstFail; ff >= 0 && r.resumeEnd == 0 && first && ev.Req.Arrived.After(epoch.Add(ff)) {
 		r.resumeEnd = s.now
 	}
 	r.last = s.now

@@ -36,7 +36,7 @@ func TestConservation(t *testing.T) {
 		"one, stays down": {{Worker: 1, At: 4 * time.Second}},
 		"two at once":     {{Worker: 0, At: 3 * time.Second, Restart: true}, {Worker: 2, At: 3 * time.Second, Restart: true}},
 	}
-	for _, strategy := range []policy.Strategy{policy.Lumen, policy.FixedCheckpoint, policy.StopAndRestart} {
+	for _, strategy := range policy.Strategies {
 		for name, fs := range failures {
 			t.Run(strategy.String()+"/"+name, func(t *testing.T) {
 				cfg := smallConfig(t, seed, strategy, 4, 12, 10*time.Second)
@@ -51,11 +51,11 @@ func TestConservation(t *testing.T) {
 				if fs != nil && res.Interrupted == 0 {
 					t.Fatal("a failure interrupted nothing")
 				}
-				if fs != nil && strategy != policy.StopAndRestart && res.RestoredPages == 0 {
+				if fs != nil && strategy.KeepsCheckpoints() && res.RestoredPages == 0 {
 					t.Errorf("%s restored no checkpoint page", strategy)
 				}
-				if strategy == policy.StopAndRestart && res.RestoredPages != 0 {
-					t.Errorf("stop-and-restart restored %d pages", res.RestoredPages)
+				if !strategy.KeepsCheckpoints() && res.RestoredPages != 0 {
+					t.Errorf("%s restored %d pages", strategy, res.RestoredPages)
 				}
 			})
 		}

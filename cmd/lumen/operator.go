@@ -26,7 +26,7 @@ func init() {
 	register("placement get", "show where a request runs and who holds its checkpoint", runPlacementGet)
 	register("workers", "list workers, their phase, drafter pairing and load", runWorkers)
 	register("events", "stream the cluster's events (phases, pairings, recovery plans, moves, migrations)", runEvents)
-	register("strategy set", "set the recovery strategy (lumen, fixed-checkpoint, stop-and-restart), lambda, live migration on|off", runStrategySet)
+	register("strategy set", "set the recovery strategy ("+policy.StrategyNames()+"), lambda, live migration on|off", runStrategySet)
 	register("worker drain", "drain a worker: every request it serves migrates away, then it stops", runWorkerDrain)
 	register("migrate", "live-migrate one running request to another worker (-to, or the freest)", runMigrate)
 }
@@ -266,7 +266,9 @@ func runStrategySet(args []string) error {
 	lambda := fs.Float64("lambda", 0, "weight of the restore delay in h(r) (0 keeps the current value)")
 	migration := fs.String("migration", "", "live migration for load balance: on or off (empty keeps it; drains migrate either way)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: lumen strategy set [lumen|fixed-checkpoint|stop-and-restart] [-lambda X] [-migration on|off] [flags]")
+		fmt.Fprintln(os.Stderr, "Usage: lumen strategy set [lumen|fixed-checkpoint|stop-and-restart|recompute] [-lambda X] [-migration on|off] [flags]")
+		fmt.Fprintln(os.Stderr, "  stop-and-restart runs an interrupted request again from its prompt (its sent output decoded again);")
+		fmt.Fprintln(os.Stderr, "  recompute prefills its prompt and output again and continues (neither keeps checkpoints).")
 		fs.PrintDefaults()
 	}
 	name, rest := splitFirst(args)
@@ -309,7 +311,7 @@ func strategyRequest(name string, lambda float64, migration string) (*pb.SetStra
 	if name != "" {
 		s, ok := policy.ParseStrategy(name)
 		if !ok {
-			return nil, fmt.Errorf("unknown strategy %q: use lumen, fixed-checkpoint or stop-and-restart", name)
+			return nil, fmt.Errorf("unknown strategy %q: use %s", name, policy.StrategyNames())
 		}
 		req.Strategy = pb.Strategy(s)
 	}
@@ -323,7 +325,7 @@ func strategyRequest(name string, lambda float64, migration string) (*pb.SetStra
 		return nil, fmt.Errorf("-migration %q: use on or off", migration)
 	}
 	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && lambda == 0 && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
-		return nil, errors.New("nothing to set: name a strategy (lumen, fixed-checkpoint, stop-and-restart), -lambda or -migration on|off")
+		return nil, fmt.Errorf("nothing to set: name a strategy (%s), -lambda or -migration on|off", policy.StrategyNames())
 	}
 	return req, nil
 }

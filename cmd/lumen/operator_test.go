@@ -80,10 +80,12 @@ func TestStrategyRequest(t *testing.T) {
 		{"lumen", "", 0, &pb.SetStrategyRequest{Strategy: pb.Strategy_STRATEGY_LUMEN}, ""},
 		{"", "on", 0, &pb.SetStrategyRequest{Migration: pb.MigrationMode_MIGRATION_MODE_ON}, ""},
 		{"fixed-checkpoint", "off", 2, &pb.SetStrategyRequest{Strategy: pb.Strategy_STRATEGY_FIXED_CHECKPOINT, Lambda: 2, Migration: pb.MigrationMode_MIGRATION_MODE_OFF}, ""},
+		{"stop-and-restart", "", 0, &pb.SetStrategyRequest{Strategy: pb.Strategy_STRATEGY_STOP_AND_RESTART}, ""},
+		{"recompute", "", 0, &pb.SetStrategyRequest{Strategy: pb.Strategy_STRATEGY_RECOMPUTE}, ""},
 		{"", "", 0.5, &pb.SetStrategyRequest{Lambda: 0.5}, ""},
 		{"", "", 0, nil, "nothing to set"},
 		{"", "yes", 0, nil, `-migration "yes": use on or off`},
-		{"fast", "", 0, nil, `unknown strategy "fast"`},
+		{"fast", "", 0, nil, `unknown strategy "fast": use lumen, fixed-checkpoint, stop-and-restart or recompute`},
 	} {
 		got, err := strategyRequest(c.name, c.lambda, c.migration)
 		if c.err != "" {

@@ -188,3 +188,21 @@ func TestWriteNextTo(t *testing.T) {
 		t.Fatalf("err = %v, want ErrUnknown naming bad.json", err)
 	}
 }
+
+// Every column of the recovery comparison has a colour no other has, and
+// the strategies sort as the tables show them, baselines first.
+func TestStrategyColoursAndOrder(t *testing.T) {
+	cols := []string{"lumen", "no-checkpoint-no-failure", "recompute", "lumen-no-failure", "fixed-checkpoint", "stop-and-restart", "lumen-no-spec"}
+	seen := map[any]string{}
+	for i, c := range cols {
+		k := colour(c, i)
+		if other, dup := seen[k]; dup {
+			t.Errorf("%s and %s share a colour", c, other)
+		}
+		seen[k] = c
+	}
+	want := "stop-and-restart recompute fixed-checkpoint lumen-no-spec lumen lumen-no-failure no-checkpoint-no-failure"
+	if got := strings.Join(strategyOrder(cols), " "); got != want {
+		t.Errorf("order %q, want %q", got, want)
+	}
+}

@@ -79,12 +79,16 @@ type Column struct {
 }
 
 // Columns are the comparison's columns, in the order they run.
-// lumen-no-spec is lumen with the plain reload: the ablation of the
-// speculation assist.
+// stop-and-restart is the seed's baseline (an interrupted request runs
+// again from its prompt), recompute Dynamo's (it is prefilled again with
+// its output and continues); neither checkpoints, so both are measured
+// against the failure-free run without checkpoints. lumen-no-spec is lumen
+// with the plain reload: the ablation of the speculation assist.
 var Columns = []Column{
 	{Name: "no-checkpoint-no-failure", Strategy: policy.StopAndRestart},
 	{Name: "lumen-no-failure", Strategy: policy.Lumen},
 	{Name: "stop-and-restart", Strategy: policy.StopAndRestart, Fail: true, Ref: "no-checkpoint-no-failure"},
+	{Name: "recompute", Strategy: policy.RecomputeHistory, Fail: true, Ref: "no-checkpoint-no-failure"},
 	{Name: "fixed-checkpoint", Strategy: policy.FixedCheckpoint, Fail: true, Ref: "lumen-no-failure"},
 	{Name: "lumen-no-spec", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure"},
 	{Name: "lumen", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure", Progressive: true},
@@ -92,7 +96,7 @@ var Columns = []Column{
 
 // tableOrder is the columns as the table shows them: the failed runs
 // first, the baselines before lumen.
-var tableOrder = []string{"stop-and-restart", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+var tableOrder = []string{"stop-and-restart", "recompute", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
 
 // Timeline is a run's schedule, from the start of the arrivals.
 type Timeline struct {
@@ -252,6 +256,7 @@ func (t *Table) Print(w io.Writer) {
 			Gain(l.TTFTMeanMs, o.TTFTMeanMs), Gain(l.TTFTP99Ms, o.TTFTP99Ms), Gain(l.TPOTMeanMs, o.TPOTMeanMs), Gain(l.RecoveryS, o.RecoveryS))
 	}
 	vs("lumen", "stop-and-restart", "")
+	vs("lumen", "recompute", "")
 	vs("lumen", "fixed-checkpoint", "")
 	vs("lumen", "lumen-no-spec", " (the assist's share)")
 	vs("lumen-no-spec", "stop-and-restart", "")

@@ -101,8 +101,14 @@ const (
 	Strategy_STRATEGY_LUMEN Strategy = 1
 	// Fixed checkpointing (DejaVu): the holder is the next worker on a fixed ring.
 	Strategy_STRATEGY_FIXED_CHECKPOINT Strategy = 2
-	// No checkpoints: interrupted requests are recomputed from their history.
+	// No checkpoints (KServe, TGI, Triton, vLLM on Kubernetes): an
+	// interrupted request runs again from its prompt on the least-loaded
+	// worker; the output tokens already sent are decoded again and the
+	// gateway suppresses them.
 	Strategy_STRATEGY_STOP_AND_RESTART Strategy = 3
+	// No checkpoints (Dynamo): an interrupted request is recomputed from its
+	// whole history, prompt and output, on the least-loaded worker.
+	Strategy_STRATEGY_RECOMPUTE Strategy = 4
 )
 
 // Enum value maps for Strategy.
@@ -112,12 +118,14 @@ var (
 		1: "STRATEGY_LUMEN",
 		2: "STRATEGY_FIXED_CHECKPOINT",
 		3: "STRATEGY_STOP_AND_RESTART",
+		4: "STRATEGY_RECOMPUTE",
 	}
 	Strategy_value = map[string]int32{
 		"STRATEGY_UNSPECIFIED":      0,
 		"STRATEGY_LUMEN":            1,
 		"STRATEGY_FIXED_CHECKPOINT": 2,
 		"STRATEGY_STOP_AND_RESTART": 3,
+		"STRATEGY_RECOMPUTE":        4,
 	}
 )
 
@@ -1700,12 +1708,13 @@ const file_types_proto_rawDesc = "" +
 	"\x13WORKER_PHASE_ASSIST\x10\x05\x12\x18\n" +
 	"\x14WORKER_PHASE_HOTSWAP\x10\x06\x12\x19\n" +
 	"\x15WORKER_PHASE_DRAINING\x10\a\x12\x15\n" +
-	"\x11WORKER_PHASE_LEFT\x10\b*v\n" +
+	"\x11WORKER_PHASE_LEFT\x10\b*\x8e\x01\n" +
 	"\bStrategy\x12\x18\n" +
 	"\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTRATEGY_LUMEN\x10\x01\x12\x1d\n" +
 	"\x19STRATEGY_FIXED_CHECKPOINT\x10\x02\x12\x1d\n" +
-	"\x19STRATEGY_STOP_AND_RESTART\x10\x03*\x8d\x01\n" +
+	"\x19STRATEGY_STOP_AND_RESTART\x10\x03\x12\x16\n" +
+	"\x12STRATEGY_RECOMPUTE\x10\x04*\x8d\x01\n" +
 	"\x0ePlacementState\x12\x1f\n" +
 	"\x1bPLACEMENT_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17PLACEMENT_STATE_RUNNING\x10\x01\x12\x1e\n" +
