@@ -141,7 +141,8 @@ func TestRecoveryFiguresJSONKeys(t *testing.T) {
 	}
 	sort.Strings(got)
 	want := []string{"affected_from_s", "affected_requests", "affected_to_s", "affected_tpot_mean_ms", "affected_ttft_mean_ms",
-		"affected_ttft_p99_ms", "arrival_rate_per_s", "cluster_recovery_s", "failed_requests", "interrupted",
+		"affected_ttft_p99_ms", "arrival_rate_per_s", "cluster_recovery_s", "common_affected_requests", "common_affected_tpot_mean_ms",
+		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "failed_requests", "interrupted",
 		"interrupted_recovery_mean_s", "interrupted_recovery_p99_s", "pacing_overrun_pct", "pages_reused", "plan_ms",
 		"pre_failure_ttft_mean_ms", "recovered", "recovery_s", "requests", "resume_mean_ms", "resume_p99_ms",
 		"saturated_rate_per_s", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
@@ -207,6 +208,7 @@ func TestPrintRecoveryTable(t *testing.T) {
 	sr.AffectedTTFTMeanMs, sr.ReferenceTTFTMeanMs, sr.AffectedTTFTP99Ms, sr.ReferenceTTFTP99Ms = 800, 200, 3000, 1000
 	sr.AffectedTPOTMeanMs, sr.ReferenceTPOTMeanMs, sr.InterruptedRecoveryMeanS, sr.InterruptedRecoveryP99S = 40, 25, 1.5, 4.25
 	figs["lumen"].AffectedTTFTMeanMs, figs["lumen"].InterruptedRecoveryMeanS = 400, 0.75
+	sr.CommonTTFTMeanMs, figs["lumen"].CommonTTFTMeanMs = 600, 450
 	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
 	var w bytes.Buffer
 	printRecoveryTable(&w, recoverystudy.Setups[0], figs, rule)
@@ -218,7 +220,7 @@ func TestPrintRecoveryTable(t *testing.T) {
 		pad("recovery (s)", 24) + "               >2.0               2.00               2.00               2.00               2.00               2.00",
 		pad("  affected", 24) + "              800.0                0.0                0.0              400.0                0.0                0.0",
 		pad("interrupted -> token (s)", 24) + "        1.50 / 4.25        0.00 / 0.00        0.00 / 0.00        0.75 / 0.00        0.00 / 0.00        0.00 / 0.00",
-		"  lumen vs stop-and-restart: TTFT mean -50.0%, p99 -100.0%, TPOT -100.0%, interrupted -> token -50.0%, cluster recovery +0.0%",
+		"  lumen vs stop-and-restart: TTFT mean -50.0% / -25.0%, p99 -100.0% / n/a, TPOT -100.0% / n/a; interrupted -> token -50.0%, cluster recovery +0.0%",
 		"  stop-and-restart over no-checkpoint-no-failure: TTFT mean 4.00x, p99 3.00x, TPOT 1.60x",
 		pad("requests / failed", 24) + "             50 / 0             50 / 0             50 / 0             50 / 0             50 / 0             50 / 0",
 		"lumen vs stop-and-restart: TTFT mean +30.0%, p99 +0.0%, TPOT +0.0%, recovery +0.0%",

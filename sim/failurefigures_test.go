@@ -68,7 +68,8 @@ func TestInterruptedRecords(t *testing.T) {
 // recovery, its interrupted requests took time to recover, and the
 // failure cost them against the failure-free reference on the same
 // requests; a failure-free column counts the requests affected in every
-// failed column measured against it.
+// failed column measured against it; every column has the same requests
+// in common.
 func TestFailureFiguresKeys(t *testing.T) {
 	seed := uint64(1)
 	t.Logf("seed %d", seed)
@@ -81,6 +82,7 @@ func TestFailureFiguresKeys(t *testing.T) {
 	figs := out["custom"]
 	keys := []string{"affected_ttft_mean_ms", "affected_ttft_p99_ms", "affected_tpot_mean_ms", "interrupted_recovery_mean_s",
 		"interrupted_recovery_p99_s", "cluster_recovery_s", "affected_requests", "affected_from_s", "affected_to_s",
+		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "common_affected_tpot_mean_ms", "common_affected_requests",
 		"ttft_mean_ms", "recovery_s", "resume_mean_ms"}
 	for _, col := range Columns {
 		f := figs[col.Name]
@@ -96,6 +98,11 @@ func TestFailureFiguresKeys(t *testing.T) {
 			if _, ok := m[k]; !ok {
 				t.Errorf("%s: key %s missing", col.Name, k)
 			}
+		}
+		// The same requests in every column: those of every failed one.
+		if f.CommonRequests != figs["lumen"].CommonRequests || (col.Fail && f.CommonRequests < f.AffectedRequests) || f.CommonTTFTMeanMs <= 0 {
+			t.Errorf("%s: %d requests in common (lumen's %d), %d of its own, TTFT mean %v", col.Name, f.CommonRequests,
+				figs["lumen"].CommonRequests, f.AffectedRequests, f.CommonTTFTMeanMs)
 		}
 		if !col.Fail {
 			if f.InterruptedRecoveryMeanS != 0 || f.ClusterRecoveryS != 0 || f.AffectedRequests == 0 {

@@ -161,6 +161,15 @@ type Figures struct {
 	ReferenceTTFTMeanMs float64 `json:"reference_affected_ttft_mean_ms,omitempty"`
 	ReferenceTTFTP99Ms  float64 `json:"reference_affected_ttft_p99_ms,omitempty"`
 	ReferenceTPOTMeanMs float64 `json:"reference_affected_tpot_mean_ms,omitempty"`
+	// Common*: the same figures over the same requests in every column:
+	// those affected in any failed column (the earliest failure to the
+	// latest end of recovery, and every request interrupted in one). Two
+	// failed columns' own affected requests differ when their recoveries
+	// do; these compare strategies on the very same requests.
+	CommonTTFTMeanMs float64 `json:"common_affected_ttft_mean_ms"`
+	CommonTTFTP99Ms  float64 `json:"common_affected_ttft_p99_ms"`
+	CommonTPOTMeanMs float64 `json:"common_affected_tpot_mean_ms"`
+	CommonRequests   int     `json:"common_affected_requests"`
 	// InterruptedRecovery*: per interrupted request that got a token
 	// after the failure, the time from the failure to that token as the
 	// client saw it (after a regeneration, the first token not sent
@@ -230,13 +239,15 @@ type Run struct {
 // cluster recovery against its reference by rule, its affected requests'
 // latencies and its reference's over the same requests, and its
 // interrupted requests' recovery; a failure-free column's latencies over
-// the requests affected in any failed column measured against it.
+// the requests affected in any failed column measured against it; every
+// column's over the requests affected in any failed column.
 func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule servingstats.RecoveryRule) {
 	type span struct {
 		touched  []bool
 		from, to time.Duration
 	}
 	spans := map[string]*span{} // by failure-free column
+	var common []bool           // by index, in any failed column
 	for _, col := range Columns {
 		run, ref, f := runs[col.Name], runs[col.Ref], figs[col.Name]
 		if f == nil || run == nil {
@@ -271,6 +282,20 @@ func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule serving
 			}
 		}
 		sp.from, sp.to = min(sp.from, w.From), max(sp.to, w.To)
+		if common == nil {
+			common = make([]bool, len(touched))
+		}
+		for i, t := range touched {
+			if t && i < len(common) {
+				common[i] = true
+			}
+		}
+	}
+	for name, f := range figs {
+		if run := runs[name]; run != nil && common != nil {
+			l := over(run.Records, common)
+			f.CommonTTFTMeanMs, f.CommonTTFTP99Ms, f.CommonTPOTMeanMs, f.CommonRequests = l.ttftMean, l.ttftP99, l.tpotMean, l.n
+		}
 	}
 	for name, sp := range spans {
 		f := figs[name]
@@ -408,13 +433,14 @@ func (t *Table) Print(w io.Writer) {
 	for _, p := range pairs {
 		vs(p.a, p.b, p.why)
 	}
-	fmt.Fprintln(w, "over the affected requests (each column's own):")
+	fmt.Fprintf(w, "over the affected requests, each column's own / the same %d in every column:\n", figs["lumen"].CommonRequests)
 	for _, p := range pairs {
 		l, o := figs[p.a], figs[p.b]
-		fmt.Fprintf(w, "  %s vs %s: TTFT mean %s, p99 %s, TPOT %s, interrupted -> token %s, cluster recovery %s\n", p.a, p.b,
-			Gain(l.AffectedTTFTMeanMs, o.AffectedTTFTMeanMs), Gain(l.AffectedTTFTP99Ms, o.AffectedTTFTP99Ms),
-			Gain(l.AffectedTPOTMeanMs, o.AffectedTPOTMeanMs), Gain(l.InterruptedRecoveryMeanS, o.InterruptedRecoveryMeanS),
-			Gain(l.ClusterRecoveryS, o.ClusterRecoveryS))
+		fmt.Fprintf(w, "  %s vs %s: TTFT mean %s / %s, p99 %s / %s, TPOT %s / %s; interrupted -> token %s, cluster recovery %s\n", p.a, p.b,
+			Gain(l.AffectedTTFTMeanMs, o.AffectedTTFTMeanMs), Gain(l.CommonTTFTMeanMs, o.CommonTTFTMeanMs),
+			Gain(l.AffectedTTFTP99Ms, o.AffectedTTFTP99Ms), Gain(l.CommonTTFTP99Ms, o.CommonTTFTP99Ms),
+			Gain(l.AffectedTPOTMeanMs, o.AffectedTPOTMeanMs), Gain(l.CommonTPOTMeanMs, o.CommonTPOTMeanMs),
+			Gain(l.InterruptedRecoveryMeanS, o.InterruptedRecoveryMeanS), Gain(l.ClusterRecoveryS, o.ClusterRecoveryS))
 	}
 	fmt.Fprintln(w, "the failure's cost, each failed column over its reference on the very same affected requests:")
 	for _, name := range tableOrder {
@@ -435,7 +461,8 @@ func (t *Table) Print(w io.Writer) {
 		"is within %.0f%% + %s and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n",
 		r.Window, r.Step, 100*r.Tolerance, r.TTFTSlack.Round(time.Millisecond), 100*r.Tolerance, r.QueueSlack)
 	fmt.Fprintf(w, "affected: the requests that arrived from the failure to the end of that recovery, and every interrupted one;\n"+
-		"a failure-free column's: the same requests (by arrival) as in the failed columns measured against it\n\n")
+		"a failure-free column's: the same requests (by arrival) as in the failed columns measured against it;\n"+
+		"the same in every column: those affected in any failed column\n\n")
 }
 
 // column returns the column of Columns by name.

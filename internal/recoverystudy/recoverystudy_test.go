@@ -175,8 +175,29 @@ func TestFailureFigures(t *testing.T) {
 					}
 				}
 			}
+			// The same requests in every column: those affected in any
+			// failed column.
+			all := map[int]bool{}
+			for _, u := range union {
+				for i := range u {
+					all[i] = true
+				}
+			}
 			for _, col := range Columns {
 				f := figs[col.Name]
+				var sum time.Duration
+				timed := 0
+				for i := range all {
+					if d, ok := runs[col.Name].Records[i].TTFT(); ok && runs[col.Name].Records[i].Err == nil {
+						sum += d
+						timed++
+					}
+				}
+				want := float64(sum) / float64(time.Millisecond) / float64(timed)
+				if f.CommonRequests != len(all) || math.Abs(f.CommonTTFTMeanMs-want) > 1e-9 || f.CommonTPOTMeanMs != 10 {
+					t.Errorf("%s: %d requests in common, TTFT mean %v, TPOT %v; want %d, %v, 10", col.Name, f.CommonRequests,
+						f.CommonTTFTMeanMs, f.CommonTPOTMeanMs, len(all), want)
+				}
 				if col.Fail {
 					continue
 				}
