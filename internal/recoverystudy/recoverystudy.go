@@ -273,23 +273,11 @@ func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule serving
 		f.InterruptedRecoveryP99S = servingstats.Percentile(run.Recoveries, 0.99) / 1e3
 		sp := spans[col.Ref]
 		if sp == nil {
-			sp = &span{touched: make([]bool, len(ref.Records)), from: w.From, to: w.To}
+			sp = &span{from: w.From, to: w.To}
 			spans[col.Ref] = sp
 		}
-		for i, t := range touched {
-			if t && i < len(sp.touched) {
-				sp.touched[i] = true
-			}
-		}
+		sp.touched, common = union(sp.touched, touched), union(common, touched)
 		sp.from, sp.to = min(sp.from, w.From), max(sp.to, w.To)
-		if common == nil {
-			common = make([]bool, len(touched))
-		}
-		for i, t := range touched {
-			if t && i < len(common) {
-				common[i] = true
-			}
-		}
 	}
 	for name, f := range figs {
 		if run := runs[name]; run != nil && common != nil {
@@ -306,6 +294,17 @@ func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule serving
 		f.AffectedTTFTMeanMs, f.AffectedTTFTP99Ms, f.AffectedTPOTMeanMs, f.AffectedRequests = l.ttftMean, l.ttftP99, l.tpotMean, l.n
 		f.AffectedFromS, f.AffectedToS = sp.from.Seconds(), sp.to.Seconds()
 	}
+}
+
+// union marks in a (grown to b's length) what b marks, and returns it.
+func union(a, b []bool) []bool {
+	for len(a) < len(b) {
+		a = append(a, false)
+	}
+	for i, t := range b {
+		a[i] = a[i] || t
+	}
+	return a
 }
 
 // latency is TTFT mean and p99 and TPOT mean (ms) over n requests.
