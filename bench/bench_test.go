@@ -140,7 +140,10 @@ func TestRecoveryFiguresJSONKeys(t *testing.T) {
 		got = append(got, k)
 	}
 	sort.Strings(got)
-	want := []string{"arrival_rate_per_s", "failed_requests", "interrupted", "pacing_overrun_pct", "pages_reused", "plan_ms",
+	want := []string{"affected_from_s", "affected_requests", "affected_to_s", "affected_tpot_mean_ms", "affected_ttft_mean_ms",
+		"affected_ttft_p99_ms", "arrival_rate_per_s", "cluster_recovery_s", "common_affected_requests", "common_affected_tpot_mean_ms",
+		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "failed_requests", "interrupted",
+		"interrupted_recovery_mean_s", "interrupted_recovery_p99_s", "pacing_overrun_pct", "pages_reused", "plan_ms",
 		"pre_failure_ttft_mean_ms", "recovered", "recovery_s", "requests", "resume_mean_ms", "resume_p99_ms",
 		"saturated_rate_per_s", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
 	if !reflect.DeepEqual(got, want) {
@@ -175,6 +178,10 @@ func TestRunFigures(t *testing.T) {
 		failAt:      8 * time.Second,
 		restored:    12, recomputed: 34, emulated: 10, paced: 11,
 	}
+	o.markInterrupted()
+	if !o.recs[2].Interrupted || !o.recs[3].Interrupted || o.recs[0].Interrupted || o.recs[1].Interrupted {
+		t.Fatal("the records of the requests in the recovery plans are not the ones marked interrupted")
+	}
 	f := runFigures(o, []string{"x", "y", "z", "w"}, time.Second, 5*time.Second)
 	if f.Requests != 4 || f.FailedRequests != 1 || f.WrongOutputs != 1 || f.Interrupted != 2 {
 		t.Fatalf("counts %+v", f)
@@ -193,10 +200,15 @@ func TestRunFigures(t *testing.T) {
 func TestPrintRecoveryTable(t *testing.T) {
 	figs := map[string]*recoveryFigures{}
 	for i, c := range []string{"stop-and-restart", "recompute", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"} {
-		figs[c] = &recoveryFigures{Figures: recoverystudy.Figures{TTFTMeanMs: float64(100 + 10*i), TTFTP99Ms: 200, TPOTMeanMs: 20, RecoveryS: 2,
+		figs[c] = &recoveryFigures{Figures: recoverystudy.Figures{TTFTMeanMs: float64(100 + 10*i), TTFTP99Ms: 200, TPOTMeanMs: 20, RecoveryS: 2, ClusterRecoveryS: 2,
 			Recovered: true, PagesReused: float64(i), Requests: 50, FailedRequests: 0}, WrongOutputs: i % 2}
 	}
 	figs["stop-and-restart"].Recovered = false
+	sr := &figs["stop-and-restart"].Figures
+	sr.AffectedTTFTMeanMs, sr.ReferenceTTFTMeanMs, sr.AffectedTTFTP99Ms, sr.ReferenceTTFTP99Ms = 800, 200, 3000, 1000
+	sr.AffectedTPOTMeanMs, sr.ReferenceTPOTMeanMs, sr.InterruptedRecoveryMeanS, sr.InterruptedRecoveryP99S = 40, 25, 1.5, 4.25
+	figs["lumen"].AffectedTTFTMeanMs, figs["lumen"].InterruptedRecoveryMeanS = 400, 0.75
+	sr.CommonTTFTMeanMs, figs["lumen"].CommonTTFTMeanMs = 600, 450
 	rule := servingstats.RecoveryRule{Window: 5 * time.Second, Step: 250 * time.Millisecond, Tolerance: 0.10, QueueSlack: 1}
 	var w bytes.Buffer
 	printRecoveryTable(&w, recoverystudy.Setups[0], figs, rule)
@@ -206,6 +218,10 @@ func TestPrintRecoveryTable(t *testing.T) {
 		pad("", 24) + "   stop-and-restart          recompute   fixed-checkpoint      lumen-no-spec              lumen   lumen-no-failure no-checkpoint-no-failure",
 		pad("TTFT mean (ms)", 24) + "              100.0              110.0              120.0              130.0              140.0              150.0              160.0",
 		pad("recovery (s)", 24) + "               >2.0               2.00               2.00               2.00               2.00               2.00               2.00",
+		pad("  affected", 24) + "              800.0                0.0                0.0                0.0              400.0                0.0                0.0",
+		pad("interrupted -> token (s)", 24) + "        1.50 / 4.25        0.00 / 0.00        0.00 / 0.00        0.00 / 0.00        0.75 / 0.00        0.00 / 0.00        0.00 / 0.00",
+		"  lumen vs stop-and-restart: TTFT mean -50.0% / -25.0%, p99 -100.0% / n/a, TPOT -100.0% / n/a; interrupted -> token -50.0%, cluster recovery +0.0%",
+		"  stop-and-restart over no-checkpoint-no-failure: TTFT mean 4.00x, p99 3.00x, TPOT 1.60x",
 		pad("requests / failed", 24) + "             50 / 0             50 / 0             50 / 0             50 / 0             50 / 0             50 / 0             50 / 0",
 		"lumen vs stop-and-restart: TTFT mean +40.0%, p99 +0.0%, TPOT +0.0%, recovery +0.0%",
 		"lumen vs recompute: TTFT mean +27.3%, p99 +0.0%, TPOT +0.0%, recovery +0.0%",

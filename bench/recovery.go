@@ -189,22 +189,20 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 	rule.TTFTSlack = time.Duration(float64(rule.TTFTSlack) * scale)
 	nominalFail := time.Duration(float64(tm.FailAt) * scale)
 	end := time.Duration(float64(tm.Duration) * scale)
+	common := map[string]*recoverystudy.Figures{}
+	runs := map[string]*recoverystudy.Run{}
 	for _, run := range recoverystudy.Columns {
 		o := outcomes[run.Name]
 		f := runFigures(o, refs, time.Duration(float64(tm.Warmup)*scale), nominalFail)
 		f.Series = timeSeries(o, time.Second)
 		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
-		f.Recovered = true
 		if run.Fail {
 			f.PlanMs = float64(o.planAt-o.failAt) / 1e6
-			ref := outcomes[run.Ref]
-			d, ok := servingstats.RecoveryTime(
-				servingstats.Levels(o.recs, o.queue, o.failAt, end, rule),
-				servingstats.Levels(ref.recs, ref.queue, o.failAt, end, rule), rule)
-			f.RecoveryS, f.Recovered = d.Seconds(), ok
 		}
-		figs[run.Name] = f
+		figs[run.Name], common[run.Name] = f, &f.Figures
+		runs[run.Name] = &recoverystudy.Run{Records: o.recs, Queue: o.queue, FailAt: o.failAt, End: end, Recoveries: o.recoveries()}
 	}
+	recoverystudy.FailureFigures(common, runs, rule)
 	printRecoveryTable(os.Stdout, s, figs, rule)
 	return figs, nil
 }
@@ -217,21 +215,12 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration) *recoveryFigures {
 	f := &recoveryFigures{}
 	f.Latencies(o.recs, warmup, nominalFail)
-	var resume []time.Duration
 	for i, r := range o.recs {
-		if r.Err != nil {
-			continue
-		}
-		if o.texts[i] != refs[i] {
+		if r.Err == nil && o.texts[i] != refs[i] {
 			f.WrongOutputs++
 		}
-		if o.interrupted[r.ID] {
-			if d, ok := r.Resume(o.failAt); ok {
-				resume = append(resume, d)
-			}
-		}
 	}
-	f.Resumes(resume)
+	f.Resumes(o.recoveries())
 	f.Interrupted = len(o.interrupted)
 	f.PagesReused, f.TokensRecomputed = o.restored, o.recomputed
 	f.DraftTokens, f.AcceptedTokens, f.AssistS = o.draftTokens, o.acceptedTokens, o.assistS
@@ -242,6 +231,36 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 		f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
 	}
 	return f
+}
+
+// markInterrupted marks the records of the requests the recovery plans
+// moved: those running or queued on a killed worker.
+func (o *runOutcome) markInterrupted() {
+	for _, r := range o.recs {
+		if r != nil {
+			r.Interrupted = o.interrupted[r.ID]
+		}
+	}
+}
+
+// recoveries are, per interrupted request that completed, the time from
+// the kill to its next token as the client saw it: the end of the pause
+// the failure caused (servingstats.Record.Resume; the chunks already in
+// flight when the worker died arrive just after the kill, and with a
+// regeneration the gateway holds back the tokens sent before). A client
+// cannot see the calls behind its stream: this is the bench's resume
+// latency too, where the simulator times the new call's first token.
+func (o *runOutcome) recoveries() []time.Duration {
+	var out []time.Duration
+	for _, r := range o.recs {
+		if r == nil || r.Err != nil || !r.Interrupted {
+			continue
+		}
+		if d, ok := r.Resume(o.failAt); ok {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // timeSeries bins a run by arrival: the requests that arrived in each bin
@@ -518,6 +537,7 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 	wg.Wait()
 	stopEvents()
 	failer.Wait()
+	o.markInterrupted()
 	stopSampling()
 	sampler.Wait()
 	fmt.Printf("   t=%4.0fs  %d done, %d failed\n", since().Seconds(), done.Load(), failed.Load())

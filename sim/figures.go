@@ -197,8 +197,24 @@ func MeanFigures(runs []*Figures) *Figures {
 	m := &Figures{}
 	m.Recovered = true
 	n := float64(len(runs))
-	var requests, failed, interrupted, draft, accepted, verif, drafted float64
+	var requests, failed, interrupted, draft, accepted, verif, drafted, affected, common float64
 	for _, f := range runs {
+		m.AffectedTTFTMeanMs += f.AffectedTTFTMeanMs / n
+		m.AffectedTTFTP99Ms += f.AffectedTTFTP99Ms / n
+		m.AffectedTPOTMeanMs += f.AffectedTPOTMeanMs / n
+		m.AffectedFromS += f.AffectedFromS / n
+		m.AffectedToS += f.AffectedToS / n
+		m.ReferenceTTFTMeanMs += f.ReferenceTTFTMeanMs / n
+		m.ReferenceTTFTP99Ms += f.ReferenceTTFTP99Ms / n
+		m.ReferenceTPOTMeanMs += f.ReferenceTPOTMeanMs / n
+		m.InterruptedRecoveryMeanS += f.InterruptedRecoveryMeanS / n
+		m.InterruptedRecoveryP99S += f.InterruptedRecoveryP99S / n
+		m.ClusterRecoveryS += f.ClusterRecoveryS / n
+		m.CommonTTFTMeanMs += f.CommonTTFTMeanMs / n
+		m.CommonTTFTP99Ms += f.CommonTTFTP99Ms / n
+		m.CommonTPOTMeanMs += f.CommonTPOTMeanMs / n
+		affected += float64(f.AffectedRequests) / n
+		common += float64(f.CommonRequests) / n
 		m.TTFTMeanMs += f.TTFTMeanMs / n
 		m.TTFTP99Ms += f.TTFTP99Ms / n
 		m.TPOTMeanMs += f.TPOTMeanMs / n
@@ -232,6 +248,7 @@ func MeanFigures(runs []*Figures) *Figures {
 		m.Recovered = m.Recovered && f.Recovered
 	}
 	m.Requests, m.FailedRequests, m.Interrupted = int(math.Round(requests)), int(math.Round(failed)), int(math.Round(interrupted))
+	m.AffectedRequests, m.CommonRequests = int(math.Round(affected)), int(math.Round(common))
 	m.DraftTokens, m.AcceptedTokens = int(math.Round(draft)), int(math.Round(accepted))
 	m.Verifications, m.Drafted = int(math.Round(verif)), int(math.Round(drafted))
 	return m

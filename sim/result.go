@@ -33,10 +33,14 @@ type Result struct {
 	ApplyDispatch, ApplyMarkFailed []time.Duration
 
 	// Records is what a client saw of each request, by arrival; Resumes
-	// the resume latency of each interrupted request that completed.
+	// the resume latency of each interrupted request that completed (to
+	// the first token of its first call after the failure); Recoveries,
+	// of the same requests, the time from the failure to the client's
+	// next token (after a regeneration, the first token not sent before).
 	Records     []*servingstats.Record
 	Interrupted int
 	Resumes     []time.Duration
+	Recoveries  []time.Duration
 
 	// Speculation (Config.Speculation): the counters, every pairing, and
 	// every restart's phases.
@@ -65,7 +69,7 @@ func (s *Sim) finish() {
 			s.res.Records[i] = &servingstats.Record{ID: fmt.Sprintf("r%07d", i), Arrival: s.cfg.Arrivals[i].At, Err: errOpen}
 			continue
 		}
-		rec := &servingstats.Record{ID: fmt.Sprintf("r%07d", r.idx), Arrival: r.arrival, Tokens: r.out, Err: r.failed}
+		rec := &servingstats.Record{ID: fmt.Sprintf("r%07d", r.idx), Arrival: r.arrival, Tokens: r.out, Err: r.failed, Interrupted: r.interrupted}
 		if r.ended == 0 {
 			rec.Err = errOpen
 		}
@@ -80,6 +84,9 @@ func (s *Sim) finish() {
 			s.res.Interrupted++
 			if r.failed == nil && r.resumeEnd > 0 {
 				s.res.Resumes = append(s.res.Resumes, r.resumeEnd-s.firstFail)
+			}
+			if r.failed == nil && r.afterFail > 0 {
+				s.res.Recoveries = append(s.res.Recoveries, r.afterFail-s.firstFail)
 			}
 		}
 	}

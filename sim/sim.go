@@ -356,6 +356,10 @@ type simRequest struct {
 	// stop-and-restart); fresh: no new token of the call has reached the
 	// client yet.
 	regen, fresh bool
+	// afterFail is when the client got its first token after the first
+	// failure (0: none yet): an interrupted request's recovery as the
+	// client sees it.
+	afterFail time.Duration
 
 	// committing: a gateway placed it and its Dispatch has not been
 	// applied yet; completeAfterCommit: it completed meanwhile, and the
@@ -878,6 +882,9 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 	r.out++
 	if r.first < 0 {
 		r.first = s.now
+	}
+	if ff := s.firstFail; ff >= 0 && s.now > ff && r.afterFail == 0 {
+		r.afterFail = s.now
 	}
 	if r.migrated {
 		r.migrated = false

@@ -251,9 +251,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	}
 	rule := servingstats.DefaultRecoveryRule(rate, p.StepTime(batch, 0))
 	figs := map[string]*Figures{}
+	common := map[string]*recoverystudy.Figures{}
+	runs := map[string]*recoverystudy.Run{}
 	for _, col := range Columns {
 		res := results[col.Name]
 		f := &Figures{}
+		common[col.Name] = &f.Figures
+		runs[col.Name] = &recoverystudy.Run{Records: res.Records, Queue: res.Queue, FailAt: res.FailAt, End: res.End, Recoveries: res.Recoveries}
 		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
 		if st.Gateways > 0 {
 			f.Dispatch = GatewayMode{Gateways: st.Gateways, Choice: st.GatewayChoice}.Name()
@@ -264,21 +268,15 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages), float64(res.RecomputedTokens)
 		f.ApplyDispatchP99Ms = servingstats.Percentile(res.ApplyDispatch, 0.99)
 		f.ApplyMarkFailedP99Ms = servingstats.Percentile(res.ApplyMarkFailed, 0.99)
-		f.Recovered = true
 		if col.Fail {
 			f.PlanMs = float64(res.PlanAt-res.FailAt) / 1e6
-			ref := results[col.Ref]
-			end := max(res.End, ref.End)
-			d, ok := servingstats.RecoveryTime(
-				servingstats.Levels(res.Records, res.Queue, res.FailAt, end, rule),
-				servingstats.Levels(ref.Records, ref.Queue, res.FailAt, end, rule), rule)
-			f.RecoveryS, f.Recovered = d.Seconds(), ok
 		}
 		if col.Progressive {
 			specFigures(f, res, results["lumen-no-spec"], tm.FailAt)
 		}
 		figs[col.Name] = f
 	}
+	recoverystudy.FailureFigures(common, runs, rule)
 	if st.Series != nil {
 		for _, col := range Columns {
 			if err := WriteSeries(st.Series, st.Setup.Name, col.Name, results[col.Name], time.Second); err != nil {
@@ -287,14 +285,11 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		}
 	}
 	if st.Log != nil {
-		t := recoverystudy.Table{Setup: st.Setup, Note: "simulated", Figures: map[string]*recoverystudy.Figures{}, Rule: rule,
+		t := recoverystudy.Table{Setup: st.Setup, Note: "simulated", Figures: common, Rule: rule,
 			Rows: []recoverystudy.Row{
 				{Name: "Apply(MarkFailed) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyMarkFailedP99Ms) }},
 				{Name: "Apply(Dispatch) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyDispatchP99Ms) }},
 			}}
-		for name, f := range figs {
-			t.Figures[name] = &f.Figures
-		}
 		t.Print(st.Log)
 		PrintSpec(st.Log, figs["lumen"])
 		rejoin := time.Duration(-1)

@@ -141,6 +141,48 @@ type Figures struct {
 	PreFailureTTFTMs  float64 `json:"pre_failure_ttft_mean_ms"`
 	ArrivalRatePerSec float64 `json:"arrival_rate_per_s"`
 	SaturatedPerSec   float64 `json:"saturated_rate_per_s"`
+
+	// The figures of the failure (FailureFigures). The whole-run figures
+	// above average over every arrival after the warm-up, most of which
+	// the failure never touched; these count only the requests it did.
+	//
+	// Affected*: TTFT mean and p99 and TPOT mean over the affected
+	// requests: in a failed column, those that arrived from the failure to
+	// the end of its cluster recovery (AffectedFromS, AffectedToS), and
+	// every request it interrupted, whenever it arrived; in a failure-free
+	// column, the same requests (by their index in the arrivals) as in the
+	// failed columns measured against it, all of them together.
+	// AffectedRequests counts them, failed ones included.
+	AffectedTTFTMeanMs float64 `json:"affected_ttft_mean_ms"`
+	AffectedTTFTP99Ms  float64 `json:"affected_ttft_p99_ms"`
+	AffectedTPOTMeanMs float64 `json:"affected_tpot_mean_ms"`
+	AffectedRequests   int     `json:"affected_requests"`
+	AffectedFromS      float64 `json:"affected_from_s"`
+	AffectedToS        float64 `json:"affected_to_s"`
+	// Reference*: in a failed column, its reference column's figures
+	// over exactly its affected requests: the failure's degradation is
+	// Affected* over these.
+	ReferenceTTFTMeanMs float64 `json:"reference_affected_ttft_mean_ms,omitempty"`
+	ReferenceTTFTP99Ms  float64 `json:"reference_affected_ttft_p99_ms,omitempty"`
+	ReferenceTPOTMeanMs float64 `json:"reference_affected_tpot_mean_ms,omitempty"`
+	// Common*: the same figures over the same requests in every column:
+	// those affected in any failed column (the earliest failure to the
+	// latest end of recovery, and every request interrupted in one). Two
+	// failed columns' own affected requests differ when their recoveries
+	// do; these compare strategies on the very same requests.
+	CommonTTFTMeanMs float64 `json:"common_affected_ttft_mean_ms"`
+	CommonTTFTP99Ms  float64 `json:"common_affected_ttft_p99_ms"`
+	CommonTPOTMeanMs float64 `json:"common_affected_tpot_mean_ms"`
+	CommonRequests   int     `json:"common_affected_requests"`
+	// InterruptedRecovery*: per interrupted request that got a token
+	// after the failure, the time from the failure to that token as the
+	// client saw it (after a regeneration, the first token not sent
+	// before).
+	InterruptedRecoveryMeanS float64 `json:"interrupted_recovery_mean_s"`
+	InterruptedRecoveryP99S  float64 `json:"interrupted_recovery_p99_s"`
+	// ClusterRecoveryS is RecoveryS under its own name: the cluster's
+	// windows back to the failure-free run's (servingstats.RecoveryTime).
+	ClusterRecoveryS float64 `json:"cluster_recovery_s"`
 }
 
 // Latencies sets the figures the client records give: the requests and
@@ -176,6 +218,127 @@ func (f *Figures) Latencies(recs []*servingstats.Record, warmup, failAt time.Dur
 // latencies.
 func (f *Figures) Resumes(d []time.Duration) {
 	f.ResumeMeanMs, f.ResumeP99Ms = servingstats.Mean(d), servingstats.Percentile(d, 0.99)
+}
+
+// Run is what one column's run gives the figures of the failure.
+type Run struct {
+	// Records are what the clients saw, by arrival: every column runs the
+	// same arrivals in the same order, so index i is the same request in
+	// every column.
+	Records []*servingstats.Record
+	// Queue is the requests waiting at the live workers, sampled.
+	Queue []servingstats.Sample
+	// FailAt is when the failure was injected (in a failed column). The
+	// recovery rule's windows end at the later End of a run and its
+	// reference.
+	FailAt, End time.Duration
+	// Recoveries are, per interrupted request that got a token after the
+	// failure, the time from the failure to that token as the client saw
+	// it.
+	Recoveries []time.Duration
+}
+
+// FailureFigures sets the figures of the failure of every column of
+// Columns that runs holds, in figs (by column name): a failed column's
+// cluster recovery against its reference by rule, its affected requests'
+// latencies and its reference's over the same requests, and its
+// interrupted requests' recovery; a failure-free column's latencies over
+// the requests affected in any failed column measured against it; every
+// column's over the requests affected in any failed column.
+func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule servingstats.RecoveryRule) {
+	type span struct {
+		touched  []bool
+		from, to time.Duration
+	}
+	spans := map[string]*span{} // by failure-free column
+	var common []bool           // by index, in any failed column
+	for _, col := range Columns {
+		run, ref, f := runs[col.Name], runs[col.Ref], figs[col.Name]
+		if f == nil || run == nil {
+			continue
+		}
+		f.Recovered = true
+		if !col.Fail || ref == nil {
+			continue
+		}
+		end := max(run.End, ref.End)
+		d, ok := servingstats.RecoveryTime(
+			servingstats.Levels(run.Records, run.Queue, run.FailAt, end, rule),
+			servingstats.Levels(ref.Records, ref.Queue, run.FailAt, end, rule), rule)
+		f.RecoveryS, f.ClusterRecoveryS, f.Recovered = d.Seconds(), d.Seconds(), ok
+		w := servingstats.Window{From: run.FailAt, To: run.FailAt + d}
+		touched := servingstats.Affected(run.Records, w)
+		l := over(run.Records, touched)
+		f.AffectedTTFTMeanMs, f.AffectedTTFTP99Ms, f.AffectedTPOTMeanMs, f.AffectedRequests = l.ttftMean, l.ttftP99, l.tpotMean, l.n
+		f.AffectedFromS, f.AffectedToS = w.From.Seconds(), w.To.Seconds()
+		l = over(ref.Records, touched)
+		f.ReferenceTTFTMeanMs, f.ReferenceTTFTP99Ms, f.ReferenceTPOTMeanMs = l.ttftMean, l.ttftP99, l.tpotMean
+		f.InterruptedRecoveryMeanS = servingstats.Mean(run.Recoveries) / 1e3
+		f.InterruptedRecoveryP99S = servingstats.Percentile(run.Recoveries, 0.99) / 1e3
+		sp := spans[col.Ref]
+		if sp == nil {
+			sp = &span{from: w.From, to: w.To}
+			spans[col.Ref] = sp
+		}
+		sp.touched, common = union(sp.touched, touched), union(common, touched)
+		sp.from, sp.to = min(sp.from, w.From), max(sp.to, w.To)
+	}
+	for name, f := range figs {
+		if run := runs[name]; run != nil && common != nil {
+			l := over(run.Records, common)
+			f.CommonTTFTMeanMs, f.CommonTTFTP99Ms, f.CommonTPOTMeanMs, f.CommonRequests = l.ttftMean, l.ttftP99, l.tpotMean, l.n
+		}
+	}
+	for name, sp := range spans {
+		f := figs[name]
+		if f == nil {
+			continue
+		}
+		l := over(runs[name].Records, sp.touched)
+		f.AffectedTTFTMeanMs, f.AffectedTTFTP99Ms, f.AffectedTPOTMeanMs, f.AffectedRequests = l.ttftMean, l.ttftP99, l.tpotMean, l.n
+		f.AffectedFromS, f.AffectedToS = sp.from.Seconds(), sp.to.Seconds()
+	}
+}
+
+// union marks in a (grown to b's length) what b marks, and returns it.
+func union(a, b []bool) []bool {
+	for len(a) < len(b) {
+		a = append(a, false)
+	}
+	for i, t := range b {
+		a[i] = a[i] || t
+	}
+	return a
+}
+
+// latency is TTFT mean and p99 and TPOT mean (ms) over n requests.
+type latency struct {
+	ttftMean, ttftP99, tpotMean float64
+	n                           int
+}
+
+// over is the latency of the records marked in touched (by index); the
+// failed ones count in n, not in the figures.
+func over(recs []*servingstats.Record, touched []bool) latency {
+	var l latency
+	var ttft, tpot []time.Duration
+	for i, r := range recs {
+		if i >= len(touched) || !touched[i] {
+			continue
+		}
+		l.n++
+		if r.Err != nil {
+			continue
+		}
+		if d, ok := r.TTFT(); ok {
+			ttft = append(ttft, d)
+		}
+		if d, ok := r.TPOT(); ok {
+			tpot = append(tpot, d)
+		}
+	}
+	l.ttftMean, l.ttftP99, l.tpotMean = servingstats.Mean(ttft), servingstats.Percentile(ttft, 0.99), servingstats.Mean(tpot)
+	return l
 }
 
 // Gain is a's change relative to b, as a signed percentage, or "n/a" when
@@ -232,12 +395,20 @@ func (t *Table) Print(w io.Writer) {
 	}
 	f1 := func(v float64) string { return fmt.Sprintf("%.1f", v) }
 	row("TTFT mean (ms)", of(func(f *Figures) string { return f1(f.TTFTMeanMs) }))
+	row("  affected", of(func(f *Figures) string { return f1(f.AffectedTTFTMeanMs) }))
 	row("TTFT p99 (ms)", of(func(f *Figures) string { return f1(f.TTFTP99Ms) }))
+	row("  affected", of(func(f *Figures) string { return f1(f.AffectedTTFTP99Ms) }))
 	row("TPOT mean (ms)", of(func(f *Figures) string { return f1(f.TPOTMeanMs) }))
+	row("  affected", of(func(f *Figures) string { return f1(f.AffectedTPOTMeanMs) }))
+	row("affected requests", of(func(f *Figures) string { return fmt.Sprint(f.AffectedRequests) }))
+	row("affected arrivals (s)", of(func(f *Figures) string { return fmt.Sprintf("%.1f-%.1f", f.AffectedFromS, f.AffectedToS) }))
 	row("TTFT before failure", of(func(f *Figures) string { return f1(f.PreFailureTTFTMs) }))
 	row("interrupted requests", of(func(f *Figures) string { return fmt.Sprint(f.Interrupted) }))
 	row("resume mean (ms)", of(func(f *Figures) string { return f1(f.ResumeMeanMs) }))
 	row("resume p99 (ms)", of(func(f *Figures) string { return f1(f.ResumeP99Ms) }))
+	row("interrupted -> token (s)", of(func(f *Figures) string {
+		return fmt.Sprintf("%.2f / %.2f", f.InterruptedRecoveryMeanS, f.InterruptedRecoveryP99S)
+	}))
 	row("recovery (s)", of(func(f *Figures) string {
 		if !f.Recovered {
 			return fmt.Sprintf(">%.1f", f.RecoveryS)
@@ -255,17 +426,63 @@ func (t *Table) Print(w io.Writer) {
 		fmt.Fprintf(w, "%s vs %s%s: TTFT mean %s, p99 %s, TPOT %s, recovery %s\n", a, b, why,
 			Gain(l.TTFTMeanMs, o.TTFTMeanMs), Gain(l.TTFTP99Ms, o.TTFTP99Ms), Gain(l.TPOTMeanMs, o.TPOTMeanMs), Gain(l.RecoveryS, o.RecoveryS))
 	}
-	vs("lumen", "stop-and-restart", "")
-	vs("lumen", "recompute", "")
-	vs("lumen", "fixed-checkpoint", "")
-	vs("lumen", "lumen-no-spec", " (the assist's share)")
-	vs("lumen-no-spec", "stop-and-restart", "")
-	vs("lumen-no-spec", "fixed-checkpoint", "")
+	pairs := []struct{ a, b, why string }{
+		{"lumen", "stop-and-restart", ""},
+		{"lumen", "recompute", ""},
+		{"lumen", "fixed-checkpoint", ""},
+		{"lumen", "lumen-no-spec", " (the assist's share)"},
+		{"lumen-no-spec", "stop-and-restart", ""},
+		{"lumen-no-spec", "fixed-checkpoint", ""},
+	}
+	for _, p := range pairs {
+		vs(p.a, p.b, p.why)
+	}
+	fmt.Fprintf(w, "over the affected requests, each column's own / the same %d in every column:\n", figs["lumen"].CommonRequests)
+	for _, p := range pairs {
+		l, o := figs[p.a], figs[p.b]
+		fmt.Fprintf(w, "  %s vs %s: TTFT mean %s / %s, p99 %s / %s, TPOT %s / %s; interrupted -> token %s, cluster recovery %s\n", p.a, p.b,
+			Gain(l.AffectedTTFTMeanMs, o.AffectedTTFTMeanMs), Gain(l.CommonTTFTMeanMs, o.CommonTTFTMeanMs),
+			Gain(l.AffectedTTFTP99Ms, o.AffectedTTFTP99Ms), Gain(l.CommonTTFTP99Ms, o.CommonTTFTP99Ms),
+			Gain(l.AffectedTPOTMeanMs, o.AffectedTPOTMeanMs), Gain(l.CommonTPOTMeanMs, o.CommonTPOTMeanMs),
+			Gain(l.InterruptedRecoveryMeanS, o.InterruptedRecoveryMeanS), Gain(l.ClusterRecoveryS, o.ClusterRecoveryS))
+	}
+	fmt.Fprintln(w, "the failure's cost, each failed column over its reference on the very same affected requests:")
+	for _, name := range tableOrder {
+		c, ok := column(name)
+		if !ok || !c.Fail {
+			continue
+		}
+		f := figs[name]
+		fmt.Fprintf(w, "  %s over %s: TTFT mean %s, p99 %s, TPOT %s\n", name, c.Ref,
+			times(f.AffectedTTFTMeanMs, f.ReferenceTTFTMeanMs), times(f.AffectedTTFTP99Ms, f.ReferenceTTFTP99Ms),
+			times(f.AffectedTPOTMeanMs, f.ReferenceTPOTMeanMs))
+	}
 	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
 	fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
 		Gain(a.TTFTMeanMs, b.TTFTMeanMs), Gain(a.TPOTMeanMs, b.TPOTMeanMs))
 	r := t.Rule
 	fmt.Fprintf(w, "recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
-		"is within %.0f%% + %s and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n\n",
+		"is within %.0f%% + %s and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n",
 		r.Window, r.Step, 100*r.Tolerance, r.TTFTSlack.Round(time.Millisecond), 100*r.Tolerance, r.QueueSlack)
+	fmt.Fprintf(w, "affected: the requests that arrived from the failure to the end of that recovery, and every interrupted one;\n"+
+		"a failure-free column's: the same requests (by arrival) as in the failed columns measured against it;\n"+
+		"the same in every column: those affected in any failed column\n\n")
+}
+
+// column returns the column of Columns by name.
+func column(name string) (Column, bool) {
+	for _, c := range Columns {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Column{}, false
+}
+
+// times is a over b as a factor ("4.02x"), or "n/a" when b is 0.
+func times(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
 }

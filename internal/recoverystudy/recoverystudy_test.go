@@ -2,6 +2,7 @@ package recoverystudy
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -67,5 +68,147 @@ func TestLatencies(t *testing.T) {
 	f.Latencies(recs, time.Second, 5*time.Second)
 	if f.Requests != 4 || f.FailedRequests != 1 || f.TTFTMeanMs != 75 || f.PreFailureTTFTMs != 50 || f.TPOTMeanMs != 15 {
 		t.Fatalf("%+v", f)
+	}
+}
+
+// TestFailureFigures runs the failure's figures on made-up columns: 80
+// arrivals 250 ms apart, the failure at 5 s; each failed column's
+// arrivals in [5 s, 5 s + bad) wait 1 s for their first token, the others
+// 100 ms, as in every failure-free column; failed column k (in Columns'
+// order) interrupted request k (arrived before the failure, 100 ms TTFT).
+// The recovery is then exactly bad, and the affected requests are the 4 ×
+// bad/s arrivals of the window plus the interrupted one.
+func TestFailureFigures(t *testing.T) {
+	const n = 80
+	const step = 250 * time.Millisecond
+	failAt, end := 5*time.Second, 20*time.Second
+	rule := servingstats.RecoveryRule{Window: time.Second, Step: step, Tolerance: 0.1, QueueSlack: 1, MinRequests: 1}
+	record := func(i int, ttft time.Duration) *servingstats.Record {
+		a := time.Duration(i) * step
+		return &servingstats.Record{Arrival: a, Chunks: []time.Duration{a + ttft, a + ttft + 100*time.Millisecond}, Tokens: 11}
+	}
+	for _, c := range []struct {
+		name string
+		bad  func(k int) time.Duration // failed column k's
+		// failed: a request of the window that failed, in every failed
+		// column (-1: none).
+		failed int
+	}{
+		{"every column recovers", func(k int) time.Duration { return time.Duration(k+1) * 500 * time.Millisecond }, -1},
+		{"one never recovers", func(k int) time.Duration {
+			if k == 1 {
+				return end
+			}
+			return time.Second
+		}, -1},
+		{"a failed request counts, untimed", func(int) time.Duration { return 2 * time.Second }, 21},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			runs, figs := map[string]*Run{}, map[string]*Figures{}
+			bad := map[string]time.Duration{}
+			k := 0
+			for _, col := range Columns {
+				r := &Run{End: end}
+				var b time.Duration
+				if col.Fail {
+					b, r.FailAt = c.bad(k), failAt
+					r.Recoveries = []time.Duration{time.Second, 3 * time.Second}
+					bad[col.Name] = b
+				}
+				for i := range n {
+					a := time.Duration(i) * step
+					ttft := 100 * time.Millisecond
+					if col.Fail && a >= failAt && a < failAt+b {
+						ttft = time.Second
+					}
+					rec := record(i, ttft)
+					if col.Fail && i == k {
+						rec.Interrupted = true
+					}
+					if col.Fail && i == c.failed {
+						rec.Err, rec.Chunks = errors.New("HTTP 503"), nil
+					}
+					r.Records = append(r.Records, rec)
+				}
+				if col.Fail {
+					k++
+				}
+				runs[col.Name], figs[col.Name] = r, &Figures{}
+			}
+			FailureFigures(figs, runs, rule)
+			union := map[string]map[int]bool{} // the affected indices by reference
+			for _, col := range Columns {
+				f := figs[col.Name]
+				if !col.Fail {
+					continue
+				}
+				b := min(bad[col.Name], end-failAt)
+				if f.Recovered != (bad[col.Name] < end-failAt) || f.ClusterRecoveryS != b.Seconds() || f.RecoveryS != f.ClusterRecoveryS {
+					t.Errorf("%s: recovery %v s (cluster %v s, recovered %v), want %v s", col.Name, f.RecoveryS, f.ClusterRecoveryS, f.Recovered, b.Seconds())
+				}
+				inWindow := int(b / step)
+				timed := inWindow
+				if c.failed >= 0 {
+					timed--
+				}
+				// The interrupted request (100 ms) and the window's (1 s).
+				want := (float64(timed)*1000 + 100) / float64(timed+1)
+				if f.AffectedRequests != inWindow+1 || math.Abs(f.AffectedTTFTMeanMs-want) > 1e-9 || f.AffectedTTFTP99Ms != 1000 {
+					t.Errorf("%s: %d affected, TTFT mean %v p99 %v; want %d, %v, 1000", col.Name, f.AffectedRequests, f.AffectedTTFTMeanMs, f.AffectedTTFTP99Ms, inWindow+1, want)
+				}
+				if f.AffectedTPOTMeanMs != 10 || f.AffectedFromS != 5 || f.AffectedToS != (failAt+b).Seconds() {
+					t.Errorf("%s: TPOT %v, window %v-%v s", col.Name, f.AffectedTPOTMeanMs, f.AffectedFromS, f.AffectedToS)
+				}
+				// The reference on the very same requests: all 100 ms.
+				if f.ReferenceTTFTMeanMs != 100 || f.ReferenceTTFTP99Ms != 100 || f.ReferenceTPOTMeanMs != 10 {
+					t.Errorf("%s: reference %v / %v / %v", col.Name, f.ReferenceTTFTMeanMs, f.ReferenceTTFTP99Ms, f.ReferenceTPOTMeanMs)
+				}
+				if f.InterruptedRecoveryMeanS != 2 || f.InterruptedRecoveryP99S != 3 {
+					t.Errorf("%s: interrupted recovery %v / %v s", col.Name, f.InterruptedRecoveryMeanS, f.InterruptedRecoveryP99S)
+				}
+				if union[col.Ref] == nil {
+					union[col.Ref] = map[int]bool{}
+				}
+				for i, r := range runs[col.Name].Records {
+					if r.Interrupted || (r.Arrival >= failAt && r.Arrival < failAt+b) {
+						union[col.Ref][i] = true
+					}
+				}
+			}
+			// The same requests in every column: those affected in any
+			// failed column.
+			all := map[int]bool{}
+			for _, u := range union {
+				for i := range u {
+					all[i] = true
+				}
+			}
+			for _, col := range Columns {
+				f := figs[col.Name]
+				var sum time.Duration
+				timed := 0
+				for i := range all {
+					if d, ok := runs[col.Name].Records[i].TTFT(); ok && runs[col.Name].Records[i].Err == nil {
+						sum += d
+						timed++
+					}
+				}
+				want := float64(sum) / float64(time.Millisecond) / float64(timed)
+				if f.CommonRequests != len(all) || math.Abs(f.CommonTTFTMeanMs-want) > 1e-9 || f.CommonTPOTMeanMs != 10 {
+					t.Errorf("%s: %d requests in common, TTFT mean %v, TPOT %v; want %d, %v, 10", col.Name, f.CommonRequests,
+						f.CommonTTFTMeanMs, f.CommonTPOTMeanMs, len(all), want)
+				}
+				if col.Fail {
+					continue
+				}
+				if !f.Recovered || f.RecoveryS != 0 || f.InterruptedRecoveryMeanS != 0 || f.ReferenceTTFTMeanMs != 0 {
+					t.Errorf("%s (failure-free): %+v", col.Name, f)
+				}
+				if f.AffectedRequests != len(union[col.Name]) || (len(union[col.Name]) > 0 && f.AffectedTTFTMeanMs != 100) {
+					t.Errorf("%s (failure-free): %d affected, TTFT %v; want the %d of the failed columns against it, 100 ms",
+						col.Name, f.AffectedRequests, f.AffectedTTFTMeanMs, len(union[col.Name]))
+				}
+			}
+		})
 	}
 }

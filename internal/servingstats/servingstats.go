@@ -18,6 +18,9 @@ type Record struct {
 	Chunks  []time.Duration
 	Tokens  int // output tokens, from the stream's usage
 	Err     error
+	// Interrupted: the request was running or queued on a worker when it
+	// failed (a recovery plan moved it).
+	Interrupted bool
 }
 
 // TTFT is the time from sending to the first token; ok is false when no
@@ -72,6 +75,25 @@ func (r *Record) Resume(at time.Duration) (time.Duration, bool) {
 		return 0, false
 	}
 	return bestEnd - at, true
+}
+
+// Window is a span of arrival times, [From, To): the arrivals a failure
+// touches are those from the failure to the end of the cluster's recovery.
+type Window struct {
+	From, To time.Duration
+}
+
+// Contains reports whether t falls in w.
+func (w Window) Contains(t time.Duration) bool { return t >= w.From && t < w.To }
+
+// Affected marks, by index, the records a failure touched: those that
+// arrived in w, and every interrupted one, whenever it arrived.
+func Affected(recs []*Record, w Window) []bool {
+	out := make([]bool, len(recs))
+	for i, r := range recs {
+		out[i] = r.Interrupted || w.Contains(r.Arrival)
+	}
+	return out
 }
 
 // Mean returns the mean of xs in milliseconds (0 for none).

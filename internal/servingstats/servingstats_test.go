@@ -1,6 +1,7 @@
 package servingstats
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -143,3 +144,37 @@ func TestResumeIgnoresLaterStalls(t *testing.T) {
 		t.Errorf("Resume = %v %v, want 100ms (the pause from the in-flight chunk to 2100)", d, ok)
 	}
 }
+
+// TestAffected: a request counts when it arrived in [From, To) or was
+// interrupted, whenever it arrived.
+func TestAffected(t *testing.T) {
+	w := Window{From: 5 * time.Second, To: 8 * time.Second}
+	for _, c := range []struct {
+		name string
+		rec  Record
+		want bool
+	}{
+		{"before the failure", Record{Arrival: 4 * time.Second}, false},
+		{"at the failure", Record{Arrival: 5 * time.Second}, true},
+		{"inside", Record{Arrival: 7 * time.Second}, true},
+		{"at the end of recovery", Record{Arrival: 8 * time.Second}, false},
+		{"after", Record{Arrival: 9 * time.Second}, false},
+		{"interrupted, arrived before", Record{Arrival: time.Second, Interrupted: true}, true},
+		{"interrupted, arrived after", Record{Arrival: 9 * time.Second, Interrupted: true}, true},
+		{"failed, inside", Record{Arrival: 6 * time.Second, Err: errTest}, true},
+	} {
+		if got := Affected([]*Record{&c.rec}, w)[0]; got != c.want {
+			t.Errorf("%s (arrival %s): affected %v, want %v", c.name, c.rec.Arrival, got, c.want)
+		}
+	}
+	if got := Affected(nil, w); len(got) != 0 {
+		t.Fatalf("no records: %v", got)
+	}
+	// An empty window (a failure-free run) leaves the interrupted only:
+	// none there.
+	if got := Affected([]*Record{{Arrival: 6 * time.Second}}, Window{}); got[0] {
+		t.Fatal("an empty window holds an arrival")
+	}
+}
+
+var errTest = errors.New("HTTP 503")
