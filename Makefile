@@ -34,7 +34,7 @@ test: chromium npm
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /e2e -e /jepsen)
 	$(GO) test -count=1 -timeout 20m ./e2e/ ./jepsen/
 
-## jepsen: the full fault-injection matrix (26 runs, about 65 minutes; partitions use
+## jepsen: the full fault-injection matrix (27 runs, about 70 minutes; partitions use
 ## network namespaces as root with iproute2, per-link TCP proxies otherwise).
 ## Histories and the summary land in jepsen-results/.
 jepsen: build
