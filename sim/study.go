@@ -299,7 +299,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		PrintSpec(st.Log, figs["lumen"])
 		rejoin := time.Duration(-1)
 		if !st.NoRestart {
-			rejoin = tm.FailAt + time.Duration(float64(p.LoadTime())*st.Timing.ReloadScale*tm.ReloadScale)
+			// The reload as the run took it: after the detection of a
+			// hang, at the kill otherwise.
+			lp, _ := p.WithReload(st.Timing.Reload)
+			rejoin = tm.FailAt + time.Duration(float64(lp.LoadTime())*st.Timing.ReloadScale*tm.ReloadScale)
+			if st.Timing.Hang {
+				rejoin += st.Timing.DetectDelay
+			}
 		}
 		for _, col := range Columns {
 			if col.Fail {
