@@ -1,0 +1,63 @@
+package bench
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lumen-project/lumen/internal/recoverystudy"
+)
+
+// TestRecoveryConditions: `lumen bench recovery`'s conditions are checked
+// before anything starts, -max-running overrides every setup's cap, and
+// the workers get the reload and decode flags.
+func TestRecoveryConditions(t *testing.T) {
+	cfg := DefaultRecoveryConfig()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the defaults: %v", err)
+	}
+	cfg.Load = 0.95
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("-load 0.95: %v", err)
+	}
+	for _, c := range []struct {
+		tweak func(*RecoveryConfig)
+		want  string
+	}{
+		{func(c *RecoveryConfig) { c.Load = 1.6 }, "-load"},
+		{func(c *RecoveryConfig) { c.Reload = "tepid" }, "-reload"},
+		{func(c *RecoveryConfig) { c.DecodeContext = "yes" }, "-decode-context"},
+		{func(c *RecoveryConfig) { c.Detect = "2s" }, "-detect"},
+		{func(c *RecoveryConfig) { c.MaxRunning = -1 }, "-max-running"},
+	} {
+		bad := DefaultRecoveryConfig()
+		c.tweak(&bad)
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error naming %s", bad, err, c.want)
+		}
+	}
+	cfg.Setups = "w4,w8_f4"
+	s, err := cfg.setups()
+	if err != nil || s[0].MaxRunning != 64 || s[1].MaxRunning != 32 {
+		t.Fatalf("the setups' own caps: %+v, %v", s, err)
+	}
+	cfg.MaxRunning = 256
+	if s, err = cfg.setups(); err != nil || s[0].MaxRunning != 256 || s[1].MaxRunning != 256 {
+		t.Fatalf("-max-running 256: %+v, %v", s, err)
+	}
+	if w4, _ := recoverystudy.Lookup("w4"); w4.MaxRunning != 64 {
+		t.Fatalf("the override changed the setup itself: %+v", w4)
+	}
+	cfg.Reload, cfg.DecodeContext, cfg.Detect = "cold", "on", "hang"
+	cond, err := cfg.conditions()
+	if err != nil || !cond.hang {
+		t.Fatalf("conditions %+v, %v", cond, err)
+	}
+	if got, want := cond.workerArgs(), []string{"-reload", "cold", "-decode-context=true"}; !slices.Equal(got, want) {
+		t.Fatalf("worker args %q, want %q", got, want)
+	}
+	def, _ := DefaultRecoveryConfig().conditions()
+	if got, want := def.workerArgs(), []string{"-reload", "warm", "-decode-context=false"}; !slices.Equal(got, want) || def.hang {
+		t.Fatalf("default worker args %q (hang %v), want %q", got, def.hang, want)
+	}
+}
