@@ -1,11 +1,15 @@
 package bench
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lumen-project/lumen/internal/recoverystudy"
+	"github.com/lumen-project/lumen/internal/workload"
 )
 
 // TestRecoveryConditions: `lumen bench recovery`'s conditions are checked
@@ -59,5 +63,35 @@ func TestRecoveryConditions(t *testing.T) {
 	def, _ := DefaultRecoveryConfig().conditions()
 	if got, want := def.workerArgs(), []string{"-reload", "warm", "-decode-context=false"}; !slices.Equal(got, want) || def.hang {
 		t.Fatalf("default worker args %q (hang %v), want %q", got, def.hang, want)
+	}
+}
+
+// TestBenchArrivals: without a trace the bench generates what lumen sim
+// generates; with one it takes the trace's arrivals rescaled, as lumen sim
+// does, with the prompts' ids for the request bodies.
+func TestBenchArrivals(t *testing.T) {
+	var tm benchTiming
+	gen, err := tm.arrivals(3, 5, 10*time.Second)
+	want, _ := workload.Generate(workload.Config{Seed: 3, Rate: 5, Duration: 10 * time.Second, Trace: workload.AzureConversation})
+	if err != nil || len(gen) != len(want) || gen[4].At != want[4].At || !slices.Equal(gen[4].Prompt, want[4].Prompt) {
+		t.Fatalf("generated: %d requests (%v), want %d", len(gen), err, len(want))
+	}
+	csv := "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+	for i := range 40 {
+		csv += fmt.Sprintf("2023-11-16 18:15:%02d.0000000,%d,%d\n", i, 100+i, 10+i)
+	}
+	tm.trace, err = workload.ReadAzureTrace(strings.NewReader(csv), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tm.arrivals(1, 2, 10*time.Second) // twice the native rate
+	if err != nil || len(got) != 20 || got[19].At != 9500*time.Millisecond {
+		t.Fatalf("trace: %d requests, %v", len(got), err)
+	}
+	if len(got[3].Prompt) != 103 || got[3].Output != 13 {
+		t.Fatalf("request 3: %d prompt ids, %d output tokens", len(got[3].Prompt), got[3].Output)
+	}
+	if _, err := tm.arrivals(1, 2, 0); !errors.Is(err, workload.ErrTrace) {
+		t.Fatalf("no arrival in the span: %v", err)
 	}
 }

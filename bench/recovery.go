@@ -58,6 +58,11 @@ type RecoveryConfig struct {
 	// path detects) or hang (SIGSTOP: the process's connections stay
 	// open until Serf detects it; it is killed and restarted then).
 	Detect string
+	// TracePath, when set, is a CSV trace in the Azure 2023 format whose
+	// arrivals, rescaled in time to the offered rate, replace the Poisson
+	// generator (workload.ReadAzureTrace; lumen sim -trace reads the same
+	// into the same requests for a seed).
+	TracePath string
 }
 
 // DefaultRecoveryConfig is `lumen bench recovery` without flags.
@@ -123,6 +128,25 @@ type benchTiming struct {
 	recoverystudy.Timeline
 	progress *progress.Meter
 	cond     runConditions
+	trace    []workload.Request // TracePath's, nil for the generator
+}
+
+// arrivals are a run's requests at rate for d: the trace's, rescaled, when
+// there is one, else generated (Poisson, the conversation trace's lengths),
+// as lumen sim's are.
+func (tm benchTiming) arrivals(seed uint64, rate float64, d time.Duration) ([]workload.Request, error) {
+	if tm.trace == nil {
+		return workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
+	}
+	reqs := workload.Rescale(tm.trace, rate, d)
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%w: no arrival of the trace falls in %s", workload.ErrTrace, d)
+	}
+	out := make([]workload.Request, len(reqs))
+	for i, r := range reqs {
+		out[i] = r.Materialize()
+	}
+	return out, nil
 }
 
 // runOutcome is everything one run measured.
@@ -178,6 +202,17 @@ func Recovery(cfg RecoveryConfig) error {
 	setups, err := cfg.setups()
 	if err != nil {
 		return err
+	}
+	if cfg.TracePath != "" {
+		f, err := os.Open(cfg.TracePath)
+		if err != nil {
+			return err
+		}
+		timing.trace, err = workload.ReadAzureTrace(f, cfg.Seed)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", cfg.TracePath, err)
+		}
 	}
 	dir := cfg.Dir
 	if dir == "" {
@@ -236,13 +271,17 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 		return nil, fmt.Errorf("calibration: %w", err)
 	}
 	rate := busy * saturated
-	reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: tm.Duration, Trace: tr})
+	reqs, err := tm.arrivals(seed, rate, tm.Duration)
 	if err != nil {
 		return nil, err
 	}
 	fmt.Printf("   saturated, the cluster completes %.2f requests/s (the model said %.2f); the workload offers %.0f%% of that:\n",
 		saturated, modelled*float64(s.Workers), 100*busy)
-	fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, seed)
+	if tm.trace != nil {
+		fmt.Printf("   %d requests of the trace, rescaled to %.2f/s over %s\n", len(reqs), rate, tm.Duration)
+	} else {
+		fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, seed)
+	}
 	reloaded, err := prof.WithReload(tm.cond.reload)
 	if err != nil {
 		return nil, fmt.Errorf("-reload: %w", err)
@@ -692,7 +731,7 @@ func sleepUntil(ctx context.Context, t time.Time) {
 // rate the "busy" fraction is of.
 func calibrate(s recoverystudy.Setup, tm benchTiming, scale float64, seed uint64, offered float64, dir string) (float64, error) {
 	d := tm.Calibration
-	reqs, err := workload.Generate(workload.Config{Seed: seed + 1000, Rate: offered, Duration: d, Trace: workload.AzureConversation})
+	reqs, err := tm.arrivals(seed+1000, offered, d)
 	if err != nil {
 		return 0, err
 	}
