@@ -179,6 +179,16 @@ func TestDecodeContextInSim(t *testing.T) {
 	}
 }
 
+// A profile without a memory bandwidth cannot take the context's cost.
+func TestDecodeContextNeedsBandwidth(t *testing.T) {
+	cfg := smallConfig(t, 1, policy.Lumen, 2, 4, 2*time.Second)
+	cfg.Profile.HBMBytesPerSec = 0
+	cfg.Timing.DecodeContext = true
+	if _, err := New(cfg); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "HBMBytesPerSec") {
+		t.Fatalf("%v, want ErrInvalid naming HBMBytesPerSec", err)
+	}
+}
+
 func TestParseDetect(t *testing.T) {
 	for in, want := range map[string]struct {
 		d    time.Duration

@@ -230,6 +230,9 @@ func (c *Config) Validate() error {
 	if t.NetBytesPerSec <= 0 || t.SendQueuePages < 1 {
 		errs = append(errs, errors.New("Timing: NetBytesPerSec and SendQueuePages must be positive"))
 	}
+	if t.DecodeContext && (c.Profile.HBMBytesPerSec <= 0 || c.Profile.DecodeRefContext <= 0) {
+		errs = append(errs, fmt.Errorf("Timing: DecodeContext needs a Profile with HBMBytesPerSec (%g) and DecodeRefContext (%d)", c.Profile.HBMBytesPerSec, c.Profile.DecodeRefContext))
+	}
 	if t.LinkLatency < 0 {
 		errs = append(errs, fmt.Errorf("Timing: LinkLatency (%s) must be >= 0", t.LinkLatency))
 	}

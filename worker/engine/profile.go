@@ -117,8 +117,9 @@ func BatchStep(batch []Chunk, cached func(i int) int) StepShape {
 // read, (Context − Rows·DecodeRefContext) × KV bytes per token /
 // HBMBytesPerSec more: the step is the weights' read (in DecodeBaseMs)
 // plus every row's context over the memory bandwidth, plus the fixed and
-// per-row overheads. A verification reads each row's KV once whatever K.
-// Every step time of the pacer and the simulator comes from here.
+// per-row overheads (a profile without HBMBytesPerSec has no such mode).
+// A verification reads each row's KV once whatever K. Every step time of
+// the pacer and the simulator comes from here.
 func (p Profile) Step(s StepShape) time.Duration {
 	// The order of the sums is the one the figures were measured with:
 	// the verification's term is added to the rounded step.
@@ -126,7 +127,7 @@ func (p Profile) Step(s StepShape) time.Duration {
 	if s.Prefill > 0 {
 		ms += float64(s.Prefill) / p.PrefillTokensPerSec * 1000
 	}
-	if p.DecodeContext && s.Rows > 0 {
+	if p.DecodeContext && s.Rows > 0 && p.HBMBytesPerSec > 0 {
 		ms += p.contextReadMs(s.Context - s.Rows*p.DecodeRefContext)
 	}
 	d := time.Duration(ms * float64(time.Millisecond))
