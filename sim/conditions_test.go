@@ -251,3 +251,43 @@ func TestCommandConditions(t *testing.T) {
 		t.Fatalf("load 0.95: %v", err)
 	}
 }
+
+// TestVLLMBatchCapBindsKV: at vLLM's 256 sequences a Qwen3-14B worker's KV
+// cache, not the cap, bounds the batch: offered twice its saturated rate,
+// it fills its cache; at the setups' cap of 32 it never does (issue 22:
+// the KV cache was 17% used).
+func TestVLLMBatchCapBindsKV(t *testing.T) {
+	seed := uint64(4)
+	t.Logf("seed %d", seed)
+	p := engine.Profiles["qwen3-14b-h100"]
+	tr := workload.AzureConversation
+	peak := func(maxRunning int) (float64, int) {
+		per, batch := p.SaturatedRate(maxRunning, tr.Prompt.Mean(), tr.Output.Mean())
+		if maxRunning == 256 && batch >= 256 {
+			t.Fatalf("the KV cache holds %d rows of the mean context: it does not bind", batch)
+		}
+		cfg := smallConfig(t, seed, policy.Lumen, 1, 2*per, 30*time.Second)
+		cfg.MaxRunning = maxRunning
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := 0
+		s.advance(func() bool {
+			if w := s.workers[0]; w.alive {
+				used = max(used, w.core.CachedPages())
+			}
+			return false
+		})
+		if s.err != nil {
+			t.Fatal(s.err)
+		}
+		return float64(used) / float64(p.KVPages()), s.res.Preemptions
+	}
+	small, _ := peak(32)
+	big, preempted := peak(256)
+	t.Logf("peak KV use: %.0f%% at a cap of 32, %.0f%% at 256 (%d preemptions)", 100*small, 100*big, preempted)
+	if small > 0.5 || big < 0.95 {
+		t.Errorf("peak KV use %.0f%% at a cap of 32, %.0f%% at 256; want under 50%% and over 95%%", 100*small, 100*big)
+	}
+}
