@@ -33,6 +33,7 @@ func TestRecoveryConditions(t *testing.T) {
 		{func(c *RecoveryConfig) { c.DecodeContext = "yes" }, "-decode-context"},
 		{func(c *RecoveryConfig) { c.Detect = "2s" }, "-detect"},
 		{func(c *RecoveryConfig) { c.MaxRunning = -1 }, "-max-running"},
+		{func(c *RecoveryConfig) { c.TokenBudget = -1 }, "-token-budget"},
 	} {
 		bad := DefaultRecoveryConfig()
 		c.tweak(&bad)
@@ -49,7 +50,11 @@ func TestRecoveryConditions(t *testing.T) {
 	if s, err = cfg.setups(); err != nil || s[0].MaxRunning != 256 || s[1].MaxRunning != 256 {
 		t.Fatalf("-max-running 256: %+v, %v", s, err)
 	}
-	if w4, _ := recoverystudy.Lookup("w4"); w4.MaxRunning != 64 {
+	cfg.TokenBudget = 8192
+	if s, err = cfg.setups(); err != nil || s[0].StepTokens() != 8192 || s[1].StepTokens() != 8192 {
+		t.Fatalf("-token-budget 8192: %+v, %v", s, err)
+	}
+	if w4, _ := recoverystudy.Lookup("w4"); w4.MaxRunning != 64 || w4.StepTokens() != 2048 {
 		t.Fatalf("the override changed the setup itself: %+v", w4)
 	}
 	cfg.Reload, cfg.DecodeContext, cfg.Detect = "cold", "on", "hang"

@@ -46,8 +46,11 @@ type RecoveryConfig struct {
 
 	// The conditions (issue 22), each defaulting to what the setups were
 	// measured under. MaxRunning, when > 0, overrides every setup's batch
-	// cap (the workers' -max-running; vLLM's default is 256).
-	MaxRunning int
+	// cap (the workers' -max-running; vLLM's default is 256); TokenBudget,
+	// when > 0, every setup's step token budget (the workers'
+	// -token-budget; 2,048 by default, vLLM's chunked prefill takes
+	// 2,048–8,192).
+	MaxRunning, TokenBudget int
 	// Reload is a restarted worker's model load: warm, cold or a
 	// duration (engine.ParseReload; the workers' -reload).
 	Reload string
@@ -78,8 +81,8 @@ func (cfg RecoveryConfig) Validate() error {
 	if cfg.TimeScale <= 0 {
 		return fmt.Errorf("-time-scale %g: must be > 0", cfg.TimeScale)
 	}
-	if cfg.MaxRunning < 0 {
-		return fmt.Errorf("-max-running %d: must be >= 1 (0: each setup's)", cfg.MaxRunning)
+	if cfg.MaxRunning < 0 || cfg.TokenBudget < 0 {
+		return fmt.Errorf("-max-running %d and -token-budget %d: must be >= 1 (0: each setup's)", cfg.MaxRunning, cfg.TokenBudget)
 	}
 	_, err := cfg.conditions()
 	return err
@@ -241,15 +244,19 @@ func Recovery(cfg RecoveryConfig) error {
 	return nil
 }
 
-// setups are the named setups, each with MaxRunning's cap when it is set.
+// setups are the named setups, each with MaxRunning's cap and
+// TokenBudget's budget when they are set.
 func (cfg RecoveryConfig) setups() ([]recoverystudy.Setup, error) {
 	setups, err := recoverystudy.ParseSetups(cfg.Setups)
 	if err != nil {
 		return nil, fmt.Errorf("-setups: %w", err)
 	}
-	if cfg.MaxRunning > 0 {
-		for i := range setups {
+	for i := range setups {
+		if cfg.MaxRunning > 0 {
 			setups[i].MaxRunning = cfg.MaxRunning
+		}
+		if cfg.TokenBudget > 0 {
+			setups[i].TokenBudget = cfg.TokenBudget
 		}
 	}
 	return setups, nil
@@ -487,7 +494,7 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 	}
 	args := []string{"-engine", "synthetic", "-profile", s.Profile,
 		"-time-scale", fmt.Sprint(scale), "-load-scale", fmt.Sprint(tm.ReloadScale * scale), "-emulate-load=false",
-		"-max-running", fmt.Sprint(s.MaxRunning), "-token-budget", "2048", "-checkpoint-budget", fmt.Sprint(s.Budget)}
+		"-max-running", fmt.Sprint(s.MaxRunning), "-token-budget", fmt.Sprint(s.StepTokens()), "-checkpoint-budget", fmt.Sprint(s.Budget)}
 	args = append(args, tm.cond.workerArgs()...)
 	if s.KVPages > 0 {
 		args = append(args, "-kv-pages", fmt.Sprint(s.KVPages))

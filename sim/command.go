@@ -153,9 +153,12 @@ type Command struct {
 	Fail       int
 	Duration   time.Duration
 	MaxRunning int
-	Budget     uint64 // bytes
-	Quick      bool
-	Seed       uint64
+	// TokenBudget, when given, is every setup's step token budget
+	// (Setup.TokenBudget; 0: the default, 2,048).
+	TokenBudget int
+	Budget      uint64 // bytes
+	Quick       bool
+	Seed        uint64
 	// Seeds > 1 runs every figure point with seeds Seed … Seed+Seeds−1.
 	Seeds     int
 	Load      float64
@@ -233,6 +236,9 @@ func (c *Command) Run() error {
 	case "off":
 	default:
 		return fmt.Errorf("-migration %q: on or off", c.Migration)
+	}
+	if given("token-budget") && c.Figure != "" {
+		return fmt.Errorf("-token-budget applies to the studies, not to -figure %s", c.Figure)
 	}
 	if given("cv", "kv-pages") && c.Figure != "burst" {
 		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
@@ -369,13 +375,16 @@ func (c *Command) Run() error {
 }
 
 // setups are the studies' setups: one custom setup (Workers), or the
-// named ones, each with the batch cap of -max-running when it is given.
+// named ones, each with the batch cap of -max-running when it is given;
+// all with -token-budget's budget.
 func (c *Command) setups() ([]Setup, error) {
 	switch {
 	case c.Workers > 0 && c.Setups != "":
 		return nil, fmt.Errorf("-setups and -workers: choose prototype setups or one custom setup")
 	case c.Workers > 0:
-		return []Setup{CustomSetup(c.Workers, c.Profile, c.Fail, c.MaxRunning, c.Budget)}, nil
+		s := CustomSetup(c.Workers, c.Profile, c.Fail, c.MaxRunning, c.Budget)
+		s.TokenBudget = c.TokenBudget
+		return []Setup{s}, nil
 	}
 	list := c.Setups
 	if list == "" {
@@ -385,10 +394,11 @@ func (c *Command) setups() ([]Setup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-setups: %w", err)
 	}
-	if c.Given["max-running"] {
-		for i := range s {
+	for i := range s {
+		if c.Given["max-running"] {
 			s[i].MaxRunning = c.MaxRunning
 		}
+		s[i].TokenBudget = c.TokenBudget
 	}
 	return s, nil
 }
@@ -412,8 +422,8 @@ func (c *Command) timing() (Timing, error) {
 	default:
 		return t, fmt.Errorf("-decode-context %q: on or off", c.DecodeContext)
 	}
-	if c.MaxRunning < 1 {
-		return t, fmt.Errorf("-max-running %d: must be >= 1", c.MaxRunning)
+	if c.MaxRunning < 1 || c.TokenBudget < 0 {
+		return t, fmt.Errorf("-max-running %d must be >= 1 and -token-budget %d >= 0 (0: 2048)", c.MaxRunning, c.TokenBudget)
 	}
 	return t, nil
 }

@@ -220,7 +220,15 @@ func TestCommandConditions(t *testing.T) {
 	if s, err = c.setups(); err != nil || s[0].MaxRunning != 256 || s[1].MaxRunning != 256 {
 		t.Fatalf("-max-running 256: %+v, %v", s, err)
 	}
-	if PrototypeSetups[0].MaxRunning != 64 {
+	if s[0].StepTokens() != 2048 {
+		t.Fatalf("the default token budget: %d", s[0].StepTokens())
+	}
+	c.TokenBudget = 8192
+	if s, err = c.setups(); err != nil || s[0].StepTokens() != 8192 || s[1].TokenBudget != 8192 {
+		t.Fatalf("-token-budget 8192: %+v, %v", s, err)
+	}
+	c.TokenBudget = 0
+	if PrototypeSetups[0].MaxRunning != 64 || PrototypeSetups[0].TokenBudget != 0 {
 		t.Fatalf("the override changed the prototype setup: %+v", PrototypeSetups[0])
 	}
 	c.Detect, c.Reload, c.DecodeContext = "hang", "cold", "on"
@@ -237,6 +245,8 @@ func TestCommandConditions(t *testing.T) {
 		func(c *Command) { c.Reload = "lukewarm" },
 		func(c *Command) { c.DecodeContext = "yes" },
 		func(c *Command) { c.MaxRunning = 0 },
+		func(c *Command) { c.TokenBudget = -1 },
+		func(c *Command) { c.Figure, c.TokenBudget, c.Given["token-budget"] = "load", 4096, true },
 	} {
 		c := DefaultCommand()
 		c.Out, c.Errs = &bytes.Buffer{}, &bytes.Buffer{}

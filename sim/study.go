@@ -146,7 +146,7 @@ func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workl
 	spec := st.Spec
 	spec.Seed = st.Seed
 	return Config{Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
-		TokenBudget: 2048, MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
+		TokenBudget: st.Setup.StepTokens(), MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
 		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec}
 }
 

@@ -70,6 +70,7 @@ func runBenchRecovery(args []string) error {
 	fs.Float64Var(&cfg.Load, "load", cfg.Load, "offered load as a fraction of the cluster's measured saturated throughput, in (0, 1.5]")
 	fs.StringVar(&cfg.Setups, "setups", cfg.Setups, "comma-separated setups to run")
 	fs.IntVar(&cfg.MaxRunning, "max-running", 0, "override every setup's batch cap, the workers' -max-running (vLLM's --max-num-seqs default is 256; 0: the setup's, w4 64, w8 and w8_f4 32)")
+	fs.IntVar(&cfg.TokenBudget, "token-budget", 0, "override every setup's step token budget, the workers' -token-budget (0: the setup's, 2048; vLLM's chunked prefill takes 2048-8192)")
 	fs.StringVar(&cfg.Reload, "reload", cfg.Reload, "a restarted worker's emulated reload: warm (the same host: weights in the page cache, 23.6s for Qwen3-14B), cold (a replacement node: weights at 0.4 GB/s, engine init with cold compile caches 60s) or a duration for the whole reload")
 	fs.StringVar(&cfg.DecodeContext, "decode-context", cfg.DecodeContext, "on: the workers' decode step grows with the context its rows read (docs/calibration.md); off: the profile's fitted line")
 	fs.StringVar(&cfg.TracePath, "trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) whose arrivals, rescaled in time to -load, replace the Poisson generator (as lumen sim -trace)")

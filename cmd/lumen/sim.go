@@ -22,6 +22,7 @@ func runSim(args []string) error {
 	fs.IntVar(&c.Fail, "fail", c.Fail, "custom setup: workers killed at a quarter of the run")
 	fs.DurationVar(&c.Duration, "duration", 0, "custom setup: arrivals span (default 120s, -quick 36s)")
 	fs.IntVar(&c.MaxRunning, "max-running", c.MaxRunning, "a worker's batch cap (vLLM's --max-num-seqs default is 256): a custom setup's, the figures', and, given with -setups, an override of every named setup's (w4: 64, w8 and w8_f4: 32)")
+	fs.IntVar(&c.TokenBudget, "token-budget", 0, "the tokens one engine step may compute in every setup, the chunked prefill's budget (0: 2048; vLLM's takes 2048-8192)")
 	budget := fs.String("checkpoint-budget", "80GB", "custom setup: host checkpoint budget per worker")
 	fs.BoolVar(&c.Quick, "quick", false, "shorter runs, same keys")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "workload seed (the same for every strategy)")
