@@ -151,11 +151,11 @@ type Timing struct {
 
 // DefaultHangDetect is from a hang to MarkFailed applied: Serf's
 // detection with lumen's memberlist settings (internal/gossip: probe
-// 200 ms, timeout 100 ms, suspicion ×2, gossip 100 ms), "about a second"
-// (docs/calibration.md, "Control-plane anchors"; docs/architecture.md says
-// about 0.8 s; memberlist's defaults take 5.6 s at 10 nodes, 9.8 s at 50).
-// `lumen bench recovery -detect hang` prints the detection it measures.
-const DefaultHangDetect = time.Second
+// 200 ms, timeout 100 ms, suspicion ×2, gossip 100 ms), measured as
+// 0.6–0.8 s by `lumen bench recovery -quick -setups w4 -detect hang`
+// (docs/calibration.md, "Control-plane anchors"; memberlist's
+// defaults take 5.6 s at 10 nodes, 9.8 s at 50: -detect hang:5.6s).
+const DefaultHangDetect = 800 * time.Millisecond
 
 // DefaultTiming returns the values measured on, or configured in, the real
 // system:

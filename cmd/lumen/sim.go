@@ -30,7 +30,7 @@ func runSim(args []string) error {
 	fs.Float64Var(&c.Lambda, "lambda", 0, "h(r)'s weight of the restore delay (0: the default, 1)")
 	fs.DurationVar(&c.FailAt, "fail-at", 0, "when worker-1 … worker-K are killed, from the start of the arrivals (0: a quarter of a custom run, 30 s of the prototype timeline, 12 s with -quick)")
 	fs.BoolVar(&c.NoRestart, "no-restart", false, "failed workers stay down")
-	fs.StringVar(&c.Detect, "detect", c.Detect, "how a failure is detected: fast (a kill -9 on the fast path, 45ms), hang (a SIGSTOP: the streams stay open until Serf detects it, 1s, then the process is killed and restarted), a duration (a kill detected that long after) or hang:DURATION")
+	fs.StringVar(&c.Detect, "detect", c.Detect, "how a failure is detected: fast (a kill -9 on the fast path, 45ms), hang (a SIGSTOP: the streams stay open until Serf detects it, 0.8s, then the process is killed and restarted), a duration (a kill detected that long after) or hang:DURATION")
 	fs.StringVar(&c.Reload, "reload", c.Reload, "a restarted worker's reload: warm (the same host: weights in the page cache, 23.6s for Qwen3-14B), cold (a replacement node: weights at 0.4 GB/s, engine init with cold compile caches 60s: 2.2 min for Qwen3-14B) or a duration for the whole reload")
 	fs.StringVar(&c.DecodeContext, "decode-context", c.DecodeContext, "on: a decode step grows with the context its rows read (weights + each row's KV over the HBM bandwidth, docs/calibration.md); off: the profiles' fitted line, whatever the lengths")
 	fs.BoolVar(&c.ApplyTiming, "apply-timing", c.ApplyTiming, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
