@@ -43,18 +43,113 @@ type RecoveryConfig struct {
 	TimeScale float64
 	// Dir keeps logs and data; empty means a temporary directory, removed.
 	Dir string
+
+	// The conditions (issue 22), each defaulting to what the setups were
+	// measured under. MaxRunning, when > 0, overrides every setup's batch
+	// cap (the workers' -max-running; vLLM's default is 256); TokenBudget,
+	// when > 0, every setup's step token budget (the workers'
+	// -token-budget; 2,048 by default, vLLM's chunked prefill takes
+	// 2,048–8,192).
+	MaxRunning, TokenBudget int
+	// Reload is a restarted worker's model load: warm, cold or a
+	// duration (engine.ParseReload; the workers' -reload).
+	Reload string
+	// DecodeContext is "on" or "off": the workers' context-dependent
+	// decode step (engine.Profile.DecodeContext).
+	DecodeContext string
+	// Detect is how the failure comes: fast (kill -9, which the fast
+	// path detects) or hang (SIGSTOP: the process's connections stay
+	// open until Serf detects it; it is killed and restarted then).
+	Detect string
+	// TracePath, when set, is a CSV trace in the Azure 2023 format whose
+	// arrivals, rescaled in time to the offered rate, replace the Poisson
+	// generator (workload.ReadAzureTrace; lumen sim -trace reads the same
+	// into the same requests for a seed).
+	TracePath string
 }
 
 // DefaultRecoveryConfig is `lumen bench recovery` without flags.
 func DefaultRecoveryConfig() RecoveryConfig {
-	return RecoveryConfig{Seed: 1, Load: 0.7, Setups: "w4,w8,w8_f4", TimeScale: 1}
+	return RecoveryConfig{Seed: 1, Load: 0.7, Setups: "w4,w8,w8_f4", TimeScale: 1, Reload: "warm", DecodeContext: "off", Detect: "fast"}
+}
+
+// Validate says what is wrong with the config, before anything starts.
+func (cfg RecoveryConfig) Validate() error {
+	if cfg.Load <= 0 || cfg.Load > 1.5 {
+		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", cfg.Load)
+	}
+	if cfg.TimeScale <= 0 {
+		return fmt.Errorf("-time-scale %g: must be > 0", cfg.TimeScale)
+	}
+	if cfg.MaxRunning < 0 || cfg.TokenBudget < 0 {
+		return fmt.Errorf("-max-running %d and -token-budget %d: must be >= 1 (0: each setup's)", cfg.MaxRunning, cfg.TokenBudget)
+	}
+	_, err := cfg.conditions()
+	return err
+}
+
+// conditions are the config's conditions, parsed.
+func (cfg RecoveryConfig) conditions() (runConditions, error) {
+	var c runConditions
+	var err error
+	if c.reload, err = engine.ParseReload(cfg.Reload); err != nil {
+		return c, fmt.Errorf("-reload: %w", err)
+	}
+	switch cfg.DecodeContext {
+	case "on":
+		c.decodeContext = true
+	case "off", "":
+	default:
+		return c, fmt.Errorf("-decode-context %q: on or off", cfg.DecodeContext)
+	}
+	switch cfg.Detect {
+	case "hang":
+		c.hang = true
+	case "fast", "":
+	default:
+		return c, fmt.Errorf("-detect %q: fast (kill -9) or hang (SIGSTOP); real processes take the detection they get, so no duration", cfg.Detect)
+	}
+	return c, nil
+}
+
+// runConditions are what every run of a setup emulates beside its setup.
+type runConditions struct {
+	reload        engine.Reload
+	decodeContext bool
+	hang          bool
+}
+
+// workerArgs are the workers' flags for the conditions.
+func (c runConditions) workerArgs() []string {
+	return []string{"-reload", c.reload.String(), fmt.Sprintf("-decode-context=%v", c.decodeContext)}
 }
 
 // benchTiming is a run's timeline, and the meter of the runs: it counts
 // runs (calibration included); a run adds its arrivals sent as a fraction.
+// cond are the run's conditions.
 type benchTiming struct {
 	recoverystudy.Timeline
 	progress *progress.Meter
+	cond     runConditions
+	trace    []workload.Request // TracePath's, nil for the generator
+}
+
+// arrivals are a run's requests at rate for d: the trace's, rescaled, when
+// there is one, else generated (Poisson, the conversation trace's lengths),
+// as lumen sim's are.
+func (tm benchTiming) arrivals(seed uint64, rate float64, d time.Duration) ([]workload.Request, error) {
+	if tm.trace == nil {
+		return workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: d, Trace: workload.AzureConversation})
+	}
+	reqs := workload.Rescale(tm.trace, rate, d)
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%w: no arrival of the trace falls in %s", workload.ErrTrace, d)
+	}
+	out := make([]workload.Request, len(reqs))
+	for i, r := range reqs {
+		out[i] = r.Materialize()
+	}
+	return out, nil
 }
 
 // runOutcome is everything one run measured.
@@ -99,19 +194,28 @@ type recoveryFigures struct {
 // Recovery runs the recovery strategies side by side on real processes:
 // one worker (or 4 of 8) killed under an Azure-like load.
 func Recovery(cfg RecoveryConfig) error {
-	if cfg.Load <= 0 || cfg.Load > 1.5 {
-		return fmt.Errorf("-load %g: use a fraction of capacity in (0, 1.5]", cfg.Load)
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
-	if cfg.TimeScale <= 0 {
-		return fmt.Errorf("-time-scale %g: must be > 0", cfg.TimeScale)
-	}
-	timing := benchTiming{Timeline: recoverystudy.FullTimeline()}
+	cond, _ := cfg.conditions()
+	timing := benchTiming{Timeline: recoverystudy.FullTimeline(), cond: cond}
 	if cfg.Quick {
 		timing.Timeline = recoverystudy.QuickTimeline()
 	}
-	setups, err := recoverystudy.ParseSetups(cfg.Setups)
+	setups, err := cfg.setups()
 	if err != nil {
-		return fmt.Errorf("-setups: %w", err)
+		return err
+	}
+	if cfg.TracePath != "" {
+		f, err := os.Open(cfg.TracePath)
+		if err != nil {
+			return err
+		}
+		timing.trace, err = workload.ReadAzureTrace(f, cfg.Seed)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", cfg.TracePath, err)
+		}
 	}
 	dir := cfg.Dir
 	if dir == "" {
@@ -140,6 +244,24 @@ func Recovery(cfg RecoveryConfig) error {
 	return nil
 }
 
+// setups are the named setups, each with MaxRunning's cap and
+// TokenBudget's budget when they are set.
+func (cfg RecoveryConfig) setups() ([]recoverystudy.Setup, error) {
+	setups, err := recoverystudy.ParseSetups(cfg.Setups)
+	if err != nil {
+		return nil, fmt.Errorf("-setups: %w", err)
+	}
+	for i := range setups {
+		if cfg.MaxRunning > 0 {
+			setups[i].MaxRunning = cfg.MaxRunning
+		}
+		if cfg.TokenBudget > 0 {
+			setups[i].TokenBudget = cfg.TokenBudget
+		}
+	}
+	return setups, nil
+}
+
 func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale float64, dir string) (map[string]*recoveryFigures, error) {
 	prof, _, err := engine.LookupProfile(s.Profile)
 	if err != nil {
@@ -156,15 +278,28 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 		return nil, fmt.Errorf("calibration: %w", err)
 	}
 	rate := busy * saturated
-	reqs, err := workload.Generate(workload.Config{Seed: seed, Rate: rate, Duration: tm.Duration, Trace: tr})
+	reqs, err := tm.arrivals(seed, rate, tm.Duration)
 	if err != nil {
 		return nil, err
 	}
 	fmt.Printf("   saturated, the cluster completes %.2f requests/s (the model said %.2f); the workload offers %.0f%% of that:\n",
 		saturated, modelled*float64(s.Workers), 100*busy)
-	fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, seed)
-	fmt.Printf("   the failed workers restart at once and reload for %s, as the profile says\n",
-		time.Duration(float64(prof.LoadTime())*tm.ReloadScale*scale).Round(100*time.Millisecond))
+	if tm.trace != nil {
+		fmt.Printf("   %d requests of the trace, rescaled to %.2f/s over %s\n", len(reqs), rate, tm.Duration)
+	} else {
+		fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, seed)
+	}
+	reloaded, err := prof.WithReload(tm.cond.reload)
+	if err != nil {
+		return nil, fmt.Errorf("-reload: %w", err)
+	}
+	how := "kill -9: the failed workers restart at once"
+	if tm.cond.hang {
+		how = "SIGSTOP: the failed workers hang until Serf detects them, then are killed and restart"
+	}
+	fmt.Printf("   %s and reload (%s) for %s, as the profile says; decode steps %s\n", how, tm.cond.reload,
+		time.Duration(float64(reloaded.LoadTime())*tm.ReloadScale*scale).Round(100*time.Millisecond),
+		map[bool]string{false: "on the fitted line", true: "grow with the context read"}[tm.cond.decodeContext])
 
 	// The failure-free reference of every output: the synthetic engine
 	// alone, in this process.
@@ -378,7 +513,8 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 	}
 	args := []string{"-engine", "synthetic", "-profile", s.Profile,
 		"-time-scale", fmt.Sprint(scale), "-load-scale", fmt.Sprint(tm.ReloadScale * scale), "-emulate-load=false",
-		"-max-running", fmt.Sprint(s.MaxRunning), "-token-budget", "2048", "-checkpoint-budget", fmt.Sprint(s.Budget)}
+		"-max-running", fmt.Sprint(s.MaxRunning), "-token-budget", fmt.Sprint(s.StepTokens()), "-checkpoint-budget", fmt.Sprint(s.Budget)}
+	args = append(args, tm.cond.workerArgs()...)
 	if s.KVPages > 0 {
 		args = append(args, "-kv-pages", fmt.Sprint(s.KVPages))
 	}
@@ -469,6 +605,58 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			case <-timer.C:
 			}
 			o.failAt = since()
+			restart := func() {
+				for _, w := range cl.Workers {
+					if victims[w.ID] {
+						w.Args = append(w.Args, "-emulate-load=true", fmt.Sprintf("-progressive=%v", run.Progressive))
+						if err := cl.StartWorker(w); err != nil {
+							fmt.Printf("   restart %s: %v\n", w.ID, err)
+						}
+					}
+				}
+			}
+			// plans waits for the victims' recovery plans: they say which
+			// requests the failure interrupted.
+			plans := func() {
+				for n := 0; n < s.Failures; {
+					ev, err := events.Recv()
+					if err != nil {
+						return
+					}
+					if rp := ev.GetRecoveryPlan(); rp != nil && victims[rp.FailedWorker] {
+						if n == 0 {
+							o.planAt = since()
+						}
+						n++
+						for _, a := range rp.Assignments {
+							id, _, _ := strings.Cut(a.RequestId, "~")
+							o.interrupted[id] = true
+						}
+					}
+				}
+			}
+			if tm.cond.hang {
+				for _, w := range cl.Workers {
+					if victims[w.ID] {
+						if err := cl.PauseWorker(w); err != nil {
+							fmt.Printf("   SIGSTOP %s: %v\n", w.ID, err)
+						}
+					}
+				}
+				killed.Store(true)
+				fmt.Printf("   t=%4.1fs  SIGSTOP %d worker(s); once detected they are killed, restart and reload\n", o.failAt.Seconds(), s.Failures)
+				plans()
+				for _, w := range cl.Workers {
+					if victims[w.ID] {
+						cl.KillWorker(w)
+					}
+				}
+				if o.planAt > 0 {
+					fmt.Printf("   t=%4.1fs  detected %.1fs after the hang; kill -9, restart\n", since().Seconds(), (o.planAt - o.failAt).Seconds())
+				}
+				restart()
+				return
+			}
 			for _, w := range cl.Workers {
 				if victims[w.ID] {
 					cl.KillWorker(w)
@@ -476,31 +664,8 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			}
 			killed.Store(true)
 			fmt.Printf("   t=%4.1fs  kill -9 %d worker(s); they restart and reload\n", o.failAt.Seconds(), s.Failures)
-			for _, w := range cl.Workers {
-				if victims[w.ID] {
-					w.Args = append(w.Args, "-emulate-load=true", fmt.Sprintf("-progressive=%v", run.Progressive))
-					if err := cl.StartWorker(w); err != nil {
-						fmt.Printf("   restart %s: %v\n", w.ID, err)
-					}
-				}
-			}
-			plans := 0
-			for plans < s.Failures {
-				ev, err := events.Recv()
-				if err != nil {
-					return
-				}
-				if rp := ev.GetRecoveryPlan(); rp != nil && victims[rp.FailedWorker] {
-					if plans == 0 {
-						o.planAt = since()
-					}
-					plans++
-					for _, a := range rp.Assignments {
-						id, _, _ := strings.Cut(a.RequestId, "~")
-						o.interrupted[id] = true
-					}
-				}
-			}
+			restart()
+			plans()
 		})
 	}
 
@@ -593,7 +758,7 @@ func sleepUntil(ctx context.Context, t time.Time) {
 // rate the "busy" fraction is of.
 func calibrate(s recoverystudy.Setup, tm benchTiming, scale float64, seed uint64, offered float64, dir string) (float64, error) {
 	d := tm.Calibration
-	reqs, err := workload.Generate(workload.Config{Seed: seed + 1000, Rate: offered, Duration: d, Trace: workload.AzureConversation})
+	reqs, err := tm.arrivals(seed+1000, offered, d)
 	if err != nil {
 		return 0, err
 	}

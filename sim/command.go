@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/lumen-project/lumen/internal/plot"
 	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/worker/core"
+	"github.com/lumen-project/lumen/worker/engine"
 )
 
 // Options is what `lumen sim` runs: prototype setups by name, or one
@@ -151,17 +153,30 @@ type Command struct {
 	Fail       int
 	Duration   time.Duration
 	MaxRunning int
-	Budget     uint64 // bytes
-	Quick      bool
-	Seed       uint64
+	// TokenBudget, when given, is every setup's step token budget
+	// (Setup.TokenBudget; 0: the default, 2,048).
+	TokenBudget int
+	Budget      uint64 // bytes
+	Quick       bool
+	Seed        uint64
 	// Seeds > 1 runs every figure point with seeds Seed … Seed+Seeds−1.
-	Seeds       int
-	Load        float64
-	Lambda      float64
-	FailAt      time.Duration
-	NoRestart   bool
-	Detect      time.Duration
-	ApplyTiming bool
+	Seeds     int
+	Load      float64
+	Lambda    float64
+	FailAt    time.Duration
+	NoRestart bool
+	// Detect is how a failure is detected (ParseDetect): fast (a kill -9
+	// on the fast path, DefaultTiming's DetectDelay), hang (a SIGSTOP that
+	// Serf detects, DefaultHangDetect), a duration (the fast path taking
+	// that long) or hang:DURATION.
+	Detect string
+	// Reload is a restarted worker's reload: warm, cold or a duration
+	// (engine.ParseReload).
+	Reload string
+	// DecodeContext is "on" or "off": the context-dependent decode step
+	// (Timing.DecodeContext).
+	DecodeContext string
+	ApplyTiming   bool
 	// JSONPath, CSVPath, SVGPath: where the results go (empty: nowhere);
 	// TracePath: an Azure 2023 trace instead of the generator; Replot: a
 	// figure's JSON to plot, running nothing.
@@ -194,7 +209,7 @@ type Command struct {
 // DefaultCommand is `lumen sim` without flags.
 func DefaultCommand() Command {
 	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
-		Detect: DefaultTiming().DetectDelay, ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
+		Detect: "fast", Reload: "warm", DecodeContext: "off", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
 		Migration: "off", CV: 4, SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
 
@@ -222,6 +237,9 @@ func (c *Command) Run() error {
 	default:
 		return fmt.Errorf("-migration %q: on or off", c.Migration)
 	}
+	if given("token-budget") && c.Figure != "" {
+		return fmt.Errorf("-token-budget applies to the studies, not to -figure %s", c.Figure)
+	}
 	if given("cv", "kv-pages") && c.Figure != "burst" {
 		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
 	}
@@ -242,8 +260,10 @@ func (c *Command) Run() error {
 	if c.Figure != "" && c.Figure != "gateways" && given("gateways", "gateway-choice", "gateway-bias") {
 		return fmt.Errorf("-gateways, -gateway-choice and -gateway-bias apply to the studies and to -figure gateways, not to -figure %s", c.Figure)
 	}
-	timing := DefaultTiming()
-	timing.DetectDelay = c.Detect
+	timing, err := c.timing()
+	if err != nil {
+		return err
+	}
 	spec := SpecOptions{Alpha: c.SpecAlpha, K: c.SpecK}
 	switch {
 	case c.Replot != "":
@@ -335,22 +355,11 @@ func (c *Command) Run() error {
 	o := Options{Gateways: c.Gateways, GatewayChoice: choice, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
 		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
 		TracePath: c.TracePath, Spec: spec, Log: c.Out}
-	switch {
-	case c.Workers > 0 && c.Setups != "":
-		return fmt.Errorf("-setups and -workers: choose prototype setups or one custom setup")
-	case c.Workers > 0:
-		o.Setups = []Setup{CustomSetup(c.Workers, c.Profile, c.Fail, c.MaxRunning, c.Budget)}
+	if o.Setups, err = c.setups(); err != nil {
+		return err
+	}
+	if c.Workers > 0 {
 		o.Duration = c.Duration
-	default:
-		list := c.Setups
-		if list == "" {
-			list = "w4,w8,w8_f4"
-		}
-		s, err := ParseSetups(list)
-		if err != nil {
-			return fmt.Errorf("-setups: %w", err)
-		}
-		o.Setups = s
 	}
 	start := time.Now()
 	if _, err := RunStudies(o); err != nil {
@@ -363,6 +372,83 @@ func (c *Command) Run() error {
 	}
 	fmt.Fprintf(c.Out, "simulated in %s of wall time\n", time.Since(start).Round(10*time.Millisecond))
 	return nil
+}
+
+// setups are the studies' setups: one custom setup (Workers), or the
+// named ones, each with the batch cap of -max-running when it is given;
+// all with -token-budget's budget.
+func (c *Command) setups() ([]Setup, error) {
+	switch {
+	case c.Workers > 0 && c.Setups != "":
+		return nil, fmt.Errorf("-setups and -workers: choose prototype setups or one custom setup")
+	case c.Workers > 0:
+		s := CustomSetup(c.Workers, c.Profile, c.Fail, c.MaxRunning, c.Budget)
+		s.TokenBudget = c.TokenBudget
+		return []Setup{s}, nil
+	}
+	list := c.Setups
+	if list == "" {
+		list = "w4,w8,w8_f4"
+	}
+	s, err := ParseSetups(list)
+	if err != nil {
+		return nil, fmt.Errorf("-setups: %w", err)
+	}
+	for i := range s {
+		if c.Given["max-running"] {
+			s[i].MaxRunning = c.MaxRunning
+		}
+		s[i].TokenBudget = c.TokenBudget
+	}
+	return s, nil
+}
+
+// timing is DefaultTiming with the command's conditions: detection,
+// reload, decode step.
+func (c *Command) timing() (Timing, error) {
+	t := DefaultTiming()
+	delay, hang, err := ParseDetect(c.Detect)
+	if err != nil {
+		return t, fmt.Errorf("-detect: %w", err)
+	}
+	t.DetectDelay, t.Hang = delay, hang
+	if t.Reload, err = engine.ParseReload(c.Reload); err != nil {
+		return t, fmt.Errorf("-reload: %w", err)
+	}
+	switch c.DecodeContext {
+	case "on":
+		t.DecodeContext = true
+	case "off":
+	default:
+		return t, fmt.Errorf("-decode-context %q: on or off", c.DecodeContext)
+	}
+	if c.MaxRunning < 1 || c.TokenBudget < 0 {
+		return t, fmt.Errorf("-max-running %d must be >= 1 and -token-budget %d >= 0 (0: 2048)", c.MaxRunning, c.TokenBudget)
+	}
+	return t, nil
+}
+
+// ParseDetect reads how a failure is detected: fast (a kill -9 that the
+// fast path detects in DefaultTiming's DetectDelay), hang (a SIGSTOP
+// that Serf detects in DefaultHangDetect), a positive duration (a kill
+// detected that long after) or hang:DURATION (a hang detected that long
+// after). It returns the delay and whether the failure is a hang.
+func ParseDetect(s string) (time.Duration, bool, error) {
+	switch s {
+	case "fast":
+		return DefaultTiming().DetectDelay, false, nil
+	case "hang":
+		return DefaultHangDetect, true, nil
+	}
+	hang := false
+	if rest, ok := strings.CutPrefix(s, "hang:"); ok {
+		s, hang = rest, true
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, false, fmt.Errorf("%w: detection %q: use fast, hang, a positive duration (a kill detected that long after) or hang:DURATION", ErrInvalid, s)
+	}
+	return d, hang, nil
 }
 
 // timeline is a figure's timeline def shortened by Quick and set to

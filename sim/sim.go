@@ -101,6 +101,21 @@ type Timing struct {
 	// DetectDelay is from a kill to MarkFailed applied (the fast path: a
 	// broken stream, ReportUnreachable, the leader's failed probe).
 	DetectDelay time.Duration
+	// Reload is how a restarted worker's model comes back (the zero
+	// value, warm: the profile's LoadTime); New applies it to Profile and,
+	// cold, to the draft's (engine.Profile.WithReload). ReloadScale
+	// scales the result.
+	Reload engine.Reload
+	// DecodeContext turns on the profile's context-dependent decode step
+	// (engine.Profile.DecodeContext): every row costs the KV read of its
+	// own context. Off, the profile's fitted line, whatever the lengths.
+	DecodeContext bool
+	// Hang makes a failure a hang (SIGSTOP) instead of a kill: the
+	// process's connections stay open, so its streams break and calls to
+	// it fail only when MarkFailed moves its requests (the gateway's event
+	// watch) DetectDelay later (Serf's detection: DefaultHangDetect); the
+	// process is killed and restarted then, its reload starting there.
+	Hang bool
 	// PollFirst and PollMax are the gateway's GetPlacement polling after a
 	// broken stream (first wait, doubling to PollMax).
 	PollFirst, PollMax time.Duration
@@ -134,6 +149,14 @@ type Timing struct {
 	WatchInterval, WatchDelay time.Duration
 }
 
+// DefaultHangDetect is from a hang to MarkFailed applied: Serf's
+// detection with lumen's memberlist settings (internal/gossip: probe
+// 200 ms, timeout 100 ms, suspicion ×2, gossip 100 ms), measured as
+// 0.6–0.8 s by `lumen bench recovery -quick -setups w4 -detect hang`
+// (docs/calibration.md, "Control-plane anchors"; memberlist's
+// defaults take 5.6 s at 10 nodes, 9.8 s at 50: -detect hang:5.6s).
+const DefaultHangDetect = 800 * time.Millisecond
+
 // DefaultTiming returns the values measured on, or configured in, the real
 // system:
 //   - CommitDelay 3 ms: a fsync'd Raft commit, p50 (docs/calibration.md).
@@ -146,7 +169,11 @@ type Timing struct {
 //     worker's defaults (worker.DefaultConfig).
 //   - NetBytesPerSec 12.5 GB/s (100 GbE, docs/calibration.md), SendQueuePages
 //     1024 (the worker's ckptQueue).
-//   - ReloadScale 1: the profile's disk + host-to-GPU + engine init.
+//   - ReloadScale 1, Reload warm: the profile's disk + host-to-GPU +
+//     engine init, a restart on the same host.
+//   - DecodeContext off: the profiles' fitted step line, with which the
+//     setups' figures were measured.
+//   - Hang off: a kill -9, detected on the fast path.
 //   - SampleEvery 250 ms: the benchmark's queue sampler.
 //   - LinkLatency 100 µs: one gRPC message on an open stream inside a
 //     datacenter network (a few tens of µs of wire and switch latency plus
@@ -202,6 +229,9 @@ func (c *Config) Validate() error {
 	}
 	if t.NetBytesPerSec <= 0 || t.SendQueuePages < 1 {
 		errs = append(errs, errors.New("Timing: NetBytesPerSec and SendQueuePages must be positive"))
+	}
+	if t.DecodeContext && (c.Profile.HBMBytesPerSec <= 0 || c.Profile.DecodeRefContext <= 0) {
+		errs = append(errs, fmt.Errorf("Timing: DecodeContext needs a Profile with HBMBytesPerSec (%g) and DecodeRefContext (%d)", c.Profile.HBMBytesPerSec, c.Profile.DecodeRefContext))
 	}
 	if t.LinkLatency < 0 {
 		errs = append(errs, fmt.Errorf("Timing: LinkLatency (%s) must be >= 0", t.LinkLatency))
@@ -328,6 +358,11 @@ type simWorker struct {
 	// between are calls waiting for the step in flight to end (live
 	// migration's stages: the worker's sched.do).
 	between []func()
+
+	// A hung process (Timing.Hang) until its detection at hungUntil: the
+	// calls made to it meanwhile (hungCalls) hang with the ones it had.
+	hungUntil time.Duration
+	hungCalls []*simRequest
 }
 
 // simRequest is a client request as the gateway sees it.
@@ -403,6 +438,14 @@ func New(cfg Config) (*Sim, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	prof, err := cfg.Profile.WithReload(cfg.Timing.Reload)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	cfg.Profile = prof
+	if cfg.Timing.DecodeContext {
+		cfg.Profile.DecodeContext = true
+	}
 	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
 		marks:     map[time.Duration][]*pb.Command{},
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens, migByID: map[string]*simMigration{},
@@ -419,6 +462,11 @@ func New(cfg Config) (*Sim, error) {
 	s.draftProf = cfg.Spec.Draft
 	if s.draftProf.DecodeBaseMs == 0 {
 		s.draftProf = engine.Profiles[DefaultDraftProfile]
+	}
+	if cfg.Timing.Reload.Kind == engine.ReloadCold {
+		// A replacement node reads the draft from cold storage too (a
+		// fixed duration is the target's reload alone).
+		s.draftProf, _ = s.draftProf.WithReload(cfg.Timing.Reload)
 	}
 	for i := range cfg.Workers {
 		w := &simWorker{id: fmt.Sprintf("worker-%d", i+1)}
@@ -735,6 +783,10 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 	r.regen, r.fresh = regen, true
 	w := s.worker(pl.WorkerId)
 	r.worker, r.epoch = pl.WorkerId, pl.Epoch
+	if w != nil && !w.alive && w.inc == pl.WorkerIncarnation && s.now < w.hungUntil {
+		w.hungCalls = append(w.hungCalls, r) // it hangs until the detection
+		return
+	}
 	if w == nil || !w.alive || w.inc != pl.WorkerIncarnation {
 		s.broke(r) // connection refused
 		return
@@ -961,10 +1013,12 @@ func (s *Sim) step(w *simWorker) {
 		w.store.release(rs.Req.ID) // consumed: the request runs here now
 	}
 	// One fused pass: every decoding row at K+1 positions when any row
-	// verifies drafts (StepTimeK; K = 0 is StepTime).
-	rows, k, prefill := st.Shape()
-	dur += p.StepTimeK(rows, k, prefill)
-	if k > 0 {
+	// verifies drafts, each reading its context (Profile.Step; the
+	// context counts with Profile.DecodeContext). A decoding row's chunk
+	// starts at its history's last token: the rest is in the KV cache.
+	shape := engine.BatchStep(st.Batch, func(i int) int { return len(st.Reqs[i].History) - 1 })
+	dur += p.Step(shape)
+	if k := shape.K; k > 0 {
 		for _, ch := range st.Batch {
 			if ch.Sample > 1 {
 				s.res.Spec.KRows++
@@ -1181,7 +1235,9 @@ func (s *Sim) markFailed(at time.Duration) {
 
 // kill is a kill -9: the process and everything in it is gone; its calls
 // break (the gateway sees it at once), the fast path marks it failed after
-// DetectDelay, and it restarts and reloads when asked to.
+// DetectDelay, and it restarts and reloads when asked to. With
+// Timing.Hang it is a hang: the calls break at the detection, and the
+// restart starts there (hang).
 func (s *Sim) kill(w *simWorker, restart bool) {
 	if !w.alive {
 		return
@@ -1201,11 +1257,19 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	}
 	s.endSpan(w)
 	w.phase = pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
+	at := s.now + s.cfg.Timing.DetectDelay
+	w.hungUntil, w.hungCalls = 0, nil
 	for _, r := range w.core.Requests() {
 		sr := r.Sink.(*simRequest)
-		if sr.call == r {
-			s.broke(sr)
+		if sr.call != r {
+			continue
 		}
+		if s.cfg.Timing.Hang {
+			sr.call = nil // the call hangs: nothing comes on it
+			w.hungCalls = append(w.hungCalls, sr)
+			continue
+		}
+		s.broke(sr)
 	}
 	s.killMigrations(w, w.gen-1)
 	// The process's memory is gone: nothing touches the core of a worker
@@ -1213,14 +1277,41 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	w.core, w.store = nil, newSimStore(0)
 	// The probes of workers killed together fail together: their
 	// MarkFailed commands reach the leader at once and commit as one entry.
-	at := s.now + s.cfg.Timing.DetectDelay
 	if len(s.marks[at]) == 0 {
 		s.at(at, func() { s.markFailed(at) })
 	}
 	s.marks[at] = append(s.marks[at], &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: w.inc, Reason: "probe failed"}}})
+	if !s.cfg.Timing.Hang {
+		s.reload(w, restart, at)
+		return
+	}
+	// A hang: after the MarkFailed (scheduled first, at the same time),
+	// the gateway's streams to the process break as their placements move,
+	// and the process is killed and restarted.
+	w.hungUntil = at
+	gen := w.gen
+	s.at(at, func() {
+		if w.gen != gen {
+			return
+		}
+		calls := w.hungCalls
+		w.hungUntil, w.hungCalls = 0, nil
+		for _, r := range calls {
+			if r.ended == 0 && r.call == nil && !r.polling && r.worker == w.id {
+				s.broke(r)
+			}
+		}
+		s.reload(w, restart, at)
+	})
+}
+
+// reload restarts killed worker w now, when restart is set: progressively
+// with Speculation (the new incarnation registers at detected), else
+// registered in full service after the profile's LoadTime.
+func (s *Sim) reload(w *simWorker, restart bool, detected time.Duration) {
 	switch {
 	case restart && s.cfg.Speculation:
-		s.restart(w, at)
+		s.restart(w, detected)
 	case restart:
 		s.at(s.now+time.Duration(float64(s.cfg.Profile.LoadTime())*s.cfg.Timing.ReloadScale), func() {
 			if !w.alive {

@@ -146,7 +146,7 @@ func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workl
 	spec := st.Spec
 	spec.Seed = st.Seed
 	return Config{Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
-		TokenBudget: 2048, MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
+		TokenBudget: st.Setup.StepTokens(), MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
 		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec}
 }
 
@@ -294,7 +294,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		PrintSpec(st.Log, figs["lumen"])
 		rejoin := time.Duration(-1)
 		if !st.NoRestart {
-			rejoin = tm.FailAt + time.Duration(float64(p.LoadTime())*st.Timing.ReloadScale*tm.ReloadScale)
+			// The reload as the run took it: after the detection of a
+			// hang, at the kill otherwise.
+			lp, _ := p.WithReload(st.Timing.Reload)
+			rejoin = tm.FailAt + time.Duration(float64(lp.LoadTime())*st.Timing.ReloadScale*tm.ReloadScale)
+			if st.Timing.Hang {
+				rejoin += st.Timing.DetectDelay
+			}
 		}
 		for _, col := range Columns {
 			if col.Fail {

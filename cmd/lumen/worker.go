@@ -57,6 +57,8 @@ func runWorker(args []string) error {
 	draftSeed := fs.Uint64("draft-seed", 1, "synthetic engine: the seed of the draft's agreement")
 	progressive := fs.Bool("progressive", true, "after a failure, recover progressively: load the draft, assist a survivor while the model loads, then hot-swap it in (false: load the model at once, as on a fresh start)")
 	fs.DurationVar(&cfg.MigrationTimeout, "migration-timeout", cfg.MigrationTimeout, "how long a request migrating here waits for its source's next stage (and, after the last, for its call) before its pages are reclaimed")
+	decodeContext := fs.Bool("decode-context", false, "with a profile, a decode step grows with the context its rows read (engine.Profile.DecodeContext; docs/calibration.md)")
+	reloadFlag := fs.String("reload", "warm", "with a profile, the emulated model load: warm (weights in the page cache), cold (a replacement node: cold storage, cold compile caches) or a duration for the whole load")
 	interconnect := fs.String("interconnect", "", "with a profile, the KV copy bandwidth to another worker per second (live migration), e.g. 25GB (default: the profile's)")
 	faultFile := fs.String("gpu-fault-file", "", "report a GPU fault for each line appended to this file (xid 79, ecc-double-bit): a drill, or a test, without a GPU; with NVML the driver's events are watched anyway")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
@@ -124,6 +126,20 @@ func runWorker(args []string) error {
 			return fmt.Errorf("-interconnect %q: a positive size per second, like 25GB", *interconnect)
 		}
 		profile.InterconnectBytesPerSec = float64(bw)
+		cfg.Profile = &profile
+	}
+	reload, err := engine.ParseReload(*reloadFlag)
+	if err != nil {
+		return fmt.Errorf("-reload: %w", err)
+	}
+	if (*decodeContext || reload != engine.Reload{}) && !paced {
+		return fmt.Errorf("-decode-context and -reload need a -profile: they change its emulated times")
+	}
+	if paced {
+		profile.DecodeContext = *decodeContext
+		if profile, err = profile.WithReload(reload); err != nil {
+			return fmt.Errorf("-reload: %w", err)
+		}
 		cfg.Profile = &profile
 	}
 	if *timeScale <= 0 || *loadScale < 0 {
@@ -195,6 +211,9 @@ func runWorker(args []string) error {
 		// the target's disk read and initialisation (ToHost), its copy to
 		// the device (HOTSWAP).
 		dp := engine.Profiles[draftProfile]
+		if reload.Kind == engine.ReloadCold {
+			dp, _ = dp.WithReload(reload) // its weights from cold storage too
+		}
 		if *emulateLoad {
 			stages = stages.Paced(profile, *loadScale)
 			loadDraft = engine.NewPaced(draft, dp, *loadScale).Load

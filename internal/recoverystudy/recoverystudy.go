@@ -34,6 +34,22 @@ type Setup struct {
 	// KVPages is a worker's KV cache in 16-token pages (0: the profile's
 	// GPU); smaller puts the workers under memory pressure.
 	KVPages int
+	// TokenBudget is the tokens one engine step may compute, the chunked
+	// prefill's budget (0: DefaultTokenBudget).
+	TokenBudget int
+}
+
+// DefaultTokenBudget is a step's token budget in every setup: vLLM's
+// chunked-prefill budget at the low end of its 2,048–8,192
+// (docs/calibration.md, "Engine defaults").
+const DefaultTokenBudget = 2048
+
+// StepTokens is the setup's token budget.
+func (s Setup) StepTokens() int {
+	if s.TokenBudget > 0 {
+		return s.TokenBudget
+	}
+	return DefaultTokenBudget
 }
 
 // Setups are the prototype's setups, by the names both commands take.

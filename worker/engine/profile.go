@@ -25,14 +25,33 @@ type Profile struct {
 	// A decode step over B sequences takes DecodeBaseMs + DecodePerSeqMs·B
 	// (weights read once, each sequence's KV read); verifying K drafts per
 	// sequence in the same fused pass adds VerifyPerPosMs·B·K (the extra
-	// positions' FLOPs: 2 × parameters / tensor throughput). See StepTimeK.
+	// positions' FLOPs: 2 × parameters / tensor throughput). See Step.
 	DecodeBaseMs, DecodePerSeqMs, VerifyPerPosMs float64
+	// DecodeContext, when set, makes a decode step grow with the context
+	// its rows read: each row costs the KV read of its own context at
+	// HBMBytesPerSec, where DecodePerSeqMs is what a row of
+	// DecodeRefContext tokens costs (docs/calibration.md, "Step times").
+	// Off, every row costs DecodePerSeqMs whatever its length: the
+	// profiles' default, which the benchmark setups' figures were measured
+	// with.
+	DecodeContext bool
+	// HBMBytesPerSec is the GPU's memory bandwidth (the datasheet's).
+	HBMBytesPerSec float64
+	// DecodeRefContext is the context, in tokens per row, at which
+	// DecodePerSeqMs holds: with DecodeContext a row of that length costs
+	// exactly DecodePerSeqMs.
+	DecodeRefContext int
 	// Prefill tokens run at this rate, on top of the step's base time.
 	PrefillTokensPerSec float64
 	H2DBytesPerSec      float64 // pinned host → GPU
 	D2HBytesPerSec      float64 // GPU → pinned host
 	DiskBytesPerSec     float64 // weights from the page cache
 	EngineInit          time.Duration
+	// A replacement node's reload (Reload cold): the weights read from
+	// cold storage at ColdDiskBytesPerSec, the engine initialised with
+	// cold compilation caches in ColdEngineInit (0: EngineInit).
+	ColdDiskBytesPerSec float64
+	ColdEngineInit      time.Duration
 	// InterconnectBytesPerSec is the KV copy between two instances (live
 	// migration); 0 takes DefaultInterconnectBytesPerSec.
 	InterconnectBytesPerSec float64
@@ -65,28 +84,84 @@ func (p Profile) SaturatedRate(maxRunning int, meanPrompt, meanOutput float64) (
 	return 1 / perReq, batch
 }
 
-// StepTime is the emulated time of one engine step: decodeRows sequences
-// decoding (or verification positions) and prefillTokens tokens prefilled.
-func (p Profile) StepTime(decodeRows, prefillTokens int) time.Duration {
-	ms := p.DecodeBaseMs + p.DecodePerSeqMs*float64(decodeRows)
-	if prefillTokens > 0 {
-		ms += float64(prefillTokens) / p.PrefillTokensPerSec * 1000
-	}
-	return time.Duration(ms * float64(time.Millisecond))
+// StepShape is what one engine step costs on a GPU: Rows decoding rows,
+// each verifying K drafts in the fused pass (rows without drafts padded to
+// K), Prefill prefill tokens, and Context, the KV positions the decoding
+// rows attend to, summed over them (each row's cached positions and its
+// new ones). Context counts only with Profile.DecodeContext.
+type StepShape struct {
+	Rows, K, Prefill int
+	Context          int
 }
 
-// StepTimeK is the emulated time of a fused verification step: rows
-// decoding sequences, each at K+1 positions (rows without drafts padded),
-// plus prefillTokens. The weights are read once whatever K: a memory-bound
-// step at small batch grows little with K (B = 8, K = 4 on Qwen3-14B/H100:
-// 14.1 ms against 12.5), a large batch much more (B = 128: 52 ms against
-// 26), where drafting pays only with high acceptance.
-func (p Profile) StepTimeK(rows, k, prefillTokens int) time.Duration {
-	d := p.StepTime(rows, prefillTokens)
-	if k > 0 {
-		d += time.Duration(p.VerifyPerPosMs * float64(rows*k) * float64(time.Millisecond))
+// BatchStep is the shape of a batch whose i-th chunk's sequence holds
+// cached(i) positions before the step: BatchShape, and the context its
+// decoding rows read. The pacer and the simulator both take a step's
+// shape from it.
+func BatchStep(batch []Chunk, cached func(i int) int) StepShape {
+	var s StepShape
+	s.Rows, s.K, s.Prefill = BatchShape(batch)
+	for i, ch := range batch {
+		if ch.Sample > 1 || len(ch.Tokens) == 1 {
+			s.Context += cached(i) + len(ch.Tokens)
+		}
+	}
+	return s
+}
+
+// Step is the emulated time of one engine step of shape s:
+//
+//	DecodeBaseMs + DecodePerSeqMs·Rows + VerifyPerPosMs·Rows·K + Prefill / PrefillTokensPerSec
+//
+// and with DecodeContext each row's share of DecodePerSeqMs is its own KV
+// read, (Context − Rows·DecodeRefContext) × KV bytes per token /
+// HBMBytesPerSec more: the step is the weights' read (in DecodeBaseMs)
+// plus every row's context over the memory bandwidth, plus the fixed and
+// per-row overheads (a profile without HBMBytesPerSec has no such mode).
+// A verification reads each row's KV once whatever K. Every step time of
+// the pacer and the simulator comes from here.
+func (p Profile) Step(s StepShape) time.Duration {
+	// The order of the sums is the one the figures were measured with:
+	// the verification's term is added to the rounded step.
+	ms := p.DecodeBaseMs + p.DecodePerSeqMs*float64(s.Rows)
+	if s.Prefill > 0 {
+		ms += float64(s.Prefill) / p.PrefillTokensPerSec * 1000
+	}
+	if p.DecodeContext && s.Rows > 0 && p.HBMBytesPerSec > 0 {
+		ms += p.contextReadMs(s.Context - s.Rows*p.DecodeRefContext)
+	}
+	d := time.Duration(ms * float64(time.Millisecond))
+	if s.K > 0 {
+		d += time.Duration(p.VerifyPerPosMs * float64(s.Rows*s.K) * float64(time.Millisecond))
 	}
 	return d
+}
+
+// contextReadMs is the time to read tokens positions of KV from HBM.
+func (p Profile) contextReadMs(tokens int) float64 {
+	return float64(tokens) * float64(p.KVBytesPerToken()) / p.HBMBytesPerSec * 1000
+}
+
+// WeightReadMs is the time to read the weights from HBM once, the floor
+// of a memory-bound decode step (DecodeBaseMs holds it and the fixed
+// launch overhead).
+func (p Profile) WeightReadMs() float64 { return float64(p.WeightBytes) / p.HBMBytesPerSec * 1000 }
+
+// StepTime is Step of decodeRows rows at the reference context (what a
+// caller that does not know the rows' lengths assumes: the profile's
+// fitted line) and prefillTokens tokens prefilled.
+func (p Profile) StepTime(decodeRows, prefillTokens int) time.Duration {
+	return p.StepTimeK(decodeRows, 0, prefillTokens)
+}
+
+// StepTimeK is Step of a fused verification at the reference context:
+// rows decoding sequences, each at K+1 positions (rows without drafts
+// padded), plus prefillTokens. The weights are read once whatever K: a
+// memory-bound step at small batch grows little with K (B = 8, K = 4 on
+// Qwen3-14B/H100: 14.1 ms against 12.5), a large batch much more (B = 128:
+// 52 ms against 26), where drafting pays only with high acceptance.
+func (p Profile) StepTimeK(rows, k, prefillTokens int) time.Duration {
+	return p.Step(StepShape{Rows: rows, K: k, Prefill: prefillTokens, Context: rows * p.DecodeRefContext})
 }
 
 // ImportTime is the host-to-GPU copy of n KV pages.
@@ -116,26 +191,37 @@ var Profiles = map[string]Profile{
 	"qwen3-14b-h100": {Name: "qwen3-14b-h100", Model: "Qwen3-14B", GPU: "NVIDIA H100 80GB HBM3",
 		Layers: 40, KVHeads: 8, HeadDim: 128, WeightBytes: 29.5e9, GPUMemBytes: 80e9, MaxContext: 32768,
 		DecodeBaseMs: 11.6, DecodePerSeqMs: 0.114, VerifyPerPosMs: 0.05, PrefillTokensPerSec: 20000,
-		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
+		HBMBytesPerSec: 3.35e12, DecodeRefContext: DecodeRefContext,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second,
+		ColdDiskBytesPerSec: ColdDiskBytesPerSec, ColdEngineInit: ColdEngineInit},
 	"qwen3-32b-h100": {Name: "qwen3-32b-h100", Model: "Qwen3-32B", GPU: "NVIDIA H100 80GB HBM3",
 		Layers: 64, KVHeads: 8, HeadDim: 128, WeightBytes: 65.5e9, GPUMemBytes: 80e9, MaxContext: 32768,
 		DecodeBaseMs: 23.83, DecodePerSeqMs: 0.1714, VerifyPerPosMs: 0.10, PrefillTokensPerSec: 10000,
-		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
+		HBMBytesPerSec: 3.35e12, DecodeRefContext: DecodeRefContext,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second,
+		ColdDiskBytesPerSec: ColdDiskBytesPerSec, ColdEngineInit: ColdEngineInit},
 	// H200: decode is memory-bound, 4.8 / 3.35 TB/s ≈ 1.43× faster; prefill is
 	// compute-bound and unchanged.
 	"qwen3-14b-h200": {Name: "qwen3-14b-h200", Model: "Qwen3-14B", GPU: "NVIDIA H200 141GB HBM3e",
 		Layers: 40, KVHeads: 8, HeadDim: 128, WeightBytes: 29.5e9, GPUMemBytes: 141e9, MaxContext: 32768,
 		DecodeBaseMs: 11.6 / 1.43, DecodePerSeqMs: 0.114 / 1.43, VerifyPerPosMs: 0.05, PrefillTokensPerSec: 20000,
-		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second},
+		HBMBytesPerSec: 4.8e12, DecodeRefContext: DecodeRefContext,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second,
+		ColdDiskBytesPerSec: ColdDiskBytesPerSec, ColdEngineInit: ColdEngineInit},
 	// The draft: 1.2 GB of weights read per step (0.36 ms at 3.35 TB/s)
 	// plus launch overheads. It loads in well under a second from the page
 	// cache (docs/calibration.md); its engine init (a small model's CUDA graphs
 	// and memory profiling, in a process whose CUDA context is up) is taken
-	// as 1 s.
+	// as 1 s. Its step is launch-bound, not memory-bound: it has no
+	// context-dependent mode (DecodeRefContext 0), and a cold reload reads
+	// its weights from cold storage but keeps its 1 s initialisation
+	// (docs/calibration.md, "Transfers and model loads").
 	"qwen3-0.6b-h100": {Name: "qwen3-0.6b-h100", Model: "Qwen3-0.6B", GPU: "NVIDIA H100 80GB HBM3",
 		Layers: 28, KVHeads: 8, HeadDim: 128, WeightBytes: 1.2e9, GPUMemBytes: 80e9, MaxContext: 32768,
 		DecodeBaseMs: 1.8, DecodePerSeqMs: 0.02, VerifyPerPosMs: 0.002, PrefillTokensPerSec: 150000,
-		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 1 * time.Second},
+		HBMBytesPerSec: 3.35e12,
+		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 1 * time.Second,
+		ColdDiskBytesPerSec: ColdDiskBytesPerSec},
 }
 
 // LookupProfile returns a profile by name; "none" returns false with no error.
@@ -202,14 +288,22 @@ func (p *Paced) pace(start time.Time, emulated time.Duration) {
 	p.mu.Unlock()
 }
 
-// Forward runs the batch and waits out its emulated time.
+// Forward runs the batch and waits out its emulated time, Profile.Step of
+// its shape (BatchStep).
 func (p *Paced) Forward(ctx context.Context, batch []Chunk) ([][]int32, error) {
 	start := time.Now()
+	// The context each row reads is what its sequence held before the
+	// step (Forward appends to it); only DecodeContext charges it.
+	cached := func(int) int { return 0 }
+	if p.Profile.DecodeContext {
+		cached = func(i int) int { return p.Engine.Len(batch[i].Seq) }
+	}
+	shape := BatchStep(batch, cached)
 	out, err := p.Engine.Forward(ctx, batch)
 	if err != nil {
 		return out, err
 	}
-	p.pace(start, p.Profile.StepTimeK(BatchShape(batch)))
+	p.pace(start, p.Profile.Step(shape))
 	return out, nil
 }
 
