@@ -49,8 +49,8 @@ func (e *refusedError) Error() string {
 func (g *Gateway) watchLoad() {
 	_ = g.ctl.WatchLoad(g.ctx, loadInterval, g.cfg.WatchProbeInterval, func(t *pb.LoadTable) {
 		// The gateway's share of the workers (placer's shares) is its
-		// session's place among the table's sessions.
-		g.replica.SetSelf(g.session.idNow())
+		// session's place among the table's sessions: the session tells
+		// the replica its id when it changes (session.changed).
 		g.replica.Update(t)
 		g.tableAt.Store(time.Now().UnixNano())
 	})

@@ -42,7 +42,7 @@ type Options struct {
 	// (SeriesHeader, WriteSeries).
 	CSVPath string
 	// TracePath, when set, is a CSV trace in the Azure 2023 format that
-	// replaces the generator (ReadAzureTrace).
+	// replaces the generator (workload.ReadAzureTrace).
 	TracePath string
 	// Spec is the lumen column's speculation.
 	Spec SpecOptions
@@ -91,7 +91,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		if err != nil {
 			return nil, err
 		}
-		trace, err = ReadAzureTrace(f, o.Seed)
+		trace, err = workload.ReadAzureTrace(f, o.Seed)
 		f.Close()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", o.TracePath, err)

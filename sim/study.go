@@ -105,7 +105,7 @@ type Study struct {
 	// (WriteSeries).
 	Series io.Writer
 	// Trace, when set, replaces the Azure-shaped generator: its arrivals,
-	// rescaled in time to the offered rate (ReadAzureTrace, Rescale).
+	// rescaled in time to the offered rate (workload.ReadAzureTrace, workload.Rescale).
 	Trace []workload.Request
 	// Spec is the lumen column's speculation (its Seed is the study's).
 	Spec SpecOptions
@@ -125,9 +125,9 @@ type Study struct {
 // when there is one, else generated.
 func (st *Study) arrivals(seed uint64, rate float64, d time.Duration) ([]workload.Request, error) {
 	if len(st.Trace) > 0 {
-		reqs := Rescale(st.Trace, rate, d)
+		reqs := workload.Rescale(st.Trace, rate, d)
 		if len(reqs) == 0 {
-			return nil, fmt.Errorf("%w: no arrival of the trace falls in %s", ErrTrace, d)
+			return nil, fmt.Errorf("%w: no arrival of the trace falls in %s", workload.ErrTrace, d)
 		}
 		return reqs, nil
 	}

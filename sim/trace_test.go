@@ -1,12 +1,13 @@
 package sim
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lumen-project/lumen/internal/workload"
 )
 
 // azureCSV writes n rows of a trace in the Azure 2023 format, one every
@@ -23,30 +24,9 @@ func azureCSV(seed uint64, n int) string {
 	return b.String()
 }
 
-func TestReadAzureTrace(t *testing.T) {
-	reqs, err := ReadAzureTrace(strings.NewReader(azureCSV(1, 50)), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(reqs) != 50 || reqs[0].At != 0 || reqs[49].At != 4900*time.Millisecond {
-		t.Fatalf("%d requests, first at %s, last at %s", len(reqs), reqs[0].At, reqs[len(reqs)-1].At)
-	}
-	// Twice the native rate of 10/s: the same requests in half the time.
-	half := Rescale(reqs, 20, time.Hour)
-	if len(half) != 50 || half[49].At != 2450*time.Millisecond {
-		t.Fatalf("rescaled: %d requests, last at %s", len(half), half[len(half)-1].At)
-	}
-	for _, bad := range []string{"", "a,b\n1,2\n", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,5\n",
-		"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,0,5\n"} {
-		if _, err := ReadAzureTrace(strings.NewReader(bad), 1); !errors.Is(err, ErrTrace) {
-			t.Errorf("%q: %v", bad, err)
-		}
-	}
-}
-
 // TestStudyOnATrace runs a small study on trace arrivals.
 func TestStudyOnATrace(t *testing.T) {
-	trace, err := ReadAzureTrace(strings.NewReader(azureCSV(2, 400)), 2)
+	trace, err := workload.ReadAzureTrace(strings.NewReader(azureCSV(2, 400)), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
