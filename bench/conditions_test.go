@@ -41,7 +41,7 @@ func TestRecoveryConditions(t *testing.T) {
 			t.Errorf("%+v: %v, want an error naming %s", bad, err, c.want)
 		}
 	}
-	cfg.Setups = "w4,w8_f4"
+	cfg.Setups = "w4-mild,w8_f4-mild"
 	s, err := cfg.setups()
 	if err != nil || s[0].MaxRunning != 64 || s[1].MaxRunning != 32 {
 		t.Fatalf("the setups' own caps: %+v, %v", s, err)
@@ -54,7 +54,7 @@ func TestRecoveryConditions(t *testing.T) {
 	if s, err = cfg.setups(); err != nil || s[0].StepTokens() != 8192 || s[1].StepTokens() != 8192 {
 		t.Fatalf("-token-budget 8192: %+v, %v", s, err)
 	}
-	if w4, _ := recoverystudy.Lookup("w4"); w4.MaxRunning != 64 || w4.StepTokens() != 2048 {
+	if w4, _ := recoverystudy.Lookup("w4-mild"); w4.MaxRunning != 64 || w4.StepTokens() != 2048 {
 		t.Fatalf("the override changed the setup itself: %+v", w4)
 	}
 	cfg.Reload, cfg.DecodeContext, cfg.Detect = "cold", "on", "hang"

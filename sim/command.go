@@ -10,6 +10,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/plot"
 	"github.com/lumen-project/lumen/internal/progress"
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -100,10 +101,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 	meter := newMeter(o.Log, "sim", float64(len(o.Setups)*len(Columns)))
 	defer meter.Finish("")
 	for _, s := range o.Setups {
-		tm := FullTimeline()
-		if o.Quick {
-			tm = QuickTimeline()
-		}
+		tm := s.Timeline(o.Quick)
 		if o.Duration > 0 {
 			tm.Duration = o.Duration
 			tm.FailAt = o.Duration / 4
@@ -119,8 +117,12 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		if s.Failures > s.Workers-1 {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
-		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: o.Load, Lambda: o.Lambda, NoRestart: o.NoRestart,
-			Timing: o.Timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
+		timing, err := o.Timing.Under(s.Conditions)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: s.LoadOr(o.Load), Lambda: o.Lambda, NoRestart: o.NoRestart,
+			Timing: timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
 			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice}
 		figs, err := st.Run()
 		if err != nil {
@@ -378,29 +380,49 @@ func (c *Command) Run() error {
 // named ones, each with the batch cap of -max-running when it is given;
 // all with -token-budget's budget.
 func (c *Command) setups() ([]Setup, error) {
+	var out []Setup
 	switch {
 	case c.Workers > 0 && c.Setups != "":
 		return nil, fmt.Errorf("-setups and -workers: choose prototype setups or one custom setup")
 	case c.Workers > 0:
 		s := CustomSetup(c.Workers, c.Profile, c.Fail, c.MaxRunning, c.Budget)
 		s.TokenBudget = c.TokenBudget
-		return []Setup{s}, nil
-	}
-	list := c.Setups
-	if list == "" {
-		list = "w4,w8,w8_f4"
-	}
-	s, err := ParseSetups(list)
-	if err != nil {
-		return nil, fmt.Errorf("-setups: %w", err)
-	}
-	for i := range s {
-		if c.Given["max-running"] {
-			s[i].MaxRunning = c.MaxRunning
+		out = []Setup{s}
+	default:
+		list := c.Setups
+		if list == "" {
+			list = recoverystudy.DefaultSetups
 		}
-		s[i].TokenBudget = c.TokenBudget
+		var err error
+		if out, err = ParseSetups(list); err != nil {
+			return nil, fmt.Errorf("-setups: %w", err)
+		}
+		for i := range out {
+			if c.Given["max-running"] {
+				out[i].MaxRunning = c.MaxRunning
+			}
+			out[i].TokenBudget = c.TokenBudget
+		}
 	}
-	return s, nil
+	// A condition given on the command line holds for every setup; one
+	// not given is the setup's own, or the flag's default where the setup
+	// names none (a custom setup names none).
+	for i := range out {
+		s := &out[i]
+		if c.Given["load"] || s.Load == 0 {
+			s.Load = c.Load
+		}
+		if c.Given["reload"] || s.Reload == "" {
+			s.Reload = c.Reload
+		}
+		if c.Given["detect"] || s.Detect == "" {
+			s.Detect = c.Detect
+		}
+		if c.Given["decode-context"] {
+			s.DecodeContext = c.DecodeContext == "on"
+		}
+	}
+	return out, nil
 }
 
 // timing is DefaultTiming with the command's conditions: detection,

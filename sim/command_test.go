@@ -11,11 +11,15 @@ import (
 	"time"
 )
 
-// TestPrototypeSetupsQuick is `lumen sim -setups w4,w8,w8_f4 -quick -json`:
+// TestPrototypeSetupsQuick is `lumen sim -setups w4-mild,w8-mild,w8_f4-mild -quick -json`:
 // the JSON has every setup and column, with the benchmark's keys.
 func TestPrototypeSetupsQuick(t *testing.T) {
 	path, csvPath := filepath.Join(t.TempDir(), "sim.json"), filepath.Join(t.TempDir(), "sim.csv")
-	o := Options{Setups: PrototypeSetups, Quick: true, Seed: 1, Load: 0.7, Timing: DefaultTiming(), JSONPath: path, CSVPath: csvPath}
+	mild, err := ParseSetups("w4-mild,w8-mild,w8_f4-mild")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Setups: mild, Quick: true, Seed: 1, Load: 0.7, Timing: DefaultTiming(), JSONPath: path, CSVPath: csvPath}
 	if _, err := RunStudies(o); err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +35,7 @@ func TestPrototypeSetupsQuick(t *testing.T) {
 		"tokens_recomputed", "requests", "failed_requests", "apply_markfailed_p99_ms", "apply_dispatch_p99_ms",
 		"affected_ttft_mean_ms", "affected_ttft_p99_ms", "affected_tpot_mean_ms", "interrupted_recovery_mean_s",
 		"interrupted_recovery_p99_s", "cluster_recovery_s"}
-	for _, s := range []string{"w4", "w8", "w8_f4"} {
+	for _, s := range []string{"w4-mild", "w8-mild", "w8_f4-mild"} {
 		for _, c := range Columns {
 			fig, ok := got[s][c.Name]
 			if !ok {

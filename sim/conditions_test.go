@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/engine"
@@ -211,7 +212,7 @@ func TestParseDetect(t *testing.T) {
 // -load 0.95 is accepted.
 func TestCommandConditions(t *testing.T) {
 	c := DefaultCommand()
-	c.Setups = "w4,w8"
+	c.Setups = "w4-mild,w8-mild"
 	s, err := c.setups()
 	if err != nil || s[0].MaxRunning != 64 || s[1].MaxRunning != 32 {
 		t.Fatalf("without -max-running: %+v, %v", s, err)
@@ -228,9 +229,29 @@ func TestCommandConditions(t *testing.T) {
 		t.Fatalf("-token-budget 8192: %+v, %v", s, err)
 	}
 	c.TokenBudget = 0
-	if PrototypeSetups[0].MaxRunning != 64 || PrototypeSetups[0].TokenBudget != 0 {
-		t.Fatalf("the override changed the prototype setup: %+v", PrototypeSetups[0])
+	if w4, _ := recoverystudy.Lookup("w4-mild"); w4.MaxRunning != 64 || w4.TokenBudget != 0 {
+		t.Fatalf("the override changed the prototype setup: %+v", w4)
 	}
+	// The headline setups carry the stress; a flag given overrides it for
+	// every setup, one not given leaves each setup's own.
+	c = DefaultCommand()
+	c.Setups = "w8,w8-mild"
+	if s, err = c.setups(); err != nil || s[0].Conditions != recoverystudy.Stress || s[0].MaxRunning != 256 ||
+		s[1].Load != 0.7 || s[1].Reload != "warm" || s[1].Detect != "fast" || s[1].DecodeContext {
+		t.Fatalf("the setups' own conditions: %+v, %v", s, err)
+	}
+	c.Load, c.Reload, c.DecodeContext = 0.5, "40s", "off"
+	c.Given["load"], c.Given["reload"], c.Given["decode-context"] = true, true, true
+	if s, err = c.setups(); err != nil || s[0].Load != 0.5 || s[0].Reload != "40s" || s[0].DecodeContext || s[0].Detect != "fast" || s[1].Load != 0.5 {
+		t.Fatalf("-load 0.5 -reload 40s -decode-context off: %+v, %v", s, err)
+	}
+	if tm, err := DefaultTiming().Under(s[0].Conditions); err != nil || tm.Reload.Kind != engine.ReloadFixed || tm.DecodeContext {
+		t.Fatalf("timing under %+v: %+v, %v", s[0].Conditions, tm, err)
+	}
+	if _, err := DefaultTiming().Under(recoverystudy.Conditions{Reload: "lukewarm"}); err == nil || !strings.Contains(err.Error(), "reload") {
+		t.Fatalf("a bad reload: %v", err)
+	}
+	c = DefaultCommand()
 	c.Detect, c.Reload, c.DecodeContext = "hang", "cold", "on"
 	tm, err := c.timing()
 	if err != nil || !tm.Hang || tm.DetectDelay != DefaultHangDetect || tm.Reload.Kind != engine.ReloadCold || !tm.DecodeContext {

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"testing"
+
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 )
 
 // TestW8F4LumenAhead is issue 12's regression test: in the prototype's
@@ -40,9 +42,10 @@ func TestW8F4LumenAhead(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Logf("seed %d", c.seed)
-		st := Study{Setup: PrototypeSetups[2], Timeline: FullTimeline(), Seed: c.seed, Load: 0.7, Timing: DefaultTiming()}
-		if st.Setup.Name != "w8_f4" {
-			t.Fatalf("setup %s, want w8_f4", st.Setup.Name)
+		setup, _ := recoverystudy.Lookup("w8_f4-mild")
+		st := Study{Setup: setup, Timeline: FullTimeline(), Seed: c.seed, Load: 0.7, Timing: DefaultTiming()}
+		if st.Setup.Name != "w8_f4-mild" {
+			t.Fatalf("setup %s, want w8_f4-mild", st.Setup.Name)
 		}
 		figs, err := st.Run()
 		if err != nil {

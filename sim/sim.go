@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -201,6 +202,28 @@ func DefaultTiming() Timing {
 		NetBytesPerSec: 12.5e9, SendQueuePages: 1024, ReloadScale: 1, SampleEvery: 250 * time.Millisecond,
 		LinkLatency: 100 * time.Microsecond, MigrationInterval: 500 * time.Millisecond, MigrationTimeout: 10 * time.Second,
 		InterconnectBytesPerSec: engine.DefaultInterconnectBytesPerSec, WatchInterval: 10 * time.Millisecond, WatchDelay: time.Millisecond}
+}
+
+// Under is t with a setup's conditions: its detection (ParseDetect), its
+// reload (engine.ParseReload) and its decode step; an empty condition
+// leaves t's.
+func (t Timing) Under(c recoverystudy.Conditions) (Timing, error) {
+	if c.Detect != "" {
+		delay, hang, err := ParseDetect(c.Detect)
+		if err != nil {
+			return t, fmt.Errorf("detection: %w", err)
+		}
+		t.DetectDelay, t.Hang = delay, hang
+	}
+	if c.Reload != "" {
+		r, err := engine.ParseReload(c.Reload)
+		if err != nil {
+			return t, fmt.Errorf("reload: %w", err)
+		}
+		t.Reload = r
+	}
+	t.DecodeContext = c.DecodeContext
+	return t, nil
 }
 
 // Validate says what is wrong with the Config.

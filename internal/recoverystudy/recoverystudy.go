@@ -37,7 +37,82 @@ type Setup struct {
 	// TokenBudget is the tokens one engine step may compute, the chunked
 	// prefill's budget (0: DefaultTokenBudget).
 	TokenBudget int
+	// Conditions are what the setup runs under; a flag of either command
+	// that names one overrides it for every setup of the run.
+	Conditions
+	// Duration and FailAt, when set, are the arrivals' span and the
+	// failure's time (FullTimeline's otherwise): a setup whose reload
+	// takes minutes runs long enough to see the worker back.
+	Duration, FailAt time.Duration
 }
+
+// Conditions are the stress a setup runs under (issue 22), each a property
+// of the workload or the hardware with its source in docs/calibration.md,
+// and the same for every column. The zero value is the mild conditions of
+// the -mild setups: the command's load, a warm reload, detection on the
+// fast path, the profiles' fitted decode step.
+type Conditions struct {
+	// Load is the offered load as a fraction of the measured saturated
+	// throughput (0: the command's -load, 0.7 by default).
+	Load float64
+	// Reload is a restarted worker's model reload: warm, cold or a
+	// duration (engine.ParseReload; empty: warm).
+	Reload string
+	// Detect is how the failure is detected: fast (a kill -9 on the fast
+	// path) or hang (a SIGSTOP that Serf detects); empty: fast.
+	Detect string
+	// DecodeContext makes a decode step grow with the context its rows
+	// read (engine.Profile.DecodeContext).
+	DecodeContext bool
+}
+
+// ReloadOr is the setup's reload, warm when it names none.
+func (c Conditions) ReloadOr() string {
+	if c.Reload == "" {
+		return "warm"
+	}
+	return c.Reload
+}
+
+// DetectOr is the setup's detection, fast when it names none.
+func (c Conditions) DetectOr() string {
+	if c.Detect == "" {
+		return "fast"
+	}
+	return c.Detect
+}
+
+// LoadOr is the setup's load, def when it names none.
+func (c Conditions) LoadOr(def float64) float64 {
+	if c.Load == 0 {
+		return def
+	}
+	return c.Load
+}
+
+// Timeline is the setup's schedule: FullTimeline, or QuickTimeline with
+// quick, over the setup's own Duration and FailAt when it has them (quick
+// scales them, the warm-up and the calibration by StressQuickScale, and
+// the reload too).
+func (s Setup) Timeline(quick bool) Timeline {
+	if s.Duration == 0 {
+		if quick {
+			return QuickTimeline()
+		}
+		return FullTimeline()
+	}
+	tm := Timeline{Warmup: s.FailAt / 3, FailAt: s.FailAt, Duration: s.Duration, Calibration: time.Minute, ReloadScale: 1}
+	if quick {
+		scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) * StressQuickScale) }
+		tm = Timeline{Warmup: scale(tm.Warmup), FailAt: scale(tm.FailAt), Duration: scale(tm.Duration),
+			Calibration: QuickTimeline().Calibration, ReloadScale: StressQuickScale}
+	}
+	return tm
+}
+
+// StressQuickScale is -quick's for a setup with its own timeline: the run
+// and the reload alike, so the reload still ends inside the run.
+const StressQuickScale = 0.3
 
 // DefaultTokenBudget is a step's token budget in every setup: vLLM's
 // chunked-prefill budget at the low end of its 2,048–8,192
@@ -53,10 +128,45 @@ func (s Setup) StepTokens() int {
 }
 
 // Setups are the prototype's setups, by the names both commands take.
+//
+// w4, w8 and w8_f4 run at the stress of the seed's experiments
+// (docs/calibration.md, "Stress conditions"): vLLM's batch cap of 256, so
+// KV memory binds; a decode step that reads each row's context; a cold
+// reload on a replacement node (minutes); 0.9 of saturation; 360 s of
+// arrivals with the failure at 60 s. The -mild setups are the earlier
+// ones, kept for their published figures: 0.7 of saturation, batch caps of
+// 64 and 32, a warm reload, the fitted decode step, 120 s.
 var Setups = []Setup{
-	{Name: "w4", Workers: 4, Profile: "qwen3-32b-h100", Failures: 1, MaxRunning: 64, Budget: 160e9},
-	{Name: "w8", Workers: 8, Profile: "qwen3-14b-h100", Failures: 1, MaxRunning: 32, Budget: 80e9},
-	{Name: "w8_f4", Workers: 8, Profile: "qwen3-14b-h100", Failures: 4, MaxRunning: 32, Budget: 80e9},
+	{Name: "w4", Workers: 4, Profile: "qwen3-32b-h100", Failures: 1, MaxRunning: 256, Budget: 160e9, Conditions: Stress, Duration: StressDuration, FailAt: StressFailAt},
+	{Name: "w8", Workers: 8, Profile: "qwen3-14b-h100", Failures: 1, MaxRunning: 256, Budget: 80e9, Conditions: Stress, Duration: StressDuration, FailAt: StressFailAt},
+	{Name: "w8_f4", Workers: 8, Profile: "qwen3-14b-h100", Failures: 4, MaxRunning: 256, Budget: 80e9, Conditions: Stress, Duration: StressDuration, FailAt: StressFailAt},
+	{Name: "w4-mild", Workers: 4, Profile: "qwen3-32b-h100", Failures: 1, MaxRunning: 64, Budget: 160e9},
+	{Name: "w8-mild", Workers: 8, Profile: "qwen3-14b-h100", Failures: 1, MaxRunning: 32, Budget: 80e9},
+	{Name: "w8_f4-mild", Workers: 8, Profile: "qwen3-14b-h100", Failures: 4, MaxRunning: 32, Budget: 80e9},
+}
+
+// Stress is the headline setups' conditions (docs/calibration.md, "Stress
+// conditions").
+var Stress = Conditions{Load: StressLoad, Reload: "cold", Detect: "fast", DecodeContext: true}
+
+// StressLoad, StressDuration and StressFailAt are the headline setups'
+// load and timeline.
+const (
+	StressLoad     = 0.9
+	StressDuration = 360 * time.Second
+	StressFailAt   = 60 * time.Second
+)
+
+// DefaultSetups are the setups both commands run without -setups.
+const DefaultSetups = "w4,w8,w8_f4"
+
+// SetupNames lists Setups' names, for errors and help.
+func SetupNames() string {
+	names := make([]string, len(Setups))
+	for i, s := range Setups {
+		names[i] = s.Name
+	}
+	return strings.Join(names, ", ")
 }
 
 // Lookup returns a setup of Setups by name.
@@ -75,7 +185,7 @@ func ParseSetups(list string) ([]Setup, error) {
 	for _, name := range strings.Split(list, ",") {
 		s, ok := Lookup(strings.TrimSpace(name))
 		if !ok {
-			return nil, fmt.Errorf("%w %q: use w4, w8, w8_f4", ErrUnknownSetup, name)
+			return nil, fmt.Errorf("%w %q: use %s", ErrUnknownSetup, name, SetupNames())
 		}
 		out = append(out, s)
 	}
