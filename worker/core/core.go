@@ -263,6 +263,7 @@ type Core struct {
 	batchBuf   []engine.Chunk
 	reqsBuf    []*Request
 	restoreBuf []Restore
+	availBuf   []int // specK's drafts per row, reused
 
 	out Output
 }
@@ -569,7 +570,7 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		free -= PagesFor(r.fed+n) - held
 		return true
 	}
-	k := c.specK()
+	k := c.specK(budget, free)
 	for _, r := range c.running {
 		if budget == 0 {
 			break
