@@ -154,12 +154,7 @@ func (c *Core) SpecK() int { return c.spec.k }
 // fixed. Adaptive, the drafter is asked for ChooseK's K at the rows' count
 // and context, which assumes every row has its drafts; the step verifies
 // the K, up to that one, whose fused pass commits the most tokens per unit
-// of step time over the rows as they are (stepK), and nothing while
-// requests wait: a verification's positions come out of the token budget
-// and the free pages the waiting requests need to start, and lengthen the
-// step their prefill waits for, so it would buy the running requests'
-// TPOT with the waiting ones' TTFT (vLLM likewise turns speculation off
-// past a queue depth: --speculative-disable-by-batch-size).
+// of step time over the rows as they are (stepK).
 func (c *Core) specK(budget, free int) int {
 	sc := c.spec.cfg
 	if !sc.Adaptive || sc.Cost == nil {
@@ -175,9 +170,6 @@ func (c *Core) specK(budget, free int) int {
 	alpha := c.Acceptance()
 	ask := ChooseK(alpha, sc.KMax, cost)
 	c.spec.k = ask
-	if len(c.waiting) > 0 {
-		return 0 // the drafter keeps drafting: the queue may drain by the next step
-	}
 	return c.stepK(alpha, ask, rows, cost, budget, free)
 }
 
@@ -320,6 +312,40 @@ func (c *Core) OfferDrafts(id string, base int, tokens []int32) {
 	}
 	r.draftBase = base
 	r.drafts = append(r.drafts[:0], tokens...)
+}
+
+// verify turns the step's plain decodes into verifications of the drafts
+// their requests hold, with the token budget and free pages the step has
+// left once every running request has its chunk and the waiting requests
+// that fit are admitted: a verification never takes the budget or the
+// pages a prefill needs, so it buys no running request's TPOT with a
+// waiting one's TTFT (vLLM's scheduler likewise counts speculative tokens
+// after the running requests' own, and turns speculation off past a queue
+// depth: --speculative-disable-by-batch-size). The K is specK's over
+// what is left.
+func (c *Core) verify(st *Step, budget, free int) {
+	k := c.specK(budget, free)
+	if k == 0 {
+		return
+	}
+	for i, r := range st.Reqs {
+		ch := &st.Batch[i]
+		if len(ch.Tokens) != 1 || ch.Sample != 1 || r.fed != len(r.History)-1 {
+			continue // a prefill chunk
+		}
+		// The decode holds its token of the budget and its page already.
+		own := PagesFor(r.fed+1) - PagesFor(r.fed)
+		d := c.usableDrafts(r, k, budget+1, free+own)
+		if len(d) == 0 {
+			continue
+		}
+		// Verify: the last committed token, then the drafts, in one
+		// chunk that samples after each of them.
+		r.verifyBuf = append(append(r.verifyBuf[:0], r.History[r.fed]), d...)
+		ch.Tokens, ch.Sample, ch.Logprobs = r.verifyBuf, len(r.verifyBuf), r.logprobSlots(len(r.verifyBuf))
+		budget -= len(d)
+		free -= PagesFor(r.fed+len(r.verifyBuf)) - PagesFor(r.fed) - own
+	}
 }
 
 // usableDrafts returns the drafts a decoding request can verify this step:

@@ -81,24 +81,41 @@ func TestAdaptiveKCountsRowsWithDrafts(t *testing.T) {
 	}
 }
 
-// TestNoVerificationWhileRequestsWait: a verification's positions come out
-// of the step's token budget and the free pages that waiting requests need
-// to start, and lengthen the step their prefill waits for; adaptive K does
-// not verify while requests wait (vLLM turns speculation off past a queue
-// depth too: --speculative-disable-by-batch-size).
-func TestNoVerificationWhileRequestsWait(t *testing.T) {
-	c := gateRig(t, 4, 5)
-	offer(c, 4)
-	st := c.Next(time.Unix(1, 0), 1<<20)
-	if n := verifying(st); n != 0 {
-		t.Fatalf("a request waits: %d rows verify, want none", n)
+// TestVerificationAfterAdmissions: a verification's positions come out of
+// the token budget and the free pages that waiting requests need to start,
+// so drafts are verified only with what the step has left once the
+// waiting requests that fit are admitted. Before, the running requests'
+// verifications came first and the admitted request's prefill shrank to
+// the budget they left (its first token a step later).
+func TestVerificationAfterAdmissions(t *testing.T) {
+	prof := engine.Profiles["qwen3-14b-h100"]
+	c := New(Config{Self: "self", TokenBudget: 24, MaxRunning: 8, MaxWaiting: 8}, nil)
+	c.SetSpec(TargetSpec(0, &prof, 0))
+	prompt := func(i int) []int32 { return slices.Repeat([]int32{int32(1 + i)}, 4) }
+	for i := range 4 {
+		c.Submit(&Request{ID: fmt.Sprint("r", i), History: prompt(i), Prompt: 4, MaxTokens: 100})
 	}
-	c.Done(time.Unix(1, 0), sampled(st))
-	c.Cancel(c.Lookup("r4"))
+	now := time.Unix(0, 0)
+	st := c.Next(now, 1<<20)
+	c.Done(now, sampled(st))
 	c.Output()
 	offer(c, 4)
-	if n := verifying(c.Next(time.Unix(2, 0), 1<<20)); n != 4 {
-		t.Fatalf("nothing waits: %d of 4 rows verify, want 4", n)
+	c.Submit(&Request{ID: "late", History: slices.Repeat([]int32{9}, 16), Prompt: 16, MaxTokens: 100})
+	st = c.Next(time.Unix(1, 0), 1<<20)
+	var prefill, drafts int
+	for i, ch := range st.Batch {
+		switch {
+		case st.Reqs[i].ID == "late":
+			prefill = len(ch.Tokens)
+		case ch.Sample > 1:
+			drafts += ch.Sample - 1
+		}
+	}
+	if prefill != 16 {
+		t.Fatalf("the admitted request prefills %d of its 16 tokens (the drafts took %d of the budget of 24)", prefill, drafts)
+	}
+	if drafts != 24-16-4 {
+		t.Fatalf("%d drafts verified with 4 tokens of the budget left, want 4", drafts)
 	}
 }
 
