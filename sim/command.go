@@ -190,6 +190,9 @@ type Command struct {
 	// Figure is the figure to run (FigureNames, spec-k, burst, gateways);
 	// empty: the studies.
 	Figure string
+	// Xs, when set, replaces the sweep of a figure of FigureNames
+	// (FigureOptions.Xs).
+	Xs []float64
 	// Gateways, GatewayChoice (a name of GatewayChoices) and GatewayBias
 	// (only placer.ShareBias runs) are issue 16's dispatch.
 	Gateways      int
@@ -337,7 +340,7 @@ func (c *Command) Run() error {
 	case c.Figure != "":
 		fo := DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning, fo.Budget = c.Seed, c.Seeds, c.Load, timing, c.Out, c.Profile, c.MaxRunning, c.Budget
-		fo.Spec = spec
+		fo.Spec, fo.Xs = spec, c.Xs
 		if c.Workers > 0 {
 			fo.Workers = c.Workers
 		}
