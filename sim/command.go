@@ -181,8 +181,8 @@ type Command struct {
 	// Stress runs a figure or a custom setup at the headline setups'
 	// conditions and timeline (recoverystudy.Stress, a batch cap of 256,
 	// 360 s with the failure at 60 s); a flag given overrides each.
-	Stress bool
-	ApplyTiming   bool
+	Stress      bool
+	ApplyTiming bool
 	// JSONPath, CSVPath, SVGPath: where the results go (empty: nowhere);
 	// TracePath: an Azure 2023 trace instead of the generator; Replot: a
 	// figure's JSON to plot, running nothing.
