@@ -178,7 +178,11 @@ type Command struct {
 	// DecodeContext is "on" or "off": the context-dependent decode step
 	// (Timing.DecodeContext).
 	DecodeContext string
-	ApplyTiming   bool
+	// Stress runs a figure or a custom setup at the headline setups'
+	// conditions and timeline (recoverystudy.Stress, a batch cap of 256,
+	// 360 s with the failure at 60 s); a flag given overrides each.
+	Stress      bool
+	ApplyTiming bool
 	// JSONPath, CSVPath, SVGPath: where the results go (empty: nowhere);
 	// TracePath: an Azure 2023 trace instead of the generator; Replot: a
 	// figure's JSON to plot, running nothing.
@@ -186,6 +190,9 @@ type Command struct {
 	// Figure is the figure to run (FigureNames, spec-k, burst, gateways);
 	// empty: the studies.
 	Figure string
+	// Xs, when set, replaces the sweep of a figure of FigureNames
+	// (FigureOptions.Xs).
+	Xs []float64
 	// Gateways, GatewayChoice (a name of GatewayChoices) and GatewayBias
 	// (only placer.ShareBias runs) are issue 16's dispatch.
 	Gateways      int
@@ -333,12 +340,19 @@ func (c *Command) Run() error {
 	case c.Figure != "":
 		fo := DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning, fo.Budget = c.Seed, c.Seeds, c.Load, timing, c.Out, c.Profile, c.MaxRunning, c.Budget
-		fo.Spec = spec
+		fo.Spec, fo.Xs = spec, c.Xs
 		if c.Workers > 0 {
 			fo.Workers = c.Workers
 		}
 		if c.Quick {
 			fo.Timeline = QuickTimeline()
+		}
+		if c.Stress {
+			s := c.stress(Setup{MaxRunning: fo.MaxRunning, Conditions: recoverystudy.Conditions{Load: fo.Load}})
+			fo.MaxRunning, fo.Load, fo.Timeline = s.MaxRunning, s.Load, s.Timeline(c.Quick)
+			if fo.Timing, err = fo.Timing.Under(s.Conditions); err != nil {
+				return err
+			}
 		}
 		if c.Duration > 0 {
 			fo.Timeline.Duration, fo.Timeline.FailAt, fo.Timeline.Warmup = c.Duration, c.Duration/4, c.Duration/12
@@ -387,6 +401,9 @@ func (c *Command) setups() ([]Setup, error) {
 	case c.Workers > 0:
 		s := CustomSetup(c.Workers, c.Profile, c.Fail, c.MaxRunning, c.Budget)
 		s.TokenBudget = c.TokenBudget
+		if c.Stress {
+			s = c.stress(s)
+		}
 		out = []Setup{s}
 	default:
 		list := c.Setups
@@ -424,6 +441,35 @@ func (c *Command) setups() ([]Setup, error) {
 	}
 	return out, nil
 }
+
+// stress is s at the headline setups' stress: their conditions, batch cap
+// and timeline, but for the flags given (which keep s's values: the
+// command's).
+func (c *Command) stress(s Setup) Setup {
+	keep := s
+	s.Conditions, s.Duration, s.FailAt = recoverystudy.Stress, recoverystudy.StressDuration, recoverystudy.StressFailAt
+	s.MaxRunning = StressMaxRunning
+	if c.Given["max-running"] {
+		s.MaxRunning = keep.MaxRunning
+	}
+	if c.Given["load"] {
+		s.Load = c.Load
+	}
+	if c.Given["reload"] {
+		s.Reload = c.Reload
+	}
+	if c.Given["detect"] {
+		s.Detect = c.Detect
+	}
+	if c.Given["decode-context"] {
+		s.DecodeContext = c.DecodeContext == "on"
+	}
+	return s
+}
+
+// StressMaxRunning is the headline setups' batch cap, vLLM's
+// --max-num-seqs default.
+const StressMaxRunning = 256
 
 // timing is DefaultTiming with the command's conditions: detection,
 // reload, decode step.

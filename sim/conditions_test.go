@@ -251,6 +251,14 @@ func TestCommandConditions(t *testing.T) {
 	if _, err := DefaultTiming().Under(recoverystudy.Conditions{Reload: "lukewarm"}); err == nil || !strings.Contains(err.Error(), "reload") {
 		t.Fatalf("a bad reload: %v", err)
 	}
+	// -stress puts a custom setup at the headline stress, but for the
+	// flags given.
+	c = DefaultCommand()
+	c.Workers, c.Stress, c.Detect, c.Given["detect"] = 64, true, "hang", true
+	if s, err = c.setups(); err != nil || s[0].MaxRunning != StressMaxRunning || s[0].Load != recoverystudy.StressLoad ||
+		s[0].Reload != "cold" || s[0].Detect != "hang" || !s[0].DecodeContext || s[0].Timeline(false).FailAt != recoverystudy.StressFailAt {
+		t.Fatalf("-workers 64 -stress -detect hang: %+v, %v", s, err)
+	}
 	c = DefaultCommand()
 	c.Detect, c.Reload, c.DecodeContext = "hang", "cold", "on"
 	tm, err := c.timing()

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/lumen-project/lumen/sim"
@@ -32,6 +33,17 @@ func runSim(args []string) error {
 	fs.BoolVar(&c.NoRestart, "no-restart", false, "failed workers stay down")
 	fs.StringVar(&c.Detect, "detect", c.Detect, "how a failure is detected: fast (a kill -9 on the fast path, 45ms), hang (a SIGSTOP: the streams stay open until Serf detects it, 0.8s, then the process is killed and restarted), a duration (a kill detected that long after) or hang:DURATION")
 	fs.StringVar(&c.Reload, "reload", c.Reload, "a restarted worker's reload: warm (the same host: weights in the page cache, 23.6s for Qwen3-14B), cold (a replacement node: weights at 0.4 GB/s, engine init with cold compile caches 60s: 2.2 min for Qwen3-14B) or a duration for the whole reload")
+	fs.Func("xs", "with -figure failures, load, proportional, lambda or budget: the sweep's points, comma-separated (failed workers, loads, cluster sizes, lambdas, budget fractions), instead of the figure's own", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || x < 0 {
+				return fmt.Errorf("%q is not a number >= 0", f)
+			}
+			c.Xs = append(c.Xs, x)
+		}
+		return nil
+	})
+	fs.BoolVar(&c.Stress, "stress", false, "with -figure or -workers: run at the headline setups' stress (batch cap 256, -decode-context on, -reload cold, -load 0.9, 360 s with the failure at 60 s; docs/calibration.md); the flags given override each")
 	fs.StringVar(&c.DecodeContext, "decode-context", c.DecodeContext, "on: a decode step grows with the context its rows read (weights + each row's KV over the HBM bandwidth, docs/calibration.md); off: the profiles' fitted line, whatever the lengths")
 	fs.BoolVar(&c.ApplyTiming, "apply-timing", c.ApplyTiming, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
 	fs.StringVar(&c.JSONPath, "json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")

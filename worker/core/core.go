@@ -263,6 +263,7 @@ type Core struct {
 	batchBuf   []engine.Chunk
 	reqsBuf    []*Request
 	restoreBuf []Restore
+	availBuf   []int // specK's drafts per row, reused
 
 	out Output
 }
@@ -569,28 +570,20 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		free -= PagesFor(r.fed+n) - held
 		return true
 	}
-	k := c.specK()
 	for _, r := range c.running {
 		if budget == 0 {
 			break
 		}
-		if d := c.usableDrafts(r, k, budget, free); len(d) > 0 {
-			// Verify: the last committed token, then the drafts, in one
-			// chunk that samples after each of them.
-			r.verifyBuf = append(append(r.verifyBuf[:0], r.History[r.fed]), d...)
-			st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: r.verifyBuf, Sample: len(r.verifyBuf), Params: r.Params, OutIndex: r.Outputs(),
-				Logprobs: r.logprobSlots(len(r.verifyBuf)), TopLogprobs: r.TopLogprobs})
-			st.Reqs = append(st.Reqs, r)
-			budget -= len(r.verifyBuf)
-			free -= PagesFor(r.fed+len(r.verifyBuf)) - PagesFor(r.fed)
-			continue
-		}
 		add(r, budget)
 	}
 	if !admit {
+		c.verify(&st, budget, free)
 		return st
 	}
-	free -= len(c.running)
+	// A page of headroom per running request for its coming decodes; a
+	// verification may use it (its accepted positions are those decodes).
+	headroom := len(c.running)
+	free -= headroom
 	// A request migrating in holds a running slot from its first stage,
 	// one stopped for its migration's commit until the commit.
 	for len(c.waiting) > 0 && budget > 0 && c.slots() < c.cfg.MaxRunning {
@@ -611,6 +604,7 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		}
 		add(r, budget)
 	}
+	c.verify(&st, budget, free+headroom)
 	return st
 }
 

@@ -34,9 +34,10 @@ type SpecConfig struct {
 	K        int
 	Adaptive bool
 	KMax     int
-	// Cost is the modelled duration of a step of rows decoding rows each
-	// verifying k drafts (k = 0: a plain decode step). Required by Adaptive.
-	Cost func(rows, k int) time.Duration
+	// Cost is the modelled duration of a step of s.Rows decoding rows each
+	// verifying s.K drafts (s.K = 0: a plain decode step) over s.Context
+	// positions of KV (engine.Profile.Step's shape). Required by Adaptive.
+	Cost func(s engine.StepShape) time.Duration
 	// Vocab is the engine's vocabulary size (engine.Info.Vocab): drafts
 	// come from another worker, and a token outside [0, Vocab) would fail
 	// the engine's step and every request in it, so OfferDrafts drops the
@@ -86,7 +87,7 @@ func TargetSpec(k int, p *engine.Profile, vocab int) SpecConfig {
 	}
 	prof := *p
 	return SpecConfig{Adaptive: true, KMax: DefaultKMax, Vocab: vocab,
-		Cost: func(rows, k int) time.Duration { return prof.StepTimeK(rows, k, 0) }}
+		Cost: func(s engine.StepShape) time.Duration { return prof.Step(s) }}
 }
 
 // PriorAcceptance is the acceptance rate assumed before any verification
@@ -130,8 +131,8 @@ func (c *Core) NextK() int {
 	if !sc.Adaptive || sc.Cost == nil {
 		return sc.K
 	}
-	rows := max(len(c.running), 1)
-	return ChooseK(c.Acceptance(), sc.KMax, func(k int) time.Duration { return sc.Cost(rows, k) })
+	rows, ctx := c.decodeRows()
+	return ChooseK(c.Acceptance(), sc.KMax, c.stepCost(max(rows, 1), ctx))
 }
 
 // Acceptance is the estimated probability that a draft token is accepted,
@@ -147,15 +148,86 @@ func (c *Core) Acceptance() float64 {
 // for).
 func (c *Core) SpecK() int { return c.spec.k }
 
-// specK chooses this step's K.
-func (c *Core) specK() int {
+// specK chooses the K of the step being built, given its token budget and
+// free pages: the drafts a row may verify this step, and, in c.spec.k, the
+// K the drafter is asked to draft for (SpecK). Both are sc.K when K is
+// fixed. Adaptive, the drafter is asked for ChooseK's K at the rows' count
+// and context, which assumes every row has its drafts; the step verifies
+// the K, up to that one, whose fused pass commits the most tokens per unit
+// of step time over the rows as they are (stepK).
+func (c *Core) specK(budget, free int) int {
 	sc := c.spec.cfg
-	k := sc.K
-	if sc.Adaptive && sc.Cost != nil {
-		k = ChooseK(c.Acceptance(), sc.KMax, func(k int) time.Duration { return sc.Cost(len(c.running), k) })
+	if !sc.Adaptive || sc.Cost == nil {
+		c.spec.k = sc.K
+		return sc.K
 	}
-	c.spec.k = k
-	return k
+	rows, ctx := c.decodeRows()
+	if rows == 0 {
+		c.spec.k = ChooseK(c.Acceptance(), sc.KMax, c.stepCost(1, 0))
+		return 0
+	}
+	cost := c.stepCost(rows, ctx)
+	alpha := c.Acceptance()
+	ask := ChooseK(alpha, sc.KMax, cost)
+	c.spec.k = ask
+	return c.stepK(alpha, ask, rows, cost, budget, free)
+}
+
+// stepK is the K, at most ask, that maximises the tokens this step commits
+// per unit of its modelled time. A row verifies only the drafts it holds
+// (usableDrafts), and commits ExpectedTokens of them; a row without drafts
+// commits one token; but every decoding row pays the fused pass for the
+// step's K (engine.Profile.Step pads rows without drafts to it). When the
+// drafter keeps up with few rows of a large batch, padding all of them
+// costs the whole batch more than the few gain, and the step decodes
+// plainly (0) or verifies fewer drafts: verification never makes a step
+// commit fewer tokens per second than a plain decode would (by the model).
+func (c *Core) stepK(alpha float64, ask, rows int, cost func(k int) time.Duration, budget, free int) int {
+	if ask == 0 {
+		return 0
+	}
+	c.availBuf = c.availBuf[:0]
+	for _, r := range c.running {
+		if n := len(c.usableDrafts(r, ask, budget, free)); n > 0 {
+			c.availBuf = append(c.availBuf, n)
+		}
+	}
+	if len(c.availBuf) == 0 {
+		return 0
+	}
+	best, bestRate := 0, float64(rows)/float64(cost(0))
+	for k := 1; k <= ask; k++ {
+		committed := float64(rows - len(c.availBuf))
+		for _, n := range c.availBuf {
+			committed += ExpectedTokens(alpha, min(k, n))
+		}
+		if rate := committed / float64(cost(k)); rate > bestRate*(1+1e-9) {
+			best, bestRate = k, rate
+		}
+	}
+	return best
+}
+
+// decodeRows counts the running requests that decode (their prompt and
+// output are cached but for the last token) and the KV positions a plain
+// decode step of them reads.
+func (c *Core) decodeRows() (rows, context int) {
+	for _, r := range c.running {
+		if r.fed == len(r.History)-1 {
+			rows++
+			context += r.fed + 1
+		}
+	}
+	return rows, context
+}
+
+// stepCost is Cost as a function of K for rows decoding rows over context
+// positions: a verification of k drafts reads k more positions per row.
+func (c *Core) stepCost(rows, context int) func(k int) time.Duration {
+	cost := c.spec.cfg.Cost
+	return func(k int) time.Duration {
+		return cost(engine.StepShape{Rows: rows, K: k, Context: context + rows*k})
+	}
 }
 
 // ExpectedTokens is the tokens a verification of k drafts commits on
@@ -240,6 +312,40 @@ func (c *Core) OfferDrafts(id string, base int, tokens []int32) {
 	}
 	r.draftBase = base
 	r.drafts = append(r.drafts[:0], tokens...)
+}
+
+// verify turns the step's plain decodes into verifications of the drafts
+// their requests hold, with the token budget and free pages the step has
+// left once every running request has its chunk and the waiting requests
+// that fit are admitted: a verification never takes the budget or the
+// pages a prefill needs, so it buys no running request's TPOT with a
+// waiting one's TTFT (vLLM's scheduler likewise counts speculative tokens
+// after the running requests' own, and turns speculation off past a queue
+// depth: --speculative-disable-by-batch-size). The K is specK's over
+// what is left.
+func (c *Core) verify(st *Step, budget, free int) {
+	k := c.specK(budget, free)
+	if k == 0 {
+		return
+	}
+	for i, r := range st.Reqs {
+		ch := &st.Batch[i]
+		if len(ch.Tokens) != 1 || ch.Sample != 1 || r.fed != len(r.History)-1 {
+			continue // a prefill chunk
+		}
+		// The decode holds its token of the budget and its page already.
+		own := PagesFor(r.fed+1) - PagesFor(r.fed)
+		d := c.usableDrafts(r, k, budget+1, free+own)
+		if len(d) == 0 {
+			continue
+		}
+		// Verify: the last committed token, then the drafts, in one
+		// chunk that samples after each of them.
+		r.verifyBuf = append(append(r.verifyBuf[:0], r.History[r.fed]), d...)
+		ch.Tokens, ch.Sample, ch.Logprobs = r.verifyBuf, len(r.verifyBuf), r.logprobSlots(len(r.verifyBuf))
+		budget -= len(d)
+		free -= PagesFor(r.fed+len(r.verifyBuf)) - PagesFor(r.fed) - own
+	}
 }
 
 // usableDrafts returns the drafts a decoding request can verify this step:

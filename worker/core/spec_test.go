@@ -15,14 +15,14 @@ import (
 // (0.3 ms each against 0.1 ms per decoding row): adaptive K drafts at
 // batch 1 and stops (K = 0) from a few rows on, so K changes with the
 // batch inside one run.
-func cpuishCost(rows, k int) time.Duration {
+func cpuishCost(s engine.StepShape) time.Duration {
 	p := engine.Profile{DecodeBaseMs: 2, DecodePerSeqMs: 0.1, VerifyPerPosMs: 0.3, PrefillTokensPerSec: 1e5}
-	return p.StepTimeK(rows, k, 0)
+	return p.Step(s)
 }
 
-func gpuCost(name string) func(rows, k int) time.Duration {
+func gpuCost(name string) func(s engine.StepShape) time.Duration {
 	p := engine.Profiles[name]
-	return func(rows, k int) time.Duration { return p.StepTimeK(rows, k, 0) }
+	return p.Step
 }
 
 // TestSpecOracle runs a target Core and a Drafter in one loop over real
@@ -297,7 +297,8 @@ func TestSpecDraftsThatDoNotFit(t *testing.T) {
 
 // TestChooseK checks adaptive K against the Qwen3-14B/H100 step costs.
 func TestChooseK(t *testing.T) {
-	cost := gpuCost("qwen3-14b-h100")
+	p := engine.Profiles["qwen3-14b-h100"]
+	cost := func(rows, k int) time.Duration { return p.StepTimeK(rows, k, 0) }
 	at := func(rows int) func(int) time.Duration { return func(k int) time.Duration { return cost(rows, k) } }
 	// Small batch: verification is nearly free, drafting pays even at a
 	// low acceptance.
