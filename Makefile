@@ -142,12 +142,18 @@ clean:
 	rm -rf bin
 
 ## sim: the simulator's figures (docs/benchmarks.md, "Simulation"): the
-## prototype setups beside `bench recovery`, then every figure at 64
-## workers; JSON in bench-results/, plots in docs/sim/.
+## setups beside `bench recovery` (the headline ones at the seed's stress,
+## then the -mild ones), every figure at 64 workers under the mild
+## conditions, then the recovery figures at the stress (-stress: about three
+## minutes a point on two cores); JSON in bench-results/, plots in docs/sim/.
 .PHONY: sim
 sim: build
 	mkdir -p bench-results
 	./$(BIN) sim -setups w4,w8,w8_f4 -seed 1 -json bench-results/sim-setups.json
+	./$(BIN) sim -setups w4-mild,w8-mild,w8_f4-mild -seed 1 -json bench-results/sim-setups-mild.json
 	for f in failures load proportional lambda budget; do \
 		./$(BIN) sim -figure $$f -seed 1 -json bench-results/sim-$$f.json -svg docs/sim/$$f.svg || exit 1; \
 	done
+	./$(BIN) sim -figure failures -stress -xs 1,4,16 -seed 1 -json bench-results/sim-failures-stress.json -svg docs/sim/failures-stress.svg
+	./$(BIN) sim -figure proportional -stress -seed 1 -json bench-results/sim-proportional-stress.json -svg docs/sim/proportional-stress.svg
+	./$(BIN) sim -figure load -stress -xs 0.7,0.9,0.95 -seed 1 -json bench-results/sim-load-stress.json -svg docs/sim/load-stress.svg
