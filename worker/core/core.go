@@ -483,13 +483,40 @@ func remove(q []*Request, r *Request) []*Request {
 	return q
 }
 
-// Next builds the next step — every running request's next decode or
-// prefill chunk, then waiting requests while the token budget and KV pages
-// allow — given the engine's free pages. When the running requests' next
-// chunks cannot get pages it preempts the most recently admitted request
-// (its cache is dropped and it waits to be recomputed) and tries again
-// without admitting anyone, so a victim is never re-admitted into the same
-// squeeze. An empty Step means nothing can run now: see Stalled.
+// Next builds the next step given the engine's free pages, as vLLM's
+// scheduler does (V1 Scheduler.schedule; V0's recompute preemption): first
+// the running requests, oldest admitted first, each its next chunk under
+// the token budget — a decode or the next chunk of its prefill — then,
+// when no request was preempted, waiting requests while the budget, the
+// slots and the KV pages allow, then drafts verified with the budget and
+// pages left (verify). An empty Step means nothing can run now: see
+// Stalled.
+//
+// Preemption by recompute. A prefill chunk shrinks to the pages that are
+// free, as it does to the token budget. A running request whose chunk gets
+// no token at all — its next position starts a new page and none is free
+// (a decode, or a prefill chunk at a page boundary) — preempts the most
+// recently admitted running request: its cache is dropped, it goes back to
+// the head of the waiting queue with a new sequence, to be recomputed (its
+// prompt and the outputs it had: the same tokens follow), and the pages it
+// held are counted free; the chunk is tried again, preempting the next
+// newest, until it fits or the request is itself the newest, and then it is
+// preempted itself. The rows already in the step are older than every
+// victim, so they stay. Requests stopped for their migration's commit and
+// migrations in are not in the running set: they hold their pages and are
+// never victims. A step that preempted admits nobody (vLLM schedules no
+// waiting request in a step with preemptions): a victim is not re-admitted
+// in the step that preempted it, and nobody is admitted into pages the
+// running requests are short of.
+//
+// Where lumen differs from vLLM: vLLM allocates a running request's whole
+// chunk (min(remaining prompt, budget)) or preempts; here a prefill chunk
+// first shrinks to the free pages. The chunk's length is the scheduler's
+// choice either way, and the shorter chunk makes progress without
+// discarding a cache — under vLLM's rule the victim is usually the
+// prefilling request itself, the newest, which then recomputes what it had
+// prefilled. A verification takes only what is left: drafts never
+// preempt.
 //
 // A waiting request is refused (ErrTooLarge) only when it cannot be
 // admitted although the Core holds nothing — no request runs, stands
@@ -504,30 +531,28 @@ func (c *Core) Next(now time.Time, free int) Step {
 	if admit {
 		free = c.makeRoom(free)
 	}
-	for {
-		st := c.build(now, free, admit)
-		if len(st.Batch) == 0 {
-			switch {
-			case len(c.running) > 0:
-				free += c.preempt() // every running request waits for a page
-				admit = false
-				continue
-			case admit && len(c.waiting) > 0 && len(c.stopped) == 0 && len(c.incoming) == 0:
-				// The head cannot fit even alone, in every free page: it
-				// never will (Submit refuses such a call when it knows
-				// the engine's pages).
-				head := c.waiting[0]
-				c.drop(head, fmt.Errorf("%w: it needs %d KV pages to start, %d are free and nothing else holds any", ErrTooLarge,
-					PagesFor(min(len(head.History), c.cfg.TokenBudget)), free), true)
-			case admit && len(c.waiting) > 0:
-				c.stalled = true
-			}
-			c.pending = Step{}
-			return Step{}
-		}
+	st, preempted := c.build(now, free, admit)
+	if len(st.Batch) > 0 {
 		c.pending = st
 		return st
 	}
+	// Nothing runs (a running request always has a chunk or preempts
+	// down to itself).
+	switch {
+	case !admit || preempted || len(c.running) > 0 || len(c.waiting) == 0:
+		// The call after a squeeze admits.
+	case len(c.stopped) == 0 && len(c.incoming) == 0:
+		// The head cannot fit even alone, in every free page: it never
+		// will (Submit refuses such a call when it knows the engine's
+		// pages).
+		head := c.waiting[0]
+		c.drop(head, fmt.Errorf("%w: it needs %d KV pages to start, %d are free and nothing else holds any", ErrTooLarge,
+			PagesFor(min(len(head.History), c.cfg.TokenBudget)), free), true)
+	default:
+		c.stalled = true
+	}
+	c.pending = Step{}
+	return Step{}
 }
 
 // Stalled reports whether the last Next admitted and built nothing while
@@ -539,15 +564,25 @@ func (c *Core) Next(now time.Time, free int) Step {
 // first call after a squeeze does not admit), call Next again.
 func (c *Core) Stalled() bool { return c.stalled && len(c.running) == 0 && len(c.waiting) > 0 }
 
-// build takes each running request's next chunk while the token budget and
-// the free KV pages last (a prefill chunk shrinks to the pages there are),
-// then, when admit is set, waiting requests whose first chunk — after the
-// checkpoint pages they will import — fits, leaving a page of headroom per
-// running request for its coming decodes.
-func (c *Core) build(now time.Time, free int, admit bool) Step {
+// build takes each running request's next chunk while the token budget
+// lasts (a prefill chunk shrinks to the pages there are), preempting the
+// newest running requests for a chunk that gets no page (Next), then, when
+// admit is set and nobody was preempted, waiting requests whose first chunk
+// — after the checkpoint pages they will import — fits. It reports whether
+// it preempted.
+//
+// Admission leaves a page of headroom per running request for its coming
+// decodes. vLLM V1 keeps none (V0 kept a watermark of 1% of the blocks):
+// the headroom stays because preemption is by recompute, and a request
+// admitted into the last pages would be the newest, the first victim of
+// the next decode that crosses a page boundary — its prefill thrown away a
+// step after it ran. At vLLM's batch cap it is 256 pages, 1.6% of
+// Qwen3-14B's 16,212 on an H100: the order of V0's watermark. makeRoom and
+// a migration in (AcceptStage) count the same headroom.
+func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bool) {
 	budget := c.cfg.TokenBudget
 	// The step's slices are the Core's, reused: valid until the next Next.
-	st := Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
+	st = Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
 	defer func() { c.batchBuf, c.reqsBuf, c.restoreBuf = st.Batch, st.Reqs, st.Restores }()
 	// add takes up to n tokens of r's pending history, as far as free
 	// pages allow, and reports whether it took any.
@@ -570,15 +605,26 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		free -= PagesFor(r.fed+n) - held
 		return true
 	}
-	for _, r := range c.running {
+	// By index: a preemption shortens c.running from its end.
+	for i := 0; i < len(c.running); i++ {
+		r := c.running[i]
 		if budget == 0 {
 			break
 		}
-		add(r, budget)
+		// A running request always has a token to feed; add fails only
+		// for want of a page.
+		for r.fed < len(r.History) && !add(r, budget) {
+			v := c.running[len(c.running)-1]
+			free += c.preempt()
+			preempted = true
+			if v == r {
+				break // it was the newest: nobody after it runs
+			}
+		}
 	}
-	if !admit {
+	if !admit || preempted {
 		c.verify(&st, budget, free)
-		return st
+		return st, preempted
 	}
 	// A page of headroom per running request for its coming decodes; a
 	// verification may use it (its accepted positions are those decodes).
@@ -605,7 +651,7 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		add(r, budget)
 	}
 	c.verify(&st, budget, free+headroom)
-	return st
+	return st, false
 }
 
 // preempt sends the most recently admitted running request back to the
