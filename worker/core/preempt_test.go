@@ -21,7 +21,7 @@ type pagedRig struct {
 }
 
 func newPagedRig(t *testing.T, total int, cfg Config) *pagedRig {
-	cfg.TotalPages = total
+	cfg.TotalPages, cfg.Preemption = total, PreemptVLLM
 	if cfg.MaxRunning == 0 {
 		cfg.MaxRunning = 16
 	}
@@ -249,7 +249,7 @@ func TestPreemptOutputsUnderPressure(t *testing.T) {
 			t.Logf("seed %d", seed)
 			rng := rand.New(rand.NewPCG(seed, 22))
 			const pages, budget = 16, 48
-			h := newHarness(t, pages, Config{TokenBudget: budget, MaxRunning: 8}, nil)
+			h := newHarness(t, pages, Config{TokenBudget: budget, MaxRunning: 8, Preemption: PreemptVLLM}, nil)
 			want := map[string][]int32{}
 			type arrival struct {
 				id     string
