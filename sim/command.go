@@ -178,6 +178,9 @@ type Command struct {
 	// DecodeContext is "on" or "off": the context-dependent decode step
 	// (Timing.DecodeContext).
 	DecodeContext string
+	// Preemption is the workers' rule for a running request short of a
+	// KV page: wait or vllm (core.ParsePreemption).
+	Preemption string
 	// Stress runs a figure or a custom setup at the headline setups'
 	// conditions and timeline (recoverystudy.Stress, a batch cap of 256,
 	// 360 s with the failure at 60 s); a flag given overrides each.
@@ -218,7 +221,7 @@ type Command struct {
 // DefaultCommand is `lumen sim` without flags.
 func DefaultCommand() Command {
 	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
-		Detect: "fast", Reload: "warm", DecodeContext: "off", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
+		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
 		Migration: "off", CV: 4, SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
 
@@ -438,6 +441,9 @@ func (c *Command) setups() ([]Setup, error) {
 		if c.Given["decode-context"] {
 			s.DecodeContext = c.DecodeContext == "on"
 		}
+		if c.Given["preemption"] {
+			s.Preemption = c.Preemption
+		}
 	}
 	return out, nil
 }
@@ -482,6 +488,9 @@ func (c *Command) timing() (Timing, error) {
 	t.DetectDelay, t.Hang = delay, hang
 	if t.Reload, err = engine.ParseReload(c.Reload); err != nil {
 		return t, fmt.Errorf("-reload: %w", err)
+	}
+	if t.Preemption, err = core.ParsePreemption(c.Preemption); err != nil {
+		return t, fmt.Errorf("-preemption: %w", err)
 	}
 	switch c.DecodeContext {
 	case "on":

@@ -10,6 +10,7 @@ import (
 	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
+	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -250,6 +251,20 @@ func TestCommandConditions(t *testing.T) {
 	}
 	if _, err := DefaultTiming().Under(recoverystudy.Conditions{Reload: "lukewarm"}); err == nil || !strings.Contains(err.Error(), "reload") {
 		t.Fatalf("a bad reload: %v", err)
+	}
+	// -preemption vllm reaches the workers' cores; a bad rule is refused
+	// by name.
+	c = DefaultCommand()
+	c.Setups, c.Preemption, c.Given["preemption"] = "w8", "vllm", true
+	if s, err = c.setups(); err != nil || s[0].Preemption != "vllm" {
+		t.Fatalf("-preemption vllm: %+v, %v", s, err)
+	}
+	if tm, err := DefaultTiming().Under(s[0].Conditions); err != nil || tm.Preemption != core.PreemptVLLM {
+		t.Fatalf("timing under -preemption vllm: %+v, %v", tm, err)
+	}
+	c.Preemption = "lifo"
+	if _, err := c.timing(); err == nil || !strings.Contains(err.Error(), `-preemption: preemption "lifo"`) {
+		t.Fatalf("-preemption lifo: %v", err)
 	}
 	// -stress puts a custom setup at the headline stress, but for the
 	// flags given.

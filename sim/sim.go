@@ -107,6 +107,9 @@ type Timing struct {
 	// cold, to the draft's (engine.Profile.WithReload). ReloadScale
 	// scales the result.
 	Reload engine.Reload
+	// Preemption is the workers' rule for a running request short of a KV
+	// page (core.Config.Preemption; the zero value, lumen's: it waits).
+	Preemption core.Preemption
 	// DecodeContext turns on the profile's context-dependent decode step
 	// (engine.Profile.DecodeContext): every row costs the KV read of its
 	// own context. Off, the profile's fitted line, whatever the lengths.
@@ -221,6 +224,13 @@ func (t Timing) Under(c recoverystudy.Conditions) (Timing, error) {
 			return t, fmt.Errorf("reload: %w", err)
 		}
 		t.Reload = r
+	}
+	if c.Preemption != "" {
+		p, err := core.ParsePreemption(c.Preemption)
+		if err != nil {
+			return t, err
+		}
+		t.Preemption = p
 	}
 	t.DecodeContext = c.DecodeContext
 	return t, nil
@@ -689,7 +699,7 @@ func (s *Sim) register(w *simWorker, phase pb.WorkerPhase) {
 	w.alive = true
 	w.store = newSimStore(s.cfg.CheckpointBudget)
 	w.core = core.New(core.Config{Self: w.id, TokenBudget: s.cfg.TokenBudget, MaxRunning: s.cfg.MaxRunning,
-		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages}, w.store)
+		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages, Preemption: s.cfg.Timing.Preemption}, w.store)
 	w.waits = core.WaitWindow{}
 	w.busy, w.kick, w.linkFree, w.published = false, false, s.now, 0
 	w.between = nil

@@ -50,6 +50,8 @@ type Figures struct {
 	// Wall-clock p99 of fsm.Apply (0 unless measured).
 	ApplyMarkFailedP99Ms float64 `json:"apply_markfailed_p99_ms"`
 	ApplyDispatchP99Ms   float64 `json:"apply_dispatch_p99_ms"`
+	// Preemptions by recompute over every worker (core.Output).
+	Preemptions int `json:"preemptions"`
 
 	// Speculation, in the lumen column (absent where nothing was
 	// drafted). AcceptRate is accepted / verified draft tokens; AssistS
@@ -266,6 +268,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		f.Resumes(res.Resumes)
 		f.Interrupted = res.Interrupted
 		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages), float64(res.RecomputedTokens)
+		f.Preemptions = res.Preemptions
 		f.ApplyDispatchP99Ms = servingstats.Percentile(res.ApplyDispatch, 0.99)
 		f.ApplyMarkFailedP99Ms = servingstats.Percentile(res.ApplyMarkFailed, 0.99)
 		if col.Fail {
@@ -289,6 +292,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 			Rows: []recoverystudy.Row{
 				{Name: "Apply(MarkFailed) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyMarkFailedP99Ms) }},
 				{Name: "Apply(Dispatch) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyDispatchP99Ms) }},
+				{Name: "preemptions", Cell: func(c string) string { return fmt.Sprintf("%d", figs[c].Preemptions) }},
 			}}
 		t.Print(st.Log)
 		PrintSpec(st.Log, figs["lumen"])

@@ -76,6 +76,9 @@ type Config struct {
 	TokenBudget int
 	MaxRunning  int
 	MaxWaiting  int
+	// Preemption is what a running request short of a KV page does
+	// (core.Config.Preemption; default core.PreemptWait).
+	Preemption core.Preemption
 
 	// LoadInterval is how often load is reported (default 250 ms); a change
 	// of more than LoadChange of KV usage or queue length reports at once.

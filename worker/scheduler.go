@@ -123,7 +123,8 @@ func (v storeView) Prefix(hashes []uint64) [][]byte { return v.s.prefix(hashes) 
 
 func newScheduler(w *Worker) *scheduler {
 	c := core.New(core.Config{Self: w.cfg.ID, TokenBudget: w.cfg.TokenBudget, MaxRunning: w.cfg.MaxRunning,
-		MaxWaiting: w.cfg.MaxWaiting, TotalPages: w.cfg.Engine.Info().TotalPages, MigrationTimeout: w.cfg.MigrationTimeout},
+		MaxWaiting: w.cfg.MaxWaiting, TotalPages: w.cfg.Engine.Info().TotalPages, MigrationTimeout: w.cfg.MigrationTimeout,
+		Preemption: w.cfg.Preemption},
 		storeView{w.store})
 	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan *request, 256),
 		reset: make(chan error), stop: make(chan struct{}), done: make(chan struct{}), assist: make(chan assistCtl),

@@ -57,6 +57,10 @@ func runWorker(args []string) error {
 	draftSeed := fs.Uint64("draft-seed", 1, "synthetic engine: the seed of the draft's agreement")
 	progressive := fs.Bool("progressive", true, "after a failure, recover progressively: load the draft, assist a survivor while the model loads, then hot-swap it in (false: load the model at once, as on a fresh start)")
 	fs.DurationVar(&cfg.MigrationTimeout, "migration-timeout", cfg.MigrationTimeout, "how long a request migrating here waits for its source's next stage (and, after the last, for its call) before its pages are reclaimed")
+	fs.Func("preemption", "a running request short of a KV page: wait (it sits the step out, its cache kept; the default) or vllm (it preempts the newest running request, by recompute, as vLLM's scheduler does)", func(v string) (err error) {
+		cfg.Preemption, err = core.ParsePreemption(v)
+		return err
+	})
 	decodeContext := fs.Bool("decode-context", false, "with a profile, a decode step grows with the context its rows read (engine.Profile.DecodeContext; docs/calibration.md)")
 	reloadFlag := fs.String("reload", "warm", "with a profile, the emulated model load: warm (weights in the page cache), cold (a replacement node: cold storage, cold compile caches) or a duration for the whole load")
 	interconnect := fs.String("interconnect", "", "with a profile, the KV copy bandwidth to another worker per second (live migration), e.g. 25GB (default: the profile's)")

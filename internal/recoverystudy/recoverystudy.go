@@ -64,6 +64,9 @@ type Conditions struct {
 	// DecodeContext makes a decode step grow with the context its rows
 	// read (engine.Profile.DecodeContext).
 	DecodeContext bool
+	// Preemption is the workers' rule for a running request short of a
+	// KV page: wait (lumen's) or vllm (core.ParsePreemption); empty: wait.
+	Preemption string
 }
 
 // ReloadOr is the setup's reload, warm when it names none.

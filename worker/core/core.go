@@ -52,6 +52,47 @@ type Config struct {
 	MigrationStopPages int
 	MigrationMaxStages int
 	MigrationTimeout   time.Duration
+	// Preemption is what a running request whose next chunk gets no KV
+	// page does (Next): PreemptWait, lumen's default, or PreemptVLLM.
+	Preemption Preemption
+}
+
+// Preemption is a rule for a running request short of a KV page.
+type Preemption int
+
+const (
+	// PreemptWait is lumen's rule: the request sits the step out, its
+	// cache kept, while the older requests run; the newest running
+	// request is preempted (by recompute) only when none of them can
+	// run. On Qwen3-32B/H100, where the KV cache binds at about 19
+	// requests, it sustains 20–25% more throughput than vLLM's rule
+	// (docs/calibration.md, "Engine defaults"): a victim of vLLM's is
+	// usually the newest request, still prefilling a long prompt, whose
+	// thousands of tokens are computed again.
+	PreemptWait Preemption = iota
+	// PreemptVLLM is vLLM's scheduler's: the request preempts the newest
+	// running request, by recompute, until its chunk fits or it is itself
+	// the newest (Next).
+	PreemptVLLM
+)
+
+// ParsePreemption reads a rule's name: wait or vllm.
+func ParsePreemption(s string) (Preemption, error) {
+	switch s {
+	case "wait":
+		return PreemptWait, nil
+	case "vllm":
+		return PreemptVLLM, nil
+	}
+	return 0, fmt.Errorf("preemption %q: wait (a request short of a page sits the step out; lumen's) or vllm (it preempts the newest running request, by recompute)", s)
+}
+
+// String is the rule's name.
+func (p Preemption) String() string {
+	if p == PreemptVLLM {
+		return "vllm"
+	}
+	return "wait"
 }
 
 // Store is the worker's checkpoint store as the Core sees it: the pages it
@@ -483,13 +524,46 @@ func remove(q []*Request, r *Request) []*Request {
 	return q
 }
 
-// Next builds the next step — every running request's next decode or
-// prefill chunk, then waiting requests while the token budget and KV pages
-// allow — given the engine's free pages. When the running requests' next
-// chunks cannot get pages it preempts the most recently admitted request
-// (its cache is dropped and it waits to be recomputed) and tries again
-// without admitting anyone, so a victim is never re-admitted into the same
-// squeeze. An empty Step means nothing can run now: see Stalled.
+// Next builds the next step given the engine's free pages: first the
+// running requests, oldest admitted first, each its next chunk under the
+// token budget — a decode, or the next chunk of its prefill — then, when no
+// request was preempted, waiting requests while the budget, the slots and
+// the KV pages allow, and last the verifications of drafts with what is
+// left (verify). An empty Step means nothing can run now: see Stalled.
+//
+// A running request whose chunk gets no page follows Config.Preemption.
+// Under PreemptWait (lumen's default) it sits the step out, its cache
+// kept, while the older requests run; when none of them can run, the
+// newest is preempted by recompute and the step is built again without
+// admitting, so a victim is never re-admitted into the same squeeze.
+// PreemptVLLM is vLLM's scheduler (V1 Scheduler.schedule; V0's recompute
+// preemption):
+//
+// Preemption by recompute. A prefill chunk shrinks to the pages that are
+// free, as it does to the token budget. A running request whose chunk gets
+// no token at all — its next position starts a new page and none is free
+// (a decode, or a prefill chunk at a page boundary) — preempts the most
+// recently admitted running request: its cache is dropped, it goes back to
+// the head of the waiting queue with a new sequence, to be recomputed (its
+// prompt and the outputs it had: the same tokens follow), and the pages it
+// held are counted free; the chunk is tried again, preempting the next
+// newest, until it fits or the request is itself the newest, and then it is
+// preempted itself. The rows already in the step are older than every
+// victim, so they stay. Requests stopped for their migration's commit and
+// migrations in are not in the running set: they hold their pages and are
+// never victims. A step that preempted admits nobody (vLLM schedules no
+// waiting request in a step with preemptions): a victim is not re-admitted
+// in the step that preempted it, and nobody is admitted into pages the
+// running requests are short of.
+//
+// Where PreemptVLLM differs from vLLM: vLLM allocates a running request's whole
+// chunk (min(remaining prompt, budget)) or preempts; here a prefill chunk
+// first shrinks to the free pages. The chunk's length is the scheduler's
+// choice either way, and the shorter chunk makes progress without
+// discarding a cache — under vLLM's rule the victim is usually the
+// prefilling request itself, the newest, which then recomputes what it had
+// prefilled. A verification takes only what is left: drafts never
+// preempt.
 //
 // A waiting request is refused (ErrTooLarge) only when it cannot be
 // admitted although the Core holds nothing — no request runs, stands
@@ -505,28 +579,33 @@ func (c *Core) Next(now time.Time, free int) Step {
 		free = c.makeRoom(free)
 	}
 	for {
-		st := c.build(now, free, admit)
-		if len(st.Batch) == 0 {
-			switch {
-			case len(c.running) > 0:
-				free += c.preempt() // every running request waits for a page
-				admit = false
-				continue
-			case admit && len(c.waiting) > 0 && len(c.stopped) == 0 && len(c.incoming) == 0:
-				// The head cannot fit even alone, in every free page: it
-				// never will (Submit refuses such a call when it knows
-				// the engine's pages).
-				head := c.waiting[0]
-				c.drop(head, fmt.Errorf("%w: it needs %d KV pages to start, %d are free and nothing else holds any", ErrTooLarge,
-					PagesFor(min(len(head.History), c.cfg.TokenBudget)), free), true)
-			case admit && len(c.waiting) > 0:
-				c.stalled = true
-			}
-			c.pending = Step{}
-			return Step{}
+		st, preempted := c.build(now, free, admit)
+		if len(st.Batch) > 0 {
+			c.pending = st
+			return st
 		}
-		c.pending = st
-		return st
+		switch {
+		case len(c.running) > 0:
+			// PreemptWait: every running request waits for a page (under
+			// PreemptVLLM one always has a chunk or preempts down to
+			// itself).
+			free += c.preempt()
+			admit = false
+			continue
+		case !admit || preempted || len(c.waiting) == 0:
+			// The call after a squeeze admits.
+		case len(c.stopped) == 0 && len(c.incoming) == 0:
+			// The head cannot fit even alone, in every free page: it
+			// never will (Submit refuses such a call when it knows the
+			// engine's pages).
+			head := c.waiting[0]
+			c.drop(head, fmt.Errorf("%w: it needs %d KV pages to start, %d are free and nothing else holds any", ErrTooLarge,
+				PagesFor(min(len(head.History), c.cfg.TokenBudget)), free), true)
+		default:
+			c.stalled = true
+		}
+		c.pending = Step{}
+		return Step{}
 	}
 }
 
@@ -539,15 +618,25 @@ func (c *Core) Next(now time.Time, free int) Step {
 // first call after a squeeze does not admit), call Next again.
 func (c *Core) Stalled() bool { return c.stalled && len(c.running) == 0 && len(c.waiting) > 0 }
 
-// build takes each running request's next chunk while the token budget and
-// the free KV pages last (a prefill chunk shrinks to the pages there are),
-// then, when admit is set, waiting requests whose first chunk — after the
-// checkpoint pages they will import — fits, leaving a page of headroom per
-// running request for its coming decodes.
-func (c *Core) build(now time.Time, free int, admit bool) Step {
+// build takes each running request's next chunk while the token budget
+// lasts (a prefill chunk shrinks to the pages there are), preempting the
+// newest running requests for a chunk that gets no page (Next), then, when
+// admit is set and nobody was preempted, waiting requests whose first chunk
+// — after the checkpoint pages they will import — fits. It reports whether
+// it preempted.
+//
+// Admission leaves a page of headroom per running request for its coming
+// decodes. vLLM V1 keeps none (V0 kept a watermark of 1% of the blocks):
+// the headroom stays because preemption is by recompute, and a request
+// admitted into the last pages would be the newest, the first victim of
+// the next decode that crosses a page boundary — its prefill thrown away a
+// step after it ran. At vLLM's batch cap it is 256 pages, 1.6% of
+// Qwen3-14B's 16,212 on an H100: the order of V0's watermark. makeRoom and
+// a migration in (AcceptStage) count the same headroom.
+func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bool) {
 	budget := c.cfg.TokenBudget
 	// The step's slices are the Core's, reused: valid until the next Next.
-	st := Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
+	st = Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
 	defer func() { c.batchBuf, c.reqsBuf, c.restoreBuf = st.Batch, st.Reqs, st.Restores }()
 	// add takes up to n tokens of r's pending history, as far as free
 	// pages allow, and reports whether it took any.
@@ -570,15 +659,29 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		free -= PagesFor(r.fed+n) - held
 		return true
 	}
-	for _, r := range c.running {
+	// By index: a preemption shortens c.running from its end.
+	for i := 0; i < len(c.running); i++ {
+		r := c.running[i]
 		if budget == 0 {
 			break
 		}
-		add(r, budget)
+		// A running request always has a token to feed; add fails only
+		// for want of a page.
+		for r.fed < len(r.History) && !add(r, budget) {
+			if c.cfg.Preemption != PreemptVLLM {
+				break // PreemptWait: it sits the step out
+			}
+			v := c.running[len(c.running)-1]
+			free += c.preempt()
+			preempted = true
+			if v == r {
+				break // it was the newest: nobody after it runs
+			}
+		}
 	}
-	if !admit {
+	if !admit || preempted {
 		c.verify(&st, budget, free)
-		return st
+		return st, preempted
 	}
 	// A page of headroom per running request for its coming decodes; a
 	// verification may use it (its accepted positions are those decodes).
@@ -605,7 +708,7 @@ func (c *Core) build(now time.Time, free int, admit bool) Step {
 		add(r, budget)
 	}
 	c.verify(&st, budget, free+headroom)
-	return st
+	return st, false
 }
 
 // preempt sends the most recently admitted running request back to the
