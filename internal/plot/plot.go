@@ -18,6 +18,9 @@
 //   - `lumen bench migration`'s flat keys: downtime against the sequence
 //     length with one decode step as a line, and the burst off and on;
 //   - `lumen sim -figure burst` and `-figure spec-k`;
+//   - `lumen sim -figure degradation`: stop-and-restart's degradation by
+//     the failure against the load, a line per setup and reload, the
+//     seed's 4.0× TTFT and 1.6× TPOT as dashed lines;
 //   - any other flat object of numbers (`lumen bench controller`, ...):
 //     bars grouped by unit (per second, ms, s);
 //   - the simulator's -csv series (setup,column,t_s,...): TTFT and queue
@@ -107,6 +110,8 @@ func RenderWith(data []byte, o Options) ([]byte, error) {
 		panels, err = burstPanels(trimmed)
 	case name == "spec-k":
 		panels, err = specKPanels(trimmed)
+	case name == "degradation":
+		panels, err = degradationPanels(trimmed)
 	case raw["downtime_client_ms_256"] != nil || hasPrefixKey(raw, "downtime_client_ms_"):
 		panels, err = migrationPanels(trimmed)
 	case isSetups(raw):
