@@ -613,7 +613,17 @@ func degradationPanels(data []byte) ([]*plot.Plot, error) {
 				return nil, err
 			}
 		}
-		p.Y.Min = 0
+		// Ratios from 1x to tens of x: on a log scale, the lines near the
+		// seed's stay apart.
+		ymin, ymax := math.Inf(1), 0.0
+		for i := range f.Points {
+			ymin, ymax = math.Min(ymin, m.get(i)), math.Max(ymax, m.get(i))
+		}
+		if m.unit == "x" && ymin > 0 && ymax/ymin >= 8 {
+			p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		} else {
+			p.Y.Min = 0
+		}
 		out = append(out, p)
 	}
 	return out, nil

@@ -245,9 +245,15 @@ func headroom(p *plot.Plot) {
 	if p.Y.Min == 0 && p.Y.Max <= 0 {
 		p.Y.Max = 1 // all zeros (no recovery measured): an axis from 0, not around it
 	}
-	if n > 0 && p.Y.Max > p.Y.Min {
-		p.Y.Max = p.Y.Min + (p.Y.Max-p.Y.Min)*(1+0.075*float64(n))
+	if n == 0 || p.Y.Max <= p.Y.Min {
+		return
 	}
+	if _, log := p.Y.Scale.(plot.LogScale); log && p.Y.Min > 0 {
+		lo, hi := math.Log(p.Y.Min), math.Log(p.Y.Max)
+		p.Y.Max = math.Exp(lo + (hi-lo)*(1+0.075*float64(n)))
+		return
+	}
+	p.Y.Max = p.Y.Min + (p.Y.Max-p.Y.Min)*(1+0.075*float64(n))
 }
 
 // logX puts x on a log scale when its values span a factor of 8 or more
