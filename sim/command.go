@@ -340,6 +340,8 @@ func (c *Command) Run() error {
 			return err
 		}
 		return c.writeJSON(f, true)
+	case c.Figure == DegradationFigure:
+		return c.runDegradation(timing)
 	case c.Figure != "":
 		fo := DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning, fo.Budget = c.Seed, c.Seeds, c.Load, timing, c.Out, c.Profile, c.MaxRunning, c.Budget
@@ -391,6 +393,46 @@ func (c *Command) Run() error {
 	}
 	fmt.Fprintf(c.Out, "simulated in %s of wall time\n", time.Since(start).Round(10*time.Millisecond))
 	return nil
+}
+
+// runDegradation runs -figure degradation: the setups of -setups (w4, w8
+// unless given) or -workers, each under its own conditions but for the
+// swept load and reload, which -load and -reload replace by one value.
+func (c *Command) runDegradation(timing Timing) error {
+	for _, f := range []string{"duration", "fail-at", "no-restart", "lambda", "trace", "csv", "spec-k", "spec-alpha"} {
+		if c.Given[f] {
+			return fmt.Errorf("-figure %s runs stop-and-restart and no-checkpoint-no-failure on the setups' timelines: -%s does not apply",
+				DegradationFigure, f)
+		}
+	}
+	o := DefaultDegradationOptions()
+	o.Quick, o.Seed, o.Seeds, o.Timing, o.Log = c.Quick, c.Seed, c.Seeds, timing, c.Out
+	sc := *c
+	if sc.Setups == "" && sc.Workers == 0 {
+		sc.Setups = DegradationSetups
+	}
+	var err error
+	if o.Setups, err = sc.setups(); err != nil {
+		return err
+	}
+	if c.Given["load"] {
+		o.Loads = []float64{c.Load}
+	}
+	if c.Given["reload"] {
+		o.Reloads = []string{c.Reload}
+	}
+	d, err := RunDegradation(o)
+	if err != nil {
+		return err
+	}
+	if c.SVGPath != "" {
+		if err := writeSVG(d, c.SVGPath); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.Out, "wrote %s\n", c.SVGPath)
+	}
+	// With -svg the plot is where it says, not also next to the JSON.
+	return c.writeJSON(d, c.SVGPath == "")
 }
 
 // setups are the studies' setups: one custom setup (Workers), or the
@@ -550,6 +592,17 @@ func (c *Command) replot() error {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return fmt.Errorf("-replot %s: %w", c.Replot, err)
 	}
+	if f.Name == DegradationFigure {
+		var d Degradation
+		if err := json.Unmarshal(data, &d); err != nil {
+			return fmt.Errorf("-replot %s: %w", c.Replot, err)
+		}
+		if c.SVGPath == "" {
+			d.Print(c.Out)
+			return nil
+		}
+		return writeSVG(&d, c.SVGPath)
+	}
 	if c.SVGPath == "" {
 		f.Print(c.Out)
 		return nil
@@ -587,8 +640,8 @@ func (c *Command) plotNextTo(path string) {
 	fmt.Fprintf(c.Out, "wrote %s\n", out)
 }
 
-// writeSVG plots f into path.
-func writeSVG(f *Figure, path string) error {
+// writeSVG plots f (a Figure, a Degradation) into path.
+func writeSVG(f interface{ WriteSVG(io.Writer) error }, path string) error {
 	out, err := os.Create(path)
 	if err != nil {
 		return err

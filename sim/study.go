@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/lumen-project/lumen/internal/progress"
@@ -121,6 +122,45 @@ type Study struct {
 	// (Config.Gateways; not the calibration's, which is Apply's).
 	Gateways      int
 	GatewayChoice GatewayChoice
+	// Only, when set, names the columns to run (of Columns, in their
+	// order); empty: all of them. A failed column needs its reference
+	// (Column.Ref) and lumen its ablation, lumen-no-spec; the table is
+	// printed only for all of them.
+	Only []string
+}
+
+// columns are the columns Run runs: Columns, or those Only names.
+func (st *Study) columns() ([]Column, error) {
+	if len(st.Only) == 0 {
+		return Columns, nil
+	}
+	known := map[string]bool{}
+	var names []string
+	for _, col := range Columns {
+		known[col.Name] = true
+		names = append(names, col.Name)
+	}
+	named := map[string]bool{}
+	for _, name := range st.Only {
+		if !known[name] {
+			return nil, fmt.Errorf("%w: column %q: use one of %s", ErrInvalid, name, strings.Join(names, ", "))
+		}
+		named[name] = true
+	}
+	var out []Column
+	for _, col := range Columns {
+		if !named[col.Name] {
+			continue
+		}
+		if col.Ref != "" && !named[col.Ref] {
+			return nil, fmt.Errorf("%w: column %s is measured against %s: run both", ErrInvalid, col.Name, col.Ref)
+		}
+		if col.Progressive && !named["lumen-no-spec"] {
+			return nil, fmt.Errorf("%w: column %s's figures compare it with lumen-no-spec: run both", ErrInvalid, col.Name)
+		}
+		out = append(out, col)
+	}
+	return out, nil
 }
 
 // arrivals returns the requests of a run at rate for d: from the trace
@@ -188,6 +228,10 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	if st.Load <= 0 {
 		return nil, fmt.Errorf("%w: load %g must be > 0", ErrInvalid, st.Load)
 	}
+	cols, err := st.columns()
+	if err != nil {
+		return nil, err
+	}
 	tr := workload.AzureConversation
 	_, batch := p.SaturatedRate(st.Setup.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	tm := st.Timeline
@@ -215,7 +259,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		st.logf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, st.Seed)
 	}
 	results := map[string]*Result{}
-	for _, col := range Columns {
+	for _, col := range cols {
 		cfg := st.config(p, col.Strategy, reqs)
 		cfg.Speculation = col.Progressive
 		cfg.Migration = st.Migration
@@ -255,7 +299,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	figs := map[string]*Figures{}
 	common := map[string]*recoverystudy.Figures{}
 	runs := map[string]*recoverystudy.Run{}
-	for _, col := range Columns {
+	for _, col := range cols {
 		res := results[col.Name]
 		f := &Figures{}
 		common[col.Name] = &f.Figures
@@ -281,13 +325,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	}
 	recoverystudy.FailureFigures(common, runs, rule)
 	if st.Series != nil {
-		for _, col := range Columns {
+		for _, col := range cols {
 			if err := WriteSeries(st.Series, st.Setup.Name, col.Name, results[col.Name], time.Second); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if st.Log != nil {
+	if st.Log != nil && len(cols) == len(Columns) {
 		t := recoverystudy.Table{Setup: st.Setup, Note: "simulated", Figures: common, Rule: rule,
 			Rows: []recoverystudy.Row{
 				{Name: "Apply(MarkFailed) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyMarkFailedP99Ms) }},
@@ -306,7 +350,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 				rejoin += st.Timing.DetectDelay
 			}
 		}
-		for _, col := range Columns {
+		for _, col := range cols {
 			if col.Fail {
 				a := Attribute(results[col.Name], results[col.Ref], tm.Warmup, tm.FailAt, rejoin)
 				st.logf("where %s's TTFT goes, ms above %s per request: %s\n", col.Name, col.Ref, a)

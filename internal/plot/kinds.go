@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"image/color"
 	"math"
 	"regexp"
 	"sort"
@@ -538,4 +539,92 @@ func (f *flatNumbers) UnmarshalJSON(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// degradationPanels: `lumen sim -figure degradation`, stop-and-restart's
+// degradation (affected requests over the failure-free run's same
+// requests) against the load, a line per setup and reload; the seed's
+// TTFT and TPOT degradation as dashed lines.
+func degradationPanels(data []byte) ([]*plot.Plot, error) {
+	var f struct {
+		PaperTTFTX float64 `json:"paper_ttft_x"`
+		PaperTPOTX float64 `json:"paper_tpot_x"`
+		Points     []struct {
+			Setup            string  `json:"setup"`
+			Load             float64 `json:"load"`
+			Reload           string  `json:"reload"`
+			ReloadS          float64 `json:"reload_s"`
+			TTFTMeanX        float64 `json:"ttft_mean_x"`
+			TTFTP99X         float64 `json:"ttft_p99_x"`
+			TPOTMeanX        float64 `json:"tpot_mean_x"`
+			ClusterRecoveryS float64 `json:"cluster_recovery_s"`
+		} `json:"points"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	if len(f.Points) == 0 {
+		return nil, fmt.Errorf("%w: a degradation figure without points", ErrUnknown)
+	}
+	// A line per setup and reload, in the order of the points; the
+	// reload's length in its name, the x axis being the load.
+	var names []string
+	index := map[string]int{}
+	lineOf := make([]int, len(f.Points))
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i, p := range f.Points {
+		name := fmt.Sprintf("%s, %s reload (%.0f s)", p.Setup, p.Reload, p.ReloadS)
+		k, ok := index[name]
+		if !ok {
+			k = len(names)
+			index[name], names = k, append(names, name)
+		}
+		lineOf[i] = k
+		lo, hi = math.Min(lo, p.Load), math.Max(hi, p.Load)
+	}
+	if hi == lo {
+		lo, hi = lo-0.05, hi+0.05
+	}
+	const x = "offered load (fraction of saturated throughput)"
+	var out []*plot.Plot
+	for _, m := range []struct {
+		title, unit string
+		paper       float64
+		get         func(i int) float64
+	}{
+		{"stop-and-restart: TTFT mean, affected / failure-free", "x", f.PaperTTFTX, func(i int) float64 { return f.Points[i].TTFTMeanX }},
+		{"stop-and-restart: TPOT mean, affected / failure-free", "x", f.PaperTPOTX, func(i int) float64 { return f.Points[i].TPOTMeanX }},
+		{"stop-and-restart: TTFT p99, affected / failure-free", "x", 0, func(i int) float64 { return f.Points[i].TTFTP99X }},
+		{"stop-and-restart: cluster recovery", "s", 0, func(i int) float64 { return f.Points[i].ClusterRecoveryS }},
+	} {
+		p := newPlot(m.title, x, m.unit)
+		lines := make([]line, len(names))
+		for i, n := range names {
+			lines[i].name = n
+		}
+		for i, pt := range f.Points {
+			lines[lineOf[i]].xy = append(lines[lineOf[i]].xy, plotter.XY{X: pt.Load, Y: m.get(i)})
+		}
+		if err := addLines(p, lines, true); err != nil {
+			return nil, err
+		}
+		if m.paper > 0 {
+			if err := hline(p, fmt.Sprintf("the seed: %.1fx", m.paper), m.paper, lo, hi, color.Black); err != nil {
+				return nil, err
+			}
+		}
+		// Ratios from 1x to tens of x: on a log scale, the lines near the
+		// seed's stay apart.
+		ymin, ymax := math.Inf(1), 0.0
+		for i := range f.Points {
+			ymin, ymax = math.Min(ymin, m.get(i)), math.Max(ymax, m.get(i))
+		}
+		if m.unit == "x" && ymin > 0 && ymax/ymin >= 8 {
+			p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		} else {
+			p.Y.Min = 0
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

@@ -18,6 +18,9 @@
 //   - `lumen bench migration`'s flat keys: downtime against the sequence
 //     length with one decode step as a line, and the burst off and on;
 //   - `lumen sim -figure burst` and `-figure spec-k`;
+//   - `lumen sim -figure degradation`: stop-and-restart's degradation by
+//     the failure against the load, a line per setup and reload, the
+//     seed's 4.0× TTFT and 1.6× TPOT as dashed lines;
 //   - any other flat object of numbers (`lumen bench controller`, ...):
 //     bars grouped by unit (per second, ms, s);
 //   - the simulator's -csv series (setup,column,t_s,...): TTFT and queue
@@ -107,6 +110,8 @@ func RenderWith(data []byte, o Options) ([]byte, error) {
 		panels, err = burstPanels(trimmed)
 	case name == "spec-k":
 		panels, err = specKPanels(trimmed)
+	case name == "degradation":
+		panels, err = degradationPanels(trimmed)
 	case raw["downtime_client_ms_256"] != nil || hasPrefixKey(raw, "downtime_client_ms_"):
 		panels, err = migrationPanels(trimmed)
 	case isSetups(raw):
@@ -240,9 +245,15 @@ func headroom(p *plot.Plot) {
 	if p.Y.Min == 0 && p.Y.Max <= 0 {
 		p.Y.Max = 1 // all zeros (no recovery measured): an axis from 0, not around it
 	}
-	if n > 0 && p.Y.Max > p.Y.Min {
-		p.Y.Max = p.Y.Min + (p.Y.Max-p.Y.Min)*(1+0.075*float64(n))
+	if n == 0 || p.Y.Max <= p.Y.Min {
+		return
 	}
+	if _, log := p.Y.Scale.(plot.LogScale); log && p.Y.Min > 0 {
+		lo, hi := math.Log(p.Y.Min), math.Log(p.Y.Max)
+		p.Y.Max = math.Exp(lo + (hi-lo)*(1+0.075*float64(n)))
+		return
+	}
+	p.Y.Max = p.Y.Min + (p.Y.Max-p.Y.Min)*(1+0.075*float64(n))
 }
 
 // logX puts x on a log scale when its values span a factor of 8 or more
