@@ -1,14 +1,20 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lumen-project/lumen/internal/devcluster"
 	"github.com/lumen-project/lumen/internal/recoverystudy"
+	"github.com/lumen-project/lumen/internal/servingstats"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/worker/engine"
 )
@@ -197,5 +203,43 @@ func TestBenchArrivals(t *testing.T) {
 	}
 	if _, err := tm.arrivals(1, 2, 0); !errors.Is(err, workload.ErrTrace) {
 		t.Fatalf("no arrival in the span: %v", err)
+	}
+}
+
+// TestRegenerationRecomputed: stop-and-restart's tokens_recomputed counts,
+// as the simulator does, per interrupted request that had streamed when
+// its worker failed and was regenerated, its prompt and the output decoded
+// again: the output from the gateway's counter (both results, summed, as
+// scraped), the prompts from the client's records.
+func TestRegenerationRecomputed(t *testing.T) {
+	metrics := `# HELP lumen_gateway_regenerated_tokens_total Output tokens a stop-and-restart resume decoded again.
+# TYPE lumen_gateway_regenerated_tokens_total counter
+lumen_gateway_regenerated_tokens_total{result="matched"} 41
+lumen_gateway_regenerated_tokens_total{result="mismatched"} 1
+lumen_gateway_regenerated_total_other 99
+`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, metrics) }))
+	defer srv.Close()
+	regenerated, err := devcluster.ScrapeMetric(context.Background(), srv.URL+"/metrics", regeneratedMetric)
+	if err != nil || regenerated != 42 {
+		t.Fatalf("scraped %v, %v; want 42", regenerated, err)
+	}
+	at := 10 * time.Second
+	recs := []*servingstats.Record{
+		// Streamed 3 tokens before the failure, regenerated: its prompt.
+		{Interrupted: true, Chunks: ms(9000, 9100, 9200, 12000, 12010)},
+		// A token still in flight at the kill, then the pause: its prompt.
+		{Interrupted: true, Chunks: ms(10005, 13000)},
+		// Interrupted before its first token: a new request, nothing.
+		{Interrupted: true, Chunks: ms(11000, 11010)},
+		// Streamed, then failed with no token after the failure: nothing.
+		{Interrupted: true, Chunks: ms(9000), Err: errors.New("resume timed out")},
+		// Not interrupted: nothing.
+		{Chunks: ms(9000, 12000)},
+		nil,
+	}
+	prompts := []int{100, 200, 400, 800, 1600, 3200}
+	if got, want := regenerationRecomputed(recs, prompts, at, regenerated), 42.0+100+200; got != want {
+		t.Fatalf("recomputed %v, want %v", got, want)
 	}
 }

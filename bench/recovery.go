@@ -803,10 +803,53 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			*m.sum += v
 		}
 	}
+	if run.Strategy.Regenerates() {
+		// The workers count only what a resumed call prefills beyond its
+		// checkpoint: a stop-and-restart call carries the prompt alone, a
+		// new request to them. Its recompute is the gateway's.
+		regenerated, err := devcluster.ScrapeMetric(ctx, "http://"+gw.Addr+"/metrics", regeneratedMetric)
+		if err != nil {
+			fmt.Printf("   %v\n", err)
+		}
+		prompts := make([]int, len(reqs))
+		for i, r := range reqs {
+			prompts[i] = r.PromptLen()
+		}
+		o.recomputed += regenerationRecomputed(o.recs, prompts, o.failAt, regenerated)
+	}
 	if run.Fail && !killed.Load() {
 		return nil, errors.New("the failure was never injected")
 	}
 	return o, nil
+}
+
+// regeneratedMetric is the gateway's count of the output tokens a
+// stop-and-restart resume decoded again (matched and mismatched).
+const regeneratedMetric = "lumen_gateway_regenerated_tokens_total"
+
+// regenerationRecomputed is what stop-and-restart's regenerations
+// recompute, as the simulator counts it (sim.Sim.onToken): per interrupted
+// request that had streamed tokens when its worker failed and got a token
+// from its regenerated call, its prompt, prefilled again, and every output
+// token it had, decoded again (regenerated: the gateway's count of those,
+// summed over the requests). A request interrupted before its first token
+// runs again as a new one and recomputes nothing there either. The client
+// sees which requests had streamed: those with a chunk before the end of
+// the pause the failure caused (servingstats.Record.Resume; chunks still
+// in flight at the kill count, they were sent before it). recs must be
+// marked interrupted.
+func regenerationRecomputed(recs []*servingstats.Record, prompts []int, failAt time.Duration, regenerated float64) float64 {
+	n := regenerated
+	for i, r := range recs {
+		if r == nil || !r.Interrupted || len(r.Chunks) == 0 {
+			continue
+		}
+		d, ok := r.Resume(failAt)
+		if ok && r.Chunks[0] < failAt+d {
+			n += float64(prompts[i])
+		}
+	}
+	return n
 }
 
 func sleepUntil(ctx context.Context, t time.Time) {
