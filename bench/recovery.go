@@ -44,12 +44,17 @@ type RecoveryConfig struct {
 	// Dir keeps logs and data; empty means a temporary directory, removed.
 	Dir string
 
-	// The conditions (issue 22), each defaulting to what the setups were
-	// measured under. MaxRunning, when > 0, overrides every setup's batch
-	// cap (the workers' -max-running; vLLM's default is 256); TokenBudget,
-	// when > 0, every setup's step token budget (the workers'
-	// -token-budget; 2,048 by default, vLLM's chunked prefill takes
-	// 2,048–8,192).
+	// The conditions (issue 22). Each setup carries its own
+	// (recoverystudy.Conditions: w4, w8 and w8_f4 the stress, the -mild
+	// setups none); a flag given on the command line (Given) overrides
+	// every setup's, and one not given leaves the setup's, or the value
+	// here where the setup names none: as lumen sim resolves them
+	// (sim.Command.setups).
+	//
+	// MaxRunning, when > 0, overrides every setup's batch cap (the
+	// workers' -max-running; vLLM's default is 256); TokenBudget, when >
+	// 0, every setup's step token budget (the workers' -token-budget;
+	// 2,048 by default, vLLM's chunked prefill takes 2,048–8,192).
 	MaxRunning, TokenBudget int
 	// Reload is a restarted worker's model load: warm, cold or a
 	// duration (engine.ParseReload; the workers' -reload).
@@ -61,6 +66,10 @@ type RecoveryConfig struct {
 	// path detects) or hang (SIGSTOP: the process's connections stay
 	// open until Serf detects it; it is killed and restarted then).
 	Detect string
+	// Given names the flags set on the command line ("load", "reload",
+	// "detect", "decode-context", "max-running"): those override every
+	// setup's condition. Nil: none given.
+	Given map[string]bool
 	// TracePath, when set, is a CSV trace in the Azure 2023 format whose
 	// arrivals, rescaled in time to the offered rate, replace the Poisson
 	// generator (workload.ReadAzureTrace; lumen sim -trace reads the same
@@ -84,30 +93,32 @@ func (cfg RecoveryConfig) Validate() error {
 	if cfg.MaxRunning < 0 || cfg.TokenBudget < 0 {
 		return fmt.Errorf("-max-running %d and -token-budget %d: must be >= 1 (0: each setup's)", cfg.MaxRunning, cfg.TokenBudget)
 	}
-	_, err := cfg.conditions()
+	// The flags' values, whether given or not: a default is a setup's
+	// condition too.
+	if _, err := parseConditions(recoverystudy.Conditions{Reload: cfg.Reload, Detect: cfg.Detect}, cfg.DecodeContext == "on"); err != nil {
+		return err
+	}
+	if cfg.DecodeContext != "on" && cfg.DecodeContext != "off" && cfg.DecodeContext != "" {
+		return fmt.Errorf("-decode-context %q: on or off", cfg.DecodeContext)
+	}
+	_, err := cfg.setups()
 	return err
 }
 
-// conditions are the config's conditions, parsed.
-func (cfg RecoveryConfig) conditions() (runConditions, error) {
-	var c runConditions
+// parseConditions parses a setup's resolved conditions; the errors name
+// the flags that set them.
+func parseConditions(sc recoverystudy.Conditions, decodeContext bool) (runConditions, error) {
+	c := runConditions{decodeContext: decodeContext}
 	var err error
-	if c.reload, err = engine.ParseReload(cfg.Reload); err != nil {
+	if c.reload, err = engine.ParseReload(sc.ReloadOr()); err != nil {
 		return c, fmt.Errorf("-reload: %w", err)
 	}
-	switch cfg.DecodeContext {
-	case "on":
-		c.decodeContext = true
-	case "off", "":
-	default:
-		return c, fmt.Errorf("-decode-context %q: on or off", cfg.DecodeContext)
-	}
-	switch cfg.Detect {
+	switch sc.DetectOr() {
 	case "hang":
 		c.hang = true
-	case "fast", "":
+	case "fast":
 	default:
-		return c, fmt.Errorf("-detect %q: fast (kill -9) or hang (SIGSTOP); real processes take the detection they get, so no duration", cfg.Detect)
+		return c, fmt.Errorf("-detect %q: fast (kill -9) or hang (SIGSTOP); real processes take the detection they get, so no duration", sc.Detect)
 	}
 	return c, nil
 }
@@ -117,6 +128,14 @@ type runConditions struct {
 	reload        engine.Reload
 	decodeContext bool
 	hang          bool
+}
+
+// benchSetupPlan is one setup with its conditions resolved: what its runs
+// offer and emulate.
+type benchSetupPlan struct {
+	recoverystudy.Setup
+	load float64 // the offered fraction of the measured saturation
+	cond runConditions
 }
 
 // workerArgs are the workers' flags for the conditions.
@@ -132,6 +151,30 @@ type benchTiming struct {
 	progress *progress.Meter
 	cond     runConditions
 	trace    []workload.Request // TracePath's, nil for the generator
+	// reload is a restarted worker's whole model reload under cond, in
+	// emulated time before ReloadScale (engine.Profile.LoadTime).
+	reload time.Duration
+}
+
+// runSlack is the wall time a run may take past its scaled bound: the
+// processes' start and stop, the last streams' tail.
+const runSlack = 5 * time.Minute
+
+// wallBound is the longest a run can last in wall time at time scale
+// scale: its arrivals, a restarted worker's reload after the last of them
+// (the reload cannot start later than the failure, itself before the
+// arrivals end), both scaled, and runSlack. It bounds the run, and it is
+// the gateways' resume deadline (-resume-timeout): the gateway's deadline
+// is wall time (60 s by default), where everything emulated is scale×
+// slower, and an interrupted request may rightly wait a long time — under
+// stop-and-restart at the stress it queues at a survivor behind the
+// failed worker's share of the load for as long as the reload lasts, and
+// under lumen a restarted worker reloads for minutes. A deadline that
+// cannot fire before the run ends leaves a request's failure to a real
+// fault, never to the emulation's slowness.
+func (tm benchTiming) wallBound(scale float64) time.Duration {
+	emulated := float64(tm.Duration) + float64(tm.reload)*tm.ReloadScale
+	return time.Duration(emulated*scale) + runSlack
 }
 
 // arrivals are a run's requests at rate for d: the trace's, rescaled, when
@@ -197,11 +240,7 @@ func Recovery(cfg RecoveryConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	cond, _ := cfg.conditions()
-	timing := benchTiming{Timeline: recoverystudy.FullTimeline(), cond: cond}
-	if cfg.Quick {
-		timing.Timeline = recoverystudy.QuickTimeline()
-	}
+	var timing benchTiming
 	setups, err := cfg.setups()
 	if err != nil {
 		return err
@@ -230,7 +269,9 @@ func Recovery(cfg RecoveryConfig) error {
 	defer timing.progress.Finish("")
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
-		figs, err := benchSetup(s, timing, cfg.Seed, cfg.Load, cfg.TimeScale, filepath.Join(dir, s.Name))
+		tm := timing
+		tm.Timeline, tm.cond = s.Timeline(cfg.Quick), s.cond
+		figs, err := benchSetup(s.Setup, tm, cfg.Seed, s.load, cfg.TimeScale, filepath.Join(dir, s.Name))
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
@@ -245,21 +286,45 @@ func Recovery(cfg RecoveryConfig) error {
 }
 
 // setups are the named setups, each with MaxRunning's cap and
-// TokenBudget's budget when they are set.
-func (cfg RecoveryConfig) setups() ([]recoverystudy.Setup, error) {
+// TokenBudget's budget when they are set, and its conditions resolved as
+// lumen sim resolves them (sim.Command.setups): a condition whose flag
+// was given is the flag's for every setup; one not given is the setup's
+// own, or the flag's value (its default) where the setup names none. The
+// decode step is the setup's unless -decode-context is given (a setup
+// that names none has the fitted line, the flag's default).
+func (cfg RecoveryConfig) setups() ([]benchSetupPlan, error) {
 	setups, err := recoverystudy.ParseSetups(cfg.Setups)
 	if err != nil {
 		return nil, fmt.Errorf("-setups: %w", err)
 	}
-	for i := range setups {
+	out := make([]benchSetupPlan, len(setups))
+	for i, s := range setups {
 		if cfg.MaxRunning > 0 {
-			setups[i].MaxRunning = cfg.MaxRunning
+			s.MaxRunning = cfg.MaxRunning
 		}
 		if cfg.TokenBudget > 0 {
-			setups[i].TokenBudget = cfg.TokenBudget
+			s.TokenBudget = cfg.TokenBudget
 		}
+		c := &s.Conditions
+		if cfg.Given["load"] || c.Load == 0 {
+			c.Load = cfg.Load
+		}
+		if cfg.Given["reload"] || c.Reload == "" {
+			c.Reload = cfg.Reload
+		}
+		if cfg.Given["detect"] || c.Detect == "" {
+			c.Detect = cfg.Detect
+		}
+		if cfg.Given["decode-context"] {
+			c.DecodeContext = cfg.DecodeContext == "on"
+		}
+		cond, err := parseConditions(*c, c.DecodeContext)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+		out[i] = benchSetupPlan{Setup: s, load: c.LoadOr(0.7), cond: cond}
 	}
-	return setups, nil
+	return out, nil
 }
 
 func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale float64, dir string) (map[string]*recoveryFigures, error) {
@@ -271,6 +336,11 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 	modelled, batch := prof.SaturatedRate(s.MaxRunning, tr.Prompt.Mean(), tr.Output.Mean())
 	fmt.Printf("== %s: %d workers, synthetic engine paced as %s (time scale %g), batch up to %d, %d of them killed at %s\n",
 		s.Name, s.Workers, s.Profile, scale, batch, s.Failures, tm.FailAt)
+	reloaded, err := prof.WithReload(tm.cond.reload)
+	if err != nil {
+		return nil, fmt.Errorf("-reload: %w", err)
+	}
+	tm.reload = reloaded.LoadTime()
 	// "Busy" is measured, not modelled: a calibration run offers twice
 	// the modelled capacity and counts what the cluster delivers.
 	saturated, err := calibrate(s, tm, scale, seed, 2*modelled*float64(s.Workers), filepath.Join(dir, "calibration"))
@@ -288,10 +358,6 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 		fmt.Printf("   %d requests of the trace, rescaled to %.2f/s over %s\n", len(reqs), rate, tm.Duration)
 	} else {
 		fmt.Printf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, seed)
-	}
-	reloaded, err := prof.WithReload(tm.cond.reload)
-	if err != nil {
-		return nil, fmt.Errorf("-reload: %w", err)
 	}
 	how := "kill -9: the failed workers restart at once"
 	if tm.cond.hang {
@@ -486,7 +552,8 @@ func syntheticReferences(reqs []workload.Request) ([]string, error) {
 // benchRun runs one column: a fresh cluster, the arrivals, the failure.
 // With stopAt > 0 every request still open then is cancelled (calibration).
 func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, scale float64, reqs []workload.Request, bodies [][]byte, dir string, stopAt time.Duration) (*runOutcome, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(float64(tm.Duration)*scale)+5*time.Minute)
+	bound := tm.wallBound(scale)
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	reqCtx, stopRequests := context.WithCancel(ctx)
 	defer stopRequests()
@@ -523,7 +590,7 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			return nil, err
 		}
 	}
-	gw, err := cl.StartGateway("", "-max-concurrent", "16384", "-max-context", "32768")
+	gw, err := cl.StartGateway("", "-max-concurrent", "16384", "-max-context", "32768", "-resume-timeout", bound.String())
 	if err != nil {
 		return nil, err
 	}
@@ -736,10 +803,53 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			*m.sum += v
 		}
 	}
+	if run.Strategy.Regenerates() {
+		// The workers count only what a resumed call prefills beyond its
+		// checkpoint: a stop-and-restart call carries the prompt alone, a
+		// new request to them. Its recompute is the gateway's.
+		regenerated, err := devcluster.ScrapeMetric(ctx, "http://"+gw.Addr+"/metrics", regeneratedMetric)
+		if err != nil {
+			fmt.Printf("   %v\n", err)
+		}
+		prompts := make([]int, len(reqs))
+		for i, r := range reqs {
+			prompts[i] = r.PromptLen()
+		}
+		o.recomputed += regenerationRecomputed(o.recs, prompts, o.failAt, regenerated)
+	}
 	if run.Fail && !killed.Load() {
 		return nil, errors.New("the failure was never injected")
 	}
 	return o, nil
+}
+
+// regeneratedMetric is the gateway's count of the output tokens a
+// stop-and-restart resume decoded again (matched and mismatched).
+const regeneratedMetric = "lumen_gateway_regenerated_tokens_total"
+
+// regenerationRecomputed is what stop-and-restart's regenerations
+// recompute, as the simulator counts it (sim.Sim.onToken): per interrupted
+// request that had streamed tokens when its worker failed and got a token
+// from its regenerated call, its prompt, prefilled again, and every output
+// token it had, decoded again (regenerated: the gateway's count of those,
+// summed over the requests). A request interrupted before its first token
+// runs again as a new one and recomputes nothing there either. The client
+// sees which requests had streamed: those with a chunk before the end of
+// the pause the failure caused (servingstats.Record.Resume; chunks still
+// in flight at the kill count, they were sent before it). recs must be
+// marked interrupted.
+func regenerationRecomputed(recs []*servingstats.Record, prompts []int, failAt time.Duration, regenerated float64) float64 {
+	n := regenerated
+	for i, r := range recs {
+		if r == nil || !r.Interrupted || len(r.Chunks) == 0 {
+			continue
+		}
+		d, ok := r.Resume(failAt)
+		if ok && r.Chunks[0] < failAt+d {
+			n += float64(prompts[i])
+		}
+	}
+	return n
 }
 
 func sleepUntil(ctx context.Context, t time.Time) {

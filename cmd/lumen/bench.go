@@ -70,19 +70,21 @@ func runBenchRecovery(args []string) error {
 	fs.BoolVar(&cfg.Quick, "quick", false, "shorter runs and a faster emulated model reload, same keys")
 	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "workload seed (the same for every strategy)")
-	fs.Float64Var(&cfg.Load, "load", cfg.Load, "offered load as a fraction of the cluster's measured saturated throughput, in (0, 1.5]")
-	fs.StringVar(&cfg.Setups, "setups", cfg.Setups, "comma-separated setups to run")
-	fs.IntVar(&cfg.MaxRunning, "max-running", 0, "override every setup's batch cap, the workers' -max-running (vLLM's --max-num-seqs default is 256; 0: the setup's, w4 64, w8 and w8_f4 32)")
+	fs.Float64Var(&cfg.Load, "load", cfg.Load, "offered load as a fraction of the cluster's measured saturated throughput, in (0, 1.5] (named setups: their own unless given, 0.9 for w4, w8, w8_f4; this for the -mild ones)")
+	fs.StringVar(&cfg.Setups, "setups", cfg.Setups, "comma-separated setups to run: w4, w8, w8_f4 (the seed's stress: batch cap 256, the context-dependent decode step, a cold reload, load 0.9, 360 s with the failure at 60 s; -quick scales the run and the reload by 0.3), w4-mild, w8-mild, w8_f4-mild (the earlier: caps 64 and 32, warm reload, load 0.7, 120 s); -load, -reload, -detect, -decode-context and -max-running given override every setup's")
+	fs.IntVar(&cfg.MaxRunning, "max-running", 0, "override every setup's batch cap, the workers' -max-running (vLLM's --max-num-seqs default is 256; 0: the setup's, 256 in w4, w8, w8_f4; w4-mild 64, w8-mild and w8_f4-mild 32)")
 	fs.IntVar(&cfg.TokenBudget, "token-budget", 0, "override every setup's step token budget, the workers' -token-budget (0: the setup's, 2048; vLLM's chunked prefill takes 2048-8192)")
-	fs.StringVar(&cfg.Reload, "reload", cfg.Reload, "a restarted worker's emulated reload: warm (the same host: weights in the page cache, 23.6s for Qwen3-14B), cold (a replacement node: weights at 0.4 GB/s, engine init with cold compile caches 60s) or a duration for the whole reload")
-	fs.StringVar(&cfg.DecodeContext, "decode-context", cfg.DecodeContext, "on: the workers' decode step grows with the context its rows read (docs/calibration.md); off: the profile's fitted line")
+	fs.StringVar(&cfg.Reload, "reload", cfg.Reload, "a restarted worker's emulated reload: warm (the same host: weights in the page cache, 23.6s for Qwen3-14B), cold (a replacement node: weights at 0.4 GB/s, engine init with cold compile caches 60s) or a duration for the whole reload (named setups: their own unless given, cold for w4, w8, w8_f4; this for the -mild ones)")
+	fs.StringVar(&cfg.DecodeContext, "decode-context", cfg.DecodeContext, "on: the workers' decode step grows with the context its rows read (docs/calibration.md); off: the profile's fitted line (named setups: their own unless given, on for w4, w8, w8_f4, off for the -mild ones)")
 	fs.StringVar(&cfg.TracePath, "trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) whose arrivals, rescaled in time to -load, replace the Poisson generator (as lumen sim -trace)")
-	fs.StringVar(&cfg.Detect, "detect", cfg.Detect, "the failure: fast (kill -9, detected on the fast path) or hang (SIGSTOP: detected by Serf, then killed and restarted)")
+	fs.StringVar(&cfg.Detect, "detect", cfg.Detect, "the failure: fast (kill -9, detected on the fast path) or hang (SIGSTOP: detected by Serf, then killed and restarted) (named setups: their own unless given, fast for all of them)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "slow every emulated time, arrivals included, by this factor")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	cfg.Given = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { cfg.Given[f.Name] = true })
 	return bench.Recovery(cfg)
 }
 
