@@ -265,7 +265,7 @@ func Recovery(cfg RecoveryConfig) error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	timing.progress = progress.New("bench recovery", "runs", float64(len(setups)*(len(recoverystudy.Columns)+1)))
+	timing.progress = progress.New("bench recovery", "runs", float64(len(setups)*(len(recoverystudy.RealColumns())+1)))
 	defer timing.progress.Finish("")
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
@@ -377,7 +377,7 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 
 	outcomes := map[string]*runOutcome{}
 	figs := map[string]*recoveryFigures{}
-	for _, run := range recoverystudy.Columns {
+	for _, run := range recoverystudy.RealColumns() {
 		fmt.Printf("-- %s / %s\n", s.Name, run.Name)
 		o, err := benchRun(s, run, tm, scale, reqs, bodies, filepath.Join(dir, run.Name), 0)
 		if err != nil {
@@ -392,7 +392,7 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 	end := time.Duration(float64(tm.Duration) * scale)
 	common := map[string]*recoverystudy.Figures{}
 	runs := map[string]*recoverystudy.Run{}
-	for _, run := range recoverystudy.Columns {
+	for _, run := range recoverystudy.RealColumns() {
 		o := outcomes[run.Name]
 		f := runFigures(o, refs, time.Duration(float64(tm.Warmup)*scale), nominalFail)
 		f.Series = timeSeries(o, time.Second)

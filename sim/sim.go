@@ -66,6 +66,19 @@ type Config struct {
 	// in FULL_SERVICE after the plain reload (Profile.LoadTime).
 	Speculation bool
 	Spec        SpecOptions
+	// Oracle is the recovery no real system can run, the floor of every
+	// failed column (recoverystudy.Column.Oracle), through the same core
+	// and fsm: the failed worker's MarkFailed commits at the kill (no
+	// detection delay), each request its plan moves is called again on
+	// the chosen survivor at once (no poll) with every full page of its
+	// history in that survivor's store (oraclePages), imported in no time
+	// (step), so only the last partial page is computed with its next
+	// token, admitted ahead as every resume (core.makeRoom). The restart
+	// and the reload run at the usual detection time, so the capacity is
+	// lost exactly as in the other columns. A request that had produced
+	// no token has no restorable pages in the core (core.restorable): it
+	// is called again at once, and prefilled again.
+	Oracle bool
 	// Migration is live migration for balance (Llumnix): the fsm's
 	// switch is set ON (SetStrategyCmd.migration) and the leader's round
 	// runs every Timing.MigrationInterval (migrate.go); off, no request
@@ -1042,7 +1055,9 @@ func (s *Sim) step(w *simWorker) {
 	p := s.cfg.Profile
 	var dur time.Duration
 	for _, rs := range st.Restores {
-		dur += p.ImportTime(len(rs.Pages))
+		if !s.cfg.Oracle {
+			dur += p.ImportTime(len(rs.Pages))
+		}
 		w.store.release(rs.Req.ID) // consumed: the request runs here now
 	}
 	// One fused pass: every decoding row at K+1 positions when any row
@@ -1214,6 +1229,9 @@ func (s *Sim) reconcile(w *simWorker) {
 		return
 	}
 	for _, id := range w.store.requests() {
+		if w.store.reqs[id].oracle {
+			continue // the oracle's cache stays until its request is admitted
+		}
 		pl, _ := s.fsm.Placement(id)
 		if pl == nil || !core.KeepsPages(pl.HolderId, pl.WorkerId, pl.State != pb.PlacementState_PLACEMENT_STATE_RUNNING, w.id) {
 			w.store.release(id)
@@ -1260,10 +1278,36 @@ func (s *Sim) markFailed(at time.Duration) {
 			for _, a := range rp.Assignments {
 				if r := s.byID[a.RequestId]; r != nil {
 					r.interrupted = true
+					if s.cfg.Oracle {
+						s.oracleResume(r)
+					}
 				}
 			}
 		}
 	}
+}
+
+// oracleResume continues an interrupted request of the oracle
+// (Config.Oracle) now on the worker its plan moved it to, with its whole
+// history's pages in that worker's store.
+func (s *Sim) oracleResume(r *simRequest) {
+	if r.ended > 0 || r.call != nil || r.committing {
+		return
+	}
+	pl, _ := s.fsm.Placement(r.id)
+	if pl == nil || pl.WorkerId == r.worker && pl.Epoch == r.epoch {
+		return // not moved: the gateway's poll handles it as in any column
+	}
+	if w := s.worker(pl.WorkerId); w != nil && w.alive && w.inc == pl.WorkerIncarnation && r.out > 0 {
+		hist := r.w.AppendPrompt(make([]int32, 0, r.w.PromptLen()+r.out))
+		for k := range r.out {
+			hist = append(hist, token(r.idx, k))
+		}
+		// The pages the core will look up (core.restorable): every full
+		// page but the one holding the last token.
+		w.store.oraclePages(r.id, core.PageHashes(hist[:len(hist)-1], nil))
+	}
+	s.resume(r, pl)
 }
 
 // kill is a kill -9: the process and everything in it is gone; its calls
@@ -1291,6 +1335,10 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	s.endSpan(w)
 	w.phase = pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
 	at := s.now + s.cfg.Timing.DetectDelay
+	if s.cfg.Oracle {
+		s.oracleKill(w, restart, at)
+		return
+	}
 	w.hungUntil, w.hungCalls = 0, nil
 	for _, r := range w.core.Requests() {
 		sr := r.Sink.(*simRequest)
@@ -1335,6 +1383,35 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 			}
 		}
 		s.reload(w, restart, at)
+	})
+}
+
+// oracleKill is kill's rest for the oracle (Config.Oracle): the calls
+// break at once, a hang's too, the MarkFailed commits now, and the
+// reload starts when the other columns' does (detected).
+func (s *Sim) oracleKill(w *simWorker, restart bool, detected time.Duration) {
+	w.hungUntil, w.hungCalls = 0, nil
+	for _, r := range w.core.Requests() {
+		if sr := r.Sink.(*simRequest); sr.call == r {
+			s.broke(sr)
+		}
+	}
+	s.killMigrations(w, w.gen-1)
+	w.core, w.store = nil, newSimStore(0)
+	at := s.now
+	if len(s.marks[at]) == 0 {
+		s.at(at, func() { s.markFailed(at) })
+	}
+	s.marks[at] = append(s.marks[at], &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{WorkerId: w.id, Incarnation: w.inc, Reason: "probe failed"}}})
+	if !s.cfg.Timing.Hang {
+		s.reload(w, restart, detected) // from the kill, as kill's
+		return
+	}
+	gen := w.gen
+	s.at(detected, func() { // from the detection, as a hang's
+		if w.gen == gen {
+			s.reload(w, restart, detected)
+		}
 	})
 }
 

@@ -20,6 +20,7 @@ type simStore struct {
 type heldPages struct {
 	hashes  []uint64 // by page index; 0 where a page is missing
 	charged uint64
+	oracle  bool // oraclePages': not the placement table's to release
 }
 
 func newSimStore(budget uint64) *simStore {
@@ -72,6 +73,19 @@ func (s *simStore) put(req string, reserved uint64, first int, hashes []uint64, 
 		r.charged += size
 		s.used += size
 	}
+}
+
+// oraclePages holds every page of a request at no charge: the oracle's
+// cache already on the survivor (Config.Oracle), in GPU memory, not in the
+// checkpoint budget.
+func (s *simStore) oraclePages(req string, hashes []uint64) {
+	if len(hashes) == 0 {
+		return
+	}
+	s.release(req)
+	r := &heldPages{hashes: hashes, oracle: true}
+	s.reqs[req] = r
+	s.first[hashes[0]] = r
 }
 
 func (s *simStore) release(req string) {

@@ -262,6 +262,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	for _, col := range cols {
 		cfg := st.config(p, col.Strategy, reqs)
 		cfg.Speculation = col.Progressive
+		cfg.Oracle = col.Oracle
 		cfg.Migration = st.Migration
 		cfg.Gateways, cfg.GatewayChoice = st.Gateways, st.GatewayChoice
 		// The decode rates of the paired workers, with and without

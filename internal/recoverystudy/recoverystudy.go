@@ -205,6 +205,15 @@ type Column struct {
 	// first, assisting the busiest survivor by speculation while the model
 	// reloads); the other columns reload before serving.
 	Progressive bool
+	// Oracle is the floor no real system reaches (issue 27): at the
+	// failure instant each interrupted request continues on the survivor
+	// the plan picks with its whole KV cache already there, at no cost;
+	// only the failed workers' capacity is lost, for the reload as in the
+	// other columns. The simulator runs it (sim.Config.Oracle).
+	Oracle bool
+	// SimOnly: the column cannot run on real processes; `lumen bench
+	// recovery` skips it and prints nothing for it.
+	SimOnly bool
 }
 
 // Columns are the comparison's columns, in the order they run.
@@ -221,11 +230,27 @@ var Columns = []Column{
 	{Name: "fixed-checkpoint", Strategy: policy.FixedCheckpoint, Fail: true, Ref: "lumen-no-failure"},
 	{Name: "lumen-no-spec", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure"},
 	{Name: "lumen", Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure", Progressive: true},
+	{Name: OracleColumn, Strategy: policy.Lumen, Fail: true, Ref: "lumen-no-failure", Progressive: true, Oracle: true, SimOnly: true},
+}
+
+// OracleColumn is the name of the Oracle column.
+const OracleColumn = "oracle"
+
+// RealColumns are the columns that run on real processes: Columns
+// without the SimOnly ones, in the same order.
+func RealColumns() []Column {
+	var out []Column
+	for _, c := range Columns {
+		if !c.SimOnly {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // tableOrder is the columns as the table shows them: the failed runs
 // first, the baselines before lumen.
-var tableOrder = []string{"stop-and-restart", "recompute", "fixed-checkpoint", "lumen-no-spec", "lumen", "lumen-no-failure", "no-checkpoint-no-failure"}
+var tableOrder = []string{"stop-and-restart", "recompute", "fixed-checkpoint", "lumen-no-spec", "lumen", OracleColumn, "lumen-no-failure", "no-checkpoint-no-failure"}
 
 // Timeline is a run's schedule, from the start of the arrivals.
 type Timeline struct {
@@ -312,6 +337,54 @@ type Figures struct {
 	// ClusterRecoveryS is RecoveryS under its own name: the cluster's
 	// windows back to the failure-free run's (servingstats.RecoveryTime).
 	ClusterRecoveryS float64 `json:"cluster_recovery_s"`
+	// ExcessVsOracle, on every failed column but the oracle when the
+	// oracle ran (the simulator), is the column's excess over its
+	// reference as a multiple of the oracle's over its own (ExcessVsOracle).
+	ExcessVsOracle *Excess `json:"excess_vs_oracle,omitempty"`
+}
+
+// Excess is a failed column's TTFT excess over its failure-free reference
+// as a multiple of the oracle's: 1 is the floor. Each is measured over
+// the common affected requests (Common*), the same requests in every
+// column: (column − its reference) / (oracle − lumen-no-failure). A
+// field is null when the oracle's excess is not positive (no floor to
+// divide by).
+type Excess struct {
+	TTFTMean *float64 `json:"ttft_mean"`
+	TTFTP99  *float64 `json:"ttft_p99"`
+}
+
+// ExcessesVsOracle sets ExcessVsOracle on every failed column of figs
+// (by name) but the oracle, from their common affected figures; nothing
+// when the oracle or a reference is absent (`lumen bench recovery`).
+func ExcessesVsOracle(figs map[string]*Figures) {
+	var oracle Column
+	for _, c := range Columns {
+		if c.Oracle {
+			oracle = c
+		}
+	}
+	o, oref := figs[oracle.Name], figs[oracle.Ref]
+	if o == nil || oref == nil {
+		return
+	}
+	ratio := func(a, aref, b, bref float64) *float64 {
+		if b-bref <= 0 {
+			return nil
+		}
+		v := (a - aref) / (b - bref)
+		return &v
+	}
+	for _, c := range Columns {
+		f, ref := figs[c.Name], figs[c.Ref]
+		if !c.Fail || c.Oracle || f == nil || ref == nil {
+			continue
+		}
+		f.ExcessVsOracle = &Excess{
+			TTFTMean: ratio(f.CommonTTFTMeanMs, ref.CommonTTFTMeanMs, o.CommonTTFTMeanMs, oref.CommonTTFTMeanMs),
+			TTFTP99:  ratio(f.CommonTTFTP99Ms, ref.CommonTTFTP99Ms, o.CommonTTFTP99Ms, oref.CommonTTFTP99Ms),
+		}
+	}
 }
 
 // Latencies sets the figures the client records give: the requests and
@@ -373,7 +446,10 @@ type Run struct {
 // latencies and its reference's over the same requests, and its
 // interrupted requests' recovery; a failure-free column's latencies over
 // the requests affected in any failed column measured against it; every
-// column's over the requests affected in any failed column.
+// column's over the requests affected in any failed column; and each
+// failed column's excess vs the oracle (ExcessesVsOracle). The oracle's
+// own affected requests count in neither union: adding the floor changes
+// no other column's figures.
 func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule servingstats.RecoveryRule) {
 	type span struct {
 		touched  []bool
@@ -404,6 +480,9 @@ func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule serving
 		f.ReferenceTTFTMeanMs, f.ReferenceTTFTP99Ms, f.ReferenceTPOTMeanMs = l.ttftMean, l.ttftP99, l.tpotMean
 		f.InterruptedRecoveryMeanS = servingstats.Mean(run.Recoveries) / 1e3
 		f.InterruptedRecoveryP99S = servingstats.Percentile(run.Recoveries, 0.99) / 1e3
+		if col.Oracle {
+			continue
+		}
 		sp := spans[col.Ref]
 		if sp == nil {
 			sp = &span{from: w.From, to: w.To}
@@ -427,6 +506,7 @@ func FailureFigures(figs map[string]*Figures, runs map[string]*Run, rule serving
 		f.AffectedTTFTMeanMs, f.AffectedTTFTP99Ms, f.AffectedTPOTMeanMs, f.AffectedRequests = l.ttftMean, l.ttftP99, l.tpotMean, l.n
 		f.AffectedFromS, f.AffectedToS = sp.from.Seconds(), sp.to.Seconds()
 	}
+	ExcessesVsOracle(figs)
 }
 
 // union marks in a (grown to b's length) what b marks, and returns it.
@@ -502,19 +582,26 @@ type Table struct {
 // Print writes the table, lumen's gains over each baseline, and the rule.
 func (t *Table) Print(w io.Writer) {
 	s, figs := t.Setup, t.Figures
+	// The columns the run has: `lumen bench recovery` has no oracle.
+	var order []string
+	for _, c := range tableOrder {
+		if figs[c] != nil {
+			order = append(order, c)
+		}
+	}
 	note := ""
 	if t.Note != "" {
 		note = "; " + t.Note
 	}
 	fmt.Fprintf(w, "\n%s (%d workers, %s, %d failed%s)\n", s.Name, s.Workers, s.Profile, s.Failures, note)
 	fmt.Fprintf(w, "%-24s", "")
-	for _, c := range tableOrder {
+	for _, c := range order {
 		fmt.Fprintf(w, " %18s", c)
 	}
 	fmt.Fprintln(w)
 	row := func(name string, cell func(column string) string) {
 		fmt.Fprintf(w, "%-24s", name)
-		for _, c := range tableOrder {
+		for _, c := range order {
 			fmt.Fprintf(w, " %18s", cell(c))
 		}
 		fmt.Fprintln(w)
@@ -547,6 +634,14 @@ func (t *Table) Print(w io.Writer) {
 	row("pages reused", of(func(f *Figures) string { return fmt.Sprintf("%.0f", f.PagesReused) }))
 	row("tokens recomputed", of(func(f *Figures) string { return fmt.Sprintf("%.0f", f.TokensRecomputed) }))
 	row("requests / failed", of(func(f *Figures) string { return fmt.Sprintf("%d / %d", f.Requests, f.FailedRequests) }))
+	if figs[OracleColumn] != nil {
+		row("excess vs oracle", of(func(f *Figures) string {
+			if f.ExcessVsOracle == nil {
+				return "-"
+			}
+			return ratioString(f.ExcessVsOracle.TTFTMean) + " / " + ratioString(f.ExcessVsOracle.TTFTP99)
+		}))
+	}
 	for _, r := range t.Rows {
 		row(r.Name, r.Cell)
 	}
@@ -576,7 +671,7 @@ func (t *Table) Print(w io.Writer) {
 			Gain(l.InterruptedRecoveryMeanS, o.InterruptedRecoveryMeanS), Gain(l.ClusterRecoveryS, o.ClusterRecoveryS))
 	}
 	fmt.Fprintln(w, "the failure's cost, each failed column over its reference on the very same affected requests:")
-	for _, name := range tableOrder {
+	for _, name := range order {
 		c, ok := column(name)
 		if !ok || !c.Fail {
 			continue
@@ -595,7 +690,12 @@ func (t *Table) Print(w io.Writer) {
 		r.Window, r.Step, 100*r.Tolerance, r.TTFTSlack.Round(time.Millisecond), 100*r.Tolerance, r.QueueSlack)
 	fmt.Fprintf(w, "affected: the requests that arrived from the failure to the end of that recovery, and every interrupted one;\n"+
 		"a failure-free column's: the same requests (by arrival) as in the failed columns measured against it;\n"+
-		"the same in every column: those affected in any failed column\n\n")
+		"the same in every column: those affected in any failed column\n")
+	if figs[OracleColumn] != nil {
+		fmt.Fprintf(w, "excess vs oracle (TTFT mean / p99): a column's excess over its reference on the same requests in every column,\n"+
+			"as a multiple of the oracle's over lumen-no-failure (1 is the floor: only the failed workers' capacity lost)\n")
+	}
+	fmt.Fprintln(w)
 }
 
 // column returns the column of Columns by name.
@@ -606,6 +706,14 @@ func column(name string) (Column, bool) {
 		}
 	}
 	return Column{}, false
+}
+
+// ratioString is an excess ratio ("1.23x"), or "n/a" when undefined.
+func ratioString(v *float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2fx", *v)
 }
 
 // times is a over b as a factor ("4.02x"), or "n/a" when b is 0.

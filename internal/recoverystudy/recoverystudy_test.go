@@ -3,6 +3,7 @@ package recoverystudy
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,6 +167,9 @@ func TestFailureFigures(t *testing.T) {
 				if f.InterruptedRecoveryMeanS != 2 || f.InterruptedRecoveryP99S != 3 {
 					t.Errorf("%s: interrupted recovery %v / %v s", col.Name, f.InterruptedRecoveryMeanS, f.InterruptedRecoveryP99S)
 				}
+				if col.Oracle {
+					continue // the floor joins no union: it changes no other column's figures
+				}
 				if union[col.Ref] == nil {
 					union[col.Ref] = map[int]bool{}
 				}
@@ -199,6 +203,9 @@ func TestFailureFigures(t *testing.T) {
 						f.CommonTTFTMeanMs, f.CommonTPOTMeanMs, len(all), want)
 				}
 				if col.Fail {
+					if col.Oracle == (f.ExcessVsOracle != nil) {
+						t.Errorf("%s: excess vs oracle %+v: want one on every failed column but the oracle", col.Name, f.ExcessVsOracle)
+					}
 					continue
 				}
 				if !f.Recovered || f.RecoveryS != 0 || f.InterruptedRecoveryMeanS != 0 || f.ReferenceTTFTMeanMs != 0 {
@@ -210,5 +217,49 @@ func TestFailureFigures(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestExcessVsOracle: each failed column's excess over its reference on
+// the common affected requests, over the oracle's over lumen-no-failure;
+// null where the oracle has no excess; nothing without an oracle (bench).
+func TestExcessVsOracle(t *testing.T) {
+	figs := map[string]*Figures{}
+	for _, c := range Columns {
+		figs[c.Name] = &Figures{CommonTTFTMeanMs: 100, CommonTTFTP99Ms: 200}
+	}
+	figs["no-checkpoint-no-failure"].CommonTTFTMeanMs = 90
+	figs["stop-and-restart"].CommonTTFTMeanMs, figs["stop-and-restart"].CommonTTFTP99Ms = 490, 800
+	figs["lumen"].CommonTTFTMeanMs, figs["lumen"].CommonTTFTP99Ms = 150, 260
+	figs[OracleColumn].CommonTTFTMeanMs, figs[OracleColumn].CommonTTFTP99Ms = 140, 200
+	ExcessesVsOracle(figs)
+	if x := figs["stop-and-restart"].ExcessVsOracle; x == nil || *x.TTFTMean != 10 || x.TTFTP99 != nil {
+		t.Errorf("stop-and-restart: %+v, want (490-90)/(140-100) = 10 and a null p99 (the oracle's p99 excess is 0)", x)
+	}
+	if x := figs["lumen"].ExcessVsOracle; x == nil || *x.TTFTMean != 1.25 {
+		t.Errorf("lumen: %+v, want (150-100)/(140-100) = 1.25", x)
+	}
+	for _, name := range []string{OracleColumn, "lumen-no-failure", "no-checkpoint-no-failure"} {
+		if figs[name].ExcessVsOracle != nil {
+			t.Errorf("%s has excess_vs_oracle", name)
+		}
+	}
+	real := map[string]*Figures{}
+	for _, c := range RealColumns() {
+		if c.SimOnly || c.Oracle {
+			t.Fatalf("RealColumns has %s", c.Name)
+		}
+		real[c.Name] = &Figures{}
+	}
+	ExcessesVsOracle(real)
+	for name, f := range real {
+		if f.ExcessVsOracle != nil {
+			t.Errorf("%s: excess vs oracle without an oracle", name)
+		}
+	}
+	var b strings.Builder
+	(&Table{Figures: real}).Print(&b)
+	if strings.Contains(b.String(), "oracle") {
+		t.Errorf("a table without the oracle column mentions it:\n%s", b.String())
 	}
 }
