@@ -174,6 +174,86 @@ type request struct {
 	// and a boolean for chat, which takes the count in TopLogprobs.
 	Logprobs    json.RawMessage `json:"logprobs"`
 	TopLogprobs *int64          `json:"top_logprobs"`
+	// Unsupported holds the parameters lumen does not implement yet, so a
+	// request that sets one is refused by name instead of served as if it
+	// had not (see refuseUnsupported).
+	Unsupported
+}
+
+// Unsupported are the OpenAI (and vLLM) parameters lumen does not implement.
+// Each is accepted only at its no-op value: a client that sends echo: false
+// or presence_penalty: 0 is served, one that asks for the behaviour gets a
+// 400 naming the parameter rather than an answer that silently lacks it.
+type Unsupported struct {
+	Echo              json.RawMessage `json:"echo"`
+	BestOf            json.RawMessage `json:"best_of"`
+	Suffix            json.RawMessage `json:"suffix"`
+	LogitBias         json.RawMessage `json:"logit_bias"`
+	PresencePenalty   json.RawMessage `json:"presence_penalty"`
+	FrequencyPenalty  json.RawMessage `json:"frequency_penalty"`
+	RepetitionPenalty json.RawMessage `json:"repetition_penalty"`
+	MinTokens         json.RawMessage `json:"min_tokens"`
+	PromptLogprobs    json.RawMessage `json:"prompt_logprobs"`
+	Tools             json.RawMessage `json:"tools"`
+	Functions         json.RawMessage `json:"functions"`
+	ResponseFormat    json.RawMessage `json:"response_format"`
+	GuidedJSON        json.RawMessage `json:"guided_json"`
+	GuidedRegex       json.RawMessage `json:"guided_regex"`
+	GuidedChoice      json.RawMessage `json:"guided_choice"`
+}
+
+// refuseUnsupported returns a 400 naming the first unsupported parameter the
+// request sets to anything but its no-op value.
+func (u *Unsupported) refuseUnsupported() *apiError {
+	checks := []struct {
+		name string
+		raw  json.RawMessage
+		noop []string // the JSON values that ask for nothing
+		why  string
+	}{
+		{"echo", u.Echo, []string{"false"}, "the prompt is not returned with the completion (nor its logprobs)"},
+		{"best_of", u.BestOf, []string{"1"}, "lumen samples one sequence per request"},
+		{"suffix", u.Suffix, []string{`""`}, "insertion after a suffix is not implemented"},
+		{"logit_bias", u.LogitBias, []string{"{}"}, "logits are not biased"},
+		{"presence_penalty", u.PresencePenalty, []string{"0", "0.0"}, "sampling applies no penalties"},
+		{"frequency_penalty", u.FrequencyPenalty, []string{"0", "0.0"}, "sampling applies no penalties"},
+		{"repetition_penalty", u.RepetitionPenalty, []string{"1", "1.0"}, "sampling applies no penalties"},
+		{"min_tokens", u.MinTokens, []string{"0"}, "end of sequence is not suppressed"},
+		{"prompt_logprobs", u.PromptLogprobs, []string{"0"}, "logprobs are returned for generated tokens only"},
+		{"tools", u.Tools, []string{"[]"}, "tool calling is not implemented"},
+		{"functions", u.Functions, []string{"[]"}, "function calling is not implemented"},
+		{"response_format", u.ResponseFormat, []string{`{"type":"text"}`}, "structured output is not implemented"},
+		{"guided_json", u.GuidedJSON, nil, "structured output is not implemented"},
+		{"guided_regex", u.GuidedRegex, nil, "structured output is not implemented"},
+		{"guided_choice", u.GuidedChoice, nil, "structured output is not implemented"},
+	}
+	for _, c := range checks {
+		v := compactJSON(c.raw)
+		if v == "" || v == "null" {
+			continue
+		}
+		ok := false
+		for _, n := range c.noop {
+			ok = ok || v == n
+		}
+		if !ok {
+			return badRequest(c.name, "%s is not supported by lumen yet (%s); got %s: leave it out or at its default", c.name, c.why, v)
+		}
+	}
+	return nil
+}
+
+// compactJSON is raw without insignificant whitespace ("" for none or
+// invalid JSON, which the typed fields reject on their own).
+func compactJSON(raw json.RawMessage) string {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return ""
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return string(bytes.TrimSpace(raw))
+	}
+	return b.String()
 }
 
 // decodeRequest parses a body and turns JSON type errors into 400s naming
@@ -254,6 +334,9 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 			return p, badRequest("top_p", "top_p must be greater than 0 and at most 1, got %v", t)
 		}
 		p.topP = float32(t)
+	}
+	if aerr := req.refuseUnsupported(); aerr != nil {
+		return p, aerr
 	}
 	if req.N != nil && *req.N != 1 {
 		return p, badRequest("n", "n must be 1, got %d: lumen returns one choice per request", *req.N)

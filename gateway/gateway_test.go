@@ -79,6 +79,12 @@ func TestErrors(t *testing.T) {
 		{"temperature", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","temperature":2.5}`, 400, "temperature", "between 0 and 2"},
 		{"top_p", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","top_p":0}`, 400, "top_p", "greater than 0"},
 		{"n", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","n":2}`, 400, "n", "n must be 1"},
+		{"echo", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","echo":true}`, 400, "echo", "echo is not supported"},
+		{"best_of", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","best_of":3}`, 400, "best_of", "best_of is not supported"},
+		{"presence_penalty", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","presence_penalty":0.5}`, 400, "presence_penalty", "got 0.5"},
+		{"logit_bias", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","logit_bias":{"5":-100}}`, 400, "logit_bias", "logits are not biased"},
+		{"chat tools", "/v1/chat/completions", `{"model":"lumen-tiny","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, 400, "tools", "tool calling"},
+		{"chat json mode", "/v1/chat/completions", `{"model":"lumen-tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`, 400, "response_format", "structured output"},
 		{"too many stops", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","stop":["a","b","c","d","e"]}`, 400, "stop", "at most 4"},
 		{"empty stop", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","stop":""}`, 400, "stop", "stop[0] must be 1..64 bytes"},
 		{"stream_options without stream", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","stream_options":{"include_usage":true}}`, 400, "stream_options", "only allowed when stream"},
@@ -162,6 +168,23 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("validate error %#v", ae)
 		}
 	})
+}
+
+// TestUnsupportedAtDefaults: the unsupported parameters at their no-op
+// values (what SDKs and harnesses send when the feature is off) are served.
+func TestUnsupportedAtDefaults(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"lumen-tiny","prompt":"x","echo":false,"best_of":1,"suffix":null,"logit_bias":{},"presence_penalty":0,"frequency_penalty":0.0,"min_tokens":0}`,
+		`{"model":"lumen-tiny","messages":[{"role":"user","content":"x"}],"tools":[],"response_format":{ "type" : "text" },"repetition_penalty":1}`,
+	} {
+		req, err := decodeRequest(strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("%s: decode: %v", body, err)
+		}
+		if _, ae := req.validate(req.Prompt == nil, 16); ae != nil {
+			t.Errorf("%s: refused: %s (param %s)", body, ae.Message, ae.Param)
+		}
+	}
 }
 
 func TestConfigValidate(t *testing.T) {
