@@ -252,3 +252,32 @@ func TestControllerFigures(t *testing.T) {
 		t.Fatalf("row %+v", row)
 	}
 }
+
+// The gateway's own-time quantiles come from histogram deltas as
+// Prometheus's histogram_quantile reads them.
+func TestOwnQuantile(t *testing.T) {
+	b := func(ns ...float64) []ownBucket {
+		les := []float64{0.001, 0.002, 0.004, math.Inf(1)}
+		var out []ownBucket
+		for i, n := range ns {
+			out = append(out, ownBucket{les[i], n})
+		}
+		return out
+	}
+	before := &ownSample{buckets: map[string][]ownBucket{"p": b(5, 5, 5, 5)}, cpu: 1, requests: 10}
+	after := &ownSample{buckets: map[string][]ownBucket{"p": b(5, 105, 205, 205)}, cpu: 3, requests: 210}
+	d := after.minus(before)
+	if d.cpu != 2 || d.requests != 200 {
+		t.Fatalf("delta cpu %v requests %v, want 2 and 200", d.cpu, d.requests)
+	}
+	// 200 observations: 100 in (1, 2] ms, 100 in (2, 4] ms.
+	if got := d.quantileMs("p", 0.5); math.Abs(got-2) > 1e-9 {
+		t.Errorf("p50 %v ms, want 2", got)
+	}
+	if got := d.quantileMs("p", 0.99); math.Abs(got-3.96) > 1e-9 {
+		t.Errorf("p99 %v ms, want 3.96", got)
+	}
+	if got := d.quantileMs("none", 0.5); !math.IsNaN(got) {
+		t.Errorf("no observations: %v, want NaN", got)
+	}
+}

@@ -74,6 +74,7 @@ func (g *Gateway) place(ctx context.Context, e *entry, viaController bool, exclu
 		}
 	}
 	g.metrics.placements.WithLabelValues("controller").Inc()
+	e.viaController = true
 	dctx, cancel := context.WithTimeout(ctx, g.cfg.DispatchTimeout)
 	defer cancel()
 	resp, err := g.session.dispatch(dctx, dispatchRequest(e), g.link.dispatch)
@@ -109,6 +110,7 @@ func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok b
 	}
 	e.unsettled = append(e.unsettled, settled)
 	g.metrics.placements.WithLabelValues("replica").Inc()
+	e.viaController = false
 	return &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens}, true, nil
 }

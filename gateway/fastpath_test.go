@@ -242,6 +242,9 @@ func TestFastPathStreamsBeforeTheCommit(t *testing.T) {
 		t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
 	}
 	waitFor(t, 10*time.Second, "the completion", func() bool { return slices.Contains(r.fc.completedIDs(), id) })
+	// Placed from the replica: its own time to the worker is the fast
+	// path's, not a commit's wait.
+	checkOwn(t, r.g, map[string]uint64{"accept_to_generate": 1, "accept_to_generate_via_controller": 0, "token_to_write": 3})
 	if n := r.g.replica.Pending(); n != 1 {
 		// Committed at index 2 past the table's 1: counted until a table
 		// counts it.

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -34,6 +35,13 @@ type entry struct {
 	diverged bool
 	// lps[i] are out[i]'s logprobs when the request asks for them.
 	lps []*pb.GenerateResponse
+	// arrived is when the handler took the request; viaController whether
+	// its last placement waited for the controller's commit; sent whether
+	// its first Generate call has gone out (the gateway's own time up to
+	// it is observed once, at that call).
+	arrived       time.Time
+	viaController bool
+	sent          bool
 }
 
 // noteLogprobs keeps the logprobs of the token just accepted (the

@@ -36,6 +36,13 @@ type metrics struct {
 	commit     prometheus.Histogram
 	refusals   *prometheus.CounterVec
 	setHolder  *prometheus.CounterVec
+	// own: the gateway's own added latency, by phase (issue 26):
+	// accept_to_generate (the handler's start to the worker's Generate
+	// call, placed from the replica), accept_to_generate_via_controller
+	// (the same, placed by a commit the request waited for) and
+	// token_to_write (a token's arrival from the worker to its bytes
+	// written to the client).
+	own *prometheus.HistogramVec
 }
 
 // newMetrics makes the gateway's metrics. The end-to-end latency means
@@ -75,6 +82,13 @@ func newMetrics(model string) *metrics {
 		Help: "Dispatches of requests already started that did not commit, by reason: worker_unavailable (the chosen worker failed or left: placed again elsewhere), other (placed again by the controller), unconfirmed (no answer in time: the request runs on unplaced)."}, []string{"reason"})
 	m.setHolder = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_set_holder_total",
 		Help: "SetHolder calls after a commit, by result: applied, not_applied (the request ended or moved first), failed."}, []string{"result"})
+	m.own = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "lumen_gateway_own_seconds",
+		Help:    "The gateway's own added latency, by phase: accept_to_generate (request accepted to the worker's Generate call, placed from the gateway's replica of the load table), accept_to_generate_via_controller (the same, waiting for the controller's commit), token_to_write (a token received from the worker to its bytes written to the client).",
+		Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20)}, []string{"phase"})
+	for _, p := range []string{"accept_to_generate", "accept_to_generate_via_controller", "token_to_write"} {
+		m.own.WithLabelValues(p)
+	}
+	m.reg.MustRegister(m.own)
 	// Every label value exists from the start, at 0: a scrape (or a
 	// rate()) sees a counter that was never incremented.
 	for _, v := range []struct {

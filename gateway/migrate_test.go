@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -72,6 +73,24 @@ func TestMigrationSwitchFollowsTheSourcesLastMessage(t *testing.T) {
 	}
 	if n := histCount(t, r.g, "lumen_gateway_migration_downtime_seconds"); n != 1 {
 		t.Fatalf("%d downtimes recorded, want 1", n)
+	}
+	// The gateway's own time: one accept-to-Generate per request (not per
+	// call; the rig has no load table, so the controller placed it), one
+	// token-to-write per token the client got.
+	checkOwn(t, r.g, map[string]uint64{"accept_to_generate": 0, "accept_to_generate_via_controller": 1, "token_to_write": 4})
+}
+
+// checkOwn checks the observations of lumen_gateway_own_seconds by phase.
+func checkOwn(t *testing.T, g *Gateway, want map[string]uint64) {
+	t.Helper()
+	for phase, w := range want {
+		var m dto.Metric
+		if err := g.metrics.own.WithLabelValues(phase).(prometheus.Metric).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if n := m.GetHistogram().GetSampleCount(); n != w {
+			t.Errorf("lumen_gateway_own_seconds{phase=%q}: %d observations, want %d", phase, n, w)
+		}
 	}
 }
 

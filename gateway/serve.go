@@ -157,7 +157,7 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	e := &entry{id: newID(prefix), prompt: prompt, params: p, maxToken: p.maxTokens}
+	e := &entry{id: newID(prefix), prompt: prompt, params: p, maxToken: p.maxTokens, arrived: arrived}
 	// The handler's context ends with the client or, once Close has given
 	// handlers their grace, with the gateway.
 	ctx, cancel := context.WithCancel(r.Context())
@@ -492,6 +492,16 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	if regen {
 		generated = nil
 	}
+	if !e.sent {
+		// The gateway's own time to the worker: accept, decode, validate,
+		// tokenize, admit and place (a commit's wait apart, on its own).
+		e.sent = true
+		phase := "accept_to_generate"
+		if e.viaController {
+			phase = "accept_to_generate_via_controller"
+		}
+		g.metrics.own.WithLabelValues(phase).Observe(time.Since(e.arrived).Seconds())
+	}
 	st, err := pb.NewInferenceClient(cc).Generate(sctx, &pb.GenerateRequest{
 		RequestId: id, Prompt: e.prompt, Generated: generated, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
@@ -503,6 +513,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	}
 	for {
 		r, err := st.Recv()
+		got := time.Now()
 		if err == io.EOF {
 			return "", used, progressed, errors.New("gateway: worker stream ended without a last token")
 		}
@@ -544,7 +555,11 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 		if fresh {
 			e.noteLogprobs(r)
 			progress()
-			if onToken(r.Token) {
+			stopped := onToken(r.Token)
+			// From the token's arrival to its bytes written (and flushed,
+			// when streaming) to the client.
+			g.metrics.own.WithLabelValues("token_to_write").Observe(time.Since(got).Seconds())
+			if stopped {
 				return "stop", used, true, nil
 			}
 		}

@@ -43,8 +43,17 @@ func runBenchGateway(args []string) error {
 	fs.IntVar(&cfg.PromptLen, "prompt", cfg.PromptLen, "prompt tokens")
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "output tokens per request")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write the gateway's CPU profile of the 500-stream phase through it to this file")
+	streams := fs.String("streams", "1,100,500", "comma-separated concurrent stream counts, one load each (1..20000)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	cfg.Streams = nil
+	for _, f := range strings.Split(*streams, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 20000 {
+			return fmt.Errorf("-streams: %q is not a stream count in 1..20000", f)
+		}
+		cfg.Streams = append(cfg.Streams, n)
 	}
 	return bench.Gateway(cfg)
 }
