@@ -62,6 +62,10 @@ type npmResult struct {
 	Models     npmCall[[]string]                   `json:"models"`
 	Concurrent []npmCall[string]                   `json:"concurrent"`
 	Held       string                              `json:"held"`
+	Samples    npmCall[struct {
+		Texts  []string `json:"texts"`
+		Finish []string `json:"finish"`
+	}] `json:"samples"`
 }
 
 type npmCompletion struct {
@@ -256,6 +260,7 @@ func TestOpenAINpmClient(t *testing.T) {
 		"chatTopLogprobs": {"BadRequestError", 400, "top_logprobs", "between 0 and 20, got 30"},
 		"unknownPath":     {"NotFoundError", 404, "", "Invalid URL (POST /v1/embeddings)"},
 		"wrongKey":        {"AuthenticationError", 401, "", "Incorrect API key"},
+		"echo":            {"BadRequestError", 400, "echo", "echo is not supported"},
 	} {
 		e := res.Errors[name].Error
 		if e == nil || e.Class != w.class || e.Status != w.status || !strings.Contains(e.Message, w.msg) ||
@@ -265,6 +270,12 @@ func TestOpenAINpmClient(t *testing.T) {
 	}
 	if res.Models.Error != nil || len(res.Models.OK) != 1 || res.Models.OK[0] != "lumen-tiny" {
 		t.Errorf("models: %+v", res.Models)
+	}
+	// n=2 greedy, streamed: both choices are the reference.
+	wantS, reasonS, _ := referenceText(t, ref, tk.Encode(prompts[0]), maxTokens, tokenizer.TokEOS)
+	if s := res.Samples; s.Error != nil || len(s.OK.Texts) != 2 || s.OK.Texts[0] != wantS || s.OK.Texts[1] != wantS ||
+		len(s.OK.Finish) != 2 || s.OK.Finish[0] != reasonS || s.OK.Finish[1] != reasonS {
+		t.Errorf("n=2 streamed: %+v, want both %q %s", s, wantS, reasonS)
 	}
 	// Five sent while a stream holds the only slot of a gateway admitting
 	// one: every one is a RateLimitError; the stream is the reference.

@@ -171,8 +171,45 @@ func TestOpenAISDK(t *testing.T) {
 		t.Fatalf("streaming chat: %q (usage %d), want %q (%d)", sb.String(), usage, want, n)
 	}
 
+	// n samples: choice i is what one request with the seed plus i
+	// samples, and their usage is the sum.
+	sampled := openai.CompletionNewParams{Model: "lumen-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("The cluster")},
+		MaxTokens: openai.Int(16), Temperature: openai.Float(0.9), Seed: openai.Int(11), N: openai.Int(3)}
+	multi, err := client.Completions.New(ctx, sampled)
+	if err != nil {
+		t.Fatalf("n=3: %v", err)
+	}
+	if len(multi.Choices) != 3 {
+		t.Fatalf("n=3: %d choices", len(multi.Choices))
+	}
+	var total int64
+	for i, ch := range multi.Choices {
+		one := sampled
+		one.N, one.Seed = openai.Int(1), openai.Int(11+int64(i))
+		single, err := client.Completions.New(ctx, one)
+		if err != nil {
+			t.Fatalf("seed %d: %v", 11+i, err)
+		}
+		if ch.Index != int64(i) || ch.Text != single.Choices[0].Text || ch.FinishReason != single.Choices[0].FinishReason {
+			t.Fatalf("n=3 choice %d (index %d): %q %s; seed %d alone: %q %s", i, ch.Index, ch.Text, ch.FinishReason, 11+i,
+				single.Choices[0].Text, single.Choices[0].FinishReason)
+		}
+		total += single.Usage.CompletionTokens
+	}
+	if multi.Choices[0].Text == multi.Choices[1].Text && multi.Choices[1].Text == multi.Choices[2].Text {
+		t.Fatalf("n=3 at temperature 0.9: three identical samples %q; each must draw with its own seed", multi.Choices[0].Text)
+	}
+	if multi.Usage.CompletionTokens != total {
+		t.Fatalf("n=3 usage %d completion tokens, the three alone %d", multi.Usage.CompletionTokens, total)
+	}
+
 	// Errors through the SDK: status and message.
 	var apiErr *openai.Error
+	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny", Echo: openai.Bool(true),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "echo" {
+		t.Fatalf("echo, not implemented, must be refused by name: %v", err)
+	}
 	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "gpt-4",
 		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || !strings.Contains(apiErr.Message, "gpt-4") {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -52,6 +53,9 @@ const (
 	maxStopSequences = 4
 	maxStopBytes     = 64
 	maxMessages      = 256
+	// maxN is the most samples one request may ask for (OpenAI's limit);
+	// each holds an admission slot of the gateway's -max-concurrent.
+	maxN = 128
 )
 
 // promptInput is a completions prompt: text, or token ids.
@@ -204,7 +208,7 @@ type Unsupported struct {
 
 // refuseUnsupported returns a 400 naming the first unsupported parameter the
 // request sets to anything but its no-op value.
-func (u *Unsupported) refuseUnsupported() *apiError {
+func (u *Unsupported) refuseUnsupported(n int64) *apiError {
 	checks := []struct {
 		name string
 		raw  json.RawMessage
@@ -212,7 +216,7 @@ func (u *Unsupported) refuseUnsupported() *apiError {
 		why  string
 	}{
 		{"echo", u.Echo, []string{"false"}, "the prompt is not returned with the completion (nor its logprobs)"},
-		{"best_of", u.BestOf, []string{"1"}, "lumen samples one sequence per request"},
+		{"best_of", u.BestOf, []string{"1", strconv.FormatInt(n, 10)}, "lumen returns every sample it draws, so best_of may only equal n"},
 		{"suffix", u.Suffix, []string{`""`}, "insertion after a suffix is not implemented"},
 		{"logit_bias", u.LogitBias, []string{"{}"}, "logits are not biased"},
 		{"presence_penalty", u.PresencePenalty, []string{"0", "0.0"}, "sampling applies no penalties"},
@@ -296,6 +300,9 @@ type params struct {
 	// tokens at its position.
 	logprobs    bool
 	topLogprobs int
+	// n: the samples (choices) to return, each its own request to the
+	// cluster with the seed plus its index.
+	n int
 }
 
 // validate checks what both endpoints share. defMax is the default
@@ -335,11 +342,19 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 		}
 		p.topP = float32(t)
 	}
-	if aerr := req.refuseUnsupported(); aerr != nil {
+	n := int64(1)
+	if req.N != nil {
+		n = *req.N
+	}
+	if aerr := req.refuseUnsupported(n); aerr != nil {
 		return p, aerr
 	}
-	if req.N != nil && *req.N != 1 {
-		return p, badRequest("n", "n must be 1, got %d: lumen returns one choice per request", *req.N)
+	p.n = 1
+	if req.N != nil {
+		if *req.N < 1 || *req.N > maxN {
+			return p, badRequest("n", "n must be between 1 and %d, got %d", maxN, *req.N)
+		}
+		p.n = int(*req.N)
 	}
 	if req.Seed != nil {
 		p.seed, p.seeded = uint64(*req.Seed), true

@@ -78,7 +78,9 @@ func TestErrors(t *testing.T) {
 		{"prompt beyond context", "/v1/completions", `{"model":"lumen-tiny","prompt":"` + strings.Repeat("a", 2100) + `"}`, 400, "prompt", "the prompt has 2100"},
 		{"temperature", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","temperature":2.5}`, 400, "temperature", "between 0 and 2"},
 		{"top_p", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","top_p":0}`, 400, "top_p", "greater than 0"},
-		{"n", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","n":2}`, 400, "n", "n must be 1"},
+		{"n", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","n":0}`, 400, "n", "n must be between 1 and 128, got 0"},
+		{"n too large", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","n":129}`, 400, "n", "n must be between 1 and 128, got 129"},
+		{"best_of above n", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","n":2,"best_of":3}`, 400, "best_of", "best_of may only equal n"},
 		{"echo", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","echo":true}`, 400, "echo", "echo is not supported"},
 		{"best_of", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","best_of":3}`, 400, "best_of", "best_of is not supported"},
 		{"presence_penalty", "/v1/completions", `{"model":"lumen-tiny","prompt":"x","presence_penalty":0.5}`, 400, "presence_penalty", "got 0.5"},
@@ -133,6 +135,12 @@ func TestAuthBodyLimitAndAdmission(t *testing.T) {
 	if msg, _ := errorOf(body); code != 429 || !strings.Contains(msg, "limit") {
 		t.Fatalf("admission: %d %q", code, msg)
 	}
+	// Two samples need two slots: refused whole, and the one it could
+	// take is given back.
+	code, body = post(t, h, "/v1/completions", `{"model":"lumen-tiny","prompt":"x","n":2}`, "Authorization", "Bearer sk-1")
+	if msg, _ := errorOf(body); code != 429 || !strings.Contains(msg, "n samples counts n") || len(g.admit) != 0 {
+		t.Fatalf("admission of n=2 with one slot: %d %q, %d slots held after", code, msg, len(g.admit))
+	}
 	req := httptest.NewRequest("GET", "/v1/models", nil)
 	req.Header.Set("Authorization", "Bearer sk-1")
 	rec := httptest.NewRecorder()
@@ -176,6 +184,7 @@ func TestUnsupportedAtDefaults(t *testing.T) {
 	for _, body := range []string{
 		`{"model":"lumen-tiny","prompt":"x","echo":false,"best_of":1,"suffix":null,"logit_bias":{},"presence_penalty":0,"frequency_penalty":0.0,"min_tokens":0}`,
 		`{"model":"lumen-tiny","messages":[{"role":"user","content":"x"}],"tools":[],"response_format":{ "type" : "text" },"repetition_penalty":1}`,
+		`{"model":"lumen-tiny","prompt":"x","n":3,"best_of":3}`,
 	} {
 		req, err := decodeRequest(strings.NewReader(body))
 		if err != nil {

@@ -141,23 +141,51 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	if !p.seeded {
 		p.seed = uint64(time.Now().UnixNano()) // fixed for the request's life, resumes included
 	}
-	select {
-	case g.admit <- struct{}{}:
-	default:
+	// A request of n samples holds n admission slots: each is a request on
+	// a worker.
+	n := p.n
+	taken := 0
+	for ; taken < n; taken++ {
+		select {
+		case g.admit <- struct{}{}:
+			continue
+		default:
+		}
+		break
+	}
+	release := sync.OnceFunc(func() {
+		for range taken {
+			<-g.admit
+		}
+	})
+	if taken < n {
+		release()
 		writeError(w, &apiError{Status: 429, Type: "rate_limit_error", Code: "too_many_requests", RetryAfter: retryAfter,
-			Message: fmt.Sprintf("the gateway has %d requests in flight, its limit; retry later", g.cfg.MaxConcurrent)})
+			Message: fmt.Sprintf("the gateway has %d requests in flight, its limit (a request of n samples counts n); retry later", g.cfg.MaxConcurrent)})
 		return
 	}
-	release := sync.OnceFunc(func() { <-g.admit })
 	defer release()
-	g.metrics.inflight.Inc()
-	defer g.metrics.inflight.Dec()
+	g.metrics.inflight.Add(float64(n))
+	defer g.metrics.inflight.Sub(float64(n))
 
 	prefix := "cmpl-"
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	e := &entry{id: newID(prefix), prompt: prompt, params: p, maxToken: p.maxTokens, arrived: arrived}
+	// Each sample is a request of its own to the cluster (its own
+	// placement, journal and resumes), under the response's id with its
+	// index, and with the seed plus its index, so that the samples differ
+	// and each is reproducible.
+	id := newID(prefix)
+	samples := make([]*entry, n)
+	for i := range samples {
+		sp, sid := p, id
+		if n > 1 {
+			sid = fmt.Sprintf("%s-%d", id, i)
+			sp.seed = p.seed + uint64(i)
+		}
+		samples[i] = &entry{id: sid, prompt: prompt, params: sp, maxToken: p.maxTokens, arrived: arrived}
+	}
 	// The handler's context ends with the client or, once Close has given
 	// handlers their grace, with the gateway.
 	ctx, cancel := context.WithCancel(r.Context())
@@ -167,73 +195,105 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	// caller gave up (the client left, or DispatchTimeout ran out during an
 	// election) has a placement in the gateway's session all the same, and
 	// every attempt id is completed; one never placed is answered NotFound,
-	// which is harmless. The slot goes back before the flusher is waited on:
+	// which is harmless. The slots go back before the flusher is waited on:
 	// a flusher that falls behind holds up the handlers that finished, never
 	// the admission of new requests.
 	defer func() {
 		release()
-		ids := e.dispatchIDs()
-		complete := func() {
-			// A completion must follow its Dispatch: the controller
-			// refuses a Dispatch of a completed id.
-			for _, ch := range e.unsettled {
-				<-ch
+		for _, e := range samples {
+			ids := e.dispatchIDs()
+			complete := func() {
+				// A completion must follow its Dispatch: the controller
+				// refuses a Dispatch of a completed id.
+				for _, ch := range e.unsettled {
+					<-ch
+				}
+				for _, id := range ids {
+					g.completeLater(id)
+				}
 			}
-			for _, id := range ids {
-				g.completeLater(id)
+			// Waiting for a commit here would hold the response open (its
+			// body ends when the handler returns).
+			if len(e.unsettled) == 0 || !g.goFunc(complete) {
+				complete()
 			}
-		}
-		// Waiting for a commit here would hold the response open (its body
-		// ends when the handler returns).
-		if len(e.unsettled) == 0 || !g.goFunc(complete) {
-			complete()
 		}
 	}()
-	// Followed before the Dispatch: a move event that arrives between the
-	// commit and Dispatch's answer is kept for the first stream.
-	g.follow(e.dispatchID())
-	defer func() { g.unfollow(e.dispatchID()) }()
-	placement, aerr := g.place(ctx, e, false)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	out := newResponder(w, chat, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, e.id, g.cfg.Model)
+	out := newResponder(w, chat, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, id, g.cfg.Model, n)
 	out.withLogprobs(p)
-	text := &textStream{stop: p.stop}
-	first := true
-	finish, err := g.generate(ctx, e, placement, stopTokens, func(tok int32) bool {
-		if first {
-			g.metrics.ttft.Observe(time.Since(arrived).Seconds())
-			first = false
+	var first sync.Once
+	run := func(i int) error {
+		e := samples[i]
+		// Followed before the Dispatch: a move event that arrives between
+		// the commit and Dispatch's answer is kept for the first stream.
+		g.follow(e.dispatchID())
+		defer func() { g.unfollow(e.dispatchID()) }()
+		placement, aerr := g.place(ctx, e, false)
+		if aerr != nil {
+			return aerr
 		}
-		g.metrics.tokens.Inc()
-		if p.logprobs {
-			out.logprobs(e.lps[len(e.lps)-1])
+		text := &textStream{stop: p.stop}
+		finish, err := g.generate(ctx, e, placement, stopTokens, func(tok int32) bool {
+			first.Do(func() { g.metrics.ttft.Observe(time.Since(arrived).Seconds()) })
+			g.metrics.tokens.Inc()
+			var lp *pb.GenerateResponse
+			if p.logprobs {
+				lp = e.lps[len(e.lps)-1]
+			}
+			delta, stopped := text.push([]byte(g.tok.DecodeToken(tok)))
+			out.delta(i, delta, lp)
+			return stopped
+		})
+		if err != nil {
+			return err
 		}
-		delta, stopped := text.push([]byte(g.tok.DecodeToken(tok)))
-		out.delta(delta)
-		return stopped
-	})
+		out.delta(i, text.flush(), nil)
+		out.finishChoice(i, finish)
+		return nil
+	}
+	if n == 1 {
+		err = run(0)
+	} else {
+		// The samples run side by side; the first to fail ends the others
+		// (the request fails as one).
+		var once sync.Once
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				if e := run(i); e != nil {
+					once.Do(func() { err = e; cancel() })
+				}
+			})
+		}
+		wg.Wait()
+	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return // the client went away; the worker stream was cancelled
+		if r.Context().Err() != nil || g.ctx.Err() != nil {
+			return // the client went away (or the gateway closed); the worker streams were cancelled
 		}
 		// A request that ends in an error is what lumen promises not to
 		// happen short of bad input or overload: always worth a line in
 		// the log.
 		var ae *apiError
+		tokens := 0
+		for _, e := range samples {
+			tokens += len(e.out)
+		}
 		if errors.As(err, &ae) && ae.Status == 429 {
-			g.log.Debug("request refused: every worker's queue is full", "request", e.id, "error", err)
+			g.log.Debug("request refused: every worker's queue is full", "request", id, "error", err)
 		} else {
-			g.log.Warn("request failed", "request", e.id, "attempt", e.attempt, "tokens", len(e.out), "error", err)
+			g.log.Warn("request failed", "request", id, "samples", n, "tokens", tokens, "error", err)
 		}
 		out.fail(err)
 		return
 	}
-	out.delta(text.flush())
 	g.metrics.e2e.Observe(time.Since(arrived).Seconds())
-	out.finish(finish, usage{PromptTokens: len(prompt), CompletionTokens: len(e.out), TotalTokens: len(prompt) + len(e.out)})
+	u := usage{PromptTokens: len(prompt), TotalTokens: len(prompt)}
+	for _, e := range samples {
+		u.CompletionTokens += len(e.out)
+		u.TotalTokens += len(e.out)
+	}
+	out.end(u)
 }
 
 var errClosing = &apiError{Status: 503, Type: "server_error", Code: "gateway_closing",
@@ -704,20 +764,32 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement, 
 		errResumeTimeout, e.id, g.cfg.ResumeTimeout, len(e.out), lastErr)
 }
 
-// responder writes a completion as one JSON object or as server-sent events.
+// responder writes a completion as one JSON object or as server-sent
+// events, for one choice or for n side by side (their chunks interleave in
+// a stream, each with its index).
 type responder struct {
 	w            http.ResponseWriter
 	chat, stream bool
 	includeUsage bool
 	id, model    string
 	created      int64
-	text         []byte
-	started      bool
-	// With logprobs: the tokens' logprobs not yet sent, how many
-	// alternatives each lists, and the text offset of the next
+	// mu serialises the choices' writes.
+	mu      sync.Mutex
+	started bool
+	choices []*choiceOut
+	// With logprobs: how many alternatives each token lists.
+	lp    bool
+	lpTop int
+}
+
+// choiceOut is one choice's part of a response.
+type choiceOut struct {
+	text   []byte // not streaming: the whole text
+	finish string // not streaming: why it ended
+	// streamed: a chunk of it went out (chat's first carries the role)
+	streamed bool
+	// The tokens' logprobs not yet sent, and the text offset of the next
 	// (completions).
-	lp      bool
-	lpTop   int
 	pending []*pb.GenerateResponse
 	offset  int
 }
@@ -725,29 +797,29 @@ type responder struct {
 // withLogprobs makes the responses carry the request's logprobs.
 func (o *responder) withLogprobs(p params) { o.lp, o.lpTop = p.logprobs, p.topLogprobs }
 
-// logprobs queues a token's logprobs: they go out with the next delta (the
-// text it adds may be held back, its logprobs are not).
-func (o *responder) logprobs(r *pb.GenerateResponse) { o.pending = append(o.pending, r) }
-
-// takeLogprobs formats and clears the queued logprobs: a choice's
+// takeLogprobs formats and clears a choice's queued logprobs: its
 // `logprobs`, null when the request did not ask for them (or a stream's
 // chunk has no token of its own: the last).
-func (o *responder) takeLogprobs() any {
-	if !o.lp || o.stream && len(o.pending) == 0 {
+func (o *responder) takeLogprobs(c *choiceOut) any {
+	if !o.lp || o.stream && len(c.pending) == 0 {
 		return nil
 	}
-	lps := o.pending
-	o.pending = nil
+	lps := c.pending
+	c.pending = nil
 	if o.chat {
 		return chatLogprobs(lps, o.lpTop)
 	}
-	c, next := completionsLogprobs(lps, o.offset)
-	o.offset = next
-	return c
+	lp, next := completionsLogprobs(lps, c.offset)
+	c.offset = next
+	return lp
 }
 
-func newResponder(w http.ResponseWriter, chat, stream, includeUsage bool, id, model string) *responder {
-	return &responder{w: w, chat: chat, stream: stream, includeUsage: includeUsage, id: id, model: model, created: time.Now().Unix()}
+func newResponder(w http.ResponseWriter, chat, stream, includeUsage bool, id, model string, n int) *responder {
+	o := &responder{w: w, chat: chat, stream: stream, includeUsage: includeUsage, id: id, model: model, created: time.Now().Unix()}
+	for range n {
+		o.choices = append(o.choices, &choiceOut{})
+	}
+	return o
 }
 
 func (o *responder) object() string {
@@ -775,11 +847,12 @@ func (o *responder) event(v any) {
 	}
 }
 
-func (o *responder) chunk(text string, finish *string) map[string]any {
-	choice := map[string]any{"index": 0, "finish_reason": finish}
+func (o *responder) chunk(i int, text string, finish *string) map[string]any {
+	c := o.choices[i]
+	choice := map[string]any{"index": i, "finish_reason": finish}
 	if o.chat {
 		delta := map[string]any{}
-		if !o.started {
+		if !c.streamed {
 			delta["role"] = "assistant"
 		}
 		if text != "" || finish == nil {
@@ -789,35 +862,63 @@ func (o *responder) chunk(text string, finish *string) map[string]any {
 	} else {
 		choice["text"] = text
 	}
-	choice["logprobs"] = o.takeLogprobs()
+	choice["logprobs"] = o.takeLogprobs(c)
+	c.streamed = true
 	return map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model, "choices": []any{choice}}
 }
 
-func (o *responder) delta(text string) {
-	if text == "" && len(o.pending) == 0 {
+// delta adds text to choice i, with the logprobs of the token that brought
+// it when lp is not nil (they go out with the next chunk even when the
+// text is held back: a stop sequence may be forming).
+func (o *responder) delta(i int, text string, lp *pb.GenerateResponse) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	c := o.choices[i]
+	if lp != nil {
+		c.pending = append(c.pending, lp)
+	}
+	if text == "" && len(c.pending) == 0 {
 		return
 	}
 	if !o.stream {
-		o.text = append(o.text, text...)
+		c.text = append(c.text, text...)
 		return
 	}
-	o.event(o.chunk(text, nil))
+	o.event(o.chunk(i, text, nil))
 }
 
-func (o *responder) finish(reason string, u usage) {
+// finishChoice ends choice i: streaming, its last chunk with the reason.
+func (o *responder) finishChoice(i int, reason string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if !o.stream {
-		choice := map[string]any{"index": 0, "finish_reason": reason}
-		if o.chat {
-			choice["message"] = map[string]any{"role": "assistant", "content": string(o.text)}
-		} else {
-			choice["text"] = string(o.text)
-		}
-		choice["logprobs"] = o.takeLogprobs()
-		writeJSON(o.w, 200, map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model,
-			"choices": []any{choice}, "usage": u})
+		o.choices[i].finish = reason
 		return
 	}
-	o.event(o.chunk("", &reason))
+	o.event(o.chunk(i, "", &reason))
+}
+
+// end writes the response's end, every choice finished: the whole JSON
+// object, or the usage chunk (when asked for) and the stream's [DONE].
+func (o *responder) end(u usage) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.stream {
+		choices := make([]any, len(o.choices))
+		for i, c := range o.choices {
+			choice := map[string]any{"index": i, "finish_reason": c.finish}
+			if o.chat {
+				choice["message"] = map[string]any{"role": "assistant", "content": string(c.text)}
+			} else {
+				choice["text"] = string(c.text)
+			}
+			choice["logprobs"] = o.takeLogprobs(c)
+			choices[i] = choice
+		}
+		writeJSON(o.w, 200, map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model,
+			"choices": choices, "usage": u})
+		return
+	}
 	if o.includeUsage {
 		o.event(map[string]any{"id": o.id, "object": o.object(), "created": o.created, "model": o.model, "choices": []any{}, "usage": u})
 	}
@@ -830,6 +931,8 @@ func (o *responder) finish(reason string, u usage) {
 // fail ends an accepted request with an explicit error: a JSON error before
 // the stream started, an error event after.
 func (o *responder) fail(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	var ae *apiError
 	if !errors.As(err, &ae) {
 		ae = &apiError{Status: 503, Type: "server_error", Message: err.Error()}

@@ -83,8 +83,24 @@ out.chat.streamed = await run(async () => {
   return { content, finish, completion_tokens: usage, logprobs: lp };
 });
 
+// Two greedy samples, streamed: their chunks interleave, each with its
+// index; both are the reference.
+out.samples = await run(async () => {
+  const stream = await client.completions.create({ ...params0(), max_tokens: spec.maxTokens, n: 2, stream: true });
+  const texts = ['', ''];
+  const finish = [null, null];
+  for await (const chunk of stream) {
+    for (const ch of chunk.choices) {
+      texts[ch.index] += ch.text;
+      if (ch.finish_reason) finish[ch.index] = ch.finish_reason;
+    }
+  }
+  return { texts, finish };
+});
+
 // Errors, each as the client's class.
 const one = { model: spec.model, prompt: 'x', max_tokens: 1 };
+out.errors.echo = await run(() => client.completions.create({ ...one, echo: true }));
 out.errors.unknownModel = await run(() => client.completions.create({ ...one, model: 'gpt-4' }));
 out.errors.badTemperature = await run(() => client.completions.create({ ...one, temperature: 3 }));
 out.errors.tooManyLogprobs = await run(() => client.completions.create({ ...one, logprobs: 21 }));

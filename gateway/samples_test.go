@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+// samplesResult is a streamed response of several choices, by index.
+type samplesResult struct {
+	text      map[int]string
+	finish    map[int]string
+	completed int // usage.completion_tokens
+	done      bool
+	err       error
+}
+
+// completeN posts a streaming completion of n samples and reads it to the
+// end, each chunk's text put under its choice's index.
+func (r *rig) completeN(body string) <-chan *samplesResult {
+	out := make(chan *samplesResult, 1)
+	go func() {
+		res := &samplesResult{text: map[int]string{}, finish: map[int]string{}}
+		defer func() { out <- res }()
+		resp, err := (&http.Client{Timeout: 60 * time.Second}).Post("http://"+r.g.Addr()+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			res.err = err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			res.err = fmt.Errorf("status %d", resp.StatusCode)
+			return
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			if line == "[DONE]" {
+				res.done = true
+				return
+			}
+			var ev struct {
+				Choices []struct {
+					Index  int     `json:"index"`
+					Text   string  `json:"text"`
+					Finish *string `json:"finish_reason"`
+				} `json:"choices"`
+				Usage *struct {
+					CompletionTokens int `json:"completion_tokens"`
+				} `json:"usage"`
+				Error any `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Error != nil {
+				res.err = fmt.Errorf("event %s: %v", line, err)
+				return
+			}
+			for _, c := range ev.Choices {
+				if _, over := res.finish[c.Index]; over {
+					res.err = fmt.Errorf("choice %d has a chunk after its finish: %s", c.Index, line)
+					return
+				}
+				res.text[c.Index] += c.Text
+				if c.Finish != nil {
+					res.finish[c.Index] = *c.Finish
+				}
+			}
+			if ev.Usage != nil {
+				res.completed = ev.Usage.CompletionTokens
+			}
+		}
+		res.err = sc.Err()
+	}()
+	return out
+}
+
+// n samples are n requests to the cluster, each its own placement, seed
+// (the request's plus its index) and journal: one of them moved mid-stream
+// resumes with its own history, and the client gets every choice whole,
+// with no chunk after its finish and the usage of all of them.
+func TestSamplesStreamSideBySide(t *testing.T) {
+	r := newRig(t, 1, nil, nil)
+	res := r.completeN(`{"model":"lumen-tiny","prompt":"x","max_tokens":3,"n":2,"seed":5,"stream":true,"stream_options":{"include_usage":true}}`)
+	a, b := r.w["w1"].next(t), r.w["w1"].next(t)
+	if a.req.Sampling.Seed > b.req.Sampling.Seed {
+		a, b = b, a
+	}
+	if a.req.Sampling.Seed != 5 || b.req.Sampling.Seed != 6 {
+		t.Fatalf("the samples' seeds are %d and %d, want 5 and 6", a.req.Sampling.Seed, b.req.Sampling.Seed)
+	}
+	ia, ib := strings.HasSuffix(a.req.RequestId, "-0"), strings.HasSuffix(b.req.RequestId, "-1")
+	if !ia || !ib || strings.TrimSuffix(a.req.RequestId, "-0") != strings.TrimSuffix(b.req.RequestId, "-1") {
+		t.Fatalf("request ids %q and %q, want one id with -0 and -1", a.req.RequestId, b.req.RequestId)
+	}
+	a.send(t, 0, 'a', false)
+	b.send(t, 0, 'x', false)
+	a.send(t, 1, 'b', false)
+	// Sample 1 moves: its destination gets its own history, not sample 0's.
+	b.move(t, &pb.Placement{RequestId: b.req.RequestId, WorkerId: "w2", Epoch: 2})
+	c := r.w["w2"].next(t)
+	if string(int32s(c.req.Generated)) != "x" || c.req.Sampling.Seed != 6 {
+		t.Fatalf("the moved sample's call: history %q seed %d, want \"x\" and 6", string(int32s(c.req.Generated)), c.req.Sampling.Seed)
+	}
+	a.send(t, 2, 'c', true)
+	c.send(t, 1, 'y', false)
+	c.send(t, 2, 'z', true)
+	got := <-res
+	if got.err != nil || !got.done {
+		t.Fatalf("the response: err %v, done %v", got.err, got.done)
+	}
+	if got.text[0] != "abc" || got.text[1] != "xyz" || len(got.text) != 2 {
+		t.Fatalf("choices %v, want 0: abc, 1: xyz", got.text)
+	}
+	if got.finish[0] != "length" || got.finish[1] != "length" || got.completed != 6 {
+		t.Fatalf("finish reasons %v, completion tokens %d; want length (max_tokens), twice, and 6", got.finish, got.completed)
+	}
+	// Each sample's attempts are completed on its own.
+	want := []string{a.req.RequestId, b.req.RequestId}
+	waitFor(t, 10*time.Second, "both samples completed", func() bool {
+		ids := r.fc.completedIDs()
+		return slices.Contains(ids, want[0]) && slices.Contains(ids, want[1])
+	})
+}
