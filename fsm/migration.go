@@ -269,6 +269,9 @@ type PlannedMigration struct {
 	Cmd *pb.MigrateCmd
 	// Drain: the source is DRAINING (otherwise the move is for balance).
 	Drain bool
+	// Redispatch: the request is queued at its source, no KV to copy
+	// (policy.Migration.Redispatch).
+	Redispatch bool
 }
 
 // PlanMigrations runs policy.PlanMigrations over the tables: drains always,
@@ -285,6 +288,14 @@ func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigr
 	}
 	if !s.migration && !draining {
 		return nil, f.applied.get()
+	}
+	// The requests each worker's last report lists as queued (no KV
+	// cache there yet).
+	queued := map[string]bool{}
+	for _, l := range s.loads {
+		for _, id := range l.Queued {
+			queued[id] = true
+		}
 	}
 	ps := make([]policy.Placed, 0, len(s.placements))
 	for _, p := range s.placements {
@@ -303,13 +314,25 @@ func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigr
 		if w := s.workers[p.WorkerId]; w == nil || w.Incarnation != p.WorkerIncarnation {
 			pl.State = policy.PlacedRecovering
 		}
+		// Queued: listed so in its worker's last report, or dispatched
+		// there since (both are leader stamps), or no report yet. A
+		// placement moved in (a commit, a recovery) keeps its creation
+		// stamp, so only a move of a request created after the report is
+		// taken for queued: too cautious, never wrong about a cache.
+		if l := s.loads[p.WorkerId]; queued[p.RequestId] || l == nil || p.CreatedUnixNano >= l.ReportUnixNano {
+			pl.Queued = true
+		}
 		ps = append(ps, pl)
 	}
-	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: s.migration, Order: order})
+	link := make([]uint64, len(s.ids))
+	for i, id := range s.ids {
+		link[i] = policy.DrainLinkPages(s.workers[id].GetCapacity().GetKvBytesPerToken())
+	}
+	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: s.migration, Order: order, LinkPages: link})
 	out := make([]PlannedMigration, len(plan))
 	for i, m := range plan {
 		to := s.workers[s.ids[m.To]]
-		out[i] = PlannedMigration{Drain: m.Drain, Cmd: &pb.MigrateCmd{RequestId: m.RequestID, Epoch: m.Epoch,
+		out[i] = PlannedMigration{Drain: m.Drain, Redispatch: m.Redispatch, Cmd: &pb.MigrateCmd{RequestId: m.RequestID, Epoch: m.Epoch,
 			ToWorker: to.Id, ToIncarnation: to.Incarnation, Reason: m.Reason(s.views)}}
 	}
 	return out, f.applied.get()

@@ -22,6 +22,10 @@ import (
 // sequence. Every decision is the core's and the fsm's; only the copy's
 // duration and the messages' delays are modelled.
 
+// maxQueuedReported caps a load report's queued ids, as the worker's
+// reporter does (worker.maxQueuedReported).
+const maxQueuedReported = 512
+
 // MigrationStats are a run's live-migration counters.
 type MigrationStats struct {
 	// Started: MigrateCmds applied; Committed: FinishMigration commits
@@ -193,6 +197,12 @@ func (s *Sim) migrateOut(m *simMigration) {
 // nextStage takes the next stage from the source's core (between its
 // steps) and puts it on the interconnect: it reaches the destination after
 // pages × page bytes / Timing.InterconnectBytesPerSec, plus LinkLatency.
+// The copies out of one worker share its link, and those into one its
+// link's other direction: a bulk stage starts when both are free (a drain
+// runs many at once; balance moves one in and one out per worker), and a
+// last stage, whose request has stopped, goes ahead of them (the stages
+// already on the wire keep their arrival: a last stage's ≤ 17 pages,
+// ~2 ms, are not taken from them).
 func (s *Sim) nextStage(m *simMigration) {
 	if m.done {
 		return
@@ -206,7 +216,17 @@ func (s *Sim) nextStage(m *simMigration) {
 	if st.Last {
 		s.publish(m.src) // it left the running set
 	}
-	arrive := s.now + s.migProf.MigrationTime(st.Pages()) + s.cfg.Timing.LinkLatency
+	arrive := s.now
+	if d := s.migProf.MigrationTime(st.Pages()); st.Last {
+		// The stop-and-copy goes first: its request has stopped, and
+		// its few pages push the bulk copies queued on both links back.
+		arrive += d
+		m.src.migOutFree, m.dst.migInFree = max(m.src.migOutFree, s.now)+d, max(m.dst.migInFree, s.now)+d
+	} else if st.Pages() > 0 {
+		arrive = max(s.now, m.src.migOutFree, m.dst.migInFree) + d
+		m.src.migOutFree, m.dst.migInFree = arrive, arrive
+	}
+	arrive += s.cfg.Timing.LinkLatency
 	s.at(arrive, func() {
 		if m.done {
 			return // aborted meanwhile (a kill of the destination aborts at once)

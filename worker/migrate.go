@@ -377,18 +377,40 @@ func (w *Worker) sendStage(ctx context.Context, stream grpc.BidiStreamingClient[
 		size += len(data)
 	}
 	if st.Last {
-		tail, n, err := eng.ExportTail(st.Seq)
-		if err != nil || n != st.Tail {
-			return fmt.Errorf("export the partial page: %d positions, the core counts %d: %v", n, st.Tail, err)
+		// A request with nothing in the cache (it was queued here, or
+		// preempted) has no sequence in the engine to export from: the
+		// stage carries its history alone, and the destination queues it
+		// as a dispatch (a re-dispatch, at no KV cost).
+		if st.Fed > 0 {
+			tail, n, err := eng.ExportTail(st.Seq)
+			if err != nil || n != st.Tail {
+				return fmt.Errorf("export the partial page: %d positions, the core counts %d: %v", n, st.Tail, err)
+			}
+			msg.Tail, msg.TailPositions = tail, uint32(n)
 		}
-		msg.Last, msg.Tail, msg.TailPositions, msg.History = true, tail, uint32(n), st.History
+		msg.Last, msg.History = true, st.History
 		msg.Holder, msg.CheckpointedPages = st.Holder, uint32(st.Checkpointed)
 	}
 	if err := send(msg); err != nil {
 		return err
 	}
-	if p, ok := eng.(*engine.Paced); ok {
-		if wait := time.Duration(float64(p.Profile.MigrationTime(st.Pages()))*p.Scale) - time.Since(start); wait > 0 {
+	if p, ok := eng.(*engine.Paced); ok && st.Pages() > 0 {
+		// The migrations out of this worker share its link: each bulk
+		// copy takes its turn at the profile's bandwidth (a drain runs
+		// many at once); a last stage, whose request has stopped, goes
+		// ahead of them and pushes them back.
+		copyTime := time.Duration(float64(p.Profile.MigrationTime(st.Pages())) * p.Scale)
+		w.mu.Lock()
+		if w.linkFree.Before(start) {
+			w.linkFree = start
+		}
+		w.linkFree = w.linkFree.Add(copyTime)
+		until := w.linkFree
+		if st.Last {
+			until = start.Add(copyTime)
+		}
+		w.mu.Unlock()
+		if wait := time.Until(until); wait > 0 {
 			t := time.NewTimer(wait)
 			defer t.Stop()
 			select {

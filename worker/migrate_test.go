@@ -231,3 +231,91 @@ func TestGPUFaultDrainsTheWorker(t *testing.T) {
 		t.Errorf("w1 is %s, want LEFT", ph)
 	}
 }
+
+// dispatchTo places a request on worker id (DispatchRequest.worker_id, as
+// a gateway that chose it does).
+func (c *cluster) dispatchTo(rid, id string, prompt, maxTokens int) *pb.Placement {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.ctl.Dispatch(ctx, &pb.DispatchRequest{RequestId: rid, PromptTokens: uint32(prompt), MaxTokens: uint32(maxTokens),
+		WorkerId: id, WorkerIncarnation: c.workers[id].w.incarnation.Load()})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return resp.Placement
+}
+
+// TestMigrationMovesAQueuedRequest: a request still queued at its worker
+// (behind a running one; the worker runs one at a time) is listed as queued
+// in the worker's load report, and its migration is a re-dispatch: the
+// source's one stage carries its history and no pages — there is no
+// sequence in the engine to export from, which aborted such migrations
+// with "unknown sequence" — the commit moves it, the destination queues and
+// prefills it as a dispatch, and both outputs are the reference's.
+func TestMigrationMovesAQueuedRequest(t *testing.T) {
+	c := startCluster(t, func(wc *Config) { syntheticTarget(wc); wc.MaxRunning = 1 })
+	rng := rand.New(rand.NewSource(57))
+	long, queued := randomPrompt(rng, 64), randomPrompt(rng, 100)
+	const longTokens, maxTokens = 300, 20
+	src, dst := c.workers["w1"], c.workers["w2"]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type result struct {
+		out  []int32
+		used []*pb.Placement
+		err  error
+	}
+	follow := func(pl *pb.Placement, prompt []int32, n int) chan result {
+		done := make(chan result, 1)
+		go func() {
+			out, used, err := c.follow(ctx, pl, prompt, n, nil, nil, nil)
+			done <- result{out, used, err}
+		}()
+		return done
+	}
+	running := func() (r, w int) { r, w, _, _, _ = src.w.sched.snapshot(time.Hour); return r, w }
+	longDone := follow(c.dispatchTo("long", "w1", len(long), longTokens), long, longTokens)
+	waitUntil(t, 10*time.Second, "the long request running on w1", func() bool { r, _ := running(); return r == 1 })
+	pl := c.dispatchTo("q", "w1", len(queued), maxTokens)
+	qDone := follow(pl, queued, maxTokens)
+	waitUntil(t, 10*time.Second, "q queued on w1", func() bool { _, w := running(); return w == 1 })
+	if l := src.w.Load(); !slices.Contains(l.Queued, "q") || slices.Contains(l.Queued, "long") {
+		t.Fatalf("w1's load report lists %v as queued; want q, not the running request", l.Queued)
+	}
+	if _, err := c.migrate("q", "w2"); err != nil {
+		t.Fatal(err)
+	}
+	res := <-qDone
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if want := synthReference(t, queued, maxTokens, engine.Sampling{}); !slices.Equal(res.out, want) {
+		t.Fatalf("the queued request's output differs from the reference:\n got %v\nwant %v", res.out, want)
+	}
+	if len(res.used) != 2 || res.used[1].WorkerId != "w2" || res.used[1].Epoch != pl.Epoch+1 {
+		t.Fatalf("served from %v; want w1, then w2 at epoch %d", res.used, pl.Epoch+1)
+	}
+	if n := counterValue(src.w.metrics.migrationsOut.WithLabelValues("committed")); n != 1 {
+		t.Errorf("%v migrations out committed at the source", n)
+	}
+	if n := counterValue(src.w.metrics.migrationsOut.WithLabelValues("aborted")); n != 0 {
+		t.Errorf("%v migrations out aborted at the source", n)
+	}
+	if n := counterValue(dst.w.metrics.migrationsIn.WithLabelValues("aborted")); n != 0 {
+		t.Errorf("%v migrations in aborted at the destination", n)
+	}
+	if n := counterValue(src.w.metrics.migrationPages.WithLabelValues("out")); n != 0 {
+		t.Errorf("%v pages copied for a request that had none", n)
+	}
+	lres := <-longDone
+	if lres.err != nil {
+		t.Fatal(lres.err)
+	}
+	if want := synthReference(t, long, longTokens, engine.Sampling{}); !slices.Equal(lres.out, want) {
+		t.Fatal("the long request's output differs from the reference")
+	}
+	for id, h := range c.workers {
+		waitUntil(t, 10*time.Second, id+"'s pages all free", func() bool { return h.w.cfg.Engine.FreePages() == 1024 })
+	}
+}

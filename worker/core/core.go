@@ -372,6 +372,22 @@ func (c *Core) CachedPages() int {
 	return n
 }
 
+// AppendQueued appends to dst the ids of the waiting requests that hold no
+// KV cache here (new, or preempted: their migration would copy nothing),
+// in queue order, at most max of them, and returns it: the load report's
+// queued list (policy.Placed.Queued).
+func (c *Core) AppendQueued(dst []string, max int) []string {
+	for _, r := range c.waiting {
+		if len(dst) >= max {
+			break
+		}
+		if r.fed == 0 {
+			dst = append(dst, r.ID)
+		}
+	}
+	return dst
+}
+
 // Requests returns the requests running and waiting, running first.
 func (c *Core) Requests() []*Request {
 	return append(slices.Clone(c.running), c.waiting...)

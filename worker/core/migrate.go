@@ -281,6 +281,9 @@ type incoming struct {
 	holder       string
 	checkpointed int
 	at           time.Time
+	// redispatch: the request was queued at its source (one last stage,
+	// no pages); its call queues here.
+	redispatch bool
 }
 
 // IncomingStage is a stage as the destination receives it (the fields of
@@ -360,7 +363,11 @@ func (c *Core) AcceptStage(now time.Time, s IncomingStage, free int) (engine.Seq
 	if s.Tail < 0 || s.Tail >= engine.PageTokens || (s.Tail > 0 && !s.Last) {
 		return bad("a tail of %d positions on a stage that is last=%v", s.Tail, s.Last)
 	}
-	if in == nil && c.slots() >= c.cfg.MaxRunning {
+	// A request queued at its source (no cache: one last stage of no
+	// pages) is a re-dispatch: its call queues here as a dispatch's
+	// does, and it holds no running slot meanwhile.
+	redispatch := in == nil && s.Last && s.pages() == 0
+	if in == nil && !redispatch && c.slots() >= c.cfg.MaxRunning {
 		return 0, fmt.Errorf("%w: request %q: %d requests run, %d stand stopped for their migration out and %d migrate in, the most this worker runs is %d",
 			ErrMigrationFull, s.ID, len(c.running), len(c.stopped), len(c.incoming), c.cfg.MaxRunning)
 	}
@@ -375,7 +382,7 @@ func (c *Core) AcceptStage(now time.Time, s IncomingStage, free int) (engine.Seq
 	}
 	if in == nil {
 		c.nextSeq++
-		in = &incoming{id: s.ID, epoch: s.Epoch, seq: c.nextSeq}
+		in = &incoming{id: s.ID, epoch: s.Epoch, seq: c.nextSeq, redispatch: redispatch}
 		c.incoming = append(c.incoming, in)
 	}
 	hashes := append(slices.Clip(in.hashes), s.Hashes...)
@@ -423,8 +430,16 @@ func (c *Core) IncomingPages(id string) int {
 // requests, those stopped for their migration's commit (an abort puts one
 // back in the running set: its slot must still be there), and the
 // pre-allocations of migrations in (the adoption puts the request in the
-// running set).
-func (c *Core) slots() int { return len(c.running) + len(c.stopped) + len(c.incoming) }
+// running set), but for re-dispatches (a re-dispatched call queues).
+func (c *Core) slots() int {
+	n := len(c.running) + len(c.stopped)
+	for _, in := range c.incoming {
+		if !in.redispatch {
+			n++
+		}
+	}
+	return n
+}
 
 // Stopped is how many requests stand stopped for the commit of their
 // migration out.

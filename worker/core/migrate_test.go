@@ -624,6 +624,15 @@ func TestStoppedRequestKeepsItsSlot(t *testing.T) {
 	if _, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: "y", Stage: 1}, dst.eng.FreePages()); !errors.Is(err, ErrMigrationFull) {
 		t.Fatalf("a second migration into a worker with one running and one migrating in of 2: %v, want ErrMigrationFull", err)
 	}
+	// A re-dispatch (a request queued at its source: one last stage of no
+	// pages) holds no running slot: the full worker takes it, and its
+	// call queues.
+	if _, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: "z", Stage: 1, Last: true, History: prompt(rng, 40)}, dst.eng.FreePages()); err != nil {
+		t.Fatalf("a re-dispatch into a worker with no free slot: %v", err)
+	}
+	if n := dst.c.slots(); n != 2 {
+		t.Fatalf("%d slots taken with one running, one migrating in and a re-dispatch; want 2", n)
+	}
 	if !src.c.AbortOut("a", 0) {
 		t.Fatal("no migration to abort")
 	}
