@@ -40,6 +40,9 @@ type MigrationStats struct {
 	// Queued: migrations whose request had no KV cache yet at its start
 	// (it waited in the source's queue, or was preempted).
 	Queued int
+	// HeldTokens: tokens the destinations' held pre-steps sampled before
+	// the migrated requests' calls arrived (core.Output.HeldTokens).
+	HeldTokens int
 	// Downtimes are the client's gaps at the switches: from the last token
 	// the source streamed to the first the destination did.
 	Downtimes []time.Duration
@@ -248,7 +251,7 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 	}
 	d := m.dst
 	in := core.IncomingStage{ID: st.ID, Epoch: st.Epoch, Stage: st.Stage, First: st.First, Hashes: st.Hashes, Last: st.Last,
-		Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed}
+		Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed, Hold: st.Hold}
 	_, err := d.core.AcceptStage(s.clock(), in, s.cfg.KVPages-d.core.CachedPages())
 	s.flush(d)
 	if err != nil {
@@ -260,6 +263,9 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 		return
 	}
 	s.report(d) // takeStage's publishStats: the pages are in use
+	if st.Last {
+		s.wake(d) // the held pre-step decodes it in the next step
+	}
 	// A pre-allocation that hears nothing more is reclaimed by the
 	// destination's core after its migration timeout.
 	gen := d.gen

@@ -1108,7 +1108,12 @@ func (s *Sim) stepDone(w *simWorker, st core.Step) {
 	for i, ch := range st.Batch {
 		out[i] = nil
 		if ch.Sample > 0 {
-			r := st.Reqs[i].Sink.(*simRequest)
+			// A migration in's held pre-step has no call (no Sink) yet:
+			// its tokens are the request's all the same.
+			r, ok := st.Reqs[i].Sink.(*simRequest)
+			if !ok {
+				r = s.byID[st.Reqs[i].ID]
+			}
 			for j := range ch.Sample {
 				toks[j] = token(r.idx, ch.OutIndex+j)
 			}
@@ -1138,6 +1143,7 @@ func (s *Sim) flush(w *simWorker) {
 	s.res.Migrations.Stages += o.MigrationStages
 	s.res.Migrations.Pages += o.MigrationPagesOut
 	s.res.Migrations.Reclaimed += o.MigrationsReclaimed
+	s.res.Migrations.HeldTokens += o.HeldTokens
 	ended := slices.Clone(o.MigrationsEnded) // o's slices are the core's: the aborts call into it
 	w.waits.Add(o.Waits...)
 	for _, ev := range o.Events {

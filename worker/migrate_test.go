@@ -29,7 +29,8 @@ func (c *cluster) follow(ctx context.Context, pl *pb.Placement, prompt []int32, 
 	for {
 		h := c.workers[pl.WorkerId]
 		stream, err := h.cl.Generate(ctx, &pb.GenerateRequest{RequestId: pl.RequestId, Prompt: prompt, Generated: out,
-			MaxTokens: uint32(maxTokens), Epoch: pl.Epoch, Holder: pl.HolderId, Logprobs: lps != nil, TopLogprobs: 5 * uint32(btoi(lps != nil))})
+			MaxTokens: uint32(maxTokens), Epoch: pl.Epoch, Holder: pl.HolderId, Logprobs: lps != nil, TopLogprobs: 5 * uint32(btoi(lps != nil)),
+			Sampling: c.sampling})
 		if err != nil {
 			return out, used, err
 		}
@@ -317,5 +318,103 @@ func TestMigrationMovesAQueuedRequest(t *testing.T) {
 	}
 	for id, h := range c.workers {
 		waitUntil(t, 10*time.Second, id+"'s pages all free", func() bool { return h.w.cfg.Engine.FreePages() == 1024 })
+	}
+}
+
+// referenceSampled is the transformer's output for prompt under p, one
+// sequence decoded alone, as reference is for greedy decoding.
+func referenceSampled(t *testing.T, prompt []int32, n int, p engine.Sampling) []int32 {
+	t.Helper()
+	reference(t, prompt[:1], 1) // builds refEng
+	refMu.Lock()
+	defer refMu.Unlock()
+	e := refEng
+	defer e.Release(1)
+	var gen []int32
+	in := prompt
+	for len(gen) < n {
+		out, err := e.Forward(context.Background(), []engine.Chunk{{Seq: 1, Tokens: in, Sample: 1, Params: p, OutIndex: len(gen)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gen = append(gen, out[0][0])
+		in = gen[len(gen)-1:]
+	}
+	return gen
+}
+
+// TestMigrationHeldPreStep: the destination decodes a migrated request from
+// its last stage on, before the request's call arrives (the held
+// pre-step), and the call's adoption delivers those tokens at once: the
+// output is the reference's bit for bit, greedy and sampled (a token is a
+// function of the history and its output index), nothing is recomputed,
+// and the destination counts the tokens it held.
+func TestMigrationHeldPreStep(t *testing.T) {
+	// Paced fivefold, as TestMigrationMovesARunningRequest: the request
+	// still decodes when the migration runs.
+	c := startCluster(t, func(wc *Config) { wc.Engine = engine.NewPaced(wc.Engine, engine.Profiles["qwen3-14b-h100"], 5) })
+	for i, tc := range []struct {
+		name     string
+		sampling *pb.SamplingParams
+	}{{"greedy", nil}, {"sampled", &pb.SamplingParams{Temperature: 0.9, TopP: 0.95, Seed: 7}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewSource(int64(61 + i)))
+			prompt := randomPrompt(rng, 280)
+			const maxTokens = 40
+			params := engine.Sampling{Temperature: tc.sampling.GetTemperature(), TopP: tc.sampling.GetTopP(), Seed: tc.sampling.GetSeed()}
+			wantc := make(chan []int32, 1)
+			go func() { wantc <- referenceSampled(t, prompt, maxTokens, params) }()
+			id := "h-" + tc.name
+			pl := c.dispatch(id, uint32(len(prompt)), maxTokens)
+			dst := c.workers[pl.HolderId]
+			held0, adopted0 := counterValue(dst.w.metrics.migrationHeld), counterValue(dst.w.metrics.migrationsIn.WithLabelValues("adopted"))
+			recomputed0 := counterValue(dst.w.metrics.recomputed)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			c.sampling = tc.sampling
+			got := make(chan int32, maxTokens)
+			type result struct {
+				out  []int32
+				used []*pb.Placement
+				err  error
+			}
+			done := make(chan result, 1)
+			var gaps []time.Duration
+			go func() {
+				out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, &gaps, nil)
+				done <- result{out, used, err}
+			}()
+			for range 5 {
+				<-got
+			}
+			if _, err := c.migrate(id, pl.HolderId); err != nil {
+				t.Fatal(err)
+			}
+			res := <-done
+			want := <-wantc
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			if !slices.Equal(res.out, want) {
+				t.Fatalf("output differs from the reference:\n got %v\nwant %v", res.out, want)
+			}
+			if len(res.used) != 2 || res.used[1].WorkerId != pl.HolderId {
+				t.Fatalf("served from %v; want %s, then %s", res.used, pl.WorkerId, pl.HolderId)
+			}
+			held := counterValue(dst.w.metrics.migrationHeld) - held0
+			t.Logf("the client waited %v across the switch; the destination held %v tokens for the call", gaps, held)
+			if held < 1 {
+				t.Errorf("the destination computed no token before the call arrived")
+			}
+			if n := counterValue(dst.w.metrics.migrationsIn.WithLabelValues("adopted")) - adopted0; n != 1 {
+				t.Errorf("%v migrations in adopted", n)
+			}
+			if n := counterValue(dst.w.metrics.recomputed) - recomputed0; n != 0 {
+				t.Errorf("%v tokens recomputed at the destination", n)
+			}
+		})
+	}
+	for id, h := range c.workers {
+		waitUntil(t, 10*time.Second, id+"'s pages all free", func() bool { return h.eng.FreePages() == 256 })
 	}
 }
