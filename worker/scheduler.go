@@ -367,7 +367,11 @@ func (s *scheduler) deliver(ev core.Event) {
 		return
 	}
 	if ev.First {
-		s.w.metrics.ttft.Observe(ev.Latency.Seconds())
+		// From the call's arrival to now, when the token goes out: an
+		// adopted call's first tokens were computed before it came (the
+		// core stamps them with its arrival) and go out at the step
+		// boundary that adopts it.
+		s.w.metrics.ttft.Observe(time.Since(r.arrived).Seconds())
 	} else {
 		s.w.metrics.tpot.Observe(ev.Latency.Seconds())
 	}
