@@ -611,14 +611,14 @@ func (c *Core) adopt(r *Request, i int, in *incoming) bool {
 		r.started = r.Arrived
 		c.out.MigratedIn++
 		c.running = append(c.running, r)
-		// A step in flight that computes the held request's next token
-		// computes the call's: it takes the row over (the simulator's
-		// calls can arrive mid-step; the worker's come between steps).
 		for _, tok := range lacking {
 			if c.commit(r.Arrived, r, tok, nil) {
 				return true // the held pre-step decoded the request to its end
 			}
 		}
+		// A step in flight that computes the held request's next token
+		// computes the call's: it takes the row over (the simulator's
+		// calls can arrive mid-step; the worker's come between steps).
 		if held != nil && slices.Equal(r.History, held.History) {
 			if k := slices.Index(c.pending.Reqs, held); k >= 0 {
 				c.pending.Reqs[k] = r
