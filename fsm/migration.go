@@ -279,6 +279,30 @@ type PlannedMigration struct {
 // shortest first). The answer reflects the applied index returned; Apply
 // checks each command again when it commits.
 func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigration, uint64) {
+	return f.planMigrations(order, true)
+}
+
+// PlanDrains is PlanMigrations without balance: the drains alone (nil when
+// no worker is DRAINING). The leader runs it as soon as it sees a worker
+// go DRAINING, between its rounds (controller.DrainInterval).
+func (f *FSM) PlanDrains(order func(a, b *policy.Placed) int) ([]PlannedMigration, uint64) {
+	return f.planMigrations(order, false)
+}
+
+// Draining returns the ids of the DRAINING workers, sorted.
+func (f *FSM) Draining() []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []string
+	for i := range f.st.views {
+		if f.st.views[i].Draining {
+			out = append(out, f.st.views[i].ID)
+		}
+	}
+	return out
+}
+
+func (f *FSM) planMigrations(order func(a, b *policy.Placed) int, balance bool) ([]PlannedMigration, uint64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	s := f.st
@@ -286,7 +310,8 @@ func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigr
 	for i := range s.views {
 		draining = draining || s.views[i].Draining
 	}
-	if !s.migration && !draining {
+	balance = balance && s.migration
+	if !balance && !draining {
 		return nil, f.applied.get()
 	}
 	// The requests each worker's last report lists as queued (no KV
@@ -328,7 +353,7 @@ func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigr
 	for i, id := range s.ids {
 		link[i] = policy.DrainLinkPages(s.workers[id].GetCapacity().GetKvBytesPerToken())
 	}
-	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: s.migration, Order: order, LinkPages: link})
+	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: balance, Order: order, LinkPages: link})
 	out := make([]PlannedMigration, len(plan))
 	for i, m := range plan {
 		to := s.workers[s.ids[m.To]]

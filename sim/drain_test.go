@@ -78,7 +78,7 @@ func drainRun(t *testing.T, seed uint64, drainAt time.Duration) (took time.Durat
 func TestMigrationDrainSpeed(t *testing.T) {
 	for _, seed := range []uint64{5, 6} {
 		t.Logf("seed %d", seed)
-		took, m, moved := drainRun(t, seed, 6*time.Second)
+		took, m, moved := drainRun(t, seed, 6200*time.Millisecond)
 		t.Logf("seed %d: drained %d requests in %s: %d migrations started, %d committed (%d re-dispatched from the queue), aborted %v; downtime p50 %.1f ms",
 			seed, moved, took, m.Started, m.Committed, m.Queued, m.AbortCauses, percentileMs(m.Downtimes, 0.5))
 		if moved < 20 {

@@ -143,6 +143,36 @@ func (s *Sim) migrationRound() {
 	}
 }
 
+// drainInterval is how often the leader looks for a worker newly DRAINING
+// between its rounds (controller.DrainInterval).
+const drainInterval = 50 * time.Millisecond
+
+// drainStart is the leader seeing a worker go DRAINING at its next
+// drainInterval tick and planning the drains then (controller.drainStarts):
+// what it cannot place waits for the rounds.
+func (s *Sim) drainStart() {
+	if !s.cfg.Migration {
+		return // no leader rounds in this run
+	}
+	tick := (s.now/drainInterval + 1) * drainInterval
+	s.at(tick, func() {
+		plan, _ := s.fsm.PlanDrains(nil)
+		if len(plan) == 0 {
+			return
+		}
+		cmds := make([]*pb.Command, len(plan))
+		for i, p := range plan {
+			cmds[i] = &pb.Command{Body: &pb.Command_Migrate{Migrate: p.Cmd}}
+		}
+		res := s.applyEntry(cmds)
+		for i, p := range plan {
+			if res[i].Err == nil {
+				s.startMigration(p.Cmd, res[i].Placement)
+			}
+		}
+	})
+}
+
 // startMigration follows a MigrateCmd applied for placement pl: its source
 // hears the Migration STARTED event a commit later and starts.
 func (s *Sim) startMigration(c *pb.MigrateCmd, pl *pb.Placement) {
