@@ -112,6 +112,9 @@ func (n *Node) leaderLoop(ls *leaderState) {
 	defer sessions.Stop()
 	migrations := time.NewTicker(n.cfg.MigrationInterval)
 	defer migrations.Stop()
+	drains := time.NewTicker(min(DrainInterval, n.cfg.MigrationInterval))
+	defer drains.Stop()
+	draining := map[string]bool{}
 	n.reconcile(ls)
 	for {
 		select {
@@ -125,6 +128,8 @@ func (n *Node) leaderLoop(ls *leaderState) {
 			n.expireSessions(ls)
 		case <-migrations.C:
 			n.migrationRound(ls)
+		case <-drains.C:
+			n.drainStarts(ls, draining)
 		}
 	}
 }

@@ -37,6 +37,43 @@ func (n *Node) migrationRound(ls *leaderState) {
 	n.proposeAll(ls, "migrate", cmds)
 }
 
+// DrainInterval is how often the leader looks for a worker newly DRAINING
+// between its rounds: it plans that drain at once (PlanDrains), so a drain
+// starts within DrainInterval of the phase change, not up to a round
+// later. What a drain could not place then (no destination with room, a
+// slot or link left) waits for the rounds, as before: retrying every
+// DrainInterval would turn a destination's refusals into a churn of
+// commits.
+const DrainInterval = 50 * time.Millisecond
+
+// drainStarts plans the drains of the workers that went DRAINING since the
+// last call (draining is the set it saw then, updated).
+func (n *Node) drainStarts(ls *leaderState, draining map[string]bool) {
+	now := n.fsm.Draining()
+	fresh := false
+	for _, id := range now {
+		fresh = fresh || !draining[id]
+	}
+	clear(draining)
+	for _, id := range now {
+		draining[id] = true
+	}
+	if fresh {
+		n.drainRound(ls)
+	}
+}
+
+// drainRound proposes the migrations of the DRAINING workers' requests
+// (nothing when none drains).
+func (n *Node) drainRound(ls *leaderState) {
+	plan, _ := n.fsm.PlanDrains(nil)
+	cmds := make([]*pb.Command, 0, len(plan))
+	for _, m := range plan {
+		cmds = append(cmds, &pb.Command{Body: &pb.Command_Migrate{Migrate: m.Cmd}})
+	}
+	n.proposeAll(ls, "drain", cmds)
+}
+
 // proposeAll proposes cmds together (the proposer batches them into one
 // entry) and logs the refusals: a decision made on a table the log has
 // since changed is refused by Apply, and the next round decides again.

@@ -384,3 +384,45 @@ func TestDrainMigratesEverything(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "started/drain counted", func() bool { return migrationCount(t, n, "started", "drain") == reqs })
 }
+
+// TestDrainStartsBeforeTheRound: the leader plans a drain as soon as it
+// sees the worker DRAINING (DrainInterval), not at its next migration
+// round: with rounds an hour apart, every request of the drained worker
+// starts migrating at once, all in one plan (several into one
+// destination).
+func TestDrainStartsBeforeTheRound(t *testing.T) {
+	c := newCluster(t, 1, func(cfg *Config) {
+		cfg.BootstrapExpect = 1
+		cfg.MigrationInterval, cfg.MigrationTimeout = time.Hour, 2*time.Hour
+	})
+	for _, id := range []string{"w1", "w2", "w3"} {
+		c.addWorker(id, 1, 1<<30)
+	}
+	n := c.nodes[0]
+	cl := c.client(n)
+	evs := migrationEvents(t, c, n)
+	reportLoad(t, cl, "w2", 900, 1)
+	reportLoad(t, cl, "w3", 900, 1)
+	const reqs = 5
+	for i := 0; i < reqs; i++ {
+		if d, err := cl.Dispatch(ctxT(t, 5*time.Second), &pb.DispatchRequest{RequestId: fmt.Sprintf("r%d", i), PromptTokens: 100, MaxTokens: 50}); err != nil || d.Placement.WorkerId != "w1" {
+			t.Fatalf("dispatch: %v %v", d, err)
+		}
+	}
+	reportLoad(t, cl, "w1", 100, reqs) // they run: copies, not re-dispatches
+	reportLoad(t, cl, "w2", 100, 1)
+	reportLoad(t, cl, "w3", 200, 1)
+	if _, err := cl.SetWorkerPhase(ctxT(t, 5*time.Second), &pb.SetWorkerPhaseRequest{WorkerId: "w1", Incarnation: 1,
+		Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING, Reason: "test drain"}); err != nil {
+		t.Fatal(err)
+	}
+	started := map[string]bool{}
+	for len(started) < reqs {
+		ev := next(t, evs, fmt.Sprintf("migration %d of the drain", len(started)+1))
+		if ev.Stage != pb.Migration_STAGE_STARTED || ev.FromWorker != "w1" || !strings.HasPrefix(ev.Reason, "drain: ") ||
+			strings.Contains(ev.Reason, "re-dispatched") {
+			t.Fatalf("event %v", ev)
+		}
+		started[ev.Placement.RequestId] = true
+	}
+}

@@ -269,6 +269,9 @@ type PlannedMigration struct {
 	Cmd *pb.MigrateCmd
 	// Drain: the source is DRAINING (otherwise the move is for balance).
 	Drain bool
+	// Redispatch: the request is queued at its source, no KV to copy
+	// (policy.Migration.Redispatch).
+	Redispatch bool
 }
 
 // PlanMigrations runs policy.PlanMigrations over the tables: drains always,
@@ -276,6 +279,30 @@ type PlannedMigration struct {
 // shortest first). The answer reflects the applied index returned; Apply
 // checks each command again when it commits.
 func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigration, uint64) {
+	return f.planMigrations(order, true)
+}
+
+// PlanDrains is PlanMigrations without balance: the drains alone (nil when
+// no worker is DRAINING). The leader runs it as soon as it sees a worker
+// go DRAINING, between its rounds (controller.DrainInterval).
+func (f *FSM) PlanDrains(order func(a, b *policy.Placed) int) ([]PlannedMigration, uint64) {
+	return f.planMigrations(order, false)
+}
+
+// Draining returns the ids of the DRAINING workers, sorted.
+func (f *FSM) Draining() []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []string
+	for i := range f.st.views {
+		if f.st.views[i].Draining {
+			out = append(out, f.st.views[i].ID)
+		}
+	}
+	return out
+}
+
+func (f *FSM) planMigrations(order func(a, b *policy.Placed) int, balance bool) ([]PlannedMigration, uint64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	s := f.st
@@ -283,8 +310,17 @@ func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigr
 	for i := range s.views {
 		draining = draining || s.views[i].Draining
 	}
-	if !s.migration && !draining {
+	balance = balance && s.migration
+	if !balance && !draining {
 		return nil, f.applied.get()
+	}
+	// The requests each worker's last report lists as queued (no KV
+	// cache there yet).
+	queued := map[string]bool{}
+	for _, l := range s.loads {
+		for _, id := range l.Queued {
+			queued[id] = true
+		}
 	}
 	ps := make([]policy.Placed, 0, len(s.placements))
 	for _, p := range s.placements {
@@ -303,13 +339,25 @@ func (f *FSM) PlanMigrations(order func(a, b *policy.Placed) int) ([]PlannedMigr
 		if w := s.workers[p.WorkerId]; w == nil || w.Incarnation != p.WorkerIncarnation {
 			pl.State = policy.PlacedRecovering
 		}
+		// Queued: listed so in its worker's last report, or dispatched
+		// there since (both are leader stamps), or no report yet. A
+		// placement moved in (a commit, a recovery) keeps its creation
+		// stamp, so only a move of a request created after the report is
+		// taken for queued: too cautious, never wrong about a cache.
+		if l := s.loads[p.WorkerId]; queued[p.RequestId] || l == nil || p.CreatedUnixNano >= l.ReportUnixNano {
+			pl.Queued = true
+		}
 		ps = append(ps, pl)
 	}
-	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: s.migration, Order: order})
+	link := make([]uint64, len(s.ids))
+	for i, id := range s.ids {
+		link[i] = policy.DrainLinkPages(s.workers[id].GetCapacity().GetKvBytesPerToken())
+	}
+	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: balance, Order: order, LinkPages: link})
 	out := make([]PlannedMigration, len(plan))
 	for i, m := range plan {
 		to := s.workers[s.ids[m.To]]
-		out[i] = PlannedMigration{Drain: m.Drain, Cmd: &pb.MigrateCmd{RequestId: m.RequestID, Epoch: m.Epoch,
+		out[i] = PlannedMigration{Drain: m.Drain, Redispatch: m.Redispatch, Cmd: &pb.MigrateCmd{RequestId: m.RequestID, Epoch: m.Epoch,
 			ToWorker: to.Id, ToIncarnation: to.Incarnation, Reason: m.Reason(s.views)}}
 	}
 	return out, f.applied.get()

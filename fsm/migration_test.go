@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -469,16 +470,22 @@ func TestPlanMigrationsFromTables(t *testing.T) {
 	if plan, _ := h.f.PlanMigrations(nil); len(plan) != 0 {
 		t.Fatalf("planned %v with w1→w3 in flight", plan)
 	}
-	// Drain w1 with migration off: its running requests go, one into each
-	// destination per round, the one in flight into w3 notwithstanding.
+	// w1's report lists qb as queued (no KV cache there): balance leaves it.
+	ql := load("w1", 1, 5, 900)
+	ql.GetReportLoad().Load.Queued = []string{"qb"}
+	h.apply(ql)
+	// Drain w1 with migration off: its running requests go, several into
+	// one destination in a round (the freest, w3, has room for them all),
+	// the one in flight into w3 notwithstanding; qb by re-dispatch.
 	h.one(migrationMode(pb.MigrationMode_MIGRATION_MODE_OFF))
 	h.expect(setPhase("w1", 1, draining), "phase w1 FULL_SERVICE>DRAINING")
 	plan, _ = h.f.PlanMigrations(nil)
-	if len(plan) != 2 || plan[0].Cmd.ToWorker != "w3" || plan[1].Cmd.ToWorker != "w2" {
+	if len(plan) != 6 || plan[0].Cmd.RequestId != "qb" || !plan[0].Redispatch || !strings.Contains(plan[0].Cmd.Reason, "re-dispatched") {
 		t.Fatalf("drain plan %v", plan)
 	}
 	for _, m := range plan {
-		if !m.Drain || h.placement(m.Cmd.RequestId).WorkerId != "w1" || m.Cmd.RequestId == first {
+		if !m.Drain || h.placement(m.Cmd.RequestId).WorkerId != "w1" || m.Cmd.RequestId == first || m.Cmd.ToWorker != "w3" ||
+			m.Redispatch != (m.Cmd.RequestId == "qb") {
 			t.Fatalf("drain plan %v", m)
 		}
 		if r := h.one(&pb.Command{Body: &pb.Command_Migrate{Migrate: m.Cmd}}); r.Err != nil {
@@ -490,7 +497,7 @@ func TestPlanMigrationsFromTables(t *testing.T) {
 		t.Fatalf("due an hour ago: %v", due)
 	}
 	due := h.f.MigrationsStartedBefore(h.stamp+1, "timeout")
-	if len(due) != 3 || due[0].RequestId > due[1].RequestId || due[1].RequestId > due[2].RequestId {
+	if len(due) != 7 || !slices.IsSortedFunc(due, func(a, b *pb.FinishMigrationCmd) int { return strings.Compare(a.RequestId, b.RequestId) }) {
 		t.Fatalf("due now: %v", due)
 	}
 	for _, c := range due {

@@ -252,6 +252,7 @@ func (s *state) putWorker(w *pb.Worker) {
 	v.Draining = w.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING
 	v.CheckpointBudget = w.GetCapacity().GetCheckpointBudgetBytes()
 	v.H2DBytesPerSec = w.GetCapacity().GetH2DBytesPerSec()
+	v.MaxRunning = w.GetCapacity().GetMaxRunning()
 	if v.KVPagesTotal == 0 {
 		v.KVPagesTotal = w.GetCapacity().GetKvPagesTotal()
 	}
@@ -398,7 +399,7 @@ func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 	delete(s.loads, nw.Id)
 	v := s.view(nw.Id)
 	*v = policy.Worker{ID: v.ID, Eligible: v.Eligible, Draining: v.Draining, CheckpointBudget: v.CheckpointBudget,
-		H2DBytesPerSec: v.H2DBytesPerSec, KVPagesTotal: nw.GetCapacity().GetKvPagesTotal()}
+		H2DBytesPerSec: v.H2DBytesPerSec, MaxRunning: v.MaxRunning, KVPagesTotal: nw.GetCapacity().GetKvPagesTotal()}
 	s.touch(nw.Id)
 	from := pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
 	if ok {

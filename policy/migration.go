@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/lumen-project/lumen/internal/kvpage"
 )
 
 // PlacedState is what PlanMigrations needs to know of a placement's state.
@@ -27,6 +29,11 @@ type Placed struct {
 	State        PlacedState
 	// MigrationTarget is the destination while State is PlacedMigrating.
 	MigrationTarget string
+	// Queued: the request holds no KV cache at its worker (it waits in
+	// the queue there, or was dispatched after the worker's last load
+	// report). There is nothing to copy: it is no balance move (that
+	// rule weighs the pages moved), and a drain moves it by re-dispatch.
+	Queued bool
 }
 
 // MigrationPages is the KV pages a migration of p is taken to move: its
@@ -57,6 +64,25 @@ type MigrationParams struct {
 	// like slices.SortFunc's that must break every tie; nil means
 	// ShortestFirst.
 	Order func(a, b *Placed) int
+	// LinkPages[i] is the KV pages ws[i]'s interconnect carries in one
+	// round (DrainLinkPages); a drain plans no more than that out of a
+	// draining worker, nor into a destination, counting the migrations
+	// already in flight. Absent or 0: no bound.
+	LinkPages []uint64
+}
+
+// DrainLinkBytesPerRound is what one worker's interconnect carries in a
+// migration round: 25 GB/s (the workers' -interconnect default, one
+// 200 Gb/s NIC or NVLink-class) over the controller's 500 ms round.
+const DrainLinkBytesPerRound = 25e9 * 0.5
+
+// DrainLinkPages is the pages of kvBytesPerToken bytes a token that
+// DrainLinkBytesPerRound carries (0, no bound, when the size is unknown).
+func DrainLinkPages(kvBytesPerToken uint64) uint64 {
+	if kvBytesPerToken == 0 {
+		return 0
+	}
+	return uint64(DrainLinkBytesPerRound / float64(kvBytesPerToken*kvpage.Tokens))
 }
 
 // Migration is one decision of PlanMigrations: move request RequestID, at
@@ -68,6 +94,10 @@ type Migration struct {
 	// Drain is set when From is DRAINING; otherwise the move is for
 	// balance.
 	Drain bool
+	// Redispatch: the request is queued at From (Placed.Queued): the
+	// move copies no KV, and the destination queues it as a dispatch
+	// would. Only drains plan these.
+	Redispatch bool
 	// The freeness of both workers when the decision was made.
 	FromFreeness, ToFreeness float64
 }
@@ -81,6 +111,9 @@ const (
 // Reason says why the migration was planned, for its Migration event: it
 // starts with ReasonDrain or ReasonBalance.
 func (m Migration) Reason(ws []Worker) string {
+	if m.Drain && m.Redispatch {
+		return fmt.Sprintf("%s: %s is draining; a queued request, re-dispatched to the freest worker %s (freeness %.1f)", ReasonDrain, ws[m.From].ID, ws[m.To].ID, m.ToFreeness)
+	}
 	if m.Drain {
 		return fmt.Sprintf("%s: %s is draining; %s is the freest destination (freeness %.1f)", ReasonDrain, ws[m.From].ID, ws[m.To].ID, m.ToFreeness)
 	}
@@ -89,22 +122,32 @@ func (m Migration) Reason(ws []Worker) string {
 
 // PlanMigrations is one round of Llumnix's migration scheduling over the
 // load table ws (sorted by id) and the placements ps (any order: what it
-// returns does not depend on it).
+// returns does not depend on it). Only a request with a KV cache at its
+// worker migrates as Llumnix's migration does, its cache copied; a queued
+// one (Placed.Queued) has nothing to copy.
 //
-// Drains come first: every RUNNING request of a DRAINING worker moves, in
-// Order, each to the freest eligible worker that has the room for it
-// (MigrationPages) and has not been given a migration in this round. A
-// destination thus takes at most one new migration in per round, but
-// migrations already in flight into it do not hold it back (a drain is
-// bounded by its destinations, not by the draining worker); a request no
-// destination can take waits for the next round, served where it is.
+// Drains come first: every RUNNING request of a DRAINING worker moves.
+// The queued ones first, by re-dispatch (Migration.Redispatch): each to
+// the freest eligible worker, as a dispatch would go, with no room or link
+// to wait for. Then the rest, in Order, each to the freest eligible worker
+// that has the room for it (MigrationPages) and a running slot (MaxRunning:
+// those it runs, those waiting and pending there and the migrations in
+// flight into it count), as many as the links carry in
+// a round (LinkPages, out of the draining worker and into each
+// destination, the migrations already in flight counted; a link with
+// nothing on it always takes one): a drain goes as fast as the
+// interconnect and the destinations' free pages allow, not one migration
+// per destination per round. A request no destination can take now waits
+// for the next round, served where it is.
 //
 // Then, when p.Balance is set, load balance: the least-free sources are
 // paired with the freest destinations, both eligible (FULL_SERVICE), under
 // Llumnix's rules:
+//   - only requests with a KV cache move (not Queued): the rule below
+//     weighs the pages a move takes off the source;
 //   - one migration out and one in per worker: a worker with a MIGRATING
 //     placement out (in) is no source (destination), and a worker takes one
-//     role per round;
+//     role per round (a drain's destination included);
 //   - never A→B together with B→A, in flight or planned;
 //   - only where the pair's imbalance shrinks: with the source's first
 //     request in Order moved (MigrationPages off the source and one request
@@ -127,8 +170,11 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 		byID[ws[i].ID] = i
 	}
 	out, in := make([]int, n), make([]int, n)
+	// Pages on each worker's link, out and in: in flight, then planned.
+	linkOut, linkIn := make([]uint64, n), make([]uint64, n)
 	inflight := map[[2]int]bool{}
-	cands := make([][]*Placed, n)
+	cands := make([][]*Placed, n)  // with a KV cache
+	queued := make([][]*Placed, n) // without
 	for k := range ps {
 		pl := &ps[k]
 		s, ok := byID[pl.Worker]
@@ -138,22 +184,62 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 		switch pl.State {
 		case PlacedMigrating:
 			out[s]++
+			pages := MigrationPages(pl)
+			if pl.Queued {
+				pages = 0
+			}
+			linkOut[s] += pages
 			if d, ok := byID[pl.MigrationTarget]; ok {
 				in[d]++
+				linkIn[d] += pages
 				inflight[[2]int{s, d}] = true
 			}
 		case PlacedRunning:
-			cands[s] = append(cands[s], pl)
+			if pl.Queued {
+				queued[s] = append(queued[s], pl)
+			} else {
+				cands[s] = append(cands[s], pl)
+			}
 		}
 	}
 	for s := range cands {
 		slices.SortFunc(cands[s], order)
+		slices.SortFunc(queued[s], order)
+	}
+	// fits says whether worker i's link takes pages more this round.
+	fits := func(i int, used []uint64, pages uint64) bool {
+		if i >= len(p.LinkPages) || p.LinkPages[i] == 0 || used[i] == 0 {
+			return true
+		}
+		return used[i]+pages <= p.LinkPages[i]
 	}
 
 	views := slices.Clone(ws)
 	room := func(d int) int64 {
 		v := &views[d]
 		return int64(v.KVPagesTotal) - int64(v.KVPagesUsed) - int64(v.QueueHeadPages) - int64(v.PendingPages)
+	}
+	// slot says whether worker d has a running slot for one more copy:
+	// those it runs, those waiting there (they take the slots that free
+	// first), those dispatched or planned since its report (pending) and
+	// the migrations in flight into it each take one.
+	slot := func(d int) bool {
+		v := &views[d]
+		return v.MaxRunning == 0 || uint64(v.Running)+uint64(v.Waiting)+uint64(v.PendingRequests)+uint64(in[d]) < uint64(v.MaxRunning)
+	}
+	// freest is the freest eligible worker other than s that ok accepts,
+	// ties to the smaller index; -1 for none.
+	freest := func(s int, ok func(i int) bool) int {
+		d, best := -1, math.Inf(-1)
+		for i := range views {
+			if i == s || !views[i].Eligible || !ok(i) {
+				continue
+			}
+			if f := views[i].Freeness(); f > best {
+				d, best = i, f
+			}
+		}
+		return d
 	}
 	taken := make([]bool, n) // a role in this round
 	var plan []Migration
@@ -167,20 +253,27 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 		if !ws[s].Draining {
 			continue
 		}
-		for _, pl := range cands[s] {
-			pages := int64(MigrationPages(pl))
-			d, best := -1, math.Inf(-1)
-			for i := range views {
-				if i == s || !views[i].Eligible || taken[i] || room(i) < pages {
-					continue
-				}
-				if f := views[i].Freeness(); f > best {
-					d, best = i, f
-				}
-			}
+		for _, pl := range queued[s] {
+			d := freest(s, func(int) bool { return true })
 			if d < 0 {
 				break
 			}
+			taken[d] = true
+			plan = append(plan, Migration{RequestID: pl.RequestID, Epoch: pl.Epoch, From: s, To: d, Drain: true, Redispatch: true,
+				FromFreeness: views[s].Freeness(), ToFreeness: views[d].Freeness()})
+			views[s], views[d] = afterRedispatch(views[s], views[d], Pages(uint64(pl.PromptTokens)))
+		}
+		for _, pl := range cands[s] {
+			pages := MigrationPages(pl)
+			if !fits(s, linkOut, pages) {
+				continue
+			}
+			d := freest(s, func(i int) bool { return room(i) >= int64(pages) && slot(i) && fits(i, linkIn, pages) })
+			if d < 0 {
+				continue
+			}
+			linkOut[s] += pages
+			linkIn[d] += pages
 			taken[d] = true
 			add(s, d, pl, true)
 		}
@@ -248,6 +341,18 @@ func afterMove(s, d Worker, pages uint64) (Worker, Worker) {
 	s.KVPagesUsed -= min(pages, s.KVPagesUsed)
 	if s.Running > 0 {
 		s.Running--
+	}
+	d.PendingRequests++
+	d.PendingPages += pages
+	return s, d
+}
+
+// afterRedispatch is the load of s and d once a queued request whose
+// prompt fills pages has moved from s to d: one fewer waiting at the
+// source, pending at the destination as a dispatch is.
+func afterRedispatch(s, d Worker, pages uint64) (Worker, Worker) {
+	if s.Waiting > 0 {
+		s.Waiting--
 	}
 	d.PendingRequests++
 	d.PendingPages += pages

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -122,7 +124,7 @@ func TestPlanMigrationsPairing(t *testing.T) {
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("plan %v, want %v", got, want)
 			}
-			checkPlan(t, c.ws, c.ps, plan)
+			checkPlan(t, c.ws, c.ps, plan, MigrationParams{Balance: true, Order: c.order})
 			if off := PlanMigrations(c.ws, c.ps, MigrationParams{Order: c.order}); len(off) != 0 {
 				t.Fatalf("balance off planned %v", moves(c.ws, off))
 			}
@@ -136,19 +138,19 @@ func TestPlanMigrationsDrain(t *testing.T) {
 	ws := []Worker{lw("a", 900, 10), lw("b", 100, 10), lw("c", 300, 10), d, lw("e", 998, 1)}
 	ps := []Placed{run("r5", "d", 500, 500), run("r1", "d", 10, 10), run("r2", "d", 20, 10), run("r3", "d", 30, 10), run("r4", "d", 40, 10),
 		run("x", "a", 100, 28), moving("m1", "c", "b")}
-	// Shortest first, each to the freest destination with room not yet
-	// given one this round (e has 2 pages free: no room for 4); the in-flight
-	// migration into b does not hold the drain back.
+	// Shortest first, each to the freest destination with room, several
+	// into one destination in a round (e has 2 pages free: no room for
+	// 4); the in-flight migration into b does not hold the drain back.
 	plan := PlanMigrations(ws, ps, MigrationParams{})
-	if got, want := moves(ws, plan), []string{"r1 d>b drain", "r2 d>c drain", "r3 d>a drain"}; !reflect.DeepEqual(got, want) {
+	if got, want := moves(ws, plan), []string{"r1 d>b drain", "r2 d>b drain", "r3 d>b drain", "r4 d>c drain", "r5 d>b drain"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("drain plan %v, want %v", got, want)
 	}
 	for _, m := range plan {
-		if m.Epoch != 0 || m.Reason(ws) == "" {
+		if m.Epoch != 0 || m.Reason(ws) == "" || m.Redispatch {
 			t.Fatalf("migration %+v", m)
 		}
 	}
-	checkPlan(t, ws, ps, plan)
+	checkPlan(t, ws, ps, plan, MigrationParams{})
 	// With balance on, the destinations the drain took are not paired.
 	on := PlanMigrations(ws, ps, MigrationParams{Balance: true})
 	if got := moves(ws, on); !reflect.DeepEqual(got, moves(ws, plan)) {
@@ -159,10 +161,71 @@ func TestPlanMigrationsDrain(t *testing.T) {
 	if plan := PlanMigrations(full, []Placed{run("r1", "d", 100, 28)}, MigrationParams{}); len(plan) != 0 {
 		t.Fatalf("drained into a full worker: %v", moves(full, plan))
 	}
+	// The links bound a round: 20 pages each. The source's carries r1 to
+	// r4 (2 + 2 + 3 + 4 pages), not r5 (63) on top of them; b's, with
+	// m1's 8 pages in flight, would take 12 more.
+	link := MigrationParams{LinkPages: []uint64{20, 20, 20, 20, 20}}
+	lplan := PlanMigrations(ws, ps, link)
+	if got, want := moves(ws, lplan), []string{"r1 d>b drain", "r2 d>b drain", "r3 d>b drain", "r4 d>c drain"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("drain plan within the links %v, want %v", got, want)
+	}
+	checkPlan(t, ws, ps, lplan, link)
+	// A destination runs its most requests: b has 2 slots, 1 taken by the
+	// migration in flight, so it takes one copy; the rest go to c.
+	slots := slices.Clone(ws)
+	slots[1].MaxRunning = 12
+	splan := PlanMigrations(slots, ps, MigrationParams{})
+	if got, want := moves(slots, splan), []string{"r1 d>b drain", "r2 d>c drain", "r3 d>c drain", "r4 d>c drain", "r5 d>c drain"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("drain plan with b at its most requests %v, want %v", got, want)
+	}
+	checkPlan(t, slots, ps, splan, MigrationParams{})
+	// A request larger than a link's round goes alone on an idle link.
+	big := PlanMigrations(ws, []Placed{run("r5", "d", 500, 500)}, link)
+	if got, want := moves(ws, big), []string{"r5 d>b drain"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("a request larger than the link's round: %v, want %v", got, want)
+	}
+}
+
+// TestPlanMigrationsQueued: a request queued at its worker (no KV cache)
+// is never chosen to migrate for balance — the shortest running request
+// goes instead, and a source with only queued requests sends none — and
+// a drain moves it by re-dispatch, to the freest worker, with no room or
+// link to wait for.
+func TestPlanMigrationsQueued(t *testing.T) {
+	q := func(p Placed) Placed { p.Queued = true; return p }
+	ws := []Worker{lw("a", 900, 10), lw("b", 100, 10)}
+	ps := []Placed{q(run("r0", "a", 10, 10)), run("r1", "a", 100, 28), q(run("r2", "a", 5, 5))}
+	for _, prm := range []MigrationParams{{Balance: true}, {Balance: true, Order: LongestFirst}} {
+		plan := PlanMigrations(ws, ps, prm)
+		if got, want := moves(ws, plan), []string{"r1 a>b"}; !reflect.DeepEqual(got, want) {
+			t.Fatalf("balance with queued requests: %v, want %v", got, want)
+		}
+		checkPlan(t, ws, ps, plan, prm)
+	}
+	if plan := PlanMigrations(ws, []Placed{q(run("r0", "a", 10, 10)), q(run("r2", "a", 5, 5))}, MigrationParams{Balance: true}); len(plan) != 0 {
+		t.Fatalf("a queued request moved for balance: %v", moves(ws, plan))
+	}
+
+	d := lw("d", 600, 5)
+	d.Eligible, d.Draining, d.Waiting = false, true, 2
+	full := lw("f", 1000, 30) // no room for any copy
+	ws = []Worker{lw("a", 900, 10), lw("b", 700, 10), d, full}
+	ps = []Placed{q(run("r0", "d", 10, 10)), run("r1", "d", 4000, 1000), q(run("r2", "d", 5, 5))}
+	link := MigrationParams{LinkPages: []uint64{1, 1, 1, 1}}
+	plan := PlanMigrations(ws, ps, link)
+	if got, want := moves(ws, plan), []string{"r2 d>b drain", "r0 d>b drain"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("drain with queued requests %v, want %v (r1 has no room anywhere)", got, want)
+	}
+	for _, m := range plan {
+		if !m.Redispatch || !strings.Contains(m.Reason(ws), "re-dispatched") {
+			t.Fatalf("%s: a queued request's drain is no re-dispatch: %+v, %q", m.RequestID, m, m.Reason(ws))
+		}
+	}
+	checkPlan(t, ws, ps, plan, link)
 }
 
 // checkPlan checks the rules every plan keeps, whatever the inputs.
-func checkPlan(t *testing.T, ws []Worker, ps []Placed, plan []Migration) {
+func checkPlan(t *testing.T, ws []Worker, ps []Placed, plan []Migration, prm MigrationParams) {
 	t.Helper()
 	byID := map[string]int{}
 	for i := range ws {
@@ -171,15 +234,25 @@ func checkPlan(t *testing.T, ws []Worker, ps []Placed, plan []Migration) {
 	out, in := map[int]bool{}, map[int]bool{}
 	inflight := map[[2]int]bool{}
 	running := map[string]Placed{}
+	linkOut, linkIn := map[int]uint64{}, map[int]uint64{}
+	inN := map[int]uint64{}
 	for _, p := range ps {
 		switch p.State {
 		case PlacedMigrating:
 			out[byID[p.Worker]] = true
 			in[byID[p.MigrationTarget]] = true
+			inN[byID[p.MigrationTarget]]++
 			inflight[[2]int{byID[p.Worker], byID[p.MigrationTarget]}] = true
+			if !p.Queued {
+				linkOut[byID[p.Worker]] += MigrationPages(&p)
+				linkIn[byID[p.MigrationTarget]] += MigrationPages(&p)
+			}
 		case PlacedRunning:
 			running[p.RequestID] = p
 		}
+	}
+	overLink := func(i int, used, pages uint64) bool {
+		return i < len(prm.LinkPages) && prm.LinkPages[i] > 0 && used > 0 && used+pages > prm.LinkPages[i]
 	}
 	role := map[int]string{}
 	seen := map[string]bool{}
@@ -193,27 +266,56 @@ func checkPlan(t *testing.T, ws []Worker, ps []Placed, plan []Migration) {
 		if m.From == m.To || !ws[m.To].Eligible {
 			t.Fatalf("%s: to %s", m.RequestID, ws[m.To].ID)
 		}
-		if role[m.To] != "" {
-			t.Fatalf("%s: %s already has a role (%s) in this round", m.RequestID, ws[m.To].ID, role[m.To])
+		if m.Redispatch != p.Queued {
+			t.Fatalf("%s: queued %v, planned as a re-dispatch %v", m.RequestID, p.Queued, m.Redispatch)
 		}
-		role[m.To] = "in"
+		pages := MigrationPages(&p)
 		if m.Drain {
 			if !ws[m.From].Draining {
 				t.Fatalf("%s: drain from %s, which is not draining", m.RequestID, ws[m.From].ID)
 			}
+			if r := role[m.To]; r != "" && r != "drain" {
+				t.Fatalf("%s: %s already has a role (%s) in this round", m.RequestID, ws[m.To].ID, r)
+			}
+			role[m.To] = "drain"
+			if m.Redispatch {
+				views[m.From], views[m.To] = afterRedispatch(views[m.From], views[m.To], Pages(uint64(p.PromptTokens)))
+				continue
+			}
+			v := views[m.To]
+			if int64(v.KVPagesTotal)-int64(v.KVPagesUsed)-int64(v.QueueHeadPages)-int64(v.PendingPages) < int64(pages) {
+				t.Fatalf("%s: %s has no room for its %d pages", m.RequestID, ws[m.To].ID, pages)
+			}
+			if v.MaxRunning > 0 && uint64(v.Running)+uint64(v.Waiting)+uint64(v.PendingRequests)+inN[m.To] >= uint64(v.MaxRunning) {
+				t.Fatalf("%s: %s has no running slot (%d run, %d pending, %d in flight in, at most %d)", m.RequestID, ws[m.To].ID,
+					v.Running, v.PendingRequests, inN[m.To], v.MaxRunning)
+			}
+			if overLink(m.From, linkOut[m.From], pages) || overLink(m.To, linkIn[m.To], pages) {
+				t.Fatalf("%s: %d pages over the link of %s (%d on it) or %s (%d)", m.RequestID, pages, ws[m.From].ID, linkOut[m.From],
+					ws[m.To].ID, linkIn[m.To])
+			}
+			linkOut[m.From] += pages
+			linkIn[m.To] += pages
 		} else {
+			if role[m.To] != "" {
+				t.Fatalf("%s: %s already has a role (%s) in this round", m.RequestID, ws[m.To].ID, role[m.To])
+			}
+			role[m.To] = "in"
+			if p.Queued {
+				t.Fatalf("%s: a queued request moves for balance", m.RequestID)
+			}
 			if !ws[m.From].Eligible || out[m.From] || in[m.To] || role[m.From] != "" {
 				t.Fatalf("%s: %s→%s breaks one in and one out", m.RequestID, ws[m.From].ID, ws[m.To].ID)
 			}
 			if inflight[[2]int{m.To, m.From}] {
 				t.Fatalf("%s: %s→%s against a migration in flight", m.RequestID, ws[m.From].ID, ws[m.To].ID)
 			}
-			if !shrinks(views[m.From], views[m.To], MigrationPages(&p)) {
+			if !shrinks(views[m.From], views[m.To], pages) {
 				t.Fatalf("%s: %s→%s does not shrink the imbalance", m.RequestID, ws[m.From].ID, ws[m.To].ID)
 			}
 			role[m.From] = "out"
 		}
-		views[m.From], views[m.To] = afterMove(views[m.From], views[m.To], MigrationPages(&p))
+		views[m.From], views[m.To] = afterMove(views[m.From], views[m.To], pages)
 	}
 }
 
@@ -230,6 +332,9 @@ func TestPlanMigrationsRandom(t *testing.T) {
 		for i := range ws {
 			ws[i] = lw(fmt.Sprintf("w%02d", i), uint64(rng.Intn(1000)), uint32(rng.Intn(40)))
 			ws[i].Waiting = uint32(rng.Intn(3))
+			if rng.Intn(2) == 0 {
+				ws[i].MaxRunning = uint32(rng.Intn(50))
+			}
 			switch rng.Intn(8) {
 			case 0:
 				ws[i].Eligible = false
@@ -247,11 +352,18 @@ func TestPlanMigrationsRandom(t *testing.T) {
 			case 1:
 				p.State, p.MigrationTarget = PlacedMigrating, ws[rng.Intn(n)].ID
 			}
+			p.Queued = rng.Intn(4) == 0
 			ps = append(ps, p)
 		}
 		prm := MigrationParams{Balance: rng.Intn(4) != 0}
+		if rng.Intn(2) == 0 {
+			prm.LinkPages = make([]uint64, n)
+			for i := range prm.LinkPages {
+				prm.LinkPages[i] = uint64(rng.Intn(400))
+			}
+		}
 		plan := PlanMigrations(ws, ps, prm)
-		checkPlan(t, ws, ps, plan)
+		checkPlan(t, ws, ps, plan, prm)
 		planned += len(plan)
 		rng.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
 		if again := PlanMigrations(ws, ps, prm); !reflect.DeepEqual(again, plan) {

@@ -107,6 +107,9 @@ type Worker struct {
 	// Draining is true for a worker in DRAINING: every request it serves
 	// migrates away (PlanMigrations).
 	Draining bool
+	// MaxRunning is the most requests it runs at once (0: unknown), from
+	// its registration.
+	MaxRunning uint32
 
 	// From the worker's last load report.
 	QueueWaitMs    float64 // q_w

@@ -22,6 +22,10 @@ import (
 // sequence. Every decision is the core's and the fsm's; only the copy's
 // duration and the messages' delays are modelled.
 
+// maxQueuedReported caps a load report's queued ids, as the worker's
+// reporter does (worker.maxQueuedReported).
+const maxQueuedReported = 512
+
 // MigrationStats are a run's live-migration counters.
 type MigrationStats struct {
 	// Started: MigrateCmds applied; Committed: FinishMigration commits
@@ -36,6 +40,9 @@ type MigrationStats struct {
 	// Queued: migrations whose request had no KV cache yet at its start
 	// (it waited in the source's queue, or was preempted).
 	Queued int
+	// HeldTokens: tokens the destinations' held pre-steps sampled before
+	// the migrated requests' calls arrived (core.Output.HeldTokens).
+	HeldTokens int
 	// Downtimes are the client's gaps at the switches: from the last token
 	// the source streamed to the first the destination did.
 	Downtimes []time.Duration
@@ -136,6 +143,36 @@ func (s *Sim) migrationRound() {
 	}
 }
 
+// drainInterval is how often the leader looks for a worker newly DRAINING
+// between its rounds (controller.DrainInterval).
+const drainInterval = 50 * time.Millisecond
+
+// drainStart is the leader seeing a worker go DRAINING at its next
+// drainInterval tick and planning the drains then (controller.drainStarts):
+// what it cannot place waits for the rounds.
+func (s *Sim) drainStart() {
+	if !s.cfg.Migration {
+		return // no leader rounds in this run
+	}
+	tick := (s.now/drainInterval + 1) * drainInterval
+	s.at(tick, func() {
+		plan, _ := s.fsm.PlanDrains(nil)
+		if len(plan) == 0 {
+			return
+		}
+		cmds := make([]*pb.Command, len(plan))
+		for i, p := range plan {
+			cmds[i] = &pb.Command{Body: &pb.Command_Migrate{Migrate: p.Cmd}}
+		}
+		res := s.applyEntry(cmds)
+		for i, p := range plan {
+			if res[i].Err == nil {
+				s.startMigration(p.Cmd, res[i].Placement)
+			}
+		}
+	})
+}
+
 // startMigration follows a MigrateCmd applied for placement pl: its source
 // hears the Migration STARTED event a commit later and starts.
 func (s *Sim) startMigration(c *pb.MigrateCmd, pl *pb.Placement) {
@@ -193,6 +230,12 @@ func (s *Sim) migrateOut(m *simMigration) {
 // nextStage takes the next stage from the source's core (between its
 // steps) and puts it on the interconnect: it reaches the destination after
 // pages × page bytes / Timing.InterconnectBytesPerSec, plus LinkLatency.
+// The copies out of one worker share its link, and those into one its
+// link's other direction: a bulk stage starts when both are free (a drain
+// runs many at once; balance moves one in and one out per worker), and a
+// last stage, whose request has stopped, goes ahead of them (the stages
+// already on the wire keep their arrival: a last stage's ≤ 17 pages,
+// ~2 ms, are not taken from them).
 func (s *Sim) nextStage(m *simMigration) {
 	if m.done {
 		return
@@ -206,7 +249,17 @@ func (s *Sim) nextStage(m *simMigration) {
 	if st.Last {
 		s.publish(m.src) // it left the running set
 	}
-	arrive := s.now + s.migProf.MigrationTime(st.Pages()) + s.cfg.Timing.LinkLatency
+	arrive := s.now
+	if d := s.migProf.MigrationTime(st.Pages()); st.Last {
+		// The stop-and-copy goes first: its request has stopped, and
+		// its few pages push the bulk copies queued on both links back.
+		arrive += d
+		m.src.migOutFree, m.dst.migInFree = max(m.src.migOutFree, s.now)+d, max(m.dst.migInFree, s.now)+d
+	} else if st.Pages() > 0 {
+		arrive = max(s.now, m.src.migOutFree, m.dst.migInFree) + d
+		m.src.migOutFree, m.dst.migInFree = arrive, arrive
+	}
+	arrive += s.cfg.Timing.LinkLatency
 	s.at(arrive, func() {
 		if m.done {
 			return // aborted meanwhile (a kill of the destination aborts at once)
@@ -228,7 +281,7 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 	}
 	d := m.dst
 	in := core.IncomingStage{ID: st.ID, Epoch: st.Epoch, Stage: st.Stage, First: st.First, Hashes: st.Hashes, Last: st.Last,
-		Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed}
+		Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed, Hold: st.Hold}
 	_, err := d.core.AcceptStage(s.clock(), in, s.cfg.KVPages-d.core.CachedPages())
 	s.flush(d)
 	if err != nil {
@@ -240,6 +293,9 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 		return
 	}
 	s.report(d) // takeStage's publishStats: the pages are in use
+	if st.Last {
+		s.wake(d) // the held pre-step decodes it in the next step
+	}
 	// A pre-allocation that hears nothing more is reclaimed by the
 	// destination's core after its migration timeout.
 	gen := d.gen

@@ -386,9 +386,12 @@ type simWorker struct {
 	kick  bool // a kick is scheduled
 	waits core.WaitWindow
 
-	linkFree  time.Duration // the outgoing link is busy until then
-	published int           // running+waiting at the last publish (load kick)
-	empties   int           // consecutive empty steps at one instant
+	linkFree time.Duration // the outgoing link is busy until then
+	// The interconnect's two directions as live migration's copies use
+	// them (nextStage): busy until then.
+	migOutFree, migInFree time.Duration
+	published             int // running+waiting at the last publish (load kick)
+	empties               int // consecutive empty steps at one instant
 
 	outBuf [][]int32 // a step's sampled tokens, reused
 	tokBuf []int32
@@ -702,7 +705,8 @@ func (s *Sim) applyEntry(cmds []*pb.Command) []fsm.Result {
 func (s *Sim) capacity() *pb.Capacity {
 	p := s.cfg.Profile
 	return &pb.Capacity{KvPagesTotal: uint64(s.cfg.KVPages), CheckpointBudgetBytes: s.cfg.CheckpointBudget,
-		KvBytesPerToken: uint64(p.KVBytesPerToken()), MaxContextTokens: uint32(p.MaxContext), H2DBytesPerSec: p.H2DBytesPerSec}
+		KvBytesPerToken: uint64(p.KVBytesPerToken()), MaxContextTokens: uint32(p.MaxContext), H2DBytesPerSec: p.H2DBytesPerSec,
+		MaxRunning: uint32(s.cfg.MaxRunning)}
 }
 
 // register starts a worker's new incarnation: an empty core and store, in
@@ -741,7 +745,7 @@ func (s *Sim) report(w *simWorker) {
 		WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: w.waits.Mean(s.clock(), s.cfg.Timing.QueueWindow),
 		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
 		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
-		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages())}}}})
+		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), Queued: c.AppendQueued(nil, maxQueuedReported)}}}})
 	if res.Err != nil {
 		s.fail("report %s: %v", w.id, res.Err)
 	}
@@ -1104,7 +1108,12 @@ func (s *Sim) stepDone(w *simWorker, st core.Step) {
 	for i, ch := range st.Batch {
 		out[i] = nil
 		if ch.Sample > 0 {
-			r := st.Reqs[i].Sink.(*simRequest)
+			// A migration in's held pre-step has no call (no Sink) yet:
+			// its tokens are the request's all the same.
+			r, ok := st.Reqs[i].Sink.(*simRequest)
+			if !ok {
+				r = s.byID[st.Reqs[i].ID]
+			}
 			for j := range ch.Sample {
 				toks[j] = token(r.idx, ch.OutIndex+j)
 			}
@@ -1134,6 +1143,7 @@ func (s *Sim) flush(w *simWorker) {
 	s.res.Migrations.Stages += o.MigrationStages
 	s.res.Migrations.Pages += o.MigrationPagesOut
 	s.res.Migrations.Reclaimed += o.MigrationsReclaimed
+	s.res.Migrations.HeldTokens += o.HeldTokens
 	ended := slices.Clone(o.MigrationsEnded) // o's slices are the core's: the aborts call into it
 	w.waits.Add(o.Waits...)
 	for _, ev := range o.Events {

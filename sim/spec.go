@@ -188,6 +188,9 @@ func (s *Sim) setPhase(w *simWorker, ph pb.WorkerPhase) {
 		s.fail("%s: phase %s: %v", w.id, ph, res.Err)
 		return
 	}
+	if ph == pb.WorkerPhase_WORKER_PHASE_DRAINING {
+		s.drainStart()
+	}
 	s.relink()
 }
 

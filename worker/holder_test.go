@@ -24,6 +24,8 @@ type cluster struct {
 	t       *testing.T
 	ctl     *ctlclient.Client
 	workers map[string]*harness
+	// sampling, when set, goes with every call follow makes.
+	sampling *pb.SamplingParams
 }
 
 func startCluster(t *testing.T, tweak func(*Config)) *cluster {

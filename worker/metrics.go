@@ -54,6 +54,7 @@ type metrics struct {
 	migrationsOut   *prometheus.CounterVec // by outcome
 	migrationsIn    *prometheus.CounterVec // by outcome
 	migrationStages prometheus.Counter
+	migrationHeld   prometheus.Counter
 	migrationPages  *prometheus.CounterVec // by direction
 	migrationStop   prometheus.Histogram
 	migrationsLive  *prometheus.GaugeVec // by direction
@@ -146,6 +147,8 @@ func newMetrics(model string) *metrics {
 		[]string{"outcome"})
 	m.migrationStages = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_migration_stages_total",
 		Help: "Stages of migrations out taken here (each copies the pages filled since the last; the last one stops the request)."})
+	m.migrationHeld = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_migration_held_tokens_total",
+		Help: "Tokens computed here for requests migrating in after their last stage, before their call arrived (the held pre-step); the call's adoption delivers them at once."})
 	m.migrationPages = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_migration_pages_total",
 		Help: "KV pages copied by live migration, by direction (out: sent from here; in: taken into pre-allocated sequences here)."}, []string{"direction"})
 	m.migrationStop = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_migration_stop_seconds",
@@ -168,7 +171,7 @@ func newMetrics(model string) *metrics {
 		m.migrationPages.WithLabelValues(d)
 		m.migrationsLive.WithLabelValues(d)
 	}
-	m.reg.MustRegister(m.migrationsOut, m.migrationsIn, m.migrationStages, m.migrationPages, m.migrationStop, m.migrationsLive,
+	m.reg.MustRegister(m.migrationsOut, m.migrationsIn, m.migrationStages, m.migrationHeld, m.migrationPages, m.migrationStop, m.migrationsLive,
 		m.gpuHealthy, m.gpuFaults)
 	m.reg.MustRegister(m.phase, m.phaseSeconds, m.specDrafts, m.specAccepted, m.specVerifies, m.specAccept, m.specK,
 		m.assistStreams, m.drafted, m.draftSteps, m.assistSecs)
@@ -235,6 +238,9 @@ func (m *metrics) countMigrations(o core.Output) {
 	}
 	if o.MigrationPagesOut > 0 {
 		m.migrationPages.WithLabelValues("out").Add(float64(o.MigrationPagesOut))
+	}
+	if o.HeldTokens > 0 {
+		m.migrationHeld.Add(float64(o.HeldTokens))
 	}
 	if o.MigrationPagesIn > 0 {
 		m.migrationPages.WithLabelValues("in").Add(float64(o.MigrationPagesIn))

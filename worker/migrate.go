@@ -377,18 +377,43 @@ func (w *Worker) sendStage(ctx context.Context, stream grpc.BidiStreamingClient[
 		size += len(data)
 	}
 	if st.Last {
-		tail, n, err := eng.ExportTail(st.Seq)
-		if err != nil || n != st.Tail {
-			return fmt.Errorf("export the partial page: %d positions, the core counts %d: %v", n, st.Tail, err)
+		// A request with nothing in the cache (it was queued here, or
+		// preempted) has no sequence in the engine to export from: the
+		// stage carries its history alone, and the destination queues it
+		// as a dispatch (a re-dispatch, at no KV cost).
+		if st.Fed > 0 {
+			tail, n, err := eng.ExportTail(st.Seq)
+			if err != nil || n != st.Tail {
+				return fmt.Errorf("export the partial page: %d positions, the core counts %d: %v", n, st.Tail, err)
+			}
+			msg.Tail, msg.TailPositions = tail, uint32(n)
 		}
-		msg.Last, msg.Tail, msg.TailPositions, msg.History = true, tail, uint32(n), st.History
+		msg.Last, msg.History = true, st.History
 		msg.Holder, msg.CheckpointedPages = st.Holder, uint32(st.Checkpointed)
+		h := st.Hold
+		msg.PromptTokens, msg.MaxTokens, msg.Stop, msg.Logprobs = uint32(h.Prompt), uint32(h.MaxTokens), h.Stop, h.Logprobs
+		msg.Temperature, msg.TopP, msg.Seed = h.Params.Temperature, h.Params.TopP, h.Params.Seed
 	}
 	if err := send(msg); err != nil {
 		return err
 	}
-	if p, ok := eng.(*engine.Paced); ok {
-		if wait := time.Duration(float64(p.Profile.MigrationTime(st.Pages()))*p.Scale) - time.Since(start); wait > 0 {
+	if p, ok := eng.(*engine.Paced); ok && st.Pages() > 0 {
+		// The migrations out of this worker share its link: each bulk
+		// copy takes its turn at the profile's bandwidth (a drain runs
+		// many at once); a last stage, whose request has stopped, goes
+		// ahead of them and pushes them back.
+		copyTime := time.Duration(float64(p.Profile.MigrationTime(st.Pages())) * p.Scale)
+		w.mu.Lock()
+		if w.linkFree.Before(start) {
+			w.linkFree = start
+		}
+		w.linkFree = w.linkFree.Add(copyTime)
+		until := w.linkFree
+		if st.Last {
+			until = start.Add(copyTime)
+		}
+		w.mu.Unlock()
+		if wait := time.Until(until); wait > 0 {
 			t := time.NewTimer(wait)
 			defer t.Stop()
 			select {
@@ -545,6 +570,8 @@ func (w *Worker) migrateIn(stream grpc.BidiStreamingServer[pb.MigrateMessage, pb
 			stage.PrefixHashes = append(stage.PrefixHashes, part.PrefixHashes...)
 			stage.Last, stage.Tail, stage.TailPositions, stage.History = part.Last, part.Tail, part.TailPositions, part.History
 			stage.Holder, stage.CheckpointedPages = part.Holder, part.CheckpointedPages
+			stage.PromptTokens, stage.MaxTokens, stage.Stop, stage.Logprobs = part.PromptTokens, part.MaxTokens, part.Stop, part.Logprobs
+			stage.Temperature, stage.TopP, stage.Seed = part.Temperature, part.TopP, part.Seed
 		}
 		if part.More {
 			continue
@@ -567,7 +594,9 @@ func (w *Worker) migrateIn(stream grpc.BidiStreamingServer[pb.MigrateMessage, pb
 // pre-allocated sequence, on the scheduler goroutine, and says how it went.
 func (w *Worker) takeStage(ctx context.Context, id string, epoch uint64, st *pb.MigrationStage) *pb.MigrateAck {
 	in := core.IncomingStage{ID: id, Epoch: epoch, Stage: int(st.Stage), First: int(st.FirstPage), Hashes: st.PrefixHashes,
-		Last: st.Last, Tail: int(st.TailPositions), History: st.History, Holder: st.Holder, Checkpointed: int(st.CheckpointedPages)}
+		Last: st.Last, Tail: int(st.TailPositions), History: st.History, Holder: st.Holder, Checkpointed: int(st.CheckpointedPages),
+		Hold: core.Hold{Prompt: int(st.PromptTokens), MaxTokens: int(st.MaxTokens), Stop: st.Stop, Logprobs: st.Logprobs,
+			Params: engine.Sampling{Temperature: st.Temperature, TopP: st.TopP, Seed: st.Seed}}}
 	ack := &pb.MigrateAck{Stage: st.Stage}
 	vocab := w.cfg.Engine.Info().Vocab
 	for i, tok := range st.History {
@@ -575,6 +604,11 @@ func (w *Worker) takeStage(ctx context.Context, id string, epoch uint64, st *pb.
 			ack.Refusal, ack.Detail = pb.MigrateRefusal_MIGRATE_REFUSAL_BAD_STAGE, fmt.Sprintf("history[%d] = %d is not a token id", i, tok)
 			return ack
 		}
+	}
+	if err := in.Hold.Params.Validate(); err != nil || int(st.PromptTokens) > len(st.History) {
+		// No pre-step on parameters no call could carry: the call, which
+		// is checked, computes the tokens.
+		in.Hold = core.Hold{}
 	}
 	var err error
 	eng := w.cfg.Engine

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -113,7 +114,9 @@ type schedStats struct {
 	// pre-allocations of migrations in.
 	stopped, incoming int
 	queueHeadPages    int
-	waits             core.WaitWindow // prefill-start waits
+	// queued: the waiting requests with no KV cache (core.AppendQueued).
+	queued []string
+	waits  core.WaitWindow // prefill-start waits
 }
 
 // storeView is the checkpoint store as the core reads it.
@@ -364,7 +367,11 @@ func (s *scheduler) deliver(ev core.Event) {
 		return
 	}
 	if ev.First {
-		s.w.metrics.ttft.Observe(ev.Latency.Seconds())
+		// From the call's arrival to now, when the token goes out: an
+		// adopted call's first tokens were computed before it came (the
+		// core stamps them with its arrival) and go out at the step
+		// boundary that adopts it.
+		s.w.metrics.ttft.Observe(time.Since(r.arrived).Seconds())
 	} else {
 		s.w.metrics.tpot.Observe(ev.Latency.Seconds())
 	}
@@ -391,6 +398,7 @@ func (s *scheduler) publishStats() {
 	prev := s.stats.running + s.stats.waiting
 	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, s.core.HeadPages()
 	s.stats.stopped, s.stats.incoming = s.core.Stopped(), s.core.Incoming()
+	s.stats.queued = s.core.AppendQueued(s.stats.queued[:0], maxQueuedReported)
 	s.statsMu.Unlock()
 	s.w.metrics.migrationsLive.WithLabelValues("in").Set(float64(s.core.Incoming()))
 	// A large change in the load is reported at once, not at the next tick.
@@ -404,12 +412,16 @@ func (s *scheduler) publishStats() {
 	s.w.metrics.waiting.Set(float64(waiting))
 }
 
-// snapshot returns the load figures and q_w over the window.
-func (s *scheduler) snapshot(window time.Duration) (running, waiting, headPages int, qw float64) {
+// maxQueuedReported caps LoadRecord.queued.
+const maxQueuedReported = 512
+
+// snapshot returns the load figures, q_w over the window and a copy of the
+// queued ids.
+func (s *scheduler) snapshot(window time.Duration) (running, waiting, headPages int, qw float64, queued []string) {
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
 	qw = s.stats.waits.Mean(time.Now(), window)
-	return s.stats.running, s.stats.waiting, s.stats.queueHeadPages, qw
+	return s.stats.running, s.stats.waiting, s.stats.queueHeadPages, qw, slices.Clone(s.stats.queued)
 }
 
 // do runs f on the scheduler goroutine between steps and waits for it; it

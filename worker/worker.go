@@ -52,7 +52,7 @@ type Worker struct {
 	store *ckptStore
 	peers *workerdir.Directory // checkpoint holders, by id
 
-	mu        sync.Mutex // guards draining, leaving, senders, assisting, outgoing, migDone, incoming
+	mu        sync.Mutex // guards draining, leaving, senders, assisting, outgoing, migDone, incoming, linkFree
 	draining  bool
 	senders   map[string]*ckptSender
 	assisting *assistSession // the drafter's open Assist stream (assist.go)
@@ -60,6 +60,9 @@ type Worker struct {
 	// the STARTED event's index of each one's last (a repeated event does
 	// not start it again) (migrate.go).
 	outgoing map[string]*migrationOut
+	// linkFree is when the paced copies of migrations out queued so far
+	// are through the link (sendStage).
+	linkFree time.Time
 	migDone  map[string]uint64
 	// incoming are the migrations in this worker accepted, by request id
 	// (migrate.go; made on first use).
@@ -274,7 +277,7 @@ func (w *Worker) capacity() *pb.Capacity {
 	info := w.cfg.Engine.Info()
 	c := &pb.Capacity{KvPagesTotal: uint64(info.TotalPages), CheckpointBudgetBytes: w.cfg.CheckpointBudget,
 		KvBytesPerToken: uint64(info.KVBytesPerToken), MaxContextTokens: uint32(info.MaxContext),
-		H2DBytesPerSec: 25e9}
+		H2DBytesPerSec: 25e9, MaxRunning: uint32(w.cfg.MaxRunning)}
 	if p := w.cfg.Profile; p != nil {
 		c.KvBytesPerToken, c.H2DBytesPerSec = uint64(p.KVBytesPerToken()), p.H2DBytesPerSec
 	}
@@ -393,7 +396,7 @@ func (w *Worker) rejoin() error {
 
 // Load is the worker's current load record.
 func (w *Worker) Load() *pb.LoadRecord {
-	running, waiting, head, qw := w.sched.snapshot(w.cfg.QueueWindow)
+	running, waiting, head, qw, queued := w.sched.snapshot(w.cfg.QueueWindow)
 	info := w.cfg.Engine.Info()
 	free := w.cfg.Engine.FreePages()
 	used := info.TotalPages - free
@@ -405,7 +408,7 @@ func (w *Worker) Load() *pb.LoadRecord {
 	ckUsed, ckBudget, _ := w.store.usage()
 	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(), QueueWaitMs: qw,
 		FreeCheckpointBytes: ckBudget - ckUsed, StoredCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
-		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head)}
+		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head), Queued: queued}
 }
 
 func (w *Worker) isDraining() bool {
@@ -476,7 +479,7 @@ func (w *Worker) Shutdown(ctx context.Context) {
 }
 
 func (w *Worker) inFlight() int {
-	r, wt, _, _ := w.sched.snapshot(time.Hour)
+	r, wt, _, _, _ := w.sched.snapshot(time.Hour)
 	return r + wt
 }
 

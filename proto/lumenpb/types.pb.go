@@ -372,8 +372,11 @@ type Capacity struct {
 	MaxContextTokens      uint32 `protobuf:"varint,4,opt,name=max_context_tokens,json=maxContextTokens,proto3" json:"max_context_tokens,omitempty"`
 	// Host-to-GPU copy bandwidth in bytes per second (for p_w(r)).
 	H2DBytesPerSec float64 `protobuf:"fixed64,5,opt,name=h2d_bytes_per_sec,json=h2dBytesPerSec,proto3" json:"h2d_bytes_per_sec,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The most requests the worker runs at once (its batch cap; 0: not
+	// said): a drain sends a destination no more copies than it has slots.
+	MaxRunning    uint32 `protobuf:"varint,7,opt,name=max_running,json=maxRunning,proto3" json:"max_running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capacity) Reset() {
@@ -437,6 +440,13 @@ func (x *Capacity) GetMaxContextTokens() uint32 {
 func (x *Capacity) GetH2DBytesPerSec() float64 {
 	if x != nil {
 		return x.H2DBytesPerSec
+	}
+	return 0
+}
+
+func (x *Capacity) GetMaxRunning() uint32 {
+	if x != nil {
+		return x.MaxRunning
 	}
 	return 0
 }
@@ -586,8 +596,13 @@ type LoadRecord struct {
 	// KV pages the head of the waiting queue needs to start.
 	QueueHeadPages uint64 `protobuf:"varint,10,opt,name=queue_head_pages,json=queueHeadPages,proto3" json:"queue_head_pages,omitempty"`
 	ReportUnixNano int64  `protobuf:"varint,11,opt,name=report_unix_nano,json=reportUnixNano,proto3" json:"report_unix_nano,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The waiting requests that have no KV cache on the worker (new, or
+	// preempted), queue order, at most 512: the migration policy moves a
+	// request whose cache it would copy only when it is not among them
+	// (policy.Placed.Queued), and a drain re-dispatches those that are.
+	Queued        []string `protobuf:"bytes,12,rep,name=queued,proto3" json:"queued,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadRecord) Reset() {
@@ -695,6 +710,13 @@ func (x *LoadRecord) GetReportUnixNano() int64 {
 		return x.ReportUnixNano
 	}
 	return 0
+}
+
+func (x *LoadRecord) GetQueued() []string {
+	if x != nil {
+		return x.Queued
+	}
+	return nil
 }
 
 type Placement struct {
@@ -1580,13 +1602,15 @@ var File_types_proto protoreflect.FileDescriptor
 
 const file_types_proto_rawDesc = "" +
 	"\n" +
-	"\vtypes.proto\x12\blumen.v1\"\x81\x02\n" +
+	"\vtypes.proto\x12\blumen.v1\"\xa2\x02\n" +
 	"\bCapacity\x12$\n" +
 	"\x0ekv_pages_total\x18\x01 \x01(\x04R\fkvPagesTotal\x126\n" +
 	"\x17checkpoint_budget_bytes\x18\x02 \x01(\x04R\x15checkpointBudgetBytes\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x03 \x01(\x04R\x0fkvBytesPerToken\x12,\n" +
 	"\x12max_context_tokens\x18\x04 \x01(\rR\x10maxContextTokens\x12)\n" +
-	"\x11h2d_bytes_per_sec\x18\x05 \x01(\x01R\x0eh2dBytesPerSecJ\x04\b\x06\x10\aR\vpage_tokens\"\x95\x03\n" +
+	"\x11h2d_bytes_per_sec\x18\x05 \x01(\x01R\x0eh2dBytesPerSec\x12\x1f\n" +
+	"\vmax_running\x18\a \x01(\rR\n" +
+	"maxRunningJ\x04\b\x06\x10\aR\vpage_tokens\"\x95\x03\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x1b\n" +
@@ -1599,7 +1623,7 @@ const file_types_proto_rawDesc = "" +
 	"\rpaired_worker\x18\t \x01(\tR\fpairedWorker\x120\n" +
 	"\x14registered_unix_nano\x18\n" +
 	" \x01(\x03R\x12registeredUnixNano\x125\n" +
-	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\"\xad\x03\n" +
+	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\"\xc5\x03\n" +
 	"\n" +
 	"LoadRecord\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
@@ -1613,7 +1637,8 @@ const file_types_proto_rawDesc = "" +
 	"\x0ekv_pages_total\x18\t \x01(\x04R\fkvPagesTotal\x12(\n" +
 	"\x10queue_head_pages\x18\n" +
 	" \x01(\x04R\x0equeueHeadPages\x12(\n" +
-	"\x10report_unix_nano\x18\v \x01(\x03R\x0ereportUnixNano\"\xc1\x04\n" +
+	"\x10report_unix_nano\x18\v \x01(\x03R\x0ereportUnixNano\x12\x16\n" +
+	"\x06queued\x18\f \x03(\tR\x06queued\"\xc1\x04\n" +
 	"\tPlacement\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +

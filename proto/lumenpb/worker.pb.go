@@ -365,8 +365,21 @@ type MigrationStage struct {
 	// holder at the destination, the destination does not send them again.
 	Holder            string `protobuf:"bytes,14,opt,name=holder,proto3" json:"holder,omitempty"`
 	CheckpointedPages uint32 `protobuf:"varint,15,opt,name=checkpointed_pages,json=checkpointedPages,proto3" json:"checkpointed_pages,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Last: what the destination needs to compute the request's next token
+	// before its call arrives (core: the held pre-step) — the prompt's
+	// length, the output tokens in all, the sampling and the stop tokens —
+	// and whether it asks for logprobs (then it does not: the call
+	// computes the tokens it lacks with theirs). prompt_tokens 0: an older
+	// source; the destination waits for the call.
+	PromptTokens  uint32  `protobuf:"varint,16,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	MaxTokens     uint32  `protobuf:"varint,17,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	Temperature   float32 `protobuf:"fixed32,18,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	TopP          float32 `protobuf:"fixed32,19,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	Seed          uint64  `protobuf:"varint,20,opt,name=seed,proto3" json:"seed,omitempty"`
+	Stop          []int32 `protobuf:"varint,21,rep,packed,name=stop,proto3" json:"stop,omitempty"`
+	Logprobs      bool    `protobuf:"varint,22,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MigrationStage) Reset() {
@@ -502,6 +515,55 @@ func (x *MigrationStage) GetCheckpointedPages() uint32 {
 		return x.CheckpointedPages
 	}
 	return 0
+}
+
+func (x *MigrationStage) GetPromptTokens() uint32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetMaxTokens() uint32 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetTemperature() float32 {
+	if x != nil {
+		return x.Temperature
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetTopP() float32 {
+	if x != nil {
+		return x.TopP
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetSeed() uint64 {
+	if x != nil {
+		return x.Seed
+	}
+	return 0
+}
+
+func (x *MigrationStage) GetStop() []int32 {
+	if x != nil {
+		return x.Stop
+	}
+	return nil
+}
+
+func (x *MigrationStage) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
 }
 
 // MigrationEnd is how the migration ended at the source: committed (the
@@ -1386,7 +1448,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eMigrateMessage\x120\n" +
 	"\x05stage\x18\x01 \x01(\v2\x18.lumen.v1.MigrationStageH\x00R\x05stage\x12*\n" +
 	"\x03end\x18\x02 \x01(\v2\x16.lumen.v1.MigrationEndH\x00R\x03endB\x06\n" +
-	"\x04body\"\xc5\x03\n" +
+	"\x04body\"\x84\x05\n" +
 	"\x0eMigrationStage\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1406,7 +1468,15 @@ const file_worker_proto_rawDesc = "" +
 	"\x0etail_positions\x18\f \x01(\rR\rtailPositions\x12\x18\n" +
 	"\ahistory\x18\r \x03(\x05R\ahistory\x12\x16\n" +
 	"\x06holder\x18\x0e \x01(\tR\x06holder\x12-\n" +
-	"\x12checkpointed_pages\x18\x0f \x01(\rR\x11checkpointedPages\"D\n" +
+	"\x12checkpointed_pages\x18\x0f \x01(\rR\x11checkpointedPages\x12#\n" +
+	"\rprompt_tokens\x18\x10 \x01(\rR\fpromptTokens\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x11 \x01(\rR\tmaxTokens\x12 \n" +
+	"\vtemperature\x18\x12 \x01(\x02R\vtemperature\x12\x13\n" +
+	"\x05top_p\x18\x13 \x01(\x02R\x04topP\x12\x12\n" +
+	"\x04seed\x18\x14 \x01(\x04R\x04seed\x12\x12\n" +
+	"\x04stop\x18\x15 \x03(\x05R\x04stop\x12\x1a\n" +
+	"\blogprobs\x18\x16 \x01(\bR\blogprobs\"D\n" +
 	"\fMigrationEnd\x12\x1c\n" +
 	"\tcommitted\x18\x01 \x01(\bR\tcommitted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8d\x01\n" +

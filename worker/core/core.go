@@ -52,6 +52,10 @@ type Config struct {
 	MigrationStopPages int
 	MigrationMaxStages int
 	MigrationTimeout   time.Duration
+	// MigrationHoldTokens is the most tokens a destination decodes for a
+	// migrated request after its last stage, before its call arrives (the
+	// held pre-step; default DefaultMigrationHoldTokens, negative: none).
+	MigrationHoldTokens int
 	// Preemption is what a running request whose next chunk gets no KV
 	// page does (Next): PreemptWait, lumen's default, or PreemptVLLM.
 	Preemption Preemption
@@ -144,6 +148,11 @@ type Request struct {
 	verifyBuf []int32
 	lpBuf     []engine.Logprobs // the engine's logprob slots (Logprobs)
 	out       *outgoing         // its migration out (migrate.go), or nil
+	// A destination's held pre-step (migrate.go): holding is the
+	// pre-allocation whose request this is, until its call adopts it or
+	// the pre-step ends; held marks such a request for good.
+	holding *incoming
+	held    bool
 }
 
 // logprobSlots returns n slots for the engine to fill with r's logprobs,
@@ -272,6 +281,8 @@ type Output struct {
 	// (in), migrations committed out and adopted in, pre-allocations
 	// reclaimed.
 	MigrationStages, MigrationPagesOut, MigrationPagesIn, MigratedOut, MigratedIn, MigrationsReclaimed int
+	// HeldTokens: tokens the held pre-step sampled for migrations in.
+	HeldTokens int
 }
 
 // Truncate cuts sequence Seq back to its first Len positions.
@@ -292,8 +303,11 @@ type Core struct {
 	// stopped are requests whose migration out took its last stage: they
 	// hold their sequence until the commit (migrate.go).
 	stopped []*Request
-	// incoming are the destination's pre-allocations, in arrival order.
+	// incoming are the destination's pre-allocations, in arrival order;
+	// held the requests of those that decode before their call (the held
+	// pre-step), in the order their last stages arrived.
 	incoming []*incoming
+	held     []*Request
 	nextSeq  engine.SeqID
 	noAdmit  bool // the last step ran out of pages: rebuild without admitting
 	stalled  bool // the last Next admitted and built nothing (Stalled)
@@ -344,8 +358,9 @@ func (c *Core) Running() int { return len(c.running) }
 // Waiting is the length of the waiting queue.
 func (c *Core) Waiting() int { return len(c.waiting) }
 
-// Idle reports whether nothing runs or waits.
-func (c *Core) Idle() bool { return len(c.running) == 0 && len(c.waiting) == 0 }
+// Idle reports whether nothing runs, waits, or decodes held for its call
+// (a migration in's pre-step).
+func (c *Core) Idle() bool { return len(c.running) == 0 && len(c.waiting) == 0 && len(c.held) == 0 }
 
 // HeadPages is the KV pages the head of the waiting queue needs (0 when
 // nothing waits).
@@ -370,6 +385,22 @@ func (c *Core) CachedPages() int {
 		n += in.pages
 	}
 	return n
+}
+
+// AppendQueued appends to dst the ids of the waiting requests that hold no
+// KV cache here (new, or preempted: their migration would copy nothing),
+// in queue order, at most max of them, and returns it: the load report's
+// queued list (policy.Placed.Queued).
+func (c *Core) AppendQueued(dst []string, max int) []string {
+	for _, r := range c.waiting {
+		if len(dst) >= max {
+			break
+		}
+		if r.fed == 0 {
+			dst = append(dst, r.ID)
+		}
+	}
+	return dst
 }
 
 // Requests returns the requests running and waiting, running first.
@@ -679,6 +710,16 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 			}
 		}
 	}
+	// The held pre-steps of migrations in (migrate.go) run as the
+	// running requests do, after them; one that gets no page ends (its
+	// call computes the token).
+	for i := 0; i < len(c.held) && budget > 0; {
+		if r := c.held[i]; !add(r, budget) {
+			c.unhold(r.holding)
+			continue
+		}
+		i++
+	}
 	if !admit || preempted {
 		c.verify(&st, budget, free)
 		return st, preempted
@@ -857,6 +898,15 @@ func (c *Core) Done(now time.Time, out [][]int32) {
 	c.pending = Step{}
 	for i, ch := range st.Batch {
 		r := st.Reqs[i]
+		if r.held {
+			// A held pre-step's row; one whose pre-allocation went
+			// meanwhile (only the simulator ends one mid-step) is void.
+			if r.holding != nil {
+				r.fed += len(ch.Tokens)
+				c.heldDone(r, out[i][0])
+			}
+			continue
+		}
 		if ch.Sample > 1 {
 			c.verified(now, r, ch, out[i])
 			continue

@@ -113,6 +113,7 @@ func (h *harness) apply() {
 	h.total.Completed += o.Completed
 	h.total.RestoredPages += o.RestoredPages
 	h.total.RecomputedTokens += o.RecomputedTokens
+	h.total.HeldTokens += o.HeldTokens
 }
 
 // step runs one engine step; false when there was nothing to run.

@@ -136,6 +136,32 @@ type MigrationStage struct {
 	// Last: the request's checkpoint holder and the pages queued for it.
 	Holder       string
 	Checkpointed int
+	// Last: what the destination needs to decode the request before its
+	// call arrives (the held pre-step, AcceptStage).
+	Hold Hold
+}
+
+// Hold is what a destination needs to decode a migrated request before
+// its call arrives: its prompt's length and output tokens in all, its
+// sampling and stop tokens, and whether it asks for logprobs. Prompt 0:
+// unknown (no pre-step).
+type Hold struct {
+	Prompt, MaxTokens int
+	Params            engine.Sampling
+	Stop              []int32 // sorted
+	Logprobs          bool
+}
+
+// holdOf is r's Hold.
+func holdOf(r *Request) Hold {
+	h := Hold{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Params: r.Params, Logprobs: r.Logprobs}
+	for tok, ok := range r.Stop {
+		if ok {
+			h.Stop = append(h.Stop, tok)
+		}
+	}
+	slices.Sort(h.Stop)
+	return h
 }
 
 // Pages is how many pages the stage sends (the tail's included).
@@ -199,6 +225,7 @@ func (c *Core) NextStage(id string, epoch uint64) (MigrationStage, error) {
 		if r.Holder != "" && r.Holder != c.cfg.Self {
 			st.Holder, st.Checkpointed = r.Holder, r.ckptSent
 		}
+		st.Hold = holdOf(r)
 	}
 	c.out.MigrationStages++
 	c.out.MigrationPagesOut += st.Pages()
@@ -281,6 +308,12 @@ type incoming struct {
 	holder       string
 	checkpointed int
 	at           time.Time
+	// redispatch: the request was queued at its source (one last stage,
+	// no pages); its call queues here.
+	redispatch bool
+	// held decodes the request after the last stage, before its call
+	// (nil: it does not, or no more).
+	held *Request
 }
 
 // IncomingStage is a stage as the destination receives it (the fields of
@@ -297,6 +330,8 @@ type IncomingStage struct {
 	// Last: the source's checkpoint holder and the pages it sent there.
 	Holder       string
 	Checkpointed int
+	// Last: the request's parameters, for the held pre-step.
+	Hold Hold
 }
 
 func (s IncomingStage) pages() int {
@@ -318,6 +353,7 @@ func (c *Core) findIncoming(id string) (int, *incoming) {
 
 // dropIncoming frees pre-allocation i.
 func (c *Core) dropIncoming(i int) {
+	c.unhold(c.incoming[i])
 	c.out.Release = append(c.out.Release, c.incoming[i].seq)
 	c.incoming = slices.Delete(c.incoming, i, i+1)
 }
@@ -360,7 +396,11 @@ func (c *Core) AcceptStage(now time.Time, s IncomingStage, free int) (engine.Seq
 	if s.Tail < 0 || s.Tail >= engine.PageTokens || (s.Tail > 0 && !s.Last) {
 		return bad("a tail of %d positions on a stage that is last=%v", s.Tail, s.Last)
 	}
-	if in == nil && c.slots() >= c.cfg.MaxRunning {
+	// A request queued at its source (no cache: one last stage of no
+	// pages) is a re-dispatch: its call queues here as a dispatch's
+	// does, and it holds no running slot meanwhile.
+	redispatch := in == nil && s.Last && s.pages() == 0
+	if in == nil && !redispatch && c.slots() >= c.cfg.MaxRunning {
 		return 0, fmt.Errorf("%w: request %q: %d requests run, %d stand stopped for their migration out and %d migrate in, the most this worker runs is %d",
 			ErrMigrationFull, s.ID, len(c.running), len(c.stopped), len(c.incoming), c.cfg.MaxRunning)
 	}
@@ -375,7 +415,7 @@ func (c *Core) AcceptStage(now time.Time, s IncomingStage, free int) (engine.Seq
 	}
 	if in == nil {
 		c.nextSeq++
-		in = &incoming{id: s.ID, epoch: s.Epoch, seq: c.nextSeq}
+		in = &incoming{id: s.ID, epoch: s.Epoch, seq: c.nextSeq, redispatch: redispatch}
 		c.incoming = append(c.incoming, in)
 	}
 	hashes := append(slices.Clip(in.hashes), s.Hashes...)
@@ -393,7 +433,80 @@ func (c *Core) AcceptStage(now time.Time, s IncomingStage, free int) (engine.Seq
 	in.fed = len(hashes)*engine.PageTokens + s.Tail
 	in.at = now
 	c.out.MigrationPagesIn += s.pages()
+	if s.Last {
+		c.hold(now, in, s.Hold)
+	}
 	return in.seq, nil
+}
+
+// DefaultMigrationHoldTokens is the most tokens a destination decodes for a
+// migrated request before its call arrives (Config.MigrationHoldTokens).
+const DefaultMigrationHoldTokens = 8
+
+func (c *Core) holdTokens() int {
+	if c.cfg.MigrationHoldTokens != 0 {
+		return c.cfg.MigrationHoldTokens
+	}
+	return DefaultMigrationHoldTokens
+}
+
+// hold starts the held pre-step of a pre-allocation whose last stage
+// arrived: the request joins the next step as a running one would, and the
+// tokens it samples wait in the pre-allocation's history for the call,
+// whose adoption delivers them at once (adopt). The switch then costs the
+// client no step at the destination: the call, which the commit and the
+// gateway bring about a step later, finds its next token computed (or
+// being computed: it takes the row over). Greedy or seeded, a token is a
+// function of the history and its output index, so the held tokens are
+// those the source would have produced. No pre-step for a request whose
+// parameters the stage did not carry (an older source), one that asks for
+// logprobs (the call recomputes the tokens it lacks with theirs), one with
+// no cache (a re-dispatch) or one already at its end.
+func (c *Core) hold(now time.Time, in *incoming, h Hold) {
+	if c.holdTokens() < 0 || h.Prompt <= 0 || h.Logprobs || in.fed == 0 || in.fed != len(in.history)-1 ||
+		len(in.history)-h.Prompt >= h.MaxTokens || h.Prompt > len(in.history) {
+		return
+	}
+	r := &Request{ID: in.id, Epoch: in.epoch, History: slices.Clone(in.history), Prompt: h.Prompt, MaxTokens: h.MaxTokens,
+		Params: h.Params, Arrived: now, seq: in.seq, fed: in.fed, hashes: in.hashes, restoreTried: true, holding: in, held: true}
+	if len(h.Stop) > 0 {
+		r.Stop = make(map[int32]bool, len(h.Stop))
+		for _, tok := range h.Stop {
+			r.Stop[tok] = true
+		}
+		if r.Stop[r.History[len(r.History)-1]] && len(r.History) > h.Prompt {
+			return // it ended at the source
+		}
+	}
+	r.outStart = r.Outputs()
+	in.held = r
+	c.held = append(c.held, r)
+}
+
+// unhold ends in's pre-step, if any: the request is no longer scheduled
+// here until its call.
+func (c *Core) unhold(in *incoming) {
+	if in.held == nil {
+		return
+	}
+	c.held = remove(c.held, in.held)
+	in.held.holding = nil
+	in.held = nil
+}
+
+// heldDone takes the token a held request's step sampled into its
+// pre-allocation, and ends the pre-step at the request's end or after
+// holdTokens tokens.
+func (c *Core) heldDone(r *Request, tok int32) {
+	in := r.holding
+	r.History = append(r.History, tok)
+	in.history, in.fed, in.pages = r.History, r.fed, PagesFor(r.fed)
+	in.hashes = PageHashes(r.History[:r.fed], in.hashes)
+	r.hashes = in.hashes
+	c.out.HeldTokens++
+	if r.Stop[tok] || r.Outputs() >= r.MaxTokens || r.Outputs()-r.outStart >= c.holdTokens() {
+		c.unhold(in)
+	}
 }
 
 // AbortIn frees request id's pre-allocation (the source aborted, or the
@@ -423,8 +536,16 @@ func (c *Core) IncomingPages(id string) int {
 // requests, those stopped for their migration's commit (an abort puts one
 // back in the running set: its slot must still be there), and the
 // pre-allocations of migrations in (the adoption puts the request in the
-// running set).
-func (c *Core) slots() int { return len(c.running) + len(c.stopped) + len(c.incoming) }
+// running set), but for re-dispatches (a re-dispatched call queues).
+func (c *Core) slots() int {
+	n := len(c.running) + len(c.stopped)
+	for _, in := range c.incoming {
+		if !in.redispatch {
+			n++
+		}
+	}
+	return n
+}
 
 // Stopped is how many requests stand stopped for the commit of their
 // migration out.
@@ -464,6 +585,8 @@ func (c *Core) NextExpiry() (time.Time, bool) {
 // history; otherwise the pages whose prefix hashes match r's history are
 // kept as a restored checkpoint and the rest of it is prefilled.
 func (c *Core) adopt(r *Request, i int, in *incoming) bool {
+	held := in.held
+	c.unhold(in)
 	c.incoming = slices.Delete(c.incoming, i, i+1)
 	h := r.History
 	if in.last && len(h) <= len(in.history) && slices.Equal(h, in.history[:len(h)]) && in.fed > 0 {
@@ -490,7 +613,15 @@ func (c *Core) adopt(r *Request, i int, in *incoming) bool {
 		c.running = append(c.running, r)
 		for _, tok := range lacking {
 			if c.commit(r.Arrived, r, tok, nil) {
-				break // cannot happen: a request that ended does not migrate
+				return true // the held pre-step decoded the request to its end
+			}
+		}
+		// A step in flight that computes the held request's next token
+		// computes the call's: it takes the row over (the simulator's
+		// calls can arrive mid-step; the worker's come between steps).
+		if held != nil && slices.Equal(r.History, held.History) {
+			if k := slices.Index(c.pending.Reqs, held); k >= 0 {
+				c.pending.Reqs[k] = r
 			}
 		}
 		return true

@@ -39,7 +39,7 @@ func copyStage(t *testing.T, src, dst *harness, st MigrationStage) error {
 		}
 	}
 	seq, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: st.ID, Epoch: st.Epoch, Stage: st.Stage, First: st.First,
-		Hashes: st.Hashes, Last: st.Last, Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed},
+		Hashes: st.Hashes, Last: st.Last, Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed, Hold: st.Hold},
 		dst.eng.FreePages())
 	dst.apply()
 	if err != nil {
@@ -624,6 +624,15 @@ func TestStoppedRequestKeepsItsSlot(t *testing.T) {
 	if _, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: "y", Stage: 1}, dst.eng.FreePages()); !errors.Is(err, ErrMigrationFull) {
 		t.Fatalf("a second migration into a worker with one running and one migrating in of 2: %v, want ErrMigrationFull", err)
 	}
+	// A re-dispatch (a request queued at its source: one last stage of no
+	// pages) holds no running slot: the full worker takes it, and its
+	// call queues.
+	if _, err := dst.c.AcceptStage(dst.now, IncomingStage{ID: "z", Stage: 1, Last: true, History: prompt(rng, 40)}, dst.eng.FreePages()); err != nil {
+		t.Fatalf("a re-dispatch into a worker with no free slot: %v", err)
+	}
+	if n := dst.c.slots(); n != 2 {
+		t.Fatalf("%d slots taken with one running, one migrating in and a re-dispatch; want 2", n)
+	}
 	if !src.c.AbortOut("a", 0) {
 		t.Fatal("no migration to abort")
 	}
@@ -637,4 +646,83 @@ func TestStoppedRequestKeepsItsSlot(t *testing.T) {
 		}
 	}
 	src.checkAllFree(t, "source")
+}
+
+// TestHeldPreStep: after the last stage the destination decodes the
+// request before its call arrives (the held pre-step) — at most
+// MigrationHoldTokens tokens, and never past its end — and the call's
+// adoption delivers them, with the source's tokens the gateway lacks, at
+// once. The outputs are the reference's, nothing is recomputed, and an
+// abort frees the held pages.
+func TestHeldPreStep(t *testing.T) {
+	seed := uint64(71)
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	cases := []struct {
+		name string
+		// The source decodes done tokens of max; the destination then
+		// steps steps times before the call, which lacks cut of the
+		// source's tokens; hold is Config.MigrationHoldTokens.
+		done, max, steps, cut, hold int
+		held                        int // tokens the pre-step holds
+		abort                       bool
+	}{
+		{name: "one step", done: 10, max: 40, steps: 1, held: 1},
+		{name: "lacking the source's last tokens", done: 10, max: 40, steps: 2, cut: 2, held: 2},
+		{name: "the call comes late: capped", done: 10, max: 40, steps: 9, cut: 1, hold: 3, held: 3},
+		{name: "decoded to its end", done: 37, max: 40, steps: 6, held: 3},
+		{name: "no call before the step", done: 10, max: 40, steps: 0, held: 0},
+		{name: "aborted", done: 10, max: 40, steps: 2, held: 2, abort: true},
+		{name: "pre-step off", done: 10, max: 40, steps: 2, hold: -1, held: 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := newHarness(t, 64, Config{Self: "w1", TokenBudget: 64, MaxRunning: 4}, nil)
+			dst := newHarness(t, 64, Config{Self: "w2", TokenBudget: 64, MaxRunning: 4, MigrationHoldTokens: tc.hold}, nil)
+			p := prompt(rng, 20+rng.IntN(60))
+			want := reference(t, p, tc.max)
+			src.submit("r", p, nil, tc.max)
+			for len(src.out["r"]) < tc.done {
+				src.step()
+			}
+			if _, err := migration(t, src, dst, "r", 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			for range tc.steps {
+				dst.step()
+			}
+			if got := dst.total.HeldTokens; got != tc.held {
+				t.Fatalf("the pre-step held %d tokens, want %d", got, tc.held)
+			}
+			if tc.abort {
+				if !dst.c.AbortIn("r", 0) {
+					t.Fatal("no pre-allocation to abort")
+				}
+				dst.apply()
+				if !dst.c.Idle() {
+					t.Fatal("the aborted pre-step still runs")
+				}
+				dst.checkAllFree(t, "destination")
+				return
+			}
+			src.c.CommitOut("r", 0)
+			src.apply()
+			streamed := src.out["r"][:len(src.out["r"])-tc.cut]
+			resume(dst, "r", p, streamed, tc.max, 1)
+			if n := len(dst.out["r"]); n != tc.cut+tc.held {
+				t.Fatalf("the call got %d tokens at once, want the %d it lacked and the %d held", n, tc.cut, tc.held)
+			}
+			dst.run()
+			if out := append(slices.Clone(streamed), dst.out["r"]...); !slices.Equal(out, want) {
+				t.Fatalf("output %v, want %v", out, want)
+			}
+			if err := dst.errs["r"]; err != nil {
+				t.Fatalf("the request ended with %v", err)
+			}
+			if dst.total.RecomputedTokens != 0 {
+				t.Fatalf("%d tokens recomputed", dst.total.RecomputedTokens)
+			}
+			dst.checkAllFree(t, "destination")
+		})
+	}
 }
