@@ -119,7 +119,7 @@ func (s *Sim) migrationRound() {
 			}
 		}
 	}
-	plan, _ := s.fsm.PlanMigrations(nil)
+	plan := s.planMigrations()
 	if len(plan) == 0 {
 		return
 	}
