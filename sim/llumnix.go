@@ -157,10 +157,12 @@ type LlumnixFigures struct {
 	// for more pages than they have free, as a share of the cluster's
 	// pages, averaged over the run's samples (every 250 ms).
 	FragmentationPct float64 `json:"fragmentation_pct"`
-	// ThroughputTokS is the output tokens over the makespan (the first
-	// arrival at 0 to the last request's end).
+	// ThroughputTokS is the output tokens delivered per second while
+	// requests arrive (from 0 to the last arrival's whole second);
+	// MakespanS when the last request ended, OutputTokens all of them.
 	ThroughputTokS      float64        `json:"throughput_tokens_s"`
 	MakespanS           float64        `json:"makespan_s"`
+	OutputTokens        int            `json:"output_tokens"`
 	MigrationsStarted   int            `json:"migrations_started,omitempty"`
 	MigrationsCommitted int            `json:"migrations_committed,omitempty"`
 	MigrationsQueued    int            `json:"migrations_queued,omitempty"`
@@ -384,9 +386,20 @@ func llumnixFigures(res *Result) *LlumnixFigures {
 	if n > 0 {
 		f.FragmentationPct = 100 * frag / float64(n)
 	}
-	if res.End > 0 {
-		f.ThroughputTokS = float64(tokens) / res.End.Seconds()
+	// Over the arrivals' span, whole seconds: the makespan is decided by
+	// the last long request alone.
+	last := 0
+	for _, r := range res.Records {
+		last = max(last, int(r.Arrival/time.Second))
 	}
+	delivered := 0
+	for k := 0; k < last && k < len(res.Delivered); k++ {
+		delivered += res.Delivered[k]
+	}
+	if last > 0 {
+		f.ThroughputTokS = float64(delivered) / float64(last)
+	}
+	f.OutputTokens = tokens
 	m := res.Migrations
 	f.MigrationsStarted, f.MigrationsCommitted, f.MigrationsQueued, f.AbortCauses = m.Started, m.Committed, m.Queued, m.AbortCauses
 	f.DowntimeP50Ms = servingstats.Percentile(m.Downtimes, 0.5)
