@@ -709,7 +709,7 @@ func (c *Command) runLlumnix() error {
 	}
 	filter, ok := MigrationFilters[c.MigrationPlan]
 	if !ok {
-		return fmt.Errorf("-migration-plan %q: as-planned (the controller's use of the policy) or running-only (only requests holding a KV cache migrate)", c.MigrationPlan)
+		return fmt.Errorf("-migration-plan %q: as-planned (the controller's use of the policy), running-only (only requests holding a KV cache migrate) or head-room (the smallest running request covering the queue head's lack first)", c.MigrationPlan)
 	}
 	o.Filter = filter
 	switch c.Rates {

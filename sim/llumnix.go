@@ -168,7 +168,23 @@ type LlumnixFigures struct {
 	MigrationsQueued    int            `json:"migrations_queued,omitempty"`
 	AbortCauses         map[string]int `json:"abort_causes,omitempty"`
 	DowntimeP50Ms       float64        `json:"downtime_p50_ms,omitempty"`
-	WallS               float64        `json:"wall_s"`
+	// Why queue heads stay blocked (BlockedStats), as percentages:
+	// BlockedPct of the worker-samples had a head waiting for pages (it
+	// lacked BlockedDeficitPages on average); of those, RoomElsewherePct
+	// had another worker with room for it; of those, SourceBusyPct had a
+	// migration out under way already, DestinationsBusyPct found every
+	// worker with room taking one in, and UnplannedPct neither (between
+	// two rounds, or the policy planned no move from the worker).
+	BlockedPct          float64 `json:"blocked_head_pct"`
+	BlockedDeficitPages float64 `json:"blocked_deficit_pages"`
+	RoomElsewherePct    float64 `json:"blocked_room_elsewhere_pct"`
+	SourceBusyPct       float64 `json:"blocked_room_source_busy_pct"`
+	DestinationsBusyPct float64 `json:"blocked_room_destinations_busy_pct"`
+	UnplannedPct        float64 `json:"blocked_room_unplanned_pct"`
+	// PagesPerMigration is the KV pages the committed migrations' stages
+	// carried, per migration.
+	PagesPerMigration float64 `json:"pages_per_migration,omitempty"`
+	WallS             float64 `json:"wall_s"`
 }
 
 // LlumnixPoint is one trace at one rate: every column on the same arrivals.
@@ -403,6 +419,22 @@ func llumnixFigures(res *Result) *LlumnixFigures {
 	m := res.Migrations
 	f.MigrationsStarted, f.MigrationsCommitted, f.MigrationsQueued, f.AbortCauses = m.Started, m.Committed, m.Queued, m.AbortCauses
 	f.DowntimeP50Ms = servingstats.Percentile(m.Downtimes, 0.5)
+	if m.Committed > 0 {
+		f.PagesPerMigration = float64(m.Pages) / float64(m.Committed)
+	}
+	b := res.Blocked
+	pct := func(a, of int) float64 {
+		if of == 0 {
+			return 0
+		}
+		return 100 * float64(a) / float64(of)
+	}
+	f.BlockedPct, f.RoomElsewherePct = pct(b.Blocked, b.WorkerSamples), pct(b.RoomElsewhere, b.Blocked)
+	f.SourceBusyPct, f.DestinationsBusyPct = pct(b.RoomSourceBusy, b.RoomElsewhere), pct(b.RoomDestinationsBusy, b.RoomElsewhere)
+	f.UnplannedPct = pct(b.RoomElsewhere-b.RoomSourceBusy-b.RoomDestinationsBusy, b.RoomElsewhere)
+	if b.Blocked > 0 {
+		f.BlockedDeficitPages = float64(b.DeficitPages) / float64(b.Blocked)
+	}
 	return f
 }
 

@@ -149,6 +149,11 @@ func TestPreemptionLossAndFragmentation(t *testing.T) {
 	if stuck == 0 {
 		t.Errorf("no fragmentation sampled in %d samples with %d preemptions", len(res.Fragmentation), res.Preemptions)
 	}
+	// One worker: a blocked head has nowhere else to go. A blocked head
+	// with no page free counts as blocked but fragments nothing.
+	if b := res.Blocked; b.Blocked < stuck || b.RoomElsewhere != 0 || b.WorkerSamples != len(res.Fragmentation) || b.DeficitPages < b.Blocked {
+		t.Errorf("blocked stats %+v, %d fragmented samples of %d", b, stuck, len(res.Fragmentation))
+	}
 	t.Logf("%d preemptions of %d requests, losses %v; fragmented in %d of %d samples", res.Preemptions, len(res.PreemptionLosses),
 		res.PreemptionLosses, stuck, len(res.Fragmentation))
 
@@ -240,7 +245,7 @@ func TestMigrationFilterRunningOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	queued := map[MigrationFilter]int{}
-	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly} {
+	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly, MigrateHeadRoom} {
 		cfg := llumnixTestConfig(4, 0, reqs)
 		cfg.Migration, cfg.MigrationFilter = true, f
 		res, err := Run(cfg)
@@ -252,8 +257,10 @@ func TestMigrationFilterRunningOnly(t *testing.T) {
 			t.Errorf("%s: no migration committed", f)
 		}
 	}
-	if queued[MigrateRunningOnly] != 0 || queued[MigrateAsPlanned] == 0 {
-		t.Errorf("migrations of queued requests: as planned %d, running only %d", queued[MigrateAsPlanned], queued[MigrateRunningOnly])
+	// head-room puts the queued requests last: a source with a running
+	// request sends that one.
+	if queued[MigrateRunningOnly] != 0 || queued[MigrateAsPlanned] == 0 || queued[MigrateHeadRoom] >= queued[MigrateAsPlanned] {
+		t.Errorf("migrations of queued requests: as planned %d, running only %d, head-room %d", queued[MigrateAsPlanned], queued[MigrateRunningOnly], queued[MigrateHeadRoom])
 	}
 }
 

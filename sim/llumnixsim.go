@@ -30,10 +30,18 @@ const (
 	// migrate, the rule issue 23 asks of the policy (the policy itself is
 	// not changed here).
 	MigrateRunningOnly
+	// MigrateHeadRoom orders each source's requests by what its queue head
+	// lacks: first the running request with the fewest KV pages that
+	// covers the head's deficit (its pages less the source's free ones),
+	// then the other running requests, largest first, then the queued
+	// ones (the policy's shortest first among them). An experiment on the
+	// simulator's side of the policy: Llumnix's virtual usage counts the
+	// queued demand that a move should free room for.
+	MigrateHeadRoom
 )
 
 // MigrationFilters name the filters for flags and the JSON.
-var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly}
+var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom}
 
 func (f MigrationFilter) String() string {
 	for n, v := range MigrationFilters {
@@ -46,17 +54,53 @@ func (f MigrationFilter) String() string {
 
 // planMigrations is the round's plan under Config.MigrationFilter.
 func (s *Sim) planMigrations() []fsm.PlannedMigration {
-	if s.cfg.MigrationFilter != MigrateRunningOnly {
+	if s.cfg.MigrationFilter == MigrateAsPlanned {
 		plan, _ := s.fsm.PlanMigrations(nil)
 		return plan
 	}
-	hasKV := func(p *policy.Placed) bool {
+	// kv is the pages a placement's request holds at its worker (0: none,
+	// it waits in the queue).
+	kv := func(p *policy.Placed) int {
 		w := s.worker(p.Worker)
 		if w == nil || !w.alive {
-			return false
+			return 0
 		}
-		r := w.core.Lookup(p.RequestID)
-		return r != nil && r.Fed() > 0
+		if r := w.core.Lookup(p.RequestID); r != nil {
+			return core.PagesFor(r.Fed())
+		}
+		return 0
+	}
+	hasKV := func(p *policy.Placed) bool { return kv(p) > 0 }
+	if s.cfg.MigrationFilter == MigrateHeadRoom {
+		deficit := map[string]int{}
+		for _, w := range s.workers {
+			if w.alive {
+				deficit[w.id] = w.core.HeadPages() - (s.cfg.KVPages - w.core.CachedPages())
+			}
+		}
+		rank := func(p *policy.Placed) (int, int) {
+			k := kv(p)
+			switch d := deficit[p.Worker]; {
+			case k == 0:
+				return 3, 0
+			case d > 0 && k >= d:
+				return 0, k // the fewest pages that cover the deficit
+			default:
+				return 1, -k // largest first
+			}
+		}
+		plan, _ := s.fsm.PlanMigrations(func(a, b *policy.Placed) int {
+			ga, ka := rank(a)
+			gb, kb := rank(b)
+			if ga != gb {
+				return ga - gb
+			}
+			if ka != kb {
+				return ka - kb
+			}
+			return policy.ShortestFirst(a, b)
+		})
+		return plan
 	}
 	order := func(a, b *policy.Placed) int {
 		ka, kb := hasKV(a), hasKV(b)
@@ -134,19 +178,80 @@ func (s *Sim) refilled(st core.Step) {
 // queue head needs more pages than they have free, as a fraction of the
 // cluster's pages: memory that is free but of no use to the requests
 // waiting where it is (Llumnix's fragmentation).
+//
+// It also counts, per live worker and sample, why a blocked queue head
+// stays blocked (Result.Blocked): whether another worker has room for it,
+// and whether the migration limits (one out of a source, one into a
+// destination) stand in the way.
 func (s *Sim) sampleFragmentation() {
 	total, stuck := 0, 0
+	b := &s.res.Blocked
+	var outs, ins map[*simWorker]bool
 	for _, w := range s.workers {
 		if !w.alive {
 			continue
 		}
+		b.WorkerSamples++
 		total += s.cfg.KVPages
 		free := s.cfg.KVPages - w.core.CachedPages()
-		if w.core.Waiting() > 0 && w.core.HeadPages() > free {
-			stuck += free
+		head := w.core.HeadPages()
+		if w.core.Waiting() == 0 || head <= free {
+			continue
+		}
+		stuck += free
+		b.Blocked++
+		b.DeficitPages += head - free
+		if outs == nil {
+			outs, ins = map[*simWorker]bool{}, map[*simWorker]bool{}
+			for _, m := range s.migs {
+				// Under way before this instant: a round of this instant
+				// (the rounds and the samples share instants) does not
+				// count as what the sample found.
+				if m.started < s.now {
+					outs[m.src], ins[m.dst] = true, true
+				}
+			}
+		}
+		room, idle := false, false
+		for _, x := range s.workers {
+			if x == w || !x.alive || x.phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+				continue
+			}
+			if s.cfg.KVPages-x.core.CachedPages()-x.core.HeadPages() >= head {
+				room = true
+				idle = idle || !ins[x]
+			}
+		}
+		if outs[w] {
+			b.MigratingOut++
+		}
+		if !room {
+			continue
+		}
+		b.RoomElsewhere++
+		switch {
+		case outs[w]:
+			b.RoomSourceBusy++
+		case !idle:
+			b.RoomDestinationsBusy++
 		}
 	}
 	if total > 0 {
 		s.res.Fragmentation = append(s.res.Fragmentation, queueSample{At: s.now, Waiting: float64(stuck) / float64(total)})
 	}
+}
+
+// BlockedStats count, over the queue samples and the live workers, the
+// worker-samples whose queue head needs more KV pages than the worker has
+// free (Blocked), the pages it lacks summed (DeficitPages), and those
+// with a migration out under way (MigratingOut). RoomElsewhere are the
+// blocked ones for which another worker in full service has room for the
+// head (free pages less its own head's); of those, RoomSourceBusy had a
+// migration out under way (the one-out limit), RoomDestinationsBusy had
+// none but every worker with room had one in (the one-in limit): the rest
+// no limit explains — between two rounds, or the policy planned nothing
+// from the worker.
+type BlockedStats struct {
+	WorkerSamples, Blocked, DeficitPages, MigratingOut  int
+	RoomElsewhere, RoomSourceBusy, RoomDestinationsBusy int
 }

@@ -64,6 +64,8 @@ type simMigration struct {
 	// way; done: nothing more happens (the commit's CommitOut ran, or it
 	// was aborted).
 	committed, done bool
+	// started is when the MigrateCmd was applied.
+	started time.Duration
 }
 
 func (m *simMigration) srcOK() bool {
@@ -162,7 +164,7 @@ func (s *Sim) startMigration(c *pb.MigrateCmd, pl *pb.Placement) {
 		return
 	}
 	m := &simMigration{id: c.RequestId, epoch: c.Epoch, r: r, src: src, dst: dst, srcGen: src.gen, dstGen: dst.gen,
-		srcInc: pl.WorkerIncarnation, dstInc: c.ToIncarnation}
+		srcInc: pl.WorkerIncarnation, dstInc: c.ToIncarnation, started: s.now}
 	s.migs = append(s.migs, m)
 	s.migByID[m.id] = m
 	s.res.Migrations.Started++

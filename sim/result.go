@@ -67,6 +67,7 @@ type Result struct {
 	// they have free, as a fraction of the cluster's pages (llumnixsim.go).
 	PreemptionLosses []time.Duration
 	Fragmentation    []servingstats.Sample
+	Blocked          BlockedStats
 }
 
 // finish builds the per-request records.

@@ -64,7 +64,7 @@ func runSim(args []string) error {
 	fs.StringVar(&c.Arrivals, "arrivals", c.Arrivals, "with -figure llumnix: poisson or gamma:CV (Llumnix's CVs: 2, 4, 6, 8)")
 	fs.StringVar(&c.Rates, "rates", c.Rates, "with -figure llumnix: llumnix (each trace at Llumnix's request rates) or saturation (at 0.9, 1 and 1.1 of the simulated cluster's saturated rate, measured per trace; -xs: the fractions)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "with -figure llumnix: requests a run (Llumnix's: 10000)")
-	fs.StringVar(&c.MigrationPlan, "migration-plan", c.MigrationPlan, "with -figure llumnix: how the lumen column's leader uses the migration policy's plan: as-planned (the controller's) or running-only (only requests holding a KV cache migrate)")
+	fs.StringVar(&c.MigrationPlan, "migration-plan", c.MigrationPlan, "with -figure llumnix: how the lumen column's leader uses the migration policy's plan: as-planned (the controller's), running-only (only requests holding a KV cache migrate) or head-room (a source sends first the smallest running request that covers its queue head's lack of pages)")
 	fs.Float64Var(&c.SpecAlpha, "spec-alpha", c.SpecAlpha, "lumen's speculation: the probability that a draft token equals the target's (docs/calibration.md)")
 	fs.IntVar(&c.SpecK, "spec-k", 0, "lumen's speculation: drafts verified per request per step; 0 = adaptive (chosen each step from the measured acceptance and the step-cost model)")
 	if err := fs.Parse(args); err != nil {
