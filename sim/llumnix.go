@@ -550,4 +550,4 @@ func (f *LlumnixFigure) Print(out io.Writer) {
 
 // LlumnixLoads are -rates saturation's fractions of the measured
 // saturated rate.
-var LlumnixLoads = []float64{0.9, 1, 1.1}
+var LlumnixLoads = []float64{0.85, 0.9, 0.95, 1}
