@@ -211,6 +211,9 @@ type Command struct {
 	// MigrationPlan (a name of MigrationFilters) apply to the llumnix
 	// figure.
 	TraceMix, Arrivals, MigrationPlan string
+	// MigrationInterval, for the llumnix figure, replaces the leader's
+	// round period (0: Timing's, 500 ms).
+	MigrationInterval time.Duration
 	// Rates is llumnix (Llumnix's request rates) or saturation (fractions
 	// of the simulated cluster's measured saturated rate: -xs, default
 	// LlumnixLoads).
@@ -265,8 +268,8 @@ func (c *Command) Run() error {
 	if given("cv", "kv-pages") && c.Figure != "burst" {
 		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
 	}
-	if given("trace-mix", "arrivals", "requests", "migration-plan", "rates") && c.Figure != LlumnixFigureName {
-		return fmt.Errorf("-trace-mix, -arrivals, -requests, -rates and -migration-plan apply to -figure %s only", LlumnixFigureName)
+	if given("trace-mix", "arrivals", "requests", "migration-plan", "rates", "migration-interval") && c.Figure != LlumnixFigureName {
+		return fmt.Errorf("-trace-mix, -arrivals, -requests, -rates, -migration-plan and -migration-interval apply to -figure %s only", LlumnixFigureName)
 	}
 	if migrate && c.Figure != "" && c.Figure != "burst" {
 		return fmt.Errorf("-migration on applies to the studies, not to -figure %s (-figure burst runs it off and on)", c.Figure)
@@ -712,6 +715,12 @@ func (c *Command) runLlumnix() error {
 		return fmt.Errorf("-migration-plan %q: as-planned (the controller's use of the policy), running-only (only requests holding a KV cache migrate) or head-room (the smallest running request covering the queue head's lack first)", c.MigrationPlan)
 	}
 	o.Filter = filter
+	if c.Given["migration-interval"] {
+		if c.MigrationInterval < 10*time.Millisecond || c.MigrationInterval > o.Timing.MigrationTimeout {
+			return fmt.Errorf("-migration-interval %s: must be in [10ms, %s] (the controller's: 500ms)", c.MigrationInterval, o.Timing.MigrationTimeout)
+		}
+		o.Timing.MigrationInterval = c.MigrationInterval
+	}
 	switch c.Rates {
 	case "llumnix":
 	case "saturation":

@@ -277,6 +277,7 @@ func TestLlumnixFlags(t *testing.T) {
 		{map[string]string{"migration-plan": "all"}, "-migration-plan"},
 		{map[string]string{"workers": "1"}, "-workers"},
 		{map[string]string{"load": "0.5"}, "-load does not apply"},
+		{map[string]string{"migration-interval": "1ms"}, "-migration-interval"},
 	} {
 		cmd := DefaultCommand()
 		cmd.Figure = LlumnixFigureName
@@ -298,6 +299,8 @@ func TestLlumnixFlags(t *testing.T) {
 				fmt.Sscan(v, &cmd.Workers)
 			case "load":
 				fmt.Sscan(v, &cmd.Load)
+			case "migration-interval":
+				cmd.MigrationInterval, _ = time.ParseDuration(v)
 			}
 		}
 		err := cmd.Run()

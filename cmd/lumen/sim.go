@@ -63,6 +63,7 @@ func runSim(args []string) error {
 	fs.StringVar(&c.TraceMix, "trace-mix", "", "with -figure llumnix: Llumnix's generated traces to run, IN-OUT mean lengths, comma-separated (default: all five, 128-128,256-256,512-512,128-512,512-128), each at Llumnix's request rates (-xs: the rates, for one trace)")
 	fs.StringVar(&c.Arrivals, "arrivals", c.Arrivals, "with -figure llumnix: poisson or gamma:CV (Llumnix's CVs: 2, 4, 6, 8)")
 	fs.StringVar(&c.Rates, "rates", c.Rates, "with -figure llumnix: llumnix (each trace at Llumnix's request rates) or saturation (at 0.85, 0.9, 0.95 and 1 of the simulated cluster's saturated rate, measured per trace; -xs: the fractions)")
+	fs.DurationVar(&c.MigrationInterval, "migration-interval", 0, "with -figure llumnix: the leader's migration round period (default the controller's, 500ms)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "with -figure llumnix: requests a run (Llumnix's: 10000)")
 	fs.StringVar(&c.MigrationPlan, "migration-plan", c.MigrationPlan, "with -figure llumnix: how the lumen column's leader uses the migration policy's plan: as-planned (the controller's), running-only (only requests holding a KV cache migrate) or head-room (a source sends first the smallest running request that covers its queue head's lack of pages)")
 	fs.Float64Var(&c.SpecAlpha, "spec-alpha", c.SpecAlpha, "lumen's speculation: the probability that a draft token equals the target's (docs/calibration.md)")
