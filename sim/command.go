@@ -606,6 +606,20 @@ func (c *Command) replot() error {
 	if err != nil {
 		return err
 	}
+	var named struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(data, &named); err == nil && named.Name == LlumnixFigureName {
+		var l LlumnixFigure
+		if err := json.Unmarshal(data, &l); err != nil {
+			return fmt.Errorf("-replot %s: %w", c.Replot, err)
+		}
+		if c.SVGPath == "" {
+			l.Print(c.Out)
+			return nil
+		}
+		return writeSVG(&l, c.SVGPath)
+	}
 	var f Figure
 	if err := json.Unmarshal(data, &f); err != nil {
 		return fmt.Errorf("-replot %s: %w", c.Replot, err)
@@ -751,5 +765,12 @@ func (c *Command) runLlumnix() error {
 	if err != nil {
 		return err
 	}
-	return c.writeJSON(f, true)
+	if c.SVGPath != "" {
+		if err := writeSVG(f, c.SVGPath); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.Out, "wrote %s\n", c.SVGPath)
+	}
+	// With -svg the plot is where it says, not also next to the JSON.
+	return c.writeJSON(f, c.SVGPath == "")
 }
