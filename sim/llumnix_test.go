@@ -234,7 +234,8 @@ func TestLlumnixFigureSmall(t *testing.T) {
 }
 
 // TestMigrationFilterRunningOnly: with the running-only filter no
-// migration starts for a request without a KV cache.
+// migration starts for a request without a KV cache; head-room sends
+// fewer queued ones; destination-headroom starts fewer.
 func TestMigrationFilterRunningOnly(t *testing.T) {
 	tr, err := workload.LlumnixTrace("128-128")
 	if err != nil {
@@ -245,20 +246,25 @@ func TestMigrationFilterRunningOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	queued := map[MigrationFilter]int{}
-	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly, MigrateHeadRoom} {
+	started := map[MigrationFilter]int{}
+	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly, MigrateHeadRoom, MigrateDestinationHeadroom} {
 		cfg := llumnixTestConfig(4, 0, reqs)
 		cfg.Migration, cfg.MigrationFilter = true, f
 		res, err := Run(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		queued[f] = res.Migrations.Queued
+		queued[f], started[f] = res.Migrations.Queued, res.Migrations.Started
 		if res.Migrations.Committed == 0 {
 			t.Errorf("%s: no migration committed", f)
 		}
 	}
 	// head-room puts the queued requests last: a source with a running
 	// request sends that one.
+	// destination-headroom drops moves of the plan: fewer start.
+	if started[MigrateDestinationHeadroom] >= started[MigrateAsPlanned] {
+		t.Errorf("migrations started: as planned %d, destination-headroom %d", started[MigrateAsPlanned], started[MigrateDestinationHeadroom])
+	}
 	if queued[MigrateRunningOnly] != 0 || queued[MigrateAsPlanned] == 0 || queued[MigrateHeadRoom] >= queued[MigrateAsPlanned] {
 		t.Errorf("migrations of queued requests: as planned %d, running only %d, head-room %d", queued[MigrateAsPlanned], queued[MigrateRunningOnly], queued[MigrateHeadRoom])
 	}

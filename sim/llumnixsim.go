@@ -38,10 +38,17 @@ const (
 	// simulator's side of the policy: Llumnix's virtual usage counts the
 	// queued demand that a move should free room for.
 	MigrateHeadRoom
+	// MigrateDestinationHeadroom applies the plan but for the moves whose
+	// destination would keep less than a tenth of its KV pages free once
+	// the request is there at its full length (its prompt and every token
+	// it may produce): an experiment on the simulator's side of the
+	// policy, Llumnix's headroom in virtual usage, so that a move does not
+	// make its destination preempt.
+	MigrateDestinationHeadroom
 )
 
 // MigrationFilters name the filters for flags and the JSON.
-var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom}
+var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom, "destination-headroom": MigrateDestinationHeadroom}
 
 func (f MigrationFilter) String() string {
 	for n, v := range MigrationFilters {
@@ -57,6 +64,22 @@ func (s *Sim) planMigrations() []fsm.PlannedMigration {
 	if s.cfg.MigrationFilter == MigrateAsPlanned {
 		plan, _ := s.fsm.PlanMigrations(nil)
 		return plan
+	}
+	if s.cfg.MigrationFilter == MigrateDestinationHeadroom {
+		plan, _ := s.fsm.PlanMigrations(nil)
+		out := plan[:0]
+		for _, p := range plan {
+			pl, _ := s.fsm.Placement(p.Cmd.RequestId)
+			d := s.worker(p.Cmd.ToWorker)
+			if pl == nil || d == nil || !d.alive {
+				continue
+			}
+			full := int(policy.MigrationPages(&policy.Placed{PromptTokens: pl.PromptTokens, MaxTokens: pl.MaxTokens}))
+			if s.cfg.KVPages-d.core.CachedPages()-d.core.HeadPages()-full >= s.cfg.KVPages/10 {
+				out = append(out, p)
+			}
+		}
+		return out
 	}
 	// kv is the pages a placement's request holds at its worker (0: none,
 	// it waits in the queue).
