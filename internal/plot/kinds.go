@@ -412,6 +412,11 @@ func llumnixPanels(data []byte) ([]*plot.Plot, error) {
 		if err := addBars(p, groups, cols, vals); err != nil {
 			return nil, err
 		}
+		if len(groups) > 6 {
+			// Many groups: their names stand upright under the bars.
+			p.X.Tick.Label.Rotation = math.Pi / 2
+			p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = -1, -0.5
+		}
 		out = append(out, p)
 	}
 	return out, nil
