@@ -45,10 +45,14 @@ const (
 	// policy, Llumnix's headroom in virtual usage, so that a move does not
 	// make its destination preempt.
 	MigrateDestinationHeadroom
+	// MigrateBothHeadrooms is MigrateHeadRoom's order with
+	// MigrateDestinationHeadroom's filter.
+	MigrateBothHeadrooms
 )
 
 // MigrationFilters name the filters for flags and the JSON.
-var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom, "destination-headroom": MigrateDestinationHeadroom}
+var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom, "destination-headroom": MigrateDestinationHeadroom,
+	"both-headrooms": MigrateBothHeadrooms}
 
 func (f MigrationFilter) String() string {
 	for n, v := range MigrationFilters {
@@ -67,19 +71,7 @@ func (s *Sim) planMigrations() []fsm.PlannedMigration {
 	}
 	if s.cfg.MigrationFilter == MigrateDestinationHeadroom {
 		plan, _ := s.fsm.PlanMigrations(nil)
-		out := plan[:0]
-		for _, p := range plan {
-			pl, _ := s.fsm.Placement(p.Cmd.RequestId)
-			d := s.worker(p.Cmd.ToWorker)
-			if pl == nil || d == nil || !d.alive {
-				continue
-			}
-			full := int(policy.MigrationPages(&policy.Placed{PromptTokens: pl.PromptTokens, MaxTokens: pl.MaxTokens}))
-			if s.cfg.KVPages-d.core.CachedPages()-d.core.HeadPages()-full >= s.cfg.KVPages/10 {
-				out = append(out, p)
-			}
-		}
-		return out
+		return s.keepDestinationHeadroom(plan)
 	}
 	// kv is the pages a placement's request holds at its worker (0: none,
 	// it waits in the queue).
@@ -94,7 +86,7 @@ func (s *Sim) planMigrations() []fsm.PlannedMigration {
 		return 0
 	}
 	hasKV := func(p *policy.Placed) bool { return kv(p) > 0 }
-	if s.cfg.MigrationFilter == MigrateHeadRoom {
+	if f := s.cfg.MigrationFilter; f == MigrateHeadRoom || f == MigrateBothHeadrooms {
 		deficit := map[string]int{}
 		for _, w := range s.workers {
 			if w.alive {
@@ -123,6 +115,9 @@ func (s *Sim) planMigrations() []fsm.PlannedMigration {
 			}
 			return policy.ShortestFirst(a, b)
 		})
+		if f == MigrateBothHeadrooms {
+			return s.keepDestinationHeadroom(plan)
+		}
 		return plan
 	}
 	order := func(a, b *policy.Placed) int {
@@ -140,6 +135,25 @@ func (s *Sim) planMigrations() []fsm.PlannedMigration {
 	for _, p := range plan {
 		pl, _ := s.fsm.Placement(p.Cmd.RequestId)
 		if pl != nil && hasKV(&policy.Placed{RequestID: pl.RequestId, Worker: pl.WorkerId}) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// keepDestinationHeadroom drops the moves of plan whose destination would
+// keep less than a tenth of its KV pages free with the request there at
+// its full length (MigrateDestinationHeadroom).
+func (s *Sim) keepDestinationHeadroom(plan []fsm.PlannedMigration) []fsm.PlannedMigration {
+	out := plan[:0]
+	for _, p := range plan {
+		pl, _ := s.fsm.Placement(p.Cmd.RequestId)
+		d := s.worker(p.Cmd.ToWorker)
+		if pl == nil || d == nil || !d.alive {
+			continue
+		}
+		full := int(policy.MigrationPages(&policy.Placed{PromptTokens: pl.PromptTokens, MaxTokens: pl.MaxTokens}))
+		if s.cfg.KVPages-d.core.CachedPages()-d.core.HeadPages()-full >= s.cfg.KVPages/10 {
 			out = append(out, p)
 		}
 	}
