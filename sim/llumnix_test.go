@@ -235,7 +235,8 @@ func TestLlumnixFigureSmall(t *testing.T) {
 
 // TestMigrationFilterRunningOnly: with the running-only filter no
 // migration starts for a request without a KV cache; head-room sends
-// fewer queued ones; destination-headroom starts fewer.
+// fewer queued ones; destination-headroom starts fewer, and with
+// head-room's order no more than head-room.
 func TestMigrationFilterRunningOnly(t *testing.T) {
 	tr, err := workload.LlumnixTrace("128-128")
 	if err != nil {
@@ -247,7 +248,7 @@ func TestMigrationFilterRunningOnly(t *testing.T) {
 	}
 	queued := map[MigrationFilter]int{}
 	started := map[MigrationFilter]int{}
-	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly, MigrateHeadRoom, MigrateDestinationHeadroom} {
+	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly, MigrateHeadRoom, MigrateDestinationHeadroom, MigrateBothHeadrooms} {
 		cfg := llumnixTestConfig(4, 0, reqs)
 		cfg.Migration, cfg.MigrationFilter = true, f
 		res, err := Run(cfg)
@@ -262,8 +263,9 @@ func TestMigrationFilterRunningOnly(t *testing.T) {
 	// head-room puts the queued requests last: a source with a running
 	// request sends that one.
 	// destination-headroom drops moves of the plan: fewer start.
-	if started[MigrateDestinationHeadroom] >= started[MigrateAsPlanned] {
-		t.Errorf("migrations started: as planned %d, destination-headroom %d", started[MigrateAsPlanned], started[MigrateDestinationHeadroom])
+	if started[MigrateDestinationHeadroom] >= started[MigrateAsPlanned] || started[MigrateBothHeadrooms] > started[MigrateHeadRoom] {
+		t.Errorf("migrations started: as planned %d, destination-headroom %d, head-room %d, both %d", started[MigrateAsPlanned],
+			started[MigrateDestinationHeadroom], started[MigrateHeadRoom], started[MigrateBothHeadrooms])
 	}
 	if queued[MigrateRunningOnly] != 0 || queued[MigrateAsPlanned] == 0 || queued[MigrateHeadRoom] >= queued[MigrateAsPlanned] {
 		t.Errorf("migrations of queued requests: as planned %d, running only %d, head-room %d", queued[MigrateAsPlanned], queued[MigrateRunningOnly], queued[MigrateHeadRoom])
