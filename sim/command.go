@@ -206,6 +206,19 @@ type Command struct {
 	// KVPages and CV apply to the burst figure.
 	KVPages int
 	CV      float64
+	// TraceMix (names of workload.LlumnixTraces, comma-separated; empty:
+	// all five), Arrivals (ParseArrivals), Requests (a run's size) and
+	// MigrationPlan (a name of MigrationFilters) apply to the llumnix
+	// figure.
+	TraceMix, Arrivals, MigrationPlan string
+	// MigrationInterval, for the llumnix figure, replaces the leader's
+	// round period (0: Timing's, 500 ms).
+	MigrationInterval time.Duration
+	// Rates is llumnix (Llumnix's request rates) or saturation (fractions
+	// of the simulated cluster's measured saturated rate: -xs, default
+	// LlumnixLoads).
+	Rates    string
+	Requests int
 	// SpecAlpha and SpecK are lumen's speculation.
 	SpecAlpha float64
 	SpecK     int
@@ -222,7 +235,7 @@ type Command struct {
 func DefaultCommand() Command {
 	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
 		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
-		Migration: "off", CV: 4, SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
+		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
 
 // Run checks the command and runs it: a replot, a figure, or the studies.
@@ -254,6 +267,9 @@ func (c *Command) Run() error {
 	}
 	if given("cv", "kv-pages") && c.Figure != "burst" {
 		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
+	}
+	if given("trace-mix", "arrivals", "requests", "migration-plan", "rates", "migration-interval") && c.Figure != LlumnixFigureName {
+		return fmt.Errorf("-trace-mix, -arrivals, -requests, -rates, -migration-plan and -migration-interval apply to -figure %s only", LlumnixFigureName)
 	}
 	if migrate && c.Figure != "" && c.Figure != "burst" {
 		return fmt.Errorf("-migration on applies to the studies, not to -figure %s (-figure burst runs it off and on)", c.Figure)
@@ -342,6 +358,8 @@ func (c *Command) Run() error {
 		return c.writeJSON(f, true)
 	case c.Figure == DegradationFigure:
 		return c.runDegradation(timing)
+	case c.Figure == LlumnixFigureName:
+		return c.runLlumnix()
 	case c.Figure != "":
 		fo := DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning, fo.Budget = c.Seed, c.Seeds, c.Load, timing, c.Out, c.Profile, c.MaxRunning, c.Budget
@@ -588,6 +606,20 @@ func (c *Command) replot() error {
 	if err != nil {
 		return err
 	}
+	var named struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(data, &named); err == nil && named.Name == LlumnixFigureName {
+		var l LlumnixFigure
+		if err := json.Unmarshal(data, &l); err != nil {
+			return fmt.Errorf("-replot %s: %w", c.Replot, err)
+		}
+		if c.SVGPath == "" {
+			l.Print(c.Out)
+			return nil
+		}
+		return writeSVG(&l, c.SVGPath)
+	}
 	var f Figure
 	if err := json.Unmarshal(data, &f); err != nil {
 		return fmt.Errorf("-replot %s: %w", c.Replot, err)
@@ -651,4 +683,94 @@ func writeSVG(f interface{ WriteSVG(io.Writer) error }, path string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// runLlumnix runs -figure llumnix (issue 23): the traces of -trace-mix at
+// Llumnix's rates (or -xs, for one trace), -arrivals, -requests a run,
+// -workers (16), -max-running (256), -preemption (vllm).
+func (c *Command) runLlumnix() error {
+	for _, f := range []string{"setups", "duration", "fail", "fail-at", "no-restart", "lambda", "trace", "csv", "load", "profile", "quick", "stress", "seeds", "reload", "detect", "decode-context", "spec-k", "spec-alpha"} {
+		if c.Given[f] {
+			return fmt.Errorf("-figure %s runs Llumnix's setup (16 × %s, no failure, the context-dependent decode step): -%s does not apply", LlumnixFigureName, LlamaA10.Name, f)
+		}
+	}
+	o := DefaultLlumnixOptions()
+	o.Seed, o.Log, o.Progress = c.Seed, c.Out, c.Errs
+	if c.TraceMix != "" {
+		o.Traces = nil
+		for _, t := range strings.Split(c.TraceMix, ",") {
+			o.Traces = append(o.Traces, strings.TrimSpace(t))
+		}
+	}
+	var err error
+	if o.CV, err = ParseArrivals(c.Arrivals); err != nil {
+		return err
+	}
+	if c.Requests < 1 || c.Requests > 1_000_000 {
+		return fmt.Errorf("-requests %d: must be in [1, 1000000] (Llumnix's runs: 10000)", c.Requests)
+	}
+	o.Requests = c.Requests
+	if c.Workers > 0 {
+		if c.Workers < 2 {
+			return fmt.Errorf("-workers %d: the llumnix figure needs at least 2 (Llumnix's: 16)", c.Workers)
+		}
+		o.Workers = c.Workers
+	}
+	if c.Given["max-running"] {
+		o.MaxRunning = c.MaxRunning
+	}
+	if c.Given["preemption"] {
+		if o.Timing.Preemption, err = core.ParsePreemption(c.Preemption); err != nil {
+			return fmt.Errorf("-preemption: %w", err)
+		}
+	}
+	filter, ok := MigrationFilters[c.MigrationPlan]
+	if !ok {
+		return fmt.Errorf("-migration-plan %q: as-planned (the controller's use of the policy), running-only (only requests holding a KV cache migrate) head-room (the smallest running request covering the queue head's lack first), destination-headroom (no move leaving its destination under a tenth of its KV free) or both-headrooms", c.MigrationPlan)
+	}
+	o.Filter = filter
+	if c.Given["migration-interval"] {
+		if c.MigrationInterval < 10*time.Millisecond || c.MigrationInterval > o.Timing.MigrationTimeout {
+			return fmt.Errorf("-migration-interval %s: must be in [10ms, %s] (the controller's: 500ms)", c.MigrationInterval, o.Timing.MigrationTimeout)
+		}
+		o.Timing.MigrationInterval = c.MigrationInterval
+	}
+	switch c.Rates {
+	case "llumnix":
+	case "saturation":
+		o.Loads = LlumnixLoads
+		for _, x := range c.Xs {
+			if x <= 0 || x > 4 {
+				return fmt.Errorf("-xs with -rates saturation: load %g must be in (0, 4]", x)
+			}
+		}
+		if len(c.Xs) > 0 {
+			o.Loads = c.Xs
+		}
+	default:
+		return fmt.Errorf("-rates %q: llumnix (Llumnix's request rates) or saturation (fractions of the simulated cluster's measured saturated rate)", c.Rates)
+	}
+	if len(c.Xs) > 0 && len(o.Loads) == 0 {
+		if len(o.Traces) != 1 {
+			return fmt.Errorf("-xs with -figure %s: the request rates of one trace; -trace-mix names %d", LlumnixFigureName, len(o.Traces))
+		}
+		for _, x := range c.Xs {
+			if x <= 0 {
+				return fmt.Errorf("-xs: request rate %g must be > 0", x)
+			}
+		}
+		o.Rates = map[string][]float64{o.Traces[0]: c.Xs}
+	}
+	f, err := RunLlumnix(o)
+	if err != nil {
+		return err
+	}
+	if c.SVGPath != "" {
+		if err := writeSVG(f, c.SVGPath); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.Out, "wrote %s\n", c.SVGPath)
+	}
+	// With -svg the plot is where it says, not also next to the JSON.
+	return c.writeJSON(f, c.SVGPath == "")
 }

@@ -117,6 +117,19 @@
 // client's downtime at each switch, against the goals (p99 TTFT at most
 // half, throughput within 1%).
 //
+// The llumnix figure (RunLlumnix, `lumen sim -figure llumnix`) is issue
+// 23's reproduction of Llumnix's evaluation: 16 workers of LlamaA10
+// (LLaMA-7B on a 24 GB A10), Llumnix's Zipf traces (workload.LlumnixTrace)
+// at its rates or near the measured saturation (CalibrateLlumnix), 10,000
+// requests a run, vLLM's batch cap and preemption by recompute; the
+// columns round-robin (Config.RoundRobin), infaas++ (the freeness
+// dispatch, no migration) and lumen (migration on) on the same arrivals.
+// Each run also measures every preempted request's loss
+// (Result.PreemptionLosses), the fragmentation of the KV memory
+// (Result.Fragmentation) and why blocked queue heads stay blocked
+// (Result.Blocked); Config.MigrationFilter changes how the simulated
+// leader uses the migration policy's plan, for experiments.
+//
 // # Gateways with lagging views (issue 16)
 //
 // With Config.Gateways = G > 0 (`lumen sim -gateways G`) the requests are

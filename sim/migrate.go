@@ -71,6 +71,8 @@ type simMigration struct {
 	// way; done: nothing more happens (the commit's CommitOut ran, or it
 	// was aborted).
 	committed, done bool
+	// started is when the MigrateCmd was applied.
+	started time.Duration
 }
 
 func (m *simMigration) srcOK() bool {
@@ -126,7 +128,7 @@ func (s *Sim) migrationRound() {
 			}
 		}
 	}
-	plan, _ := s.fsm.PlanMigrations(nil)
+	plan := s.planMigrations()
 	if len(plan) == 0 {
 		return
 	}
@@ -182,11 +184,24 @@ func (s *Sim) startMigration(c *pb.MigrateCmd, pl *pb.Placement) {
 		return
 	}
 	if old := s.migByID[c.RequestId]; old != nil {
+		if old.committed && old.dst.id == pl.WorkerId && c.Epoch > old.epoch {
+			// The last migration committed and its switch is still a
+			// commit away (commitMigration): the placement is the
+			// destination's already, and a round planned the next move
+			// from there. The new source has not adopted the request (the
+			// gateway's call has not come), so its MigrateOut finds no
+			// such request and it aborts the move, as the worker does.
+			s.res.Migrations.Started++
+			s.res.Migrations.abort("source")
+			s.apply(&pb.Command{Body: &pb.Command_FinishMigration{FinishMigration: &pb.FinishMigrationCmd{RequestId: c.RequestId,
+				Epoch: c.Epoch, Reason: "aborted by the source: the request is not adopted yet", ToWorker: c.ToWorker, ToIncarnation: c.ToIncarnation}}})
+			return
+		}
 		s.fail("migration of %s started while one is under way (epoch %d, to %s)", c.RequestId, old.epoch, old.dst.id)
 		return
 	}
 	m := &simMigration{id: c.RequestId, epoch: c.Epoch, r: r, src: src, dst: dst, srcGen: src.gen, dstGen: dst.gen,
-		srcInc: pl.WorkerIncarnation, dstInc: c.ToIncarnation}
+		srcInc: pl.WorkerIncarnation, dstInc: c.ToIncarnation, started: s.now}
 	s.migs = append(s.migs, m)
 	s.migByID[m.id] = m
 	s.res.Migrations.Started++

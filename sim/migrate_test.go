@@ -9,6 +9,7 @@ import (
 	"github.com/lumen-project/lumen/fsm"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -264,5 +265,66 @@ func TestMigrationPlannedAfterAKill(t *testing.T) {
 			}
 			t.Logf("migrations: %d started, %d committed, aborted %v", r.Migrations.Started, r.Migrations.Committed, r.Migrations.AbortCauses)
 		})
+	}
+}
+
+// TestMigrationPlannedBeforeTheSwitch: a round may plan the next move of a
+// request whose migration has committed while the gateway's switch is
+// still a commit away. The new source (the last destination) has not
+// adopted the request yet: the move aborts by the source, as the worker
+// aborts an unknown request, and the run goes on to a clean end.
+func TestMigrationPlannedBeforeTheSwitch(t *testing.T) {
+	seed := uint64(5)
+	t.Logf("seed %d", seed)
+	cfg := migrationConfig(t, seed, 20*time.Second)
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *simMigration
+	if !s.advance(func() bool {
+		for _, x := range s.migs {
+			if x.committed && !x.done {
+				m = x
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatal("no migration committed")
+	}
+	pl, _ := s.fsm.Placement(m.id)
+	if pl == nil || pl.WorkerId != m.dst.id || pl.Epoch != m.epoch+1 {
+		t.Fatalf("placement after the commit: %v (migration %s → %s at epoch %d)", pl, m.src.id, m.dst.id, m.epoch)
+	}
+	var to *simWorker
+	for _, w := range s.workers {
+		if w != m.dst && w != m.src && w.alive {
+			to = w
+			break
+		}
+	}
+	cmd := &pb.MigrateCmd{RequestId: m.id, Epoch: pl.Epoch, ToWorker: to.id, ToIncarnation: to.inc, Reason: "test"}
+	res := s.apply(&pb.Command{Body: &pb.Command_Migrate{Migrate: cmd}})
+	if res.Err != nil {
+		t.Fatalf("Migrate from the destination before the switch: %v", res.Err)
+	}
+	before := s.res.Migrations.AbortCauses["source"]
+	s.startMigration(cmd, res.Placement)
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if got := s.res.Migrations.AbortCauses["source"]; got != before+1 {
+		t.Errorf("aborts by the source: %d, want %d", got, before+1)
+	}
+	if pl, _ := s.fsm.Placement(m.id); pl == nil || pl.State != pb.PlacementState_PLACEMENT_STATE_RUNNING || pl.WorkerId != m.dst.id {
+		t.Errorf("placement after the abort: %v", pl)
+	}
+	s.Run()
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
 	}
 }

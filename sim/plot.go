@@ -47,3 +47,20 @@ func (d *Degradation) WriteSVG(w io.Writer) error {
 	_, err = w.Write(svg)
 	return err
 }
+
+// WriteSVG plots the llumnix figure (internal/plot).
+func (f *LlumnixFigure) WriteSVG(w io.Writer) error {
+	if len(f.Points) == 0 {
+		return fmt.Errorf("%w: figure %s has nothing to plot", ErrInvalid, f.Name)
+	}
+	data, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	svg, err := plot.Render(data)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(svg)
+	return err
+}

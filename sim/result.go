@@ -59,6 +59,15 @@ type Result struct {
 	// running requests across the workers at each queue sample.
 	Gateways GatewayStats
 	Spread   []SpreadSample
+	// PreemptionLosses is, for each request preempted at least once, the
+	// time from each preemption until its cache again held what it held
+	// then (the wait for its re-prefill plus the recompute), summed over
+	// its preemptions; Fragmentation, at each queue sample, the free KV
+	// pages of the live workers whose queue head waits for more pages than
+	// they have free, as a fraction of the cluster's pages (llumnixsim.go).
+	PreemptionLosses []time.Duration
+	Fragmentation    []servingstats.Sample
+	Blocked          BlockedStats
 }
 
 // finish builds the per-request records.
@@ -80,6 +89,9 @@ func (s *Sim) finish() {
 			}
 		}
 		s.res.Records[i] = rec
+		if r.preempted {
+			s.res.PreemptionLosses = append(s.res.PreemptionLosses, r.preemptLoss)
+		}
 		if r.interrupted {
 			s.res.Interrupted++
 			if r.failed == nil && r.resumeEnd > 0 {

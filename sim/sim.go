@@ -94,6 +94,14 @@ type Config struct {
 	// GatewayChoice is how the gateways choose (ChooseFreest: the placer
 	// without shares).
 	GatewayChoice GatewayChoice
+	// RoundRobin dispatches the requests to the workers in full service in
+	// turn (the Dispatch names the worker, as a gateway's does) instead of
+	// Apply's freeness choice: Llumnix's round-robin baseline.
+	RoundRobin bool
+	// MigrationFilter is how the leader's round uses the policy's plan
+	// (llumnixsim.go): MigrateAsPlanned (the zero value) applies it as the
+	// controller does.
+	MigrationFilter MigrationFilter
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
@@ -369,6 +377,9 @@ type Sim struct {
 	gateways []*simGateway
 	gwPlaced map[string][]gatewayPlacement
 
+	// rr is the round-robin dispatch's next worker (Config.RoundRobin).
+	rr int
+
 	// The run's end: events after drainUntil (≥ 0 once every request
 	// ended) are not run. nextProgress is the next Progress call.
 	drainUntil, nextProgress time.Duration
@@ -457,6 +468,14 @@ type simRequest struct {
 	// migrated is set from a migration's switch to the destination's first
 	// token (the downtime).
 	migrated bool
+
+	// Preemption loss (llumnixsim.go): the KV positions the live call's
+	// cache held after its last step; while preempted (preemptedAt ≥ 0)
+	// the positions it held then; the loss so far.
+	kvFed, fedAtPreempt int
+	preemptedAt         time.Duration
+	preemptLoss         time.Duration
+	preempted           bool
 }
 
 // Run simulates cfg to its end and returns the result, after checking
@@ -772,7 +791,7 @@ func dispatchID(r *simRequest) string {
 // arrive is arrival i reaching the gateway.
 func (s *Sim) arrive(i int) {
 	a := &s.cfg.Arrivals[i]
-	r := &simRequest{idx: i, w: a, arrival: a.At, first: -1}
+	r := &simRequest{idx: i, w: a, arrival: a.At, first: -1, preemptedAt: -1}
 	s.reqs[i] = r
 	s.dispatch(r)
 }
@@ -792,8 +811,11 @@ func (s *Sim) dispatch(r *simRequest) {
 func (s *Sim) dispatchApply(r *simRequest) {
 	r.id = dispatchID(r)
 	s.byID[r.id] = r
-	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{RequestId: r.id,
-		PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output)}}})
+	d := &pb.DispatchCmd{RequestId: r.id, PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output)}
+	if s.cfg.RoundRobin {
+		s.roundRobin(d)
+	}
+	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: d}})
 	if res.Err != nil {
 		s.end(r, fmt.Errorf("dispatch: %w", res.Err))
 		return
@@ -856,7 +878,7 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 		// fills the request before Submit.
 		cr.Holder, cr.Reserved = pl.HolderId, s.footprint(r)
 	}
-	r.call = cr
+	r.call, r.kvFed = cr, 0
 	w.core.Submit(cr)
 	s.flush(w)
 	s.publish(w)
@@ -1122,6 +1144,7 @@ func (s *Sim) stepDone(w *simWorker, st core.Step) {
 	}
 	w.core.Done(s.clock(), out)
 	w.busy = false
+	s.refilled(st)
 	s.flush(w)
 	s.runBetween(w)
 	s.publish(w)
@@ -1137,6 +1160,9 @@ func (s *Sim) flush(w *simWorker) {
 	s.res.RestoredPages += o.RestoredPages
 	s.res.RecomputedTokens += o.RecomputedTokens
 	s.res.Preemptions += o.Preemptions
+	if o.Preemptions > 0 {
+		s.notePreempted(w)
+	}
 	s.res.Spec.DraftTokens += o.DraftTokens
 	s.res.Spec.AcceptedTokens += o.AcceptedTokens
 	s.res.Spec.Verifications += o.Verifications
@@ -1257,6 +1283,7 @@ func (s *Sim) sample() {
 		}
 	}
 	s.res.Queue = append(s.res.Queue, queueSample{At: s.now, Waiting: float64(waiting)})
+	s.sampleFragmentation()
 	s.sampleSpread()
 	if s.cfg.TokenSeries {
 		row := make([]int, len(s.workers))

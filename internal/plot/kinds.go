@@ -371,6 +371,57 @@ func burstPanels(data []byte) ([]*plot.Plot, error) {
 	return out, nil
 }
 
+// llumnixPanels: `lumen sim -figure llumnix` (issue 23), one group of bars
+// per trace and rate, one bar per column (round-robin, infaas++, lumen).
+func llumnixPanels(data []byte) ([]*plot.Plot, error) {
+	var f struct {
+		Arrivals string `json:"arrivals"`
+		Points   []struct {
+			Trace   string                                `json:"trace"`
+			Rate    float64                               `json:"rate_per_s"`
+			Columns map[string]map[string]json.RawMessage `json:"columns"`
+		} `json:"points"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	cols := []string{"round-robin", "infaas++", "lumen"}
+	var groups []string
+	for _, p := range f.Points {
+		groups = append(groups, fmt.Sprintf("%s@%g", p.Trace, p.Rate))
+	}
+	var out []*plot.Plot
+	for _, m := range []struct{ key, title string }{
+		{"prefill_p99_ms", "P99 prefill (s)"}, {"prefill_mean_ms", "mean prefill (s)"}, {"e2e_mean_ms", "mean end-to-end (s)"},
+		{"decode_p99_ms", "P99 decode (ms)"}, {"preemption_loss_per_request_ms", "preemption loss per request (s)"},
+		{"fragmentation_pct", "fragmentation (%)"},
+	} {
+		p := newPlot(fmt.Sprintf("llumnix (%s arrivals): %s", f.Arrivals, m.title), "trace @ req/s", m.title)
+		scale := 1.0
+		if strings.HasSuffix(m.title, "(s)") {
+			scale = 1e-3
+		}
+		vals := make([][]float64, len(cols))
+		for i, c := range cols {
+			for _, pt := range f.Points {
+				var v float64
+				_ = json.Unmarshal(pt.Columns[c][m.key], &v)
+				vals[i] = append(vals[i], v*scale)
+			}
+		}
+		if err := addBars(p, groups, cols, vals); err != nil {
+			return nil, err
+		}
+		if len(groups) > 6 {
+			// Many groups: their names stand upright under the bars.
+			p.X.Tick.Label.Rotation = math.Pi / 2
+			p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = -1, -0.5
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 // specKPanels: `lumen sim -figure spec-k`, tokens/s against a fixed K per
 // acceptance and batch, adaptive K as a point at its mean K.
 func specKPanels(data []byte) ([]*plot.Plot, error) {

@@ -108,6 +108,8 @@ func RenderWith(data []byte, o Options) ([]byte, error) {
 		panels, err = figurePanels(trimmed)
 	case name == "burst":
 		panels, err = burstPanels(trimmed)
+	case name == "llumnix":
+		panels, err = llumnixPanels(trimmed)
 	case name == "spec-k":
 		panels, err = specKPanels(trimmed)
 	case name == "degradation":
@@ -178,6 +180,7 @@ var palette = []color.RGBA{
 var named = map[string]color.RGBA{
 	"lumen": palette[0], "stop-and-restart": palette[1], "fixed-checkpoint": palette[2], "lumen-no-spec": palette[3],
 	"recompute": palette[4], "lumen-no-failure": palette[5], "no-checkpoint-no-failure": palette[6], "off": palette[1], "on": palette[0],
+	"infaas++": palette[1], "round-robin": palette[5],
 }
 
 func colour(name string, i int) color.Color {

@@ -84,6 +84,8 @@ func TestCommittedResults(t *testing.T) {
 				want = []string{"client-visible gap", "one decode step", "off", "on", "8192"}
 			case strings.HasPrefix(base, "sim-burst"):
 				want = []string{"off", "on"}
+			case strings.HasPrefix(base, "sim-llumnix"):
+				want = []string{"round-robin", "infaas++", "lumen"}
 			case strings.HasPrefix(base, "sim-degradation"):
 				want = []string{"the seed: 4.0x", "the seed: 1.6x"}
 				for _, line := range []string{"w4, warm reload (", "w4, cold reload (", "w8, warm reload (", "w8, cold reload ("} {

@@ -57,6 +57,39 @@ type Trace struct {
 	Prompt, Output Dist
 	// Published figures the knots reproduce: mean, median, p90, p99.
 	PromptStats, OutputStats [4]float64
+	// PromptZipf and OutputZipf, when set, replace Prompt and Output
+	// (Llumnix's generated traces, LlumnixTrace).
+	PromptZipf, OutputZipf *Zipf
+}
+
+// samplePrompt and sampleOutput draw a length, each with one Float64 of r.
+func (t *Trace) samplePrompt(r *rand.Rand) int {
+	if t.PromptZipf != nil {
+		return t.PromptZipf.Sample(r)
+	}
+	return t.Prompt.Sample(r)
+}
+
+func (t *Trace) sampleOutput(r *rand.Rand) int {
+	if t.OutputZipf != nil {
+		return t.OutputZipf.Sample(r)
+	}
+	return t.Output.Sample(r)
+}
+
+// MeanPrompt and MeanOutput are the trace's exact mean lengths.
+func (t *Trace) MeanPrompt() float64 {
+	if t.PromptZipf != nil {
+		return t.PromptZipf.ExactMean()
+	}
+	return t.Prompt.Mean()
+}
+
+func (t *Trace) MeanOutput() float64 {
+	if t.OutputZipf != nil {
+		return t.OutputZipf.ExactMean()
+	}
+	return t.Output.Mean()
 }
 
 // AzureConversation is the Azure LLM inference trace 2023, conversation:
@@ -145,6 +178,10 @@ type Config struct {
 	Seed     uint64
 	Rate     float64       // mean arrivals per second
 	Duration time.Duration // arrivals in [0, Duration)
+	// Requests, when > 0, is the run's size instead of Duration: exactly
+	// that many arrivals, however long they take (Llumnix's runs are
+	// 10,000 requests).
+	Requests int
 	// CV is the coefficient of variation of the gaps between arrivals: 0
 	// (or 1) is a Poisson process, exponential gaps; any other value draws
 	// the gaps from a Gamma distribution of shape 1/CV² and mean 1/Rate,
@@ -172,13 +209,13 @@ func Generate(c Config) ([]Request, error) {
 // same times, lengths and prompt ids (AppendPrompt), without holding the
 // ids — a few tens of bytes a request.
 func GenerateLazy(c Config) ([]Request, error) {
-	if c.Rate <= 0 || c.Duration <= 0 {
-		return nil, fmt.Errorf("workload: rate (%g/s) and duration (%s) must be positive", c.Rate, c.Duration)
+	if c.Rate <= 0 || c.Requests < 0 || c.Requests == 0 && c.Duration <= 0 {
+		return nil, fmt.Errorf("workload: rate (%g/s) and duration (%s) or request count (%d) must be positive", c.Rate, c.Duration, c.Requests)
 	}
 	if c.CV < 0 || math.IsNaN(c.CV) || math.IsInf(c.CV, 0) {
 		return nil, fmt.Errorf("workload: the arrivals' CV (%g) must be a finite number >= 0", c.CV)
 	}
-	if len(c.Trace.Prompt) < 2 || len(c.Trace.Output) < 2 {
+	if (len(c.Trace.Prompt) < 2 && c.Trace.PromptZipf == nil) || (len(c.Trace.Output) < 2 && c.Trace.OutputZipf == nil) {
 		return nil, fmt.Errorf("workload: trace %q has no length distributions", c.Trace.Name)
 	}
 	tok := c.Tokens
@@ -198,12 +235,12 @@ func GenerateLazy(c Config) ([]Request, error) {
 	for {
 		t += gap()
 		at := time.Duration(t * float64(time.Second))
-		if at >= c.Duration {
+		if c.Requests > 0 && len(out) == c.Requests || c.Requests == 0 && at >= c.Duration {
 			return out, nil
 		}
-		n := c.Trace.Prompt.Sample(r)
+		n := c.Trace.samplePrompt(r)
 		req := Lazy(at, n, 0, src, draw)
-		req.Output = c.Trace.Output.Sample(r)
+		req.Output = c.Trace.sampleOutput(r)
 		out = append(out, req)
 	}
 }

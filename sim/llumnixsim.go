@@ -1,0 +1,294 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/core"
+)
+
+// What issue 23's figure (llumnix.go) measures inside a run: round-robin
+// dispatch, the preemption loss of every preempted request, the
+// fragmentation of the cluster's KV memory, and how the leader's round
+// uses the policy's migration plan.
+
+// MigrationFilter is how the simulated leader applies policy.PlanMigrations'
+// plan.
+type MigrationFilter int
+
+const (
+	// MigrateAsPlanned applies the plan as controller.migrationRound does:
+	// the policy may pick a request still waiting in its source's queue
+	// (no KV cache yet), which then moves with no pages and waits again at
+	// the destination.
+	MigrateAsPlanned MigrationFilter = iota
+	// MigrateRunningOnly orders each source's requests with those holding
+	// a KV cache first (then the policy's shortest first) and drops a
+	// planned move of a request that holds none: only running requests
+	// migrate, the rule issue 23 asks of the policy (the policy itself is
+	// not changed here).
+	MigrateRunningOnly
+	// MigrateHeadRoom orders each source's requests by what its queue head
+	// lacks: first the running request with the fewest KV pages that
+	// covers the head's deficit (its pages less the source's free ones),
+	// then the other running requests, largest first, then the queued
+	// ones (the policy's shortest first among them). An experiment on the
+	// simulator's side of the policy: Llumnix's virtual usage counts the
+	// queued demand that a move should free room for.
+	MigrateHeadRoom
+	// MigrateDestinationHeadroom applies the plan but for the moves whose
+	// destination would keep less than a tenth of its KV pages free once
+	// the request is there at its full length (its prompt and every token
+	// it may produce): an experiment on the simulator's side of the
+	// policy, Llumnix's headroom in virtual usage, so that a move does not
+	// make its destination preempt.
+	MigrateDestinationHeadroom
+	// MigrateBothHeadrooms is MigrateHeadRoom's order with
+	// MigrateDestinationHeadroom's filter.
+	MigrateBothHeadrooms
+)
+
+// MigrationFilters name the filters for flags and the JSON.
+var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom, "destination-headroom": MigrateDestinationHeadroom,
+	"both-headrooms": MigrateBothHeadrooms}
+
+func (f MigrationFilter) String() string {
+	for n, v := range MigrationFilters {
+		if v == f {
+			return n
+		}
+	}
+	return fmt.Sprintf("MigrationFilter(%d)", int(f))
+}
+
+// planMigrations is the round's plan under Config.MigrationFilter.
+func (s *Sim) planMigrations() []fsm.PlannedMigration {
+	if s.cfg.MigrationFilter == MigrateAsPlanned {
+		plan, _ := s.fsm.PlanMigrations(nil)
+		return plan
+	}
+	if s.cfg.MigrationFilter == MigrateDestinationHeadroom {
+		plan, _ := s.fsm.PlanMigrations(nil)
+		return s.keepDestinationHeadroom(plan)
+	}
+	// kv is the pages a placement's request holds at its worker (0: none,
+	// it waits in the queue).
+	kv := func(p *policy.Placed) int {
+		w := s.worker(p.Worker)
+		if w == nil || !w.alive {
+			return 0
+		}
+		if r := w.core.Lookup(p.RequestID); r != nil {
+			return core.PagesFor(r.Fed())
+		}
+		return 0
+	}
+	hasKV := func(p *policy.Placed) bool { return kv(p) > 0 }
+	if f := s.cfg.MigrationFilter; f == MigrateHeadRoom || f == MigrateBothHeadrooms {
+		deficit := map[string]int{}
+		for _, w := range s.workers {
+			if w.alive {
+				deficit[w.id] = w.core.HeadPages() - (s.cfg.KVPages - w.core.CachedPages())
+			}
+		}
+		rank := func(p *policy.Placed) (int, int) {
+			k := kv(p)
+			switch d := deficit[p.Worker]; {
+			case k == 0:
+				return 3, 0
+			case d > 0 && k >= d:
+				return 0, k // the fewest pages that cover the deficit
+			default:
+				return 1, -k // largest first
+			}
+		}
+		plan, _ := s.fsm.PlanMigrations(func(a, b *policy.Placed) int {
+			ga, ka := rank(a)
+			gb, kb := rank(b)
+			if ga != gb {
+				return ga - gb
+			}
+			if ka != kb {
+				return ka - kb
+			}
+			return policy.ShortestFirst(a, b)
+		})
+		if f == MigrateBothHeadrooms {
+			return s.keepDestinationHeadroom(plan)
+		}
+		return plan
+	}
+	order := func(a, b *policy.Placed) int {
+		ka, kb := hasKV(a), hasKV(b)
+		if ka != kb {
+			if ka {
+				return -1
+			}
+			return 1
+		}
+		return policy.ShortestFirst(a, b)
+	}
+	plan, _ := s.fsm.PlanMigrations(order)
+	out := plan[:0]
+	for _, p := range plan {
+		pl, _ := s.fsm.Placement(p.Cmd.RequestId)
+		if pl != nil && hasKV(&policy.Placed{RequestID: pl.RequestId, Worker: pl.WorkerId}) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// keepDestinationHeadroom drops the moves of plan whose destination would
+// keep less than a tenth of its KV pages free with the request there at
+// its full length (MigrateDestinationHeadroom).
+func (s *Sim) keepDestinationHeadroom(plan []fsm.PlannedMigration) []fsm.PlannedMigration {
+	out := plan[:0]
+	for _, p := range plan {
+		pl, _ := s.fsm.Placement(p.Cmd.RequestId)
+		d := s.worker(p.Cmd.ToWorker)
+		if pl == nil || d == nil || !d.alive {
+			continue
+		}
+		full := int(policy.MigrationPages(&policy.Placed{PromptTokens: pl.PromptTokens, MaxTokens: pl.MaxTokens}))
+		if s.cfg.KVPages-d.core.CachedPages()-d.core.HeadPages()-full >= s.cfg.KVPages/10 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// roundRobin names the next worker in full service, in turn, as d's
+// serving worker (Config.RoundRobin); with none it leaves the choice to
+// Apply.
+func (s *Sim) roundRobin(d *pb.DispatchCmd) {
+	n := len(s.workers)
+	for k := range n {
+		w := s.workers[(s.rr+k)%n]
+		if w.alive && w.phase == pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+			d.WorkerId, d.WorkerIncarnation = w.id, w.inc
+			s.rr = (s.rr + k + 1) % n
+			return
+		}
+	}
+}
+
+// notePreempted finds the requests w's core just preempted: a live call
+// whose cache held positions after its last step and holds none now.
+func (s *Sim) notePreempted(w *simWorker) {
+	for _, req := range w.core.Requests() {
+		sr := req.Sink.(*simRequest)
+		if sr.call != req || req.Fed() != 0 || sr.kvFed == 0 {
+			continue
+		}
+		if sr.preemptedAt < 0 {
+			sr.preemptedAt, sr.fedAtPreempt = s.now, sr.kvFed
+		} else {
+			// Preempted again before it got back what it had: the loss
+			// runs on from the first preemption.
+			sr.fedAtPreempt = max(sr.fedAtPreempt, sr.kvFed)
+		}
+		sr.preempted, sr.kvFed = true, 0
+	}
+}
+
+// refilled notes the KV positions of the requests of the step that just
+// ended, and ends the preemption loss of those whose cache is back to what
+// it held when they were preempted.
+func (s *Sim) refilled(st core.Step) {
+	for _, req := range st.Reqs {
+		sr, ok := req.Sink.(*simRequest)
+		if !ok || sr.call != req {
+			continue
+		}
+		sr.kvFed = req.Fed()
+		if sr.preemptedAt >= 0 && sr.kvFed >= sr.fedAtPreempt {
+			sr.preemptLoss += s.now - sr.preemptedAt
+			sr.preemptedAt = -1
+		}
+	}
+}
+
+// sampleFragmentation records the free KV pages of the live workers whose
+// queue head needs more pages than they have free, as a fraction of the
+// cluster's pages: memory that is free but of no use to the requests
+// waiting where it is (Llumnix's fragmentation).
+//
+// It also counts, per live worker and sample, why a blocked queue head
+// stays blocked (Result.Blocked): whether another worker has room for it,
+// and whether the migration limits (one out of a source, one into a
+// destination) stand in the way.
+func (s *Sim) sampleFragmentation() {
+	total, stuck := 0, 0
+	b := &s.res.Blocked
+	var outs, ins map[*simWorker]bool
+	for _, w := range s.workers {
+		if !w.alive {
+			continue
+		}
+		b.WorkerSamples++
+		total += s.cfg.KVPages
+		free := s.cfg.KVPages - w.core.CachedPages()
+		head := w.core.HeadPages()
+		if w.core.Waiting() == 0 || head <= free {
+			continue
+		}
+		stuck += free
+		b.Blocked++
+		b.DeficitPages += head - free
+		if outs == nil {
+			outs, ins = map[*simWorker]bool{}, map[*simWorker]bool{}
+			for _, m := range s.migs {
+				// Under way before this instant: a round of this instant
+				// (the rounds and the samples share instants) does not
+				// count as what the sample found.
+				if m.started < s.now {
+					outs[m.src], ins[m.dst] = true, true
+				}
+			}
+		}
+		room, idle := false, false
+		for _, x := range s.workers {
+			if x == w || !x.alive || x.phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
+				continue
+			}
+			if s.cfg.KVPages-x.core.CachedPages()-x.core.HeadPages() >= head {
+				room = true
+				idle = idle || !ins[x]
+			}
+		}
+		if outs[w] {
+			b.MigratingOut++
+		}
+		if !room {
+			continue
+		}
+		b.RoomElsewhere++
+		switch {
+		case outs[w]:
+			b.RoomSourceBusy++
+		case !idle:
+			b.RoomDestinationsBusy++
+		}
+	}
+	if total > 0 {
+		s.res.Fragmentation = append(s.res.Fragmentation, queueSample{At: s.now, Waiting: float64(stuck) / float64(total)})
+	}
+}
+
+// BlockedStats count, over the queue samples and the live workers, the
+// worker-samples whose queue head needs more KV pages than the worker has
+// free (Blocked), the pages it lacks summed (DeficitPages), and those
+// with a migration out under way (MigratingOut). RoomElsewhere are the
+// blocked ones for which another worker in full service has room for the
+// head (free pages less its own head's); of those, RoomSourceBusy had a
+// migration out under way (the one-out limit), RoomDestinationsBusy had
+// none but every worker with room had one in (the one-in limit): the rest
+// no limit explains — between two rounds, or the policy planned nothing
+// from the worker.
+type BlockedStats struct {
+	WorkerSamples, Blocked, DeficitPages, MigratingOut  int
+	RoomElsewhere, RoomSourceBusy, RoomDestinationsBusy int
+}
