@@ -4,8 +4,11 @@ import "sort"
 
 // Interrupted is a request that was running on a failed worker.
 type Interrupted struct {
-	RequestID    string
-	Holder       string // its checkpoint holder, "" for none
+	RequestID string
+	Holder    string // its checkpoint holder, "" for none
+	// Replicas are its further checkpoint copies' holders
+	// (Placement.replica_holders).
+	Replicas     []string
 	PromptTokens uint32
 	MaxTokens    uint32
 	// MigrationTarget is the destination of a live migration that was in
@@ -41,7 +44,9 @@ type Assignment struct {
 //     resumes at that destination, reusing the pages the migration copied
 //     (Llumnix restarts it instead): they are already in the destination's
 //     KV cache, so no room check, and rebalancing leaves it there;
-//  1. a request whose holder is eligible resumes there, reusing its pages
+//  1. a request with an eligible holder resumes there, reusing its pages
+//     (of its copies' holders, the one with the KV room and then the
+//     freest: live, above)
 //     (not under stop-and-restart or recompute, which keep no
 //     checkpoints) — under
 //     lumen, only when the holder has the KV pages for it, or no worker
@@ -105,14 +110,39 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		w := &ws[i]
 		return int64(w.KVPagesTotal) - int64(w.KVPagesUsed) - int64(w.QueueHeadPages) - int64(w.PendingPages)
 	}
+	// live is the eligible copy a request restores from: of its holder
+	// and replicas, the one with the KV room for the prefix and then the
+	// highest freeness (the lowest cost of a restore there); -1 for none.
+	// Every copy has the same prefix up to what the serving worker's
+	// queues to each had sent, which Apply does not know (the prefix is
+	// not replicated), so the fastest restore is the choice.
+	live := func(r Interrupted) int {
+		best, bestRoom, bestF := -1, false, 0.0
+		need := int64(Pages(uint64(r.PromptTokens) + 1))
+		consider := func(id string) {
+			h, ok := byID[id]
+			if !ok || id == "" || !ws[h].Eligible {
+				return
+			}
+			hasRoom, f := room(h) >= need, ws[h].Freeness()
+			if best < 0 || hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF {
+				best, bestRoom, bestF = h, hasRoom, f
+			}
+		}
+		consider(r.Holder)
+		for _, id := range r.Replicas {
+			consider(id)
+		}
+		return best
+	}
 	plan := make([]Assignment, len(reqs))
 	count := make([]int, len(ws))
 	for k, r := range reqs {
 		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
 		if m, ok := byID[r.MigrationTarget]; ok && s == Lumen && r.MigrationTarget != "" && ws[m].Eligible {
 			a.Target, a.Mode, a.Holder, a.MigrationCopy = m, Reuse, r.MigrationTarget, true
-		} else if h, ok := byID[r.Holder]; ok && s.KeepsCheckpoints() && r.Holder != "" && ws[h].Eligible {
-			a.Target, a.Mode = h, Reuse
+		} else if h := live(r); h >= 0 && s.KeepsCheckpoints() {
+			a.Target, a.Mode, a.Holder = h, Reuse, ws[h].ID
 			// A restore needs the whole prefix in KV at once: at a holder
 			// without the room it waits for running requests to finish
 			// (seconds on a KV-bound worker). lumen recomputes it on the
