@@ -143,3 +143,32 @@ func TestPlanRecoveryPicksLiveCopy(t *testing.T) {
 		}
 	}
 }
+
+// TestRebalanceToReplica: a holder with more restores than its share and
+// than it runs sends the surplus to another live copy's holder, reusing
+// the pages there, rather than recomputing them; past that copy's share
+// too, the rest is recomputed.
+func TestRebalanceToReplica(t *testing.T) {
+	ws := []Worker{onNode("b1", "B", 0), onNode("c1", "C", 0), onNode("d1", "D", 0)}
+	// c1 is busier: every restore goes to b1's copy first.
+	ws[1].KVPagesUsed, ws[1].Running = 500, 10
+	var reqs []Interrupted
+	for i := 0; i < 6; i++ {
+		reqs = append(reqs, Interrupted{RequestID: fmt.Sprintf("r%d", i), Holder: "b1", Replicas: []string{"c1"}, PromptTokens: uint32(100 + i)})
+	}
+	got := map[string]string{}
+	for _, a := range PlanRecovery(Lumen, ws, reqs) {
+		mode := "reuse"
+		if a.Mode != Reuse {
+			mode = "recompute"
+		} else if a.Holder != ws[a.Target].ID {
+			t.Errorf("%s: reuses %s's copy at %s", a.RequestID, a.Holder, ws[a.Target].ID)
+		}
+		got[ws[a.Target].ID+" "+mode] += a.RequestID
+	}
+	// The average is 2; the smallest prefixes move first.
+	want := map[string]string{"c1 reuse": "r0r1", "d1 recompute": "r2r3", "b1 reuse": "r4r5"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("plan %v, want %v", got, want)
+	}
+}

@@ -59,7 +59,9 @@ type Assignment struct {
 //  3. under lumen only, rebalance: while a holder has more recovered requests
 //     than the cluster average (rounded up) and more requests on their way
 //     to it than it runs, its request with the smallest checkpointed prefix
-//     is recomputed on the least-loaded worker instead. fixed-checkpoint is
+//     moves to another live copy's holder below the average (issue 24's
+//     replicas), reusing its pages there, or else is recomputed on the
+//     least-loaded worker instead. fixed-checkpoint is
 //     DéjàVu's: every request restores at its ring successor however many
 //     there are, the baseline lumen is measured against.
 //
@@ -181,8 +183,26 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		}
 		src := a.Target
 		unassign(src, reqs[k])
-		// The least-loaded worker still below the average, other than src.
+		// Another live copy's holder below the average takes it, reusing
+		// its pages there (issue 24: R > 1), the freest of them.
 		dst, dstF := -1, 0.0
+		for _, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
+			i, ok := byID[id]
+			if !ok || id == "" || i == src || !ws[i].Eligible || count[i] >= avg {
+				continue
+			}
+			if f := ws[i].Freeness(); dst < 0 || f > dstF {
+				dst, dstF = i, f
+			}
+		}
+		if dst >= 0 {
+			count[src]--
+			count[dst]++
+			assign(dst, reqs[k])
+			a.Target, a.Holder, a.Rebalanced = dst, ws[dst].ID, true
+			continue
+		}
+		// The least-loaded worker still below the average, other than src.
 		for i := range ws {
 			if i == src || !ws[i].Eligible || count[i] >= avg {
 				continue
