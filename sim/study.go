@@ -237,6 +237,10 @@ func (st *Study) Calibrate() (saturated, modelled float64, err error) {
 		return 0, 0, err
 	}
 	cfg := st.config(p, policy.Lumen, reqs)
+	// The offered load is a fraction of the cluster's throughput with one
+	// copy, domain-aware: runs that differ only in their replicas or
+	// domain mode get the same arrivals.
+	cfg.CheckpointReplicas, cfg.DomainBlind = 0, false
 	cfg.StopAt = d
 	res, err := Run(cfg)
 	if err != nil {
