@@ -32,6 +32,10 @@ type Result struct {
 	LiveCopy            int // of Interrupted, those whose plan found a live copy
 	CheckpointBytesSent uint64
 	CheckpointHostBytes []uint64
+	// SameDomain and ShortReplicas are the fsm's DomainCounts at the end:
+	// placements whose copy had to share the serving worker's node, and
+	// those with fewer copies than asked.
+	SameDomain, ShortReplicas uint64
 	// Queue is the requests waiting at live workers, sampled.
 	Queue []servingstats.Sample
 	// CalibrationTokens are the tokens delivered in the second half of a
@@ -71,6 +75,7 @@ type Result struct {
 
 // finish builds the per-request records.
 func (s *Sim) finish() {
+	s.res.SameDomain, s.res.ShortReplicas = s.fsm.DomainCounts()
 	s.res.Records = make([]*servingstats.Record, len(s.reqs))
 	for i, r := range s.reqs {
 		if r == nil { // had not arrived when the run stopped

@@ -70,6 +70,13 @@ type Figures struct {
 	CheckpointBytesSent     float64 `json:"checkpoint_bytes_sent"`
 	CheckpointHostMeanBytes float64 `json:"checkpoint_host_mean_bytes"`
 	CheckpointHostPeakBytes float64 `json:"checkpoint_host_peak_bytes"`
+	// CheckpointSameDomain and CheckpointReplicasShort count the
+	// placements whose first copy had to share the serving worker's node
+	// (nothing off it had the budget) and those with fewer copies than
+	// asked (lumen_controller_checkpoint_same_domain_total and
+	// _replicas_short_total in the cluster).
+	CheckpointSameDomain    int `json:"checkpoint_same_domain"`
+	CheckpointReplicasShort int `json:"checkpoint_replicas_short"`
 
 	// Speculation, in the lumen column (absent where nothing was
 	// drafted). AcceptRate is accepted / verified draft tokens; AssistS
@@ -358,6 +365,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 			f.CheckpointLiveFraction = float64(res.LiveCopy) / float64(res.Interrupted)
 		}
 		f.CheckpointBytesSent = float64(res.CheckpointBytesSent)
+		f.CheckpointSameDomain, f.CheckpointReplicasShort = int(res.SameDomain), int(res.ShortReplicas)
 		for _, b := range res.CheckpointHostBytes {
 			f.CheckpointHostMeanBytes += float64(b) / float64(len(res.CheckpointHostBytes))
 			f.CheckpointHostPeakBytes = max(f.CheckpointHostPeakBytes, float64(b))
