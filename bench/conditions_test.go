@@ -243,3 +243,25 @@ lumen_gateway_regenerated_total_other 99
 		t.Fatalf("recomputed %v, want %v", got, want)
 	}
 }
+
+// TestRecoveryNodes: -nodes puts the workers on hosts and the failure
+// takes node-1's, all of them; a count outside 2 … workers is refused,
+// naming the flag and the limit.
+func TestRecoveryNodes(t *testing.T) {
+	cfg := DefaultRecoveryConfig()
+	cfg.Setups, cfg.Nodes = "w8", 2
+	s, err := cfg.setups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := nodeVictims(8, 2)
+	if s[0].Failures != 4 || len(v) != 4 || !v["worker-1"] || !v["worker-4"] || v["worker-5"] {
+		t.Fatalf("w8 on 2 nodes: %d failures, victims %v; want worker-1 … worker-4", s[0].Failures, v)
+	}
+	for _, n := range []int{1, 9} {
+		cfg.Nodes = n
+		if _, err := cfg.setups(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("-nodes %d: must be in 2 … 8", n)) {
+			t.Errorf("-nodes %d: %v", n, err)
+		}
+	}
+}

@@ -43,6 +43,11 @@ type RecoveryConfig struct {
 	TimeScale float64
 	// Dir keeps logs and data; empty means a temporary directory, removed.
 	Dir string
+	// Nodes, when > 0, puts each setup's workers on that many hosts, in
+	// order (devcluster.DevNode: worker-1 … on node-1), each started with
+	// -node (issue 24's failure domains), and the failure kills every
+	// worker of node-1 at once instead of worker-1 … worker-K.
+	Nodes int
 
 	// The conditions (issue 22). Each setup carries its own
 	// (recoverystudy.Conditions: w4, w8 and w8_f4 the stress, the -mild
@@ -154,6 +159,8 @@ type benchTiming struct {
 	// reload is a restarted worker's whole model reload under cond, in
 	// emulated time before ReloadScale (engine.Profile.LoadTime).
 	reload time.Duration
+	// nodes is RecoveryConfig.Nodes.
+	nodes int
 }
 
 // runSlack is the wall time a run may take past its scaled bound: the
@@ -270,7 +277,7 @@ func Recovery(cfg RecoveryConfig) error {
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
 		tm := timing
-		tm.Timeline, tm.cond = s.Timeline(cfg.Quick), s.cond
+		tm.Timeline, tm.cond, tm.nodes = s.Timeline(cfg.Quick), s.cond, cfg.Nodes
 		figs, err := benchSetup(s.Setup, tm, cfg.Seed, s.load, cfg.TimeScale, filepath.Join(dir, s.Name))
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
@@ -321,6 +328,12 @@ func (cfg RecoveryConfig) setups() ([]benchSetupPlan, error) {
 		cond, err := parseConditions(*c, c.DecodeContext)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+		if cfg.Nodes != 0 {
+			if cfg.Nodes < 2 || cfg.Nodes > s.Workers {
+				return nil, fmt.Errorf("-nodes %d: must be in 2 … %d, the workers of setup %s (node-1's are killed, the others recover)", cfg.Nodes, s.Workers, s.Name)
+			}
+			s.Failures = len(nodeVictims(s.Workers, cfg.Nodes))
 		}
 		out[i] = benchSetupPlan{Setup: s, load: c.LoadOr(0.7), cond: cond}
 	}
@@ -586,7 +599,11 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 		args = append(args, "-kv-pages", fmt.Sprint(s.KVPages))
 	}
 	for i := 1; i <= s.Workers; i++ {
-		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), args...); err != nil {
+		wargs := args
+		if node := devcluster.DevNode(i, s.Workers, tm.nodes); node != "" {
+			wargs = append(append([]string(nil), args...), "-node", node)
+		}
+		if _, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), wargs...); err != nil {
 			return nil, err
 		}
 	}
@@ -664,6 +681,9 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			victims := map[string]bool{}
 			for i := 1; i <= s.Failures; i++ {
 				victims[fmt.Sprintf("worker-%d", i)] = true
+			}
+			if tm.nodes > 0 {
+				victims = nodeVictims(s.Workers, tm.nodes)
 			}
 			timer := time.NewTimer(time.Duration(float64(tm.FailAt)*scale) - since())
 			select {
@@ -948,4 +968,16 @@ func printRecoveryTable(w io.Writer, s recoverystudy.Setup, figs map[string]*rec
 		t.Figures[name] = &f.Figures
 	}
 	t.Print(w)
+}
+
+// nodeVictims are the workers of node-1 when workers are on nodes hosts
+// (devcluster.DevNode): the ones a node failure kills together.
+func nodeVictims(workers, nodes int) map[string]bool {
+	out := map[string]bool{}
+	for i := 1; i <= workers; i++ {
+		if devcluster.DevNode(i, workers, nodes) == "node-1" {
+			out[fmt.Sprintf("worker-%d", i)] = true
+		}
+	}
+	return out
 }

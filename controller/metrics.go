@@ -118,6 +118,7 @@ func (m *metrics) observeApply(command string, d time.Duration) {
 type workerTable struct {
 	f                           *fsm.FSM
 	budget, reserved, queueWait *prometheus.Desc
+	sameDomain, shortReplicas   *prometheus.Desc
 }
 
 func newWorkerTable(f *fsm.FSM) *workerTable {
@@ -127,13 +128,19 @@ func newWorkerTable(f *fsm.FSM) *workerTable {
 		reserved: prometheus.NewDesc("lumen_controller_worker_checkpoint_reserved_bytes",
 			"Checkpoint bytes the placements reserve on a worker (its budget less these is what h(r) can still place there).", []string{"worker"}, nil),
 		queueWait: prometheus.NewDesc("lumen_controller_worker_queue_wait_seconds",
-			"q_w of a worker: the mean wait from arrival to prefill start over its window, as its last load report carried it.", []string{"worker"}, nil)}
+			"q_w of a worker: the mean wait from arrival to prefill start over its window, as its last load report carried it.", []string{"worker"}, nil),
+		sameDomain: prometheus.NewDesc("lumen_controller_checkpoint_same_domain_total",
+			"Placements whose checkpoint went to a worker of the serving worker's own node: no worker outside it had budget for the footprint (issue 24; counted over this replica's applies since it started or restored a snapshot).", nil, nil),
+		shortReplicas: prometheus.NewDesc("lumen_controller_checkpoint_replicas_short_total",
+			"Placements that got fewer checkpoint copies than the cluster's replication factor, for want of budget in distinct nodes.", nil, nil)}
 }
 
 func (t *workerTable) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.budget
 	ch <- t.reserved
 	ch <- t.queueWait
+	ch <- t.sameDomain
+	ch <- t.shortReplicas
 }
 
 func (t *workerTable) Collect(ch chan<- prometheus.Metric) {
@@ -145,6 +152,9 @@ func (t *workerTable) Collect(ch chan<- prometheus.Metric) {
 	for _, l := range tab.Loads {
 		ch <- prometheus.MustNewConstMetric(t.queueWait, prometheus.GaugeValue, l.QueueWaitMs/1000, l.WorkerId)
 	}
+	same, short := t.f.DomainCounts()
+	ch <- prometheus.MustNewConstMetric(t.sameDomain, prometheus.CounterValue, float64(same))
+	ch <- prometheus.MustNewConstMetric(t.shortReplicas, prometheus.CounterValue, float64(short))
 }
 
 // countRecovery counts a committed recovery plan and its requests by mode.

@@ -54,7 +54,7 @@ func TestTableAndRecoveryMetrics(t *testing.T) {
 	budgets := map[string]uint64{"w-a": 64 << 20, "w-b": 128 << 20}
 	for id, b := range budgets {
 		if _, err := c.client(n).RegisterWorker(ctxT(t, 5*time.Second), &pb.RegisterWorkerRequest{Worker: &pb.Worker{
-			Id: id, Incarnation: 1, GrpcAddr: deadAddr, Capacity: &pb.Capacity{KvPagesTotal: 1000, KvBytesPerToken: 1024, CheckpointBudgetBytes: b,
+			Id: id, Incarnation: 1, GrpcAddr: deadAddr, Node: "node-1", Capacity: &pb.Capacity{KvPagesTotal: 1000, KvBytesPerToken: 1024, CheckpointBudgetBytes: b,
 				MaxContextTokens: 8192, H2DBytesPerSec: 25e9}}}); err != nil {
 			t.Fatal(err)
 		}
@@ -69,10 +69,16 @@ func TestTableAndRecoveryMetrics(t *testing.T) {
 			t.Errorf("%s: budget gauge %v (exported %v), want %d", id, v, ok, b)
 		}
 	}
-	if pl.HolderId != "" {
-		if v, _ := gauge(t, n, "lumen_controller_worker_checkpoint_reserved_bytes", "worker", pl.HolderId); v != float64(pl.ReservedBytes) {
-			t.Errorf("reserved on the holder %s: gauge %v, placement %d", pl.HolderId, v, pl.ReservedBytes)
-		}
+	if pl.HolderId == "" {
+		t.Fatalf("no holder: %v", resp)
+	}
+	if v, _ := gauge(t, n, "lumen_controller_worker_checkpoint_reserved_bytes", "worker", pl.HolderId); v != float64(pl.ReservedBytes) {
+		t.Errorf("reserved on the holder %s: gauge %v, placement %d", pl.HolderId, v, pl.ReservedBytes)
+	}
+	// Both workers are on node-1: the only holder shares the serving
+	// worker's node, and the counter says so.
+	if v, ok := gauge(t, n, "lumen_controller_checkpoint_same_domain_total", "", ""); !ok || v != 1 {
+		t.Errorf("same-domain placements: %v (exported %v), want 1", v, ok)
 	}
 	waitFor(t, 5*time.Second, "the Raft term gauge", func() bool {
 		v, _ := gauge(t, n, "lumen_controller_raft_term", "", "")

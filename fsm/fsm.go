@@ -155,6 +155,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			panic(fmt.Sprintf("fsm: log entry %d does not decode: %v", l.Index, err))
 		}
 		res := make([]Result, len(entry.Commands))
+		f.st.failingTogether(entry.Commands)
 		for j, c := range entry.Commands {
 			if f.observe == nil {
 				res[j] = f.st.apply(c, l.Index, &evs)
@@ -166,6 +167,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			res[j] = f.st.apply(c, l.Index, &evs)
 			f.observe(CommandType(c), time.Since(start))
 		}
+		f.st.endTogether()
 		out[i] = res
 	}
 	// The applied index and the events are published before the lock is

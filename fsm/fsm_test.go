@@ -523,6 +523,11 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 				inc[id]++
 				c := worker(id, uint64(rng.Intn(1<<20)))
 				c.GetRegisterWorker().Worker.Incarnation = inc[id]
+				if w := c.GetRegisterWorker().Worker; id < "w09" {
+					// Failure domains: w00–w08 on three nodes, the rest
+					// unlabelled (each its own domain).
+					w.Node = fmt.Sprintf("n%d", (id[2]-'0')/3)
+				}
 				phase[id] = fullService
 				if rng.Intn(3) == 0 {
 					c.GetRegisterWorker().Worker.Phase = loadingDraft
@@ -547,7 +552,9 @@ func randomLog(rng *rand.Rand, n int) [][]*pb.Command {
 				batch = append(batch, markFailed(id, inc[id]))
 				phase[id] = failed
 			case op < 100:
-				batch = append(batch, strategy(pb.Strategy(1+rng.Intn(4))))
+				c := strategy(pb.Strategy(1 + rng.Intn(4)))
+				c.GetSetStrategy().CheckpointReplicas = uint32(rng.Intn(4)) // 0: unchanged
+				batch = append(batch, c)
 			default:
 				batch = append(batch, noop())
 			}

@@ -207,10 +207,12 @@ func (s *state) abortMigration(p *pb.Placement, reason string, idx uint64, evs e
 }
 
 // commitMigration moves MIGRATING placement p to its destination, at the
-// next epoch. The checkpoint holder stays (its pages are the same prefix)
-// unless it is the destination itself, which cannot hold its own request's
-// checkpoint, or there was none: then the strategy's rule (h(r) under lumen)
-// chooses anew for the new serving worker.
+// next epoch. The checkpoint holders stay (their pages are the same prefix)
+// unless one is the destination itself, which cannot hold its own request's
+// checkpoint, or on the destination's node (issue 24: a copy never shares
+// its serving worker's failure domain), or there was none: then the
+// strategy's rule (h(r) under lumen) chooses every copy anew for the new
+// serving worker.
 func (s *state) commitMigration(p *pb.Placement, reason string, idx uint64, evs eventSink) *pb.Placement {
 	dest := p.MigrationTarget
 	np := clearMigration(p, pb.PlacementState_PLACEMENT_STATE_RUNNING)
@@ -218,7 +220,7 @@ func (s *state) commitMigration(p *pb.Placement, reason string, idx uint64, evs 
 	removeFrom(s.serving, p.WorkerId, p.RequestId)
 	np.WorkerId, np.WorkerIncarnation = dest, p.MigrationTargetIncarnation
 	np.Epoch++
-	if np.HolderId == dest || np.HolderId == "" {
+	if np.HolderId == "" || s.copyNear(np, dest) {
 		s.dropHolder(np)
 		s.placeHolder(np, sort.SearchStrings(s.ids, dest))
 	}
@@ -232,6 +234,28 @@ func (s *state) commitMigration(p *pb.Placement, reason string, idx uint64, evs 
 	s.emit(evs, idx, &pb.Event{Body: &pb.Event_PlacementMoved{PlacementMoved: &pb.PlacementMoved{
 		Placement: np, FromWorker: p.WorkerId, Reason: "migration"}}})
 	return np
+}
+
+// copyNear reports whether a copy of p's checkpoint is on worker dest or
+// in its failure domain.
+func (s *state) copyNear(p *pb.Placement, dest string) bool {
+	dv := s.view(dest)
+	near := func(id string) bool {
+		if id == dest {
+			return true
+		}
+		v := s.view(id)
+		return dv != nil && v != nil && policy.SameDomain(v, dv)
+	}
+	if near(p.HolderId) {
+		return true
+	}
+	for _, id := range p.ReplicaHolders {
+		if near(id) {
+			return true
+		}
+	}
+	return false
 }
 
 // abortIncoming aborts every migration into worker w, which is leaving

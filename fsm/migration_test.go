@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"errors"
+	"github.com/lumen-project/lumen/policy"
 	"io"
 	"slices"
 	"strings"
@@ -125,16 +126,34 @@ func checkReservations(t testing.TB, s *state) {
 	bytes, held := map[string]uint64{}, map[string]uint32{}
 	for _, p := range s.placements {
 		if p.HolderId == "" {
+			if len(p.ReplicaHolders) > 0 {
+				t.Fatalf("%s has replicas %v and no first copy", p.RequestId, p.ReplicaHolders)
+			}
 			continue
 		}
-		if p.HolderId == p.WorkerId {
-			t.Fatalf("%s is served and held by %s", p.RequestId, p.WorkerId)
+		copies := append([]string{p.HolderId}, p.ReplicaHolders...)
+		for k, h := range copies {
+			if h == p.WorkerId {
+				t.Fatalf("%s is served and held by %s", p.RequestId, p.WorkerId)
+			}
+			if _, ok := s.holding[h][p.RequestId]; !ok {
+				t.Fatalf("%s held by %s, not in its holding set", p.RequestId, h)
+			}
+			bytes[h] += p.ReservedBytes
+			held[h]++
+			// Issue 24: the copies are in distinct domains, and when there
+			// are several none is on the serving worker's node (only a
+			// lone first copy falls back there).
+			hv := s.view(h)
+			for _, o := range copies[:k] {
+				if ov := s.view(o); hv != nil && ov != nil && policy.SameDomain(hv, ov) {
+					t.Fatalf("%s: copies on %s and %s, one domain", p.RequestId, o, h)
+				}
+			}
+			if sv := s.view(p.WorkerId); len(copies) > 1 && hv != nil && sv != nil && policy.SameDomain(hv, sv) {
+				t.Fatalf("%s: a copy on %s, the node of its serving worker %s", p.RequestId, h, p.WorkerId)
+			}
 		}
-		if _, ok := s.holding[p.HolderId][p.RequestId]; !ok {
-			t.Fatalf("%s held by %s, not in its holding set", p.RequestId, p.HolderId)
-		}
-		bytes[p.HolderId] += p.ReservedBytes
-		held[p.HolderId]++
 	}
 	for i, id := range s.ids {
 		if v := s.views[i]; v.Reserved != bytes[id] || v.Held != held[id] {

@@ -90,3 +90,22 @@ func (f *FSM) HolderUsage() map[string][2]uint64 {
 	}
 	return out
 }
+
+// CheckpointReplicas returns the copies of each new placement's checkpoint
+// (SetStrategyCmd.checkpoint_replicas; 1 by default).
+func (f *FSM) CheckpointReplicas() uint32 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.replicas
+}
+
+// DomainCounts returns, over this replica's applies since it started or
+// last restored a snapshot, the placements whose first checkpoint copy
+// had to go to a worker of the serving worker's own node (no worker
+// outside it had the budget: policy.HolderChoice.SameDomain), and those
+// that got fewer copies than CheckpointReplicas (Short).
+func (f *FSM) DomainCounts() (sameDomain, shortReplicas uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.sameDomain, f.st.shortReplicas
+}

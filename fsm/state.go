@@ -17,6 +17,18 @@ type state struct {
 	lambda   float64
 	// migration is the switch of live migration for balance.
 	migration bool
+	// replicas is the copies of each checkpoint (issue 24), >= 1.
+	replicas uint32
+	// sameDomain and shortReplicas count placements whose first copy
+	// had to share the serving worker's node, and those that got fewer
+	// copies than replicas (policy.HolderChoice). Counters of this
+	// replica's applies since it started or restored, for metrics: not
+	// snapshotted, never read by Apply.
+	sameDomain, shortReplicas uint64
+	holderBuf                 []int
+	// together are the workers the entry being applied marks failed,
+	// while it applies (failingTogether).
+	together []string
 
 	workers map[string]*pb.Worker
 	loads   map[string]*pb.LoadRecord
@@ -69,6 +81,7 @@ func newState() *state {
 	return &state{
 		strategy:       pb.Strategy_STRATEGY_LUMEN,
 		lambda:         DefaultLambda,
+		replicas:       1,
 		workers:        map[string]*pb.Worker{},
 		loads:          map[string]*pb.LoadRecord{},
 		placements:     map[string]*pb.Placement{},
@@ -250,6 +263,7 @@ func (s *state) putWorker(w *pb.Worker) {
 	v := s.view(w.Id)
 	v.Eligible = eligible(w)
 	v.Draining = w.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING
+	v.Node = w.Node
 	v.CheckpointBudget = w.GetCapacity().GetCheckpointBudgetBytes()
 	v.H2DBytesPerSec = w.GetCapacity().GetH2DBytesPerSec()
 	v.MaxRunning = w.GetCapacity().GetMaxRunning()
@@ -398,7 +412,7 @@ func (s *state) registerWorker(w *pb.Worker, idx uint64, evs eventSink) Result {
 	s.putWorker(nw)
 	delete(s.loads, nw.Id)
 	v := s.view(nw.Id)
-	*v = policy.Worker{ID: v.ID, Eligible: v.Eligible, Draining: v.Draining, CheckpointBudget: v.CheckpointBudget,
+	*v = policy.Worker{ID: v.ID, Node: v.Node, Eligible: v.Eligible, Draining: v.Draining, CheckpointBudget: v.CheckpointBudget,
 		H2DBytesPerSec: v.H2DBytesPerSec, MaxRunning: v.MaxRunning, KVPagesTotal: nw.GetCapacity().GetKvPagesTotal()}
 	s.touch(nw.Id)
 	from := pb.WorkerPhase_WORKER_PHASE_UNSPECIFIED
@@ -494,6 +508,13 @@ func (s *state) setStrategy(c *pb.SetStrategyCmd, idx uint64, evs eventSink) Res
 	if c.Migration < pb.MigrationMode_MIGRATION_MODE_UNCHANGED || c.Migration > pb.MigrationMode_MIGRATION_MODE_OFF {
 		return Result{Err: fmt.Errorf("%w: unknown migration mode %d", ErrInvalid, c.Migration)}
 	}
+	if c.CheckpointReplicas > policy.MaxCheckpointReplicas {
+		return Result{Err: fmt.Errorf("%w: checkpoint replicas %d: at most %d", ErrInvalid, c.CheckpointReplicas, policy.MaxCheckpointReplicas)}
+	}
+	if c.CheckpointReplicas > 0 {
+		// Placements keep the copies they have; new ones get the new count.
+		s.replicas = c.CheckpointReplicas
+	}
 	prev := s.strategy
 	if c.Strategy != pb.Strategy_STRATEGY_UNSPECIFIED {
 		s.strategy = c.Strategy
@@ -568,22 +589,87 @@ func (s *state) strategyPolicy() policy.Strategy { return policy.Strategy(s.stra
 // serving (into views) and fills p's holder fields.
 func (s *state) placeHolder(p *pb.Placement, serving int) policy.NoHolder {
 	p.ReservedBytes = s.footprint(s.ids[serving], p.PromptTokens, p.MaxTokens)
-	h, why := policy.ChooseHolder(s.strategyPolicy(), s.views, s.holders, serving, p.ReservedBytes, s.lambda)
-	if h < 0 {
+	c := policy.ChooseHolders(s.strategyPolicy(), s.views, s.holders, serving, p.ReservedBytes, s.lambda, int(s.replicas), s.holderBuf)
+	s.holderBuf = c.Holders
+	p.ReplicaHolders = nil
+	if len(c.Holders) == 0 {
 		p.HolderId, p.ReservedBytes = "", 0
-		return why
+		return c.Why
 	}
-	p.HolderId = s.ids[h]
-	s.reserve(p.HolderId, p.ReservedBytes)
-	addTo(s.holding, p.HolderId, p.RequestId)
-	return why
+	if c.SameDomain {
+		s.sameDomain++
+	}
+	if c.Short {
+		s.shortReplicas++
+	}
+	for k, h := range c.Holders {
+		id := s.ids[h]
+		if k == 0 {
+			p.HolderId = id
+		} else {
+			p.ReplicaHolders = append(p.ReplicaHolders, id)
+		}
+		s.reserve(id, p.ReservedBytes)
+		addTo(s.holding, id, p.RequestId)
+	}
+	return c.Why
 }
 
+// dropHolder releases every copy of p's checkpoint (its fields stay).
 func (s *state) dropHolder(p *pb.Placement) {
 	if p.HolderId != "" {
 		s.release(p.HolderId, p.ReservedBytes)
 		removeFrom(s.holding, p.HolderId, p.RequestId)
 	}
+	for _, id := range p.ReplicaHolders {
+		s.release(id, p.ReservedBytes)
+		removeFrom(s.holding, id, p.RequestId)
+	}
+}
+
+// dropCopy removes holder's copy of p's checkpoint (p is the table's own
+// copy, changed in place): the first replica takes the holder's place
+// when it was the first copy.
+func (s *state) dropCopy(p *pb.Placement, holder string) {
+	s.release(holder, p.ReservedBytes)
+	removeFrom(s.holding, holder, p.RequestId)
+	if p.HolderId == holder {
+		p.HolderId = ""
+		if len(p.ReplicaHolders) > 0 {
+			p.HolderId = p.ReplicaHolders[0]
+			p.ReplicaHolders = append([]string(nil), p.ReplicaHolders[1:]...)
+		}
+	} else {
+		rest := make([]string, 0, len(p.ReplicaHolders))
+		for _, id := range p.ReplicaHolders {
+			if id != holder {
+				rest = append(rest, id)
+			}
+		}
+		p.ReplicaHolders = rest
+	}
+	if len(p.ReplicaHolders) == 0 {
+		p.ReplicaHolders = nil
+	}
+	if p.HolderId == "" {
+		p.ReservedBytes = 0
+	}
+}
+
+// HoldsCopy reports whether worker id holds a copy of p's checkpoint.
+func HoldsCopy(p *pb.Placement, id string) bool {
+	if id == "" {
+		return false
+	}
+	if p.HolderId == id {
+		return true
+	}
+	for _, h := range p.ReplicaHolders {
+		if h == id {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
@@ -741,6 +827,48 @@ func (s *state) markFailed(c *pb.MarkFailedCmd, idx uint64, evs eventSink) Resul
 	return Result{Worker: s.failWorker(w, reason, idx, evs)}
 }
 
+// failingTogether takes out of the policy views, for the entry about to
+// apply, every worker the entry marks failed (a MarkFailed of its current
+// incarnation while it is eligible), when it marks more than one: workers
+// that fail together — a node's, whose probes fail at once and which the
+// leader commits as one entry — are then no recovery target, no live
+// checkpoint and no new holder for one another's requests. Without it
+// the plan of the first would send requests to its node-mates, which the
+// next command of the entry fails again, and their copies there would
+// count as live. endTogether puts the views back as the rows say.
+func (s *state) failingTogether(cmds []*pb.Command) {
+	n := 0
+	for _, c := range cmds {
+		if c.GetMarkFailed() != nil {
+			n++
+		}
+	}
+	if n < 2 {
+		return
+	}
+	for _, c := range cmds {
+		mf := c.GetMarkFailed()
+		if mf == nil {
+			continue
+		}
+		w, ok := s.workers[mf.WorkerId]
+		if !ok || w.Incarnation != mf.Incarnation || !eligible(w) {
+			continue
+		}
+		s.view(w.Id).Eligible = false
+		s.touch(w.Id)
+		s.together = append(s.together, w.Id)
+	}
+}
+
+func (s *state) endTogether() {
+	for _, id := range s.together {
+		s.view(id).Eligible = eligible(s.workers[id])
+		s.touch(id)
+	}
+	s.together = s.together[:0]
+}
+
 // failWorker takes a worker out of service: the checkpoints it held are lost
 // (their placements run on without a holder until recovery picks new ones),
 // and the requests it served are recovered by plan.
@@ -748,8 +876,7 @@ func (s *state) failWorker(w *pb.Worker, reason string, idx uint64, evs eventSin
 	nw := s.setWorkerPhase(w, pb.WorkerPhase_WORKER_PHASE_FAILED, reason, idx, evs)
 	for _, id := range sortedKeys(s.holding[w.Id]) {
 		p := proto.Clone(s.placements[id]).(*pb.Placement)
-		s.dropHolder(p)
-		p.HolderId, p.ReservedBytes = "", 0
+		s.dropCopy(p, w.Id)
 		s.placements[id] = p
 	}
 	delete(s.holding, w.Id)
@@ -773,7 +900,7 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 	var migrations []*pb.Placement
 	for i, rid := range reqIDs {
 		p := s.placements[rid]
-		reqs[i] = policy.Interrupted{RequestID: rid, Holder: p.HolderId, PromptTokens: p.PromptTokens, MaxTokens: p.MaxTokens}
+		reqs[i] = policy.Interrupted{RequestID: rid, Holder: p.HolderId, Replicas: p.ReplicaHolders, PromptTokens: p.PromptTokens, MaxTokens: p.MaxTokens}
 		if migrating(p) {
 			reqs[i].MigrationTarget = p.MigrationTarget
 			migrations = append(migrations, p)
@@ -815,7 +942,8 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 		s.placements[p.RequestId] = p
 		rp.Assignments = append(rp.Assignments, &pb.RecoveryAssignment{
 			RequestId: a.RequestID, TargetWorker: target.Id, Mode: pb.RecoveryMode(a.Mode),
-			CheckpointHolder: a.Holder, Rebalanced: a.Rebalanced, NewHolder: p.HolderId, MigrationCopy: a.MigrationCopy})
+			CheckpointHolder: a.Holder, Rebalanced: a.Rebalanced, NewHolder: p.HolderId, MigrationCopy: a.MigrationCopy,
+			NewReplicas: p.ReplicaHolders})
 	}
 	s.recoveries = append(s.recoveries, rp)
 	if len(s.recoveries) > recoveriesKept {
@@ -882,7 +1010,7 @@ func (s *state) leftover(w *pb.Worker) (uint64, bool) {
 
 func (s *state) capture(applied uint64) *pb.Snapshot {
 	out := &pb.Snapshot{
-		AppliedIndex: applied, Strategy: s.strategy, Lambda: s.lambda, Migration: s.migration,
+		AppliedIndex: applied, Strategy: s.strategy, Lambda: s.lambda, Migration: s.migration, CheckpointReplicas: s.replicas,
 		NextRecoveryId: s.nextRecoveryID, LastStampUnixNano: s.lastStamp,
 		Workers:    make([]*pb.Worker, 0, len(s.ids)),
 		Placements: make([]*pb.Placement, 0, len(s.placements)),
@@ -913,6 +1041,9 @@ func (s *state) capture(applied uint64) *pb.Snapshot {
 func restoreState(snap *pb.Snapshot) (*state, error) {
 	s := newState()
 	s.strategy, s.lambda, s.migration = snap.Strategy, snap.Lambda, snap.Migration
+	if snap.CheckpointReplicas > 0 {
+		s.replicas = snap.CheckpointReplicas
+	}
 	s.nextRecoveryID, s.lastStamp = snap.NextRecoveryId, snap.LastStampUnixNano
 	for _, w := range snap.Workers {
 		s.putWorker(w)
@@ -940,6 +1071,10 @@ func restoreState(snap *pb.Snapshot) (*state, error) {
 		if p.HolderId != "" {
 			s.reserve(p.HolderId, p.ReservedBytes)
 			addTo(s.holding, p.HolderId, p.RequestId)
+		}
+		for _, id := range p.ReplicaHolders {
+			s.reserve(id, p.ReservedBytes)
+			addTo(s.holding, id, p.RequestId)
 		}
 		if migrating(p) {
 			addTo(s.incoming, p.MigrationTarget, p.RequestId)

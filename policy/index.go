@@ -99,6 +99,14 @@ func (x *HolderIndex) Update(i int, w *Worker) {
 // free budget covers footprint with the lowest score; ties to the lower
 // index (the smaller id).
 func (x *HolderIndex) Pick(serving int, footprint uint64) (int, NoHolder) {
+	return x.PickSkip(serving, footprint, nil)
+}
+
+// PickSkip is Pick over the workers skip (when not nil) does not exclude:
+// pickHolderSkip over the index. A subtree of skipped workers with good
+// scores is walked into and found empty, so excluding one node's workers
+// costs at most a walk to each of them.
+func (x *HolderIndex) PickSkip(serving int, footprint uint64, skip func(i int) bool) (int, NoHolder) {
 	best, bestScore := -1, math.Inf(1)
 	var walk func(v int)
 	walk = func(v int) {
@@ -109,7 +117,7 @@ func (x *HolderIndex) Pick(serving int, footprint uint64) (int, NoHolder) {
 			return
 		}
 		if v >= x.size {
-			if i := v - x.size; i != serving {
+			if i := v - x.size; i != serving && (skip == nil || !skip(i)) {
 				best, bestScore = i, x.minScore[v]
 			}
 			return
@@ -126,6 +134,15 @@ func (x *HolderIndex) Pick(serving int, footprint uint64) (int, NoHolder) {
 	peers := x.count
 	if serving >= 0 && serving < x.n && x.eligible[serving] {
 		peers--
+	}
+	if skip != nil && peers > 0 {
+		// Only when nothing was found: count the peers skip leaves.
+		peers = 0
+		for i := range x.n {
+			if x.eligible[i] && i != serving && !skip(i) {
+				peers++
+			}
+		}
 	}
 	if peers <= 0 {
 		return -1, NoHolderNoPeer

@@ -101,6 +101,9 @@ func ParseStrategy(name string) (Strategy, bool) {
 // worker, sorted by ID.
 type Worker struct {
 	ID string
+	// Node is the worker's failure domain (issue 24): the host it runs
+	// on, whose workers fail together. Empty: a domain of its own.
+	Node string
 	// Eligible is true for a worker in FULL_SERVICE: it may serve new
 	// requests and hold checkpoints.
 	Eligible bool
@@ -128,6 +131,24 @@ type Worker struct {
 	Reserved         uint64  // bytes reserved by the checkpoints it holds
 	Held             uint32  // number of checkpoints it holds
 	H2DBytesPerSec   float64 // host-to-GPU bandwidth, for restore delay
+}
+
+// Domain is the failure domain the holder choice keeps a checkpoint out
+// of: the worker's node, or for a worker without one, the worker alone.
+func (w *Worker) Domain() string {
+	if w.Node != "" {
+		return w.Node
+	}
+	return "\x00" + w.ID // no node name starts with NUL
+}
+
+// SameDomain reports whether a and b fail together: the same node, or the
+// same worker.
+func SameDomain(a, b *Worker) bool {
+	if a.Node == "" || b.Node == "" {
+		return a.ID == b.ID
+	}
+	return a.Node == b.Node
 }
 
 // FreeCheckpointBytes is the part of the budget not yet reserved.
@@ -215,16 +236,27 @@ const (
 	NoHolderBudgetFull NoHolder = "no worker has checkpoint budget left for the request's footprint"
 )
 
+// MaxCheckpointReplicas bounds SetStrategy's replication factor: each copy
+// is the request's whole footprint in some worker's host memory and its
+// pages once more on the serving worker's link.
+const MaxCheckpointReplicas = 4
+
 // PickHolder is LUMEN's h(r): among eligible workers other than the serving
 // worker whose free checkpoint budget covers the footprint, the one that
 // minimises q_w + lambda·p_w(r). Ties go to the smaller id. It returns -1 and
 // the reason when there is none.
 func PickHolder(ws []Worker, serving int, footprint uint64, lambda float64) (int, NoHolder) {
+	return pickHolderSkip(ws, serving, footprint, lambda, nil)
+}
+
+// pickHolderSkip is PickHolder over the workers skip (when not nil) does
+// not exclude; a skipped worker counts as no peer.
+func pickHolderSkip(ws []Worker, serving int, footprint uint64, lambda float64, skip func(i int) bool) (int, NoHolder) {
 	best, bestScore := -1, math.Inf(1)
 	peers := false
 	for i := range ws {
 		w := &ws[i]
-		if !w.Eligible || i == serving {
+		if !w.Eligible || i == serving || skip != nil && skip(i) {
 			continue
 		}
 		peers = true
@@ -265,17 +297,105 @@ func RingHolder(ws []Worker, serving int, footprint uint64) (int, NoHolder) {
 }
 
 // ChooseHolder applies the strategy's holder rule. idx, when not nil, is the
-// HolderIndex of ws and answers LUMEN's h(r).
+// HolderIndex of ws and answers LUMEN's h(r). It is ChooseHolders for one
+// copy.
 func ChooseHolder(s Strategy, ws []Worker, idx *HolderIndex, serving int, footprint uint64, lambda float64) (int, NoHolder) {
+	c := ChooseHolders(s, ws, idx, serving, footprint, lambda, 1, nil)
+	if len(c.Holders) == 0 {
+		return -1, c.Why
+	}
+	return c.Holders[0], HolderFound
+}
+
+// HolderChoice is where a request's checkpoint copies go.
+type HolderChoice struct {
+	// Holders are the indices of the copies' holders, the first copy's
+	// first; empty when there is none (Why says why).
+	Holders []int
+	Why     NoHolder
+	// SameDomain: no worker outside the serving worker's node had the
+	// budget, and the first copy went to a worker of that node.
+	SameDomain bool
+	// Short: fewer copies than asked, for want of budget in distinct
+	// domains.
+	Short bool
+}
+
+// ChooseHolders is F(r) and h(r) with failure domains (issue 24): up to
+// replicas copies, each chosen by the strategy's rule among the workers
+// whose domain (Worker.Domain) is neither the serving worker's nor that of
+// a copy already chosen. Under lumen every copy is h(r) over that set.
+//
+// When no worker outside the serving worker's node has the budget, the
+// first copy falls back to h(r) over the node's other workers
+// (SameDomain): such a copy does not survive the node, but it does survive
+// the failure of the serving worker alone — a process crash, a GPU fault,
+// an OOM kill, which are more frequent than a whole node's — where no copy
+// survives nothing. Further copies never fall back (Short): a second copy
+// in a domain that already has one survives nothing the first does not.
+//
+// fixed-checkpoint is DéjàVu's ring whatever the domains, as the anchor
+// places it, and keeps one copy. idx, when not nil, is the HolderIndex of
+// ws. dst, when not nil, is reused for Holders.
+func ChooseHolders(s Strategy, ws []Worker, idx *HolderIndex, serving int, footprint uint64, lambda float64, replicas int, dst []int) HolderChoice {
+	c := HolderChoice{Holders: dst[:0]}
 	switch s {
 	case StopAndRestart, RecomputeHistory:
-		return -1, NoHolderStrategy
+		c.Why = NoHolderStrategy
+		return c
 	case FixedCheckpoint:
-		return RingHolder(ws, serving, footprint)
-	default:
-		if idx != nil {
-			return idx.Pick(serving, footprint)
+		h, why := RingHolder(ws, serving, footprint)
+		if h >= 0 {
+			c.Holders = append(c.Holders, h)
 		}
-		return PickHolder(ws, serving, footprint, lambda)
+		c.Why = why
+		return c
 	}
+	replicas = max(replicas, 1)
+	pick := func(skip func(i int) bool) (int, NoHolder) {
+		if idx != nil {
+			return idx.PickSkip(serving, footprint, skip)
+		}
+		return pickHolderSkip(ws, serving, footprint, lambda, skip)
+	}
+	var sw *Worker
+	if serving >= 0 && serving < len(ws) {
+		sw = &ws[serving]
+	}
+	// taken: the domain is the serving worker's or a chosen copy's.
+	taken := func(i int) bool {
+		w := &ws[i]
+		if sw != nil && SameDomain(w, sw) {
+			return true
+		}
+		for _, h := range c.Holders {
+			if SameDomain(w, &ws[h]) {
+				return true
+			}
+		}
+		return false
+	}
+	for len(c.Holders) < replicas {
+		h, why := pick(taken)
+		if h < 0 && len(c.Holders) == 0 {
+			// The fallback: the serving worker's own node.
+			if h, why = pick(nil); h >= 0 {
+				c.SameDomain = true
+			}
+		}
+		if h < 0 {
+			if len(c.Holders) == 0 {
+				c.Why = why
+			} else {
+				c.Short = true
+			}
+			return c
+		}
+		c.Holders = append(c.Holders, h)
+		if c.SameDomain {
+			c.Short = replicas > 1
+			return c
+		}
+	}
+	return c
 }

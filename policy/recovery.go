@@ -1,11 +1,17 @@
 package policy
 
-import "sort"
+import (
+	"math"
+	"sort"
+)
 
 // Interrupted is a request that was running on a failed worker.
 type Interrupted struct {
-	RequestID    string
-	Holder       string // its checkpoint holder, "" for none
+	RequestID string
+	Holder    string // its checkpoint holder, "" for none
+	// Replicas are its further checkpoint copies' holders
+	// (Placement.replica_holders).
+	Replicas     []string
 	PromptTokens uint32
 	MaxTokens    uint32
 	// MigrationTarget is the destination of a live migration that was in
@@ -41,7 +47,9 @@ type Assignment struct {
 //     resumes at that destination, reusing the pages the migration copied
 //     (Llumnix restarts it instead): they are already in the destination's
 //     KV cache, so no room check, and rebalancing leaves it there;
-//  1. a request whose holder is eligible resumes there, reusing its pages
+//  1. a request with an eligible holder resumes there, reusing its pages
+//     (of its copies' holders, the one with the KV room and then the
+//     freest: live, above)
 //     (not under stop-and-restart or recompute, which keep no
 //     checkpoints) — under
 //     lumen, only when the holder has the KV pages for it, or no worker
@@ -54,7 +62,9 @@ type Assignment struct {
 //  3. under lumen only, rebalance: while a holder has more recovered requests
 //     than the cluster average (rounded up) and more requests on their way
 //     to it than it runs, its request with the smallest checkpointed prefix
-//     is recomputed on the least-loaded worker instead. fixed-checkpoint is
+//     moves to another live copy's holder below the average (issue 24's
+//     replicas), reusing its pages there, or else is recomputed on the
+//     least-loaded worker instead. fixed-checkpoint is
 //     DéjàVu's: every request restores at its ring successor however many
 //     there are, the baseline lumen is measured against.
 //
@@ -81,23 +91,45 @@ type Assignment struct {
 // for one.
 func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	eligible := 0
-	byID := make(map[string]int, len(ws))
+	sorted := true
 	for i := range ws {
-		byID[ws[i].ID] = i
 		if ws[i].Eligible {
 			eligible++
 		}
+		sorted = sorted && (i == 0 || ws[i-1].ID < ws[i].ID)
 	}
 	if eligible == 0 || len(reqs) == 0 {
 		return nil
 	}
+	// byID finds a worker: by binary search in the fsm's slice, sorted by
+	// id (a map of 1,024 workers per plan was a tenth of a node's
+	// MarkFailed), by a map otherwise.
+	var byIDMap map[string]int
+	if !sorted {
+		byIDMap = make(map[string]int, len(ws))
+		for i := range ws {
+			byIDMap[ws[i].ID] = i
+		}
+	}
+	byID := func(id string) (int, bool) {
+		if byIDMap != nil {
+			i, ok := byIDMap[id]
+			return i, ok
+		}
+		i := sort.Search(len(ws), func(i int) bool { return ws[i].ID >= id })
+		return i, i < len(ws) && ws[i].ID == id
+	}
+	// free answers PickServing as the plan changes the freeness.
+	free := newFreeTree(ws, func(i int) bool { return ws[i].Eligible })
 	assign := func(i int, r Interrupted) {
 		ws[i].PendingRequests++
 		ws[i].PendingPages += Pages(uint64(r.PromptTokens) + 1)
+		free.update(i)
 	}
 	unassign := func(i int, r Interrupted) {
 		ws[i].PendingRequests--
 		ws[i].PendingPages -= Pages(uint64(r.PromptTokens) + 1)
+		free.update(i)
 	}
 
 	// room is the KV pages a worker can give a resumed request now.
@@ -105,26 +137,51 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		w := &ws[i]
 		return int64(w.KVPagesTotal) - int64(w.KVPagesUsed) - int64(w.QueueHeadPages) - int64(w.PendingPages)
 	}
+	// live is the eligible copy a request restores from: of its holder
+	// and replicas, the one with the KV room for the prefix and then the
+	// highest freeness (the lowest cost of a restore there); -1 for none.
+	// Every copy has the same prefix up to what the serving worker's
+	// queues to each had sent, which Apply does not know (the prefix is
+	// not replicated), so the fastest restore is the choice.
+	live := func(r Interrupted) int {
+		best, bestRoom, bestF := -1, false, 0.0
+		need := int64(Pages(uint64(r.PromptTokens) + 1))
+		consider := func(id string) {
+			h, ok := byID(id)
+			if !ok || id == "" || !ws[h].Eligible {
+				return
+			}
+			hasRoom, f := room(h) >= need, ws[h].Freeness()
+			if best < 0 || hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF {
+				best, bestRoom, bestF = h, hasRoom, f
+			}
+		}
+		consider(r.Holder)
+		for _, id := range r.Replicas {
+			consider(id)
+		}
+		return best
+	}
 	plan := make([]Assignment, len(reqs))
 	count := make([]int, len(ws))
 	for k, r := range reqs {
 		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
-		if m, ok := byID[r.MigrationTarget]; ok && s == Lumen && r.MigrationTarget != "" && ws[m].Eligible {
+		if m, ok := byID(r.MigrationTarget); ok && s == Lumen && r.MigrationTarget != "" && ws[m].Eligible {
 			a.Target, a.Mode, a.Holder, a.MigrationCopy = m, Reuse, r.MigrationTarget, true
-		} else if h, ok := byID[r.Holder]; ok && s.KeepsCheckpoints() && r.Holder != "" && ws[h].Eligible {
-			a.Target, a.Mode = h, Reuse
+		} else if h := live(r); h >= 0 && s.KeepsCheckpoints() {
+			a.Target, a.Mode, a.Holder = h, Reuse, ws[h].ID
 			// A restore needs the whole prefix in KV at once: at a holder
 			// without the room it waits for running requests to finish
 			// (seconds on a KV-bound worker). lumen recomputes it on the
 			// freest worker instead when that one has the room.
 			need := int64(Pages(uint64(r.PromptTokens) + 1))
 			if s == Lumen && room(h) < need {
-				if alt := PickServing(ws); alt >= 0 && alt != h && room(alt) >= need {
+				if alt := free.best(); alt >= 0 && alt != h && room(alt) >= need {
 					a.Target, a.Mode, a.Rebalanced = alt, Recompute, true
 				}
 			}
 		} else {
-			a.Target, a.Mode = PickServing(ws), Recompute
+			a.Target, a.Mode = free.best(), Recompute
 		}
 		assign(a.Target, r)
 		count[a.Target]++
@@ -137,6 +194,8 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	// Rebalance the holders that took more than their share and more
 	// than they can start at once.
 	avg := (len(reqs) + eligible - 1) / eligible
+	// From here free answers "the least-loaded worker below the average".
+	free = newFreeTree(ws, func(i int) bool { return ws[i].Eligible && count[i] < avg })
 	order := make([]int, len(reqs)) // reuse assignments, smallest prefix first
 	for k := range order {
 		order[k] = k
@@ -151,17 +210,28 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		}
 		src := a.Target
 		unassign(src, reqs[k])
-		// The least-loaded worker still below the average, other than src.
+		// Another live copy's holder below the average takes it, reusing
+		// its pages there (issue 24: R > 1), the freest of them.
 		dst, dstF := -1, 0.0
-		for i := range ws {
-			if i == src || !ws[i].Eligible || count[i] >= avg {
+		for _, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
+			i, ok := byID(id)
+			if !ok || id == "" || i == src || !ws[i].Eligible || count[i] >= avg {
 				continue
 			}
 			if f := ws[i].Freeness(); dst < 0 || f > dstF {
 				dst, dstF = i, f
 			}
 		}
-		if dst < 0 {
+		if dst >= 0 {
+			count[src]--
+			count[dst]++
+			assign(dst, reqs[k])
+			a.Target, a.Holder, a.Rebalanced = dst, ws[dst].ID, true
+			continue
+		}
+		// The least-loaded worker still below the average (src is not:
+		// it had more than the average).
+		if dst = free.best(); dst < 0 {
 			assign(src, reqs[k])
 			continue
 		}
@@ -171,4 +241,70 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		a.Target, a.Mode, a.Rebalanced = dst, Recompute, true
 	}
 	return plan
+}
+
+// freeTree is a max segment tree of the workers' freeness over those ok
+// admits: best is PickServing over them (the highest, ties to the smaller
+// index) in O(1), update after a worker's freeness or admission changed in
+// O(log n). A plan recomputes hundreds of requests when a node fails;
+// scanning 1,024 workers for each was most of Apply's time.
+type freeTree struct {
+	ws   []Worker
+	ok   func(i int) bool
+	size int
+	val  []float64 // per node: the best freeness below; -Inf for none
+	arg  []int     // per node: its index, -1 for none
+}
+
+func newFreeTree(ws []Worker, ok func(i int) bool) *freeTree {
+	t := &freeTree{ws: ws, ok: ok, size: 1}
+	for t.size < len(ws) {
+		t.size *= 2
+	}
+	t.val = make([]float64, 2*t.size)
+	t.arg = make([]int, 2*t.size)
+	for v := range t.val {
+		t.val[v], t.arg[v] = math.Inf(-1), -1
+	}
+	for i := range ws {
+		t.leaf(i)
+	}
+	for v := t.size - 1; v >= 1; v-- {
+		t.pull(v)
+	}
+	return t
+}
+
+func (t *freeTree) leaf(i int) {
+	v := t.size + i
+	if t.ok(i) {
+		t.val[v], t.arg[v] = t.ws[i].Freeness(), i
+	} else {
+		t.val[v], t.arg[v] = math.Inf(-1), -1
+	}
+}
+
+func (t *freeTree) pull(v int) {
+	l, r := 2*v, 2*v+1
+	// The left wins ties: it holds the smaller indices.
+	if t.arg[r] >= 0 && (t.arg[l] < 0 || t.val[r] > t.val[l]) {
+		t.val[v], t.arg[v] = t.val[r], t.arg[r]
+	} else {
+		t.val[v], t.arg[v] = t.val[l], t.arg[l]
+	}
+}
+
+func (t *freeTree) update(i int) {
+	t.leaf(i)
+	for v := (t.size + i) / 2; v >= 1; v /= 2 {
+		t.pull(v)
+	}
+}
+
+// best is the admitted worker with the highest freeness, -1 for none.
+func (t *freeTree) best() int {
+	if len(t.ws) == 0 {
+		return -1
+	}
+	return t.arg[1]
 }

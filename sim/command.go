@@ -12,6 +12,7 @@ import (
 	"github.com/lumen-project/lumen/internal/progress"
 	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/workload"
+	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
 )
@@ -53,7 +54,12 @@ type Options struct {
 	// (Config.Gateways; 0: inside Apply).
 	Gateways      int
 	GatewayChoice GatewayChoice
-	Log           io.Writer
+	// Failure domains and replication (Study's fields of the same names).
+	GPUsPerNode, FailNodes, CheckpointReplicas int
+	DomainBlind                                bool
+	// Columns, when set, are the columns to run (Study.Only).
+	Columns []string
+	Log     io.Writer
 }
 
 // newMeter is a progress meter of runs on standard error for a command
@@ -114,7 +120,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			}
 			tm.FailAt = o.FailAt
 		}
-		if s.Failures > s.Workers-1 {
+		if o.GPUsPerNode == 0 && s.Failures > s.Workers-1 {
 			return nil, fmt.Errorf("%w: %s: %d failures of %d workers leave none to recover on", ErrInvalid, s.Name, s.Failures, s.Workers)
 		}
 		timing, err := o.Timing.Under(s.Conditions)
@@ -123,7 +129,8 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: s.LoadOr(o.Load), Lambda: o.Lambda, NoRestart: o.NoRestart,
 			Timing: timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
-			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice}
+			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice,
+			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err
@@ -222,6 +229,15 @@ type Command struct {
 	// SpecAlpha and SpecK are lumen's speculation.
 	SpecAlpha float64
 	SpecK     int
+	// Issue 24: GPUsPerNode puts the workers on nodes of that many;
+	// FailNodes kills every worker of that many nodes at the failure
+	// (Fail more, drawn at random); CheckpointReplicas is the copies of
+	// each checkpoint; Domains is "aware" (the workers register their
+	// nodes) or "blind" (they do not: h(r) as before).
+	GPUsPerNode, FailNodes, CheckpointReplicas int
+	Domains                                    string
+	// Columns, comma-separated, are the columns to run (empty: all).
+	Columns string
 	// Given names the flags set on the command line: some defaults depend
 	// on whether a value was given, and a flag that does not apply to what
 	// runs is refused rather than ignored.
@@ -235,7 +251,7 @@ type Command struct {
 func DefaultCommand() Command {
 	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
 		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
-		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
+		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", CheckpointReplicas: 1, Domains: "aware", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
 
 // Run checks the command and runs it: a replot, a figure, or the studies.
@@ -287,6 +303,24 @@ func (c *Command) Run() error {
 	}
 	if c.Figure != "" && c.Figure != "gateways" && given("gateways", "gateway-choice", "gateway-bias") {
 		return fmt.Errorf("-gateways, -gateway-choice and -gateway-bias apply to the studies and to -figure gateways, not to -figure %s", c.Figure)
+	}
+	if c.Figure != "" && given("gpus-per-node", "fail-nodes", "checkpoint-replicas", "domains", "columns") {
+		return fmt.Errorf("-gpus-per-node, -fail-nodes, -checkpoint-replicas, -domains and -columns apply to the studies, not to -figure %s", c.Figure)
+	}
+	if c.GPUsPerNode < 0 {
+		return fmt.Errorf("-gpus-per-node %d: must be >= 0 (0: no nodes)", c.GPUsPerNode)
+	}
+	if c.FailNodes < 0 || c.FailNodes > 0 && c.GPUsPerNode == 0 {
+		return fmt.Errorf("-fail-nodes %d: must be >= 0, and needs -gpus-per-node", c.FailNodes)
+	}
+	if c.CheckpointReplicas < 1 || c.CheckpointReplicas > policy.MaxCheckpointReplicas {
+		return fmt.Errorf("-checkpoint-replicas %d: must be in 1 … %d", c.CheckpointReplicas, policy.MaxCheckpointReplicas)
+	}
+	if c.Domains != "aware" && c.Domains != "blind" {
+		return fmt.Errorf("-domains %q: aware or blind", c.Domains)
+	}
+	if c.Domains == "blind" && c.GPUsPerNode == 0 {
+		return fmt.Errorf("-domains blind needs -gpus-per-node (without nodes every worker is its own domain)")
 	}
 	timing, err := c.timing()
 	if err != nil {
@@ -393,7 +427,11 @@ func (c *Command) Run() error {
 	}
 	o := Options{Gateways: c.Gateways, GatewayChoice: choice, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
 		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
-		TracePath: c.TracePath, Spec: spec, Log: c.Out}
+		TracePath: c.TracePath, Spec: spec, Log: c.Out,
+		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind"}
+	if c.Columns != "" {
+		o.Columns = strings.Split(c.Columns, ",")
+	}
 	if o.Setups, err = c.setups(); err != nil {
 		return err
 	}

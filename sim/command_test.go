@@ -34,7 +34,7 @@ func TestPrototypeSetupsQuick(t *testing.T) {
 	want := []string{"ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "resume_mean_ms", "recovery_s", "pages_reused",
 		"tokens_recomputed", "requests", "failed_requests", "apply_markfailed_p99_ms", "apply_dispatch_p99_ms",
 		"affected_ttft_mean_ms", "affected_ttft_p99_ms", "affected_tpot_mean_ms", "interrupted_recovery_mean_s",
-		"interrupted_recovery_p99_s", "cluster_recovery_s"}
+		"interrupted_recovery_p99_s", "cluster_recovery_s", "restored_fraction", "checkpoint_bytes_sent"}
 	for _, s := range []string{"w4-mild", "w8-mild", "w8_f4-mild"} {
 		for _, c := range Columns {
 			fig, ok := got[s][c.Name]

@@ -259,6 +259,11 @@ func MeanFigures(runs []*Figures) *Figures {
 		failed += float64(f.FailedRequests) / n
 		interrupted += float64(f.Interrupted) / n
 		m.Recovered = m.Recovered && f.Recovered
+		m.RestoredFraction += f.RestoredFraction / n
+		m.CheckpointLiveFraction += f.CheckpointLiveFraction / n
+		m.CheckpointBytesSent += f.CheckpointBytesSent / n
+		m.CheckpointHostMeanBytes += f.CheckpointHostMeanBytes / n
+		m.CheckpointHostPeakBytes = max(m.CheckpointHostPeakBytes, f.CheckpointHostPeakBytes)
 	}
 	m.Requests, m.FailedRequests, m.Interrupted = int(math.Round(requests)), int(math.Round(failed)), int(math.Round(interrupted))
 	m.AffectedRequests, m.CommonRequests = int(math.Round(affected)), int(math.Round(common))

@@ -24,6 +24,18 @@ type Result struct {
 	InFlightAtFail int
 	// Summed over the workers' cores.
 	RestoredPages, RecomputedTokens, Preemptions int
+	// Issue 24: the interrupted requests a call restored pages of from a
+	// checkpoint store after the failure (of Interrupted); the checkpoint
+	// bytes the serving workers sent, every copy counted; the checkpoint
+	// bytes held in the live workers' stores at each queue sample.
+	Restored            int
+	LiveCopy            int // of Interrupted, those whose plan found a live copy
+	CheckpointBytesSent uint64
+	CheckpointHostBytes []uint64
+	// SameDomain and ShortReplicas are the fsm's DomainCounts at the end:
+	// placements whose copy had to share the serving worker's node, and
+	// those with fewer copies than asked.
+	SameDomain, ShortReplicas uint64
 	// Queue is the requests waiting at live workers, sampled.
 	Queue []servingstats.Sample
 	// CalibrationTokens are the tokens delivered in the second half of a
@@ -72,6 +84,7 @@ type Result struct {
 
 // finish builds the per-request records.
 func (s *Sim) finish() {
+	s.res.SameDomain, s.res.ShortReplicas = s.fsm.DomainCounts()
 	s.res.Records = make([]*servingstats.Record, len(s.reqs))
 	for i, r := range s.reqs {
 		if r == nil { // had not arrived when the run stopped
@@ -94,6 +107,12 @@ func (s *Sim) finish() {
 		}
 		if r.interrupted {
 			s.res.Interrupted++
+			if r.restored {
+				s.res.Restored++
+			}
+			if r.liveCopy {
+				s.res.LiveCopy++
+			}
 			if r.failed == nil && r.resumeEnd > 0 {
 				s.res.Resumes = append(s.res.Resumes, r.resumeEnd-s.firstFail)
 			}

@@ -49,6 +49,20 @@ type Config struct {
 	KVPages                             int
 	CheckpointBudget                    uint64
 
+	// Failure domains and replication (issue 24). GPUsPerNode > 0 puts
+	// the workers on nodes of that many, in id order (worker-1 …
+	// worker-N on node-1, …), which they register (pb.Worker.node) unless
+	// DomainBlind: then the fsm places checkpoints knowing no node, as
+	// before, while a node's workers still fail together (NodeFailures).
+	// CheckpointReplicas is SetStrategy's checkpoint_replicas (0: the
+	// fsm's default, 1): the serving worker sends each page to every copy's
+	// holder over its one link, each copy behind a queue of its own
+	// (Timing.SendQueuePages pages), in step: a page goes to all of them or,
+	// when any queue is full, to none until the next step.
+	GPUsPerNode        int
+	DomainBlind        bool
+	CheckpointReplicas int
+
 	// Arrivals are the requests, sorted by time.
 	Arrivals []workload.Request
 	Failures []Failure
@@ -272,6 +286,12 @@ func (c *Config) Validate() error {
 	if !c.Strategy.Known() {
 		errs = append(errs, fmt.Errorf("unknown strategy %d: use %s", c.Strategy, policy.StrategyNames()))
 	}
+	if c.GPUsPerNode < 0 {
+		errs = append(errs, fmt.Errorf("GPUsPerNode (%d) must be >= 0 (0: no nodes)", c.GPUsPerNode))
+	}
+	if c.CheckpointReplicas < 0 || c.CheckpointReplicas > policy.MaxCheckpointReplicas {
+		errs = append(errs, fmt.Errorf("CheckpointReplicas (%d) must be in 0 … %d", c.CheckpointReplicas, policy.MaxCheckpointReplicas))
+	}
 	for _, f := range c.Failures {
 		if f.Worker < 0 || f.Worker >= c.Workers {
 			errs = append(errs, fmt.Errorf("failure of worker index %d: the cluster has %d", f.Worker, c.Workers))
@@ -354,10 +374,13 @@ type Sim struct {
 	// Live migration (migrate.go): the profile with the interconnect's
 	// bandwidth, and the migrations under way, in start order and by
 	// request id.
-	migProf   engine.Profile
-	migs      []*simMigration
-	migByID   map[string]*simMigration
-	marks     map[time.Duration][]*pb.Command // MarkFailed commands by the time detection ends
+	migProf engine.Profile
+	migs    []*simMigration
+	migByID map[string]*simMigration
+	marks   map[time.Duration][]*pb.Command // MarkFailed commands by the time detection ends
+	// replicaOf is, by request id, the holders of a call's further
+	// checkpoint copies (Placement.replica_holders), while it sends pages.
+	replicaOf map[string]callCopies
 	res       Result
 	firstFail time.Duration // -1: none
 	err       error
@@ -388,6 +411,7 @@ type Sim struct {
 // simWorker is one worker process: its core, its store, its outgoing link.
 type simWorker struct {
 	id    string
+	node  string // Config.GPUsPerNode's node, "" for none
 	inc   uint64
 	gen   uint64     // bumped on every kill: events of the old process are void
 	alive bool       // serving (registered and not killed)
@@ -476,6 +500,11 @@ type simRequest struct {
 	preemptedAt         time.Duration
 	preemptLoss         time.Duration
 	preempted           bool
+	// restored: after the failure interrupted it, a call restored pages
+	// of it from a checkpoint store (Result.Restored).
+	restored bool
+	// liveCopy: the recovery plan found a live copy of its checkpoint.
+	liveCopy bool
 }
 
 // Run simulates cfg to its end and returns the result, after checking
@@ -515,6 +544,7 @@ func New(cfg Config) (*Sim, error) {
 		cfg.Profile.DecodeContext = true
 	}
 	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
+		replicaOf: map[string]callCopies{},
 		marks:     map[time.Duration][]*pb.Command{},
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens, migByID: map[string]*simMigration{},
 		drainUntil: -1, nextProgress: 10 * time.Second}
@@ -526,7 +556,7 @@ func New(cfg Config) (*Sim, error) {
 		mode = pb.MigrationMode_MIGRATION_MODE_ON
 	}
 	s.apply(&pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: pb.Strategy(cfg.Strategy), Lambda: cfg.Lambda,
-		Migration: mode}}})
+		Migration: mode, CheckpointReplicas: uint32(cfg.CheckpointReplicas)}}})
 	s.draftProf = cfg.Spec.Draft
 	if s.draftProf.DecodeBaseMs == 0 {
 		s.draftProf = engine.Profiles[DefaultDraftProfile]
@@ -538,6 +568,9 @@ func New(cfg Config) (*Sim, error) {
 	}
 	for i := range cfg.Workers {
 		w := &simWorker{id: fmt.Sprintf("worker-%d", i+1)}
+		if cfg.GPUsPerNode > 0 {
+			w.node = NodeName(i, cfg.GPUsPerNode)
+		}
 		s.workers = append(s.workers, w)
 		s.byWorker[w.id] = w
 		if i >= cfg.Workers-cfg.Spec.AssistOnly {
@@ -741,6 +774,9 @@ func (s *Sim) register(w *simWorker, phase pb.WorkerPhase) {
 	w.between = nil
 	w.phase = phase
 	row := &pb.Worker{Id: w.id, Incarnation: w.inc, Phase: phase, Capacity: s.capacity(), ModelId: s.cfg.Profile.Model}
+	if !s.cfg.DomainBlind {
+		row.Node = w.node
+	}
 	if s.cfg.Speculation {
 		row.DraftId = s.draftProf.Model
 	}
@@ -878,6 +914,7 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 		// fills the request before Submit.
 		cr.Holder, cr.Reserved = pl.HolderId, s.footprint(r)
 	}
+	s.setReplicas(r.id, pl)
 	r.call, r.kvFed = cr, 0
 	w.core.Submit(cr)
 	s.flush(w)
@@ -903,8 +940,31 @@ func (s *Sim) setHolder(r *simRequest, pl *pb.Placement) {
 	if w == nil || !w.alive || w.inc != pl.WorkerIncarnation {
 		return // the call fails: the stream broke, the recovery places it
 	}
-	w.core.SetHolder(pl.RequestId, pl.Epoch, pl.HolderId, s.footprint(r))
+	if w.core.SetHolder(pl.RequestId, pl.Epoch, pl.HolderId, s.footprint(r)) {
+		s.setReplicas(pl.RequestId, pl)
+	}
 }
+
+// setReplicas notes the further copies' holders of the call made for
+// placement pl.
+func (s *Sim) setReplicas(id string, pl *pb.Placement) {
+	if pl.HolderId != "" && len(pl.ReplicaHolders) > 0 {
+		s.replicaOf[id] = callCopies{holder: pl.HolderId, replicas: pl.ReplicaHolders}
+	} else {
+		delete(s.replicaOf, id)
+	}
+}
+
+// callCopies are a call's checkpoint holders: the first copy's (the core's
+// Request.Holder) and the others'.
+type callCopies struct {
+	holder   string
+	replicas []string
+}
+
+// NodeName is the node of worker index i (0-based) with perNode workers a
+// node: node-1 for the first perNode.
+func NodeName(i, perNode int) string { return fmt.Sprintf("node-%d", i/perNode+1) }
 
 // broke is a Generate stream that broke: the gateway polls the placement
 // until the controller moves the request.
@@ -1084,6 +1144,9 @@ func (s *Sim) step(w *simWorker) {
 		if !s.cfg.Oracle {
 			dur += p.ImportTime(len(rs.Pages))
 		}
+		if sr, ok := rs.Req.Sink.(*simRequest); ok && sr.interrupted && len(rs.Pages) > 0 {
+			sr.restored = true
+		}
 		w.store.release(rs.Req.ID) // consumed: the request runs here now
 	}
 	// One fused pass: every decoding row at K+1 positions when any row
@@ -1214,23 +1277,43 @@ func (s *Sim) flush(w *simWorker) {
 		}
 		var hashes []uint64
 		first := p.Page
+		var replicas []string
+		if c, ok := s.replicaOf[p.Req.ID]; ok && c.holder == p.Holder {
+			replicas = c.replicas
+		}
+		copies := 1 + len(replicas)
 		for k := i; k < j; k++ {
+			// One queue per copy, all on the one link: the backlog bound
+			// is a queue's each.
 			backlog := float64(w.linkFree-s.now) / float64(time.Second) * s.cfg.Timing.NetBytesPerSec / float64(s.pageBytes)
-			if backlog >= float64(s.cfg.Timing.SendQueuePages) {
+			if backlog >= float64(s.cfg.Timing.SendQueuePages*copies) {
 				w.core.CheckpointBehind(p.Req, o.Checkpoints[k].Page)
 				behind = p.Req
 				break
 			}
-			w.linkFree = max(w.linkFree, s.now) + time.Duration(float64(s.pageBytes)/s.cfg.Timing.NetBytesPerSec*float64(time.Second))
+			w.linkFree = max(w.linkFree, s.now) + time.Duration(float64(copies)*float64(s.pageBytes)/s.cfg.Timing.NetBytesPerSec*float64(time.Second))
 			hashes = append(hashes, o.Checkpoints[k].Hash)
 		}
 		if len(hashes) > 0 {
+			s.res.CheckpointBytesSent += uint64(copies*len(hashes)) * s.pageBytes
 			s.ship(w, p.Holder, p.Req.ID, p.Reserved, first, hashes)
+			for _, h := range replicas {
+				s.ship(w, h, p.Req.ID, p.Reserved, first, hashes)
+			}
 		}
 		i = j
 	}
 	for _, rel := range o.CheckpointReleases {
 		s.ship(w, rel.Holder, rel.RequestID, 0, 0, nil)
+		// A release names the first copy's holder: the replicas are
+		// those of the call that sent to it (a later call's, after a
+		// move, are not this release's).
+		if c, ok := s.replicaOf[rel.RequestID]; ok && c.holder == rel.Holder {
+			for _, h := range c.replicas {
+				s.ship(w, h, rel.RequestID, 0, 0, nil)
+			}
+			delete(s.replicaOf, rel.RequestID)
+		}
 	}
 	s.migrationsEnded(ended)
 }
@@ -1269,7 +1352,7 @@ func (s *Sim) reconcile(w *simWorker) {
 			continue // the oracle's cache stays until its request is admitted
 		}
 		pl, _ := s.fsm.Placement(id)
-		if pl == nil || !core.KeepsPages(pl.HolderId, pl.WorkerId, pl.State != pb.PlacementState_PLACEMENT_STATE_RUNNING, w.id) {
+		if pl == nil || !fsm.HoldsCopy(pl, w.id) && !core.KeepsPages(pl.HolderId, pl.WorkerId, pl.State != pb.PlacementState_PLACEMENT_STATE_RUNNING, w.id) {
 			w.store.release(id)
 		}
 	}
@@ -1277,11 +1360,14 @@ func (s *Sim) reconcile(w *simWorker) {
 
 func (s *Sim) sample() {
 	waiting := 0
+	var stored uint64
 	for _, w := range s.workers {
 		if w.alive {
 			waiting += w.core.Waiting()
+			stored += w.store.used
 		}
 	}
+	s.res.CheckpointHostBytes = append(s.res.CheckpointHostBytes, stored)
 	s.res.Queue = append(s.res.Queue, queueSample{At: s.now, Waiting: float64(waiting)})
 	s.sampleFragmentation()
 	s.sampleSpread()
@@ -1315,6 +1401,9 @@ func (s *Sim) markFailed(at time.Duration) {
 			for _, a := range rp.Assignments {
 				if r := s.byID[a.RequestId]; r != nil {
 					r.interrupted = true
+					// A live copy: the plan reuses it, or moved the request
+					// off it by choice (rebalancing, no KV room there).
+					r.liveCopy = r.liveCopy || a.Mode == pb.RecoveryMode_RECOVERY_MODE_REUSE || a.Rebalanced
 					if s.cfg.Oracle {
 						s.oracleResume(r)
 					}

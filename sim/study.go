@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"time"
 
@@ -53,6 +54,29 @@ type Figures struct {
 	ApplyDispatchP99Ms   float64 `json:"apply_dispatch_p99_ms"`
 	// Preemptions by recompute over every worker (core.Output).
 	Preemptions int `json:"preemptions"`
+
+	// Issue 24. RestoredFraction is, of the requests the failure
+	// interrupted, those a call restored pages of from a checkpoint store
+	// (1 with none interrupted); CheckpointBytesSent the checkpoint bytes
+	// the serving workers sent over the run, every copy counted;
+	// CheckpointHost* the bytes held in the live workers' checkpoint
+	// stores, summed over them: mean and peak over the queue samples.
+	RestoredFraction float64 `json:"restored_fraction"`
+	// CheckpointLiveFraction is, of the same, those whose recovery plan
+	// found a live copy of their checkpoint (what failure domains and
+	// replicas keep): restored, or moved off the copy by the plan's own
+	// choice (rebalancing a holder with more restores than its share).
+	CheckpointLiveFraction  float64 `json:"checkpoint_live_fraction"`
+	CheckpointBytesSent     float64 `json:"checkpoint_bytes_sent"`
+	CheckpointHostMeanBytes float64 `json:"checkpoint_host_mean_bytes"`
+	CheckpointHostPeakBytes float64 `json:"checkpoint_host_peak_bytes"`
+	// CheckpointSameDomain and CheckpointReplicasShort count the
+	// placements whose first copy had to share the serving worker's node
+	// (nothing off it had the budget) and those with fewer copies than
+	// asked (lumen_controller_checkpoint_same_domain_total and
+	// _replicas_short_total in the cluster).
+	CheckpointSameDomain    int `json:"checkpoint_same_domain"`
+	CheckpointReplicasShort int `json:"checkpoint_replicas_short"`
 
 	// Speculation, in the lumen column (absent where nothing was
 	// drafted). AcceptRate is accepted / verified draft tokens; AssistS
@@ -122,6 +146,15 @@ type Study struct {
 	// (Config.Gateways; not the calibration's, which is Apply's).
 	Gateways      int
 	GatewayChoice GatewayChoice
+	// Failure domains and replication (issue 24; Config.GPUsPerNode,
+	// DomainBlind, CheckpointReplicas): with GPUsPerNode > 0 the failure
+	// kills every worker of nodes 1 … FailNodes, and Setup.Failures more
+	// workers drawn at random (from the seed, the same in every column)
+	// among the others; without, worker-1 … worker-Setup.Failures.
+	GPUsPerNode        int
+	FailNodes          int
+	DomainBlind        bool
+	CheckpointReplicas int
 	// Only, when set, names the columns to run (of Columns, in their
 	// order); empty: all of them. A failed column needs its reference
 	// (Column.Ref) and lumen its ablation, lumen-no-spec; the table is
@@ -187,7 +220,8 @@ func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workl
 	timing.ReloadScale *= st.Timeline.ReloadScale
 	spec := st.Spec
 	spec.Seed = st.Seed
-	return Config{Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
+	return Config{GPUsPerNode: st.GPUsPerNode, DomainBlind: st.DomainBlind, CheckpointReplicas: st.CheckpointReplicas,
+		Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
 		TokenBudget: st.Setup.StepTokens(), MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
 		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec}
 }
@@ -210,6 +244,10 @@ func (st *Study) Calibrate() (saturated, modelled float64, err error) {
 		return 0, 0, err
 	}
 	cfg := st.config(p, policy.Lumen, reqs)
+	// The offered load is a fraction of the cluster's throughput with one
+	// copy, domain-aware: runs that differ only in their replicas or
+	// domain mode get the same arrivals.
+	cfg.CheckpointReplicas, cfg.DomainBlind = 0, false
 	cfg.StopAt = d
 	res, err := Run(cfg)
 	if err != nil {
@@ -258,6 +296,13 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	} else {
 		st.logf("   %d requests, Poisson %.2f/s over %s, %s lengths, seed %d\n", len(reqs), rate, tm.Duration, tr.Name, st.Seed)
 	}
+	failed, err := st.FailedWorkers()
+	if err != nil {
+		return nil, err
+	}
+	if st.GPUsPerNode > 0 {
+		st.logf("   %d workers a node; killed together: %s\n", st.GPUsPerNode, workerNames(failed))
+	}
 	results := map[string]*Result{}
 	for _, col := range cols {
 		cfg := st.config(p, col.Strategy, reqs)
@@ -269,7 +314,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		// speculation, come from the token series.
 		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail
 		if col.Fail {
-			for i := range st.Setup.Failures {
+			for _, i := range failed {
 				cfg.Failures = append(cfg.Failures, Failure{Worker: i, At: tm.FailAt, Restart: !st.NoRestart})
 			}
 		}
@@ -314,6 +359,17 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		f.Interrupted = res.Interrupted
 		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages), float64(res.RecomputedTokens)
 		f.Preemptions = res.Preemptions
+		f.RestoredFraction, f.CheckpointLiveFraction = 1, 1
+		if res.Interrupted > 0 {
+			f.RestoredFraction = float64(res.Restored) / float64(res.Interrupted)
+			f.CheckpointLiveFraction = float64(res.LiveCopy) / float64(res.Interrupted)
+		}
+		f.CheckpointBytesSent = float64(res.CheckpointBytesSent)
+		f.CheckpointSameDomain, f.CheckpointReplicasShort = int(res.SameDomain), int(res.ShortReplicas)
+		for _, b := range res.CheckpointHostBytes {
+			f.CheckpointHostMeanBytes += float64(b) / float64(len(res.CheckpointHostBytes))
+			f.CheckpointHostPeakBytes = max(f.CheckpointHostPeakBytes, float64(b))
+		}
 		f.ApplyDispatchP99Ms = servingstats.Percentile(res.ApplyDispatch, 0.99)
 		f.ApplyMarkFailedP99Ms = servingstats.Percentile(res.ApplyMarkFailed, 0.99)
 		if col.Fail {
@@ -360,6 +416,63 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		st.logf("\n")
 	}
 	return figs, nil
+}
+
+// FailedWorkers are the indices of the workers the failure kills
+// (FailNodes, GPUsPerNode), in order.
+func (st *Study) FailedWorkers() ([]int, error) {
+	n, k := st.Setup.Workers, st.Setup.Failures
+	if st.GPUsPerNode <= 0 {
+		if st.FailNodes > 0 {
+			return nil, fmt.Errorf("%w: %d failed nodes without nodes: give GPUsPerNode (-gpus-per-node)", ErrInvalid, st.FailNodes)
+		}
+		out := make([]int, k)
+		for i := range out {
+			out[i] = i
+		}
+		return out, nil
+	}
+	onNodes := min(st.FailNodes*st.GPUsPerNode, n)
+	if st.FailNodes < 0 || onNodes+k > n-1 {
+		return nil, fmt.Errorf("%w: %d failed nodes of %d workers and %d more workers leave none of the %d to recover on",
+			ErrInvalid, st.FailNodes, st.GPUsPerNode, k, n)
+	}
+	out := make([]int, 0, onNodes+k)
+	for i := range onNodes {
+		out = append(out, i)
+	}
+	// The others at random, from the seed: a partial Fisher–Yates
+	// shuffle of the workers off the failed nodes, by splitmix64.
+	rest := make([]int, 0, n-onNodes)
+	for i := onNodes; i < n; i++ {
+		rest = append(rest, i)
+	}
+	x := st.Seed*0x9e3779b97f4a7c15 + 0x24
+	next := func() uint64 {
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		return z ^ z>>31
+	}
+	for j := range k {
+		r := j + int(next()%uint64(len(rest)-j))
+		rest[j], rest[r] = rest[r], rest[j]
+	}
+	picked := append([]int(nil), rest[:k]...)
+	sort.Ints(picked)
+	return append(out, picked...), nil
+}
+
+func workerNames(idx []int) string {
+	var b strings.Builder
+	for k, i := range idx {
+		if k > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "worker-%d", i+1)
+	}
+	return b.String()
 }
 
 // Attribution splits a failed run's mean TTFT excess over its failure-free

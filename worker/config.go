@@ -26,6 +26,12 @@ import (
 type Config struct {
 	// ID names the worker in the controller and Serf. Required.
 	ID string
+	// Node and Rack are the worker's failure domains (issue 24), sent
+	// with its registration: the host it runs on (in Kubernetes the
+	// downward API's spec.nodeName), whose workers fail together, and its
+	// rack. No request's checkpoint is placed on its serving worker's
+	// node. Empty: a domain of its own.
+	Node, Rack string
 	// DataDir keeps the incarnation counter; empty derives incarnations from
 	// the clock.
 	DataDir string

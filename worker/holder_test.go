@@ -289,3 +289,14 @@ func TestSetHolderAfterStart(t *testing.T) {
 	}
 	recv(150)
 }
+
+// TestKeepsPagesReplica: a worker named among a placement's further
+// checkpoint copies keeps its pages; one named nowhere frees them.
+func TestKeepsPagesReplica(t *testing.T) {
+	p := &pb.Placement{WorkerId: "w1", HolderId: "w2", ReplicaHolders: []string{"w3"}, State: pb.PlacementState_PLACEMENT_STATE_RUNNING}
+	for self, want := range map[string]bool{"w2": true, "w3": true, "w4": false} {
+		if got := keepsPages(p, self); got != want {
+			t.Errorf("%s keeps pages: %v, want %v", self, got, want)
+		}
+	}
+}

@@ -92,7 +92,13 @@ func (w *Worker) holds(ctx context.Context, req string, c pb.Consistency) (bool,
 }
 
 // keepsPages reports whether worker self keeps a request's checkpoint pages
-// under placement p (core.KeepsPages).
+// under placement p (core.KeepsPages), or holds one of its further copies
+// (issue 24's replica_holders).
 func keepsPages(p *pb.Placement, self string) bool {
+	for _, h := range p.GetReplicaHolders() {
+		if h == self {
+			return true
+		}
+	}
 	return core.KeepsPages(p.GetHolderId(), p.GetWorkerId(), p.GetState() != pb.PlacementState_PLACEMENT_STATE_RUNNING, self)
 }

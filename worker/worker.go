@@ -343,7 +343,7 @@ func (w *Worker) register() bool {
 		regPhase = pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT
 	}
 	reg := &pb.RegisterWorkerRequest{Worker: &pb.Worker{Id: w.cfg.ID, Incarnation: inc, GrpcAddr: w.cfg.GRPCAddr,
-		SerfAddr: serfAddr, ModelId: info.Model, Capacity: w.capacity(), Phase: regPhase}}
+		SerfAddr: serfAddr, ModelId: info.Model, Capacity: w.capacity(), Phase: regPhase, Node: w.cfg.Node, Rack: w.cfg.Rack}}
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := w.ctl.RegisterWorker(ctx, reg)

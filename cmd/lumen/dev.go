@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -24,9 +25,13 @@ func runDev(args []string) error {
 	scale := fs.String("time-scale", "1", "time scale of the profile")
 	httpAddr := fs.String("http", "127.0.0.1:8080", "the (first) gateway's address")
 	gateways := fs.Int("gateways", 1, "gateways, each with its own view of the load table (the first on -http, the others on free ports)")
+	nodes := fs.Int("nodes", 0, "put the workers on this many simulated hosts, in order (failure domains: no checkpoint on its serving worker's node); 0: none")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *nodes < 0 || *nodes > *workers {
+		return fmt.Errorf("-nodes %d: must be in 0 … -workers (%d)", *nodes, *workers)
 	}
 	// Ctrl-C ends every wait, the start's included.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -38,5 +43,5 @@ func runDev(args []string) error {
 		}
 	}
 	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
-		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Out: os.Stdout})
+		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Out: os.Stdout})
 }

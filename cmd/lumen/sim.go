@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/sim"
 )
 
@@ -68,6 +69,11 @@ func runSim(args []string) error {
 	fs.StringVar(&c.MigrationPlan, "migration-plan", c.MigrationPlan, "with -figure llumnix: how the lumen column's leader uses the migration policy's plan: as-planned (the controller's), running-only (only requests holding a KV cache migrate) head-room (a source sends first the smallest running request that covers its queue head's lack of pages), destination-headroom (no move that would leave its destination less than a tenth of its KV free with the request at its full length) or both-headrooms (the two together)")
 	fs.Float64Var(&c.SpecAlpha, "spec-alpha", c.SpecAlpha, "lumen's speculation: the probability that a draft token equals the target's (docs/calibration.md)")
 	fs.IntVar(&c.SpecK, "spec-k", 0, "lumen's speculation: drafts verified per request per step; 0 = adaptive (chosen each step from the measured acceptance and the step-cost model)")
+	fs.IntVar(&c.GPUsPerNode, "gpus-per-node", 0, "failure domains (issue 24): put the workers on nodes of this many, in id order (worker-1 … worker-N on node-1), each registering its node; 0: no nodes. With it, -fail's workers are drawn at random (from -seed) outside the failed nodes")
+	fs.IntVar(&c.FailNodes, "fail-nodes", 0, "with -gpus-per-node: every worker of this many nodes (node-1 …) fails at once, at -fail-at, besides -fail's")
+	fs.IntVar(&c.CheckpointReplicas, "checkpoint-replicas", c.CheckpointReplicas, "copies of each request's checkpoint, each on a node of its own, none on the serving worker's (1 … "+strconv.Itoa(policy.MaxCheckpointReplicas)+"; fixed-checkpoint keeps one)")
+	fs.StringVar(&c.Domains, "domains", c.Domains, "with -gpus-per-node: aware (the workers register their nodes and h(r) keeps checkpoints off the serving worker's node) or blind (they do not: h(r) as before, while a node's workers still fail together)")
+	fs.StringVar(&c.Columns, "columns", "", "comma-separated columns to run (default: all); a failed column needs its reference, lumen needs lumen-no-spec")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -32,6 +32,8 @@ func runWorker(args []string) error {
 	cfg := worker.DefaultConfig()
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.StringVar(&cfg.ID, "id", "", "worker id (required)")
+	fs.StringVar(&cfg.Node, "node", os.Getenv("LUMEN_NODE"), "failure domain: the host this worker runs on (env LUMEN_NODE; in Kubernetes the downward API's spec.nodeName). Workers of one node fail together, so no request's checkpoint goes to a worker of its serving worker's node, and -checkpoint-replicas copies go to as many nodes (empty: a domain of its own)")
+	fs.StringVar(&cfg.Rack, "rack", os.Getenv("LUMEN_RACK"), "failure domain above -node: the worker's rack (env LUMEN_RACK), recorded in the worker table")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the incarnation counter")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:7500", "Inference API host:port")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "", "host:port for /metrics, /healthz, /readyz (empty: off)")

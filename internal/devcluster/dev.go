@@ -58,8 +58,22 @@ type DevConfig struct {
 	// StartTimeout bounds the start (quorum, workers, gateway); 0 means 2
 	// minutes.
 	StartTimeout time.Duration
+	// Nodes, when > 0, puts the workers on that many simulated hosts
+	// (issue 24's failure domains): worker-1 … in order, DevNode's, each
+	// started with -node. 0: no labels.
+	Nodes int
 	// Out receives what the user reads.
 	Out io.Writer
+}
+
+// DevNode is the node of worker i (1-based) of workers on nodes hosts: the
+// workers in order, ⌈workers/nodes⌉ a node ("node-1" …); "" when nodes is 0.
+func DevNode(i, workers, nodes int) string {
+	if nodes <= 0 {
+		return ""
+	}
+	per := (workers + nodes - 1) / nodes
+	return fmt.Sprintf("node-%d", (i-1)/per+1)
 }
 
 // dev state is what DevStateFile holds.
@@ -127,8 +141,11 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	}
 	for i := 1; i <= cfg.Workers; i++ {
 		meter.Set(float64(i), fmt.Sprintf("a leader; worker-%d of %d starting", i, cfg.Workers))
-		if _, err := cl.AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), "-engine", cfg.Engine, "-model-dir", cfg.ModelDir,
-			"-profile", cfg.Profile, "-time-scale", cfg.TimeScale); err != nil {
+		args := []string{"-engine", cfg.Engine, "-model-dir", cfg.ModelDir, "-profile", cfg.Profile, "-time-scale", cfg.TimeScale}
+		if node := DevNode(i, cfg.Workers, cfg.Nodes); node != "" {
+			args = append(args, "-node", node)
+		}
+		if _, err := cl.AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), args...); err != nil {
 			meter.Finish("failed")
 			return interrupted(ctx, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
 )
 
@@ -109,5 +110,19 @@ func TestKeepStateRefusesUnrecordedState(t *testing.T) {
 	touch(t, filepath.Join(dir, DevStateFile)) // "x": not JSON
 	if _, err := loadDevState(dir); !errors.Is(err, ErrNoDevState) {
 		t.Fatalf("garbage state file: got %v, want ErrNoDevState", err)
+	}
+}
+
+// TestDevNode: workers fill the nodes in order, ⌈workers/nodes⌉ each.
+func TestDevNode(t *testing.T) {
+	var got []string
+	for i := 1; i <= 5; i++ {
+		got = append(got, DevNode(i, 5, 2))
+	}
+	if want := "node-1 node-1 node-1 node-2 node-2"; strings.Join(got, " ") != want {
+		t.Fatalf("5 workers on 2 nodes: %v, want %s", got, want)
+	}
+	if DevNode(1, 4, 0) != "" {
+		t.Fatal("no nodes: a label")
 	}
 }

@@ -78,7 +78,8 @@ func TestCommittedResults(t *testing.T) {
 			base := filepath.Base(f)
 			switch {
 			case strings.HasPrefix(base, "recovery-"), strings.HasPrefix(base, "sim-setups"),
-				strings.HasPrefix(base, "sim-failures"), strings.HasPrefix(base, "sim-proportional"), strings.HasPrefix(base, "sim-load"):
+				strings.HasPrefix(base, "sim-failures"), strings.HasPrefix(base, "sim-proportional"), strings.HasPrefix(base, "sim-load"),
+				strings.HasPrefix(base, "sim-issue24"):
 				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint"}
 			case strings.HasPrefix(base, "migration-"):
 				want = []string{"client-visible gap", "one decode step", "off", "on", "8192"}

@@ -814,9 +814,13 @@ type SetStrategyCmd struct {
 	Strategy Strategy `protobuf:"varint,1,opt,name=strategy,proto3,enum=lumen.v1.Strategy" json:"strategy,omitempty"`
 	Lambda   float64  `protobuf:"fixed64,2,opt,name=lambda,proto3" json:"lambda,omitempty"`
 	// Live migration for balance (Llumnix); drains migrate whatever this says.
-	Migration     MigrationMode `protobuf:"varint,3,opt,name=migration,proto3,enum=lumen.v1.MigrationMode" json:"migration,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Migration MigrationMode `protobuf:"varint,3,opt,name=migration,proto3,enum=lumen.v1.MigrationMode" json:"migration,omitempty"`
+	// Copies of each request's checkpoint, on as many distinct nodes (issue
+	// 24); 0 keeps the current value (1 by default). Strategies without
+	// checkpoints ignore it; fixed-checkpoint keeps one.
+	CheckpointReplicas uint32 `protobuf:"varint,4,opt,name=checkpoint_replicas,json=checkpointReplicas,proto3" json:"checkpoint_replicas,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SetStrategyCmd) Reset() {
@@ -868,6 +872,13 @@ func (x *SetStrategyCmd) GetMigration() MigrationMode {
 		return x.Migration
 	}
 	return MigrationMode_MIGRATION_MODE_UNCHANGED
+}
+
+func (x *SetStrategyCmd) GetCheckpointReplicas() uint32 {
+	if x != nil {
+		return x.CheckpointReplicas
+	}
+	return 0
 }
 
 type SetPhaseCmd struct {
@@ -1388,9 +1399,11 @@ type Snapshot struct {
 	SessionPlacements []*SessionPlacement `protobuf:"bytes,13,rep,name=session_placements,json=sessionPlacements,proto3" json:"session_placements,omitempty"`
 	// Live migration for balance is on (SetStrategyCmd.migration; off by
 	// default).
-	Migration     bool `protobuf:"varint,14,opt,name=migration,proto3" json:"migration,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Migration bool `protobuf:"varint,14,opt,name=migration,proto3" json:"migration,omitempty"`
+	// SetStrategyCmd.checkpoint_replicas (0 in an older snapshot: 1).
+	CheckpointReplicas uint32 `protobuf:"varint,15,opt,name=checkpoint_replicas,json=checkpointReplicas,proto3" json:"checkpoint_replicas,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -1521,6 +1534,13 @@ func (x *Snapshot) GetMigration() bool {
 	return false
 }
 
+func (x *Snapshot) GetCheckpointReplicas() uint32 {
+	if x != nil {
+		return x.CheckpointReplicas
+	}
+	return 0
+}
+
 // PendingDispatch counts what was dispatched to a worker since its last load
 // report, so a burst of dispatches does not herd onto one worker.
 type PendingDispatch struct {
@@ -1646,11 +1666,12 @@ const file_fsm_proto_rawDesc = "" +
 	"\rMarkFailedCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8f\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc0\x01\n" +
 	"\x0eSetStrategyCmd\x12.\n" +
 	"\bstrategy\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
 	"\x06lambda\x18\x02 \x01(\x01R\x06lambda\x125\n" +
-	"\tmigration\x18\x03 \x01(\x0e2\x17.lumen.v1.MigrationModeR\tmigration\"\x91\x01\n" +
+	"\tmigration\x18\x03 \x01(\x0e2\x17.lumen.v1.MigrationModeR\tmigration\x12/\n" +
+	"\x13checkpoint_replicas\x18\x04 \x01(\rR\x12checkpointReplicas\"\x91\x01\n" +
 	"\vSetPhaseCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12+\n" +
@@ -1684,7 +1705,7 @@ const file_fsm_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\x82\x05\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\"\xb3\x05\n" +
 	"\bSnapshot\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12.\n" +
 	"\bstrategy\x18\x02 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
@@ -1704,7 +1725,8 @@ const file_fsm_proto_rawDesc = "" +
 	"\x14last_stamp_unix_nano\x18\v \x01(\x03R\x11lastStampUnixNano\x12-\n" +
 	"\bsessions\x18\f \x03(\v2\x11.lumen.v1.SessionR\bsessions\x12I\n" +
 	"\x12session_placements\x18\r \x03(\v2\x1a.lumen.v1.SessionPlacementR\x11sessionPlacements\x12\x1c\n" +
-	"\tmigration\x18\x0e \x01(\bR\tmigration\"`\n" +
+	"\tmigration\x18\x0e \x01(\bR\tmigration\x12/\n" +
+	"\x13checkpoint_replicas\x18\x0f \x01(\rR\x12checkpointReplicas\"`\n" +
 	"\x0fPendingDispatch\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\rR\brequests\x12\x14\n" +

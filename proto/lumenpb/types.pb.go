@@ -464,8 +464,15 @@ type Worker struct {
 	PairedWorker         string                 `protobuf:"bytes,9,opt,name=paired_worker,json=pairedWorker,proto3" json:"paired_worker,omitempty"`
 	RegisteredUnixNano   int64                  `protobuf:"varint,10,opt,name=registered_unix_nano,json=registeredUnixNano,proto3" json:"registered_unix_nano,omitempty"`
 	PhaseChangedUnixNano int64                  `protobuf:"varint,11,opt,name=phase_changed_unix_nano,json=phaseChangedUnixNano,proto3" json:"phase_changed_unix_nano,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Failure domains (issue 24): the host the worker runs on (in
+	// Kubernetes the downward API's spec.nodeName) and its rack. Workers of
+	// one node fail together (a kernel panic, a NIC, a power supply), so a
+	// request's checkpoint never lives on its serving worker's node, and R
+	// copies live on R distinct nodes. Empty: a domain of its own.
+	Node          string `protobuf:"bytes,12,opt,name=node,proto3" json:"node,omitempty"`
+	Rack          string `protobuf:"bytes,13,opt,name=rack,proto3" json:"rack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -573,6 +580,20 @@ func (x *Worker) GetPhaseChangedUnixNano() int64 {
 		return x.PhaseChangedUnixNano
 	}
 	return 0
+}
+
+func (x *Worker) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Worker) GetRack() string {
+	if x != nil {
+		return x.Rack
+	}
+	return ""
 }
 
 // LoadRecord is one worker's load as last reported; report_unix_nano is
@@ -742,8 +763,13 @@ type Placement struct {
 	MigrationTarget            string `protobuf:"bytes,12,opt,name=migration_target,json=migrationTarget,proto3" json:"migration_target,omitempty"`
 	MigrationTargetIncarnation uint64 `protobuf:"varint,13,opt,name=migration_target_incarnation,json=migrationTargetIncarnation,proto3" json:"migration_target_incarnation,omitempty"`
 	MigrationStartedUnixNano   int64  `protobuf:"varint,14,opt,name=migration_started_unix_nano,json=migrationStartedUnixNano,proto3" json:"migration_started_unix_nano,omitempty"`
-	unknownFields              protoimpl.UnknownFields
-	sizeCache                  protoimpl.SizeCache
+	// The checkpoint's further copies beyond holder_id (issue 24,
+	// SetStrategyCmd.checkpoint_replicas > 1), each on a node of its own and
+	// none on the serving worker's; each reserves reserved_bytes on its
+	// holder. When holder_id fails the first of them takes its place.
+	ReplicaHolders []string `protobuf:"bytes,15,rep,name=replica_holders,json=replicaHolders,proto3" json:"replica_holders,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Placement) Reset() {
@@ -874,6 +900,13 @@ func (x *Placement) GetMigrationStartedUnixNano() int64 {
 	return 0
 }
 
+func (x *Placement) GetReplicaHolders() []string {
+	if x != nil {
+		return x.ReplicaHolders
+	}
+	return nil
+}
+
 type RecoveryAssignment struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -889,6 +922,9 @@ type RecoveryAssignment struct {
 	// (the target and checkpoint_holder) when its source failed, rather than
 	// of a checkpoint.
 	MigrationCopy bool `protobuf:"varint,7,opt,name=migration_copy,json=migrationCopy,proto3" json:"migration_copy,omitempty"`
+	// The request's further checkpoint copies at its target
+	// (Placement.replica_holders).
+	NewReplicas   []string `protobuf:"bytes,8,rep,name=new_replicas,json=newReplicas,proto3" json:"new_replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -970,6 +1006,13 @@ func (x *RecoveryAssignment) GetMigrationCopy() bool {
 		return x.MigrationCopy
 	}
 	return false
+}
+
+func (x *RecoveryAssignment) GetNewReplicas() []string {
+	if x != nil {
+		return x.NewReplicas
+	}
+	return nil
 }
 
 type RecoveryPlan struct {
@@ -1610,7 +1653,7 @@ const file_types_proto_rawDesc = "" +
 	"\x12max_context_tokens\x18\x04 \x01(\rR\x10maxContextTokens\x12)\n" +
 	"\x11h2d_bytes_per_sec\x18\x05 \x01(\x01R\x0eh2dBytesPerSec\x12\x1f\n" +
 	"\vmax_running\x18\a \x01(\rR\n" +
-	"maxRunningJ\x04\b\x06\x10\aR\vpage_tokens\"\x95\x03\n" +
+	"maxRunningJ\x04\b\x06\x10\aR\vpage_tokens\"\xbd\x03\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x1b\n" +
@@ -1623,7 +1666,9 @@ const file_types_proto_rawDesc = "" +
 	"\rpaired_worker\x18\t \x01(\tR\fpairedWorker\x120\n" +
 	"\x14registered_unix_nano\x18\n" +
 	" \x01(\x03R\x12registeredUnixNano\x125\n" +
-	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\"\xc5\x03\n" +
+	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\x12\x12\n" +
+	"\x04node\x18\f \x01(\tR\x04node\x12\x12\n" +
+	"\x04rack\x18\r \x01(\tR\x04rack\"\xc5\x03\n" +
 	"\n" +
 	"LoadRecord\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
@@ -1638,7 +1683,7 @@ const file_types_proto_rawDesc = "" +
 	"\x10queue_head_pages\x18\n" +
 	" \x01(\x04R\x0equeueHeadPages\x12(\n" +
 	"\x10report_unix_nano\x18\v \x01(\x03R\x0ereportUnixNano\x12\x16\n" +
-	"\x06queued\x18\f \x03(\tR\x06queued\"\xc1\x04\n" +
+	"\x06queued\x18\f \x03(\tR\x06queued\"\xea\x04\n" +
 	"\tPlacement\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -1656,7 +1701,8 @@ const file_types_proto_rawDesc = "" +
 	"\x12worker_incarnation\x18\v \x01(\x04R\x11workerIncarnation\x12)\n" +
 	"\x10migration_target\x18\f \x01(\tR\x0fmigrationTarget\x12@\n" +
 	"\x1cmigration_target_incarnation\x18\r \x01(\x04R\x1amigrationTargetIncarnation\x12=\n" +
-	"\x1bmigration_started_unix_nano\x18\x0e \x01(\x03R\x18migrationStartedUnixNano\"\x97\x02\n" +
+	"\x1bmigration_started_unix_nano\x18\x0e \x01(\x03R\x18migrationStartedUnixNano\x12'\n" +
+	"\x0freplica_holders\x18\x0f \x03(\tR\x0ereplicaHolders\"\xba\x02\n" +
 	"\x12RecoveryAssignment\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1668,7 +1714,8 @@ const file_types_proto_rawDesc = "" +
 	"rebalanced\x12\x1d\n" +
 	"\n" +
 	"new_holder\x18\x06 \x01(\tR\tnewHolder\x12%\n" +
-	"\x0emigration_copy\x18\a \x01(\bR\rmigrationCopy\"\xf2\x01\n" +
+	"\x0emigration_copy\x18\a \x01(\bR\rmigrationCopy\x12!\n" +
+	"\fnew_replicas\x18\b \x03(\tR\vnewReplicas\"\xf2\x01\n" +
 	"\fRecoveryPlan\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12#\n" +
 	"\rfailed_worker\x18\x02 \x01(\tR\ffailedWorker\x12-\n" +
