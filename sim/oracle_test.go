@@ -22,9 +22,9 @@ import (
 // queues are chaotic — the same arrivals with other luck in the
 // speculation move lumen's excess vs the oracle's from 0.44x to 2.37x on
 // this timeline, while the oracle saves its 8-11 interrupted requests
-// under a second each — and the dispatch's freeness lets one survivor's queue run
-// away (docs/benchmarks.md, "Issue 27: the oracle", TestOracleEnsemble);
-// lumen's ratio is logged.
+// under a second each — and the dispatch's freeness lets one survivor's
+// queue run away (docs/benchmarks.md, "Why the oracle is not the floor at
+// w4"; TestOracleEnsemble); lumen's ratio is logged.
 func TestOracleFloor(t *testing.T) {
 	setup, ok := recoverystudy.Lookup("w4")
 	if !ok {
