@@ -2,9 +2,12 @@ package sim
 
 import (
 	"flag"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/lumen-project/lumen/internal/recoverystudy"
+	"github.com/lumen-project/lumen/worker/engine"
 )
 
 var (
@@ -75,4 +78,91 @@ func TestOracleEnsemble(t *testing.T) {
 	}
 	t.Logf("all %d runs: lumen %.2fx / %.2fx the oracle's excess (ratio of the means)", runs,
 		(all[0][0]-all[2][0])/(all[1][0]-all[2][0]), (all[0][1]-all[2][1])/(all[1][1]-all[2][1]))
+}
+
+var oracleTrace = flag.Bool("sim.oracle-trace", false, "TestOracleTrace: run the measurement")
+
+// TestOracleTrace is the trace behind docs/benchmarks.md's "Why the oracle
+// is not the floor at w4", run by hand: w4 at seed 1 on the full timeline,
+// lumen and the oracle, every 5 s from the failure each live worker's
+// running and waiting requests, KV pages in use, queue head pages and the
+// freeness dispatch ranks it by (policy.Worker.Freeness, from the same
+// counts), then where the arrivals of each window went and their mean
+// TTFT. Conservation is checked for both runs.
+//
+//	go test ./sim/ -run OracleTrace -v -sim.oracle-trace
+func TestOracleTrace(t *testing.T) {
+	if !*oracleTrace {
+		t.Skip("a measurement: -sim.oracle-trace runs it")
+	}
+	setup, _ := recoverystudy.Lookup("w4")
+	timing, err := DefaultTiming().Under(setup.Conditions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := Study{Setup: setup, Timeline: setup.Timeline(false), Seed: 1, Load: setup.LoadOr(0), Timing: timing}
+	p, _, err := engine.LookupProfile(setup.Profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sat, _, err := st.Calibrate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := st.arrivals(st.Seed, st.Load*sat, st.Timeline.Duration)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := st.Timeline.FailAt
+	for _, col := range Columns {
+		if col.Name != "lumen" && !col.Oracle {
+			continue
+		}
+		cfg := st.config(p, col.Strategy, reqs)
+		cfg.Speculation, cfg.Oracle = col.Progressive, col.Oracle
+		cfg.Failures = []Failure{{Worker: 0, At: fail, Restart: true}}
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const every = 5 * time.Second
+		s.nextProgress = fail
+		s.cfg.Progress = func(now time.Duration, _, _ int) {
+			line := fmt.Sprintf("%s t=%4.0fs", col.Name, now.Seconds())
+			for _, w := range s.workers {
+				if !w.alive || w.core == nil {
+					line += fmt.Sprintf(" | %s down", w.id)
+					continue
+				}
+				c := w.core
+				free := float64(s.cfg.KVPages - c.CachedPages() - c.HeadPages())
+				line += fmt.Sprintf(" | %s r%d w%d kv%d head%d F%.1f", w.id, c.Running(), c.Waiting(), c.CachedPages(), c.HeadPages(),
+					free/float64(max(1, c.Running()+c.Waiting())))
+			}
+			t.Log(line)
+			s.nextProgress += every - 10*time.Second // Run adds 10 s
+		}
+		s.Run()
+		if s.err != nil {
+			t.Fatal(s.err)
+		}
+		if err := s.Check(); err != nil {
+			t.Fatal(err)
+		}
+		for _, win := range [][2]time.Duration{{fail, 2 * time.Minute}, {2 * time.Minute, 285 * time.Second}, {285 * time.Second, 6 * time.Minute}} {
+			line := fmt.Sprintf("%s arrivals %v-%v:", col.Name, win[0], win[1])
+			for _, w := range s.workers {
+				n, sum := 0, time.Duration(0)
+				for _, r := range s.reqs {
+					if !r.interrupted && r.arrival >= win[0] && r.arrival < win[1] && r.worker == w.id {
+						n, sum = n+1, sum+r.first-r.arrival
+					}
+				}
+				if n > 0 {
+					line += fmt.Sprintf(" %s %d at TTFT %.1f s;", w.id, n, (sum / time.Duration(n)).Seconds())
+				}
+			}
+			t.Log(line)
+		}
+	}
 }
