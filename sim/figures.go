@@ -180,12 +180,15 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 	return f, nil
 }
 
-// Print writes the figure as a table: TTFT mean per strategy and lumen's
-// gain over each baseline.
+// Print writes the figure as a table: TTFT mean per strategy, lumen's
+// gain over each baseline, and stop-and-restart's and lumen's excess vs
+// the oracle (TTFT mean / p99 over the common affected requests; "-" where
+// there is none: a figure from before the oracle, or an oracle without
+// excess).
 func (f *Figure) Print(out io.Writer) {
 	fmt.Fprintf(out, "\nfigure %s: TTFT mean (ms) against %s\n", f.Name, f.XLabel)
-	fmt.Fprintf(out, "%10s %12s %12s %13s %12s %12s %12s %14s %14s %17s\n", "x", "stop-restart", "fixed-ckpt", "lumen-no-spec", "lumen", "oracle", "no-failure",
-		"lumen vs S&R", "lumen vs FC", "recovery s")
+	fmt.Fprintf(out, "%10s %12s %12s %13s %12s %12s %12s %14s %14s %17s %13s %13s\n", "x", "stop-restart", "fixed-ckpt", "lumen-no-spec", "lumen", "oracle", "no-failure",
+		"lumen vs S&R", "lumen vs FC", "recovery s", "S&R x oracle", "lumen x oracle")
 	for _, p := range f.Points {
 		c := p.Columns
 		l, sr, fc := c["lumen"], c["stop-and-restart"], c["fixed-checkpoint"]
@@ -197,11 +200,27 @@ func (f *Figure) Print(out io.Writer) {
 		if or == nil { // a figure's JSON from before the oracle
 			or = &Figures{}
 		}
-		fmt.Fprintf(out, "%10g %12.1f %12.1f %13.1f %12.1f %12.1f %12.1f %14s %14s %17s\n", p.X, sr.TTFTMeanMs, fc.TTFTMeanMs, ns.TTFTMeanMs, l.TTFTMeanMs,
+		fmt.Fprintf(out, "%10g %12.1f %12.1f %13.1f %12.1f %12.1f %12.1f %14s %14s %17s %13s %13s\n", p.X, sr.TTFTMeanMs, fc.TTFTMeanMs, ns.TTFTMeanMs, l.TTFTMeanMs,
 			or.TTFTMeanMs, c["lumen-no-failure"].TTFTMeanMs, Gain(l.TTFTMeanMs, sr.TTFTMeanMs), Gain(l.TTFTMeanMs, fc.TTFTMeanMs),
-			fmt.Sprintf("%.1f/%.1f/%.1f/%.1f", sr.RecoveryS, fc.RecoveryS, ns.RecoveryS, l.RecoveryS))
+			fmt.Sprintf("%.1f/%.1f/%.1f/%.1f", sr.RecoveryS, fc.RecoveryS, ns.RecoveryS, l.RecoveryS), excessCell(sr), excessCell(l))
 	}
 	fmt.Fprintln(out)
+}
+
+// excessCell is a column's excess vs the oracle as "mean/p99", each "-"
+// where there is none.
+func excessCell(f *Figures) string {
+	one := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", *v)
+	}
+	x := f.ExcessVsOracle
+	if x == nil {
+		return "-"
+	}
+	return one(x.TTFTMean) + "/" + one(x.TTFTP99)
 }
 
 // MeanFigures is the mean of each figure over runs (a flag is true when

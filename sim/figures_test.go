@@ -37,7 +37,18 @@ func TestFiguresSmall(t *testing.T) {
 					if c == nil || c.TTFTMeanMs <= 0 || c.FailedRequests != 0 {
 						t.Fatalf("x=%g %s: %+v", p.X, col.Name, c)
 					}
+					// Issue 27: every failed column but the oracle
+					// carries its excess vs the oracle's, at every
+					// point, the seeds' means too.
+					if want := col.Fail && !col.Oracle; (c.ExcessVsOracle != nil) != want {
+						t.Errorf("x=%g %s: excess_vs_oracle %+v, want one: %v", p.X, col.Name, c.ExcessVsOracle, want)
+					}
 				}
+			}
+			var b strings.Builder
+			f.Print(&b)
+			if !strings.Contains(b.String(), "lumen x oracle") {
+				t.Errorf("the table has no excess vs the oracle:\n%s", b.String())
 			}
 		})
 	}

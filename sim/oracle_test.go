@@ -15,13 +15,16 @@ import (
 // checks conservation (Sim.Check) for every column.
 //
 // The oracle is the floor over the affected requests against the columns
-// without the assist (its own assist is lumen's). Against lumen it is
-// not, a finding (docs/benchmarks.md, "Issue 27: the oracle"): the
-// oracle changes only its 8-11 interrupted requests of some 600 affected,
-// and a run at the stress is chaotic at that scale — lumen's own affected
-// TTFT moves from 682 to 1094 ms when the detection takes 100 ms instead
-// of 45 (seed 1) — so lumen and the oracle, which differ by a few hundred
-// ms on 11 requests, land anywhere in that spread; lumen's is logged.
+// without the assist (its own assist is lumen's). Against lumen it is a
+// floor of the costs it removes, asserted here (no later next token, no
+// more recomputed), not of one run's affected TTFT: at w4 three KV-bound
+// survivors run past their saturation for the reload, and one run's
+// queues are chaotic — the same arrivals with other luck in the
+// speculation move lumen's excess vs the oracle's from 0.44x to 2.37x on
+// this timeline, while the oracle saves its 8-11 interrupted requests
+// under a second each — and the dispatch's freeness lets one survivor's
+// queue run away (docs/benchmarks.md, "Why the oracle is not the floor at
+// w4"; TestOracleEnsemble); lumen's ratio is logged.
 func TestOracleFloor(t *testing.T) {
 	setup, ok := recoverystudy.Lookup("w4")
 	if !ok {
@@ -56,6 +59,11 @@ func TestOracleFloor(t *testing.T) {
 			if col.Fail && !col.Oracle && f.InterruptedRecoveryMeanS < o.InterruptedRecoveryMeanS {
 				t.Errorf("seed %d: %s's interrupted requests got their next token %.3f s after the failure, sooner than the oracle's %.3f s",
 					seed, col.Name, f.InterruptedRecoveryMeanS, o.InterruptedRecoveryMeanS)
+			}
+			// Its restores cost nothing: only the last partial page of
+			// each interrupted request is computed again.
+			if col.Fail && !col.Oracle && f.TokensRecomputed < o.TokensRecomputed {
+				t.Errorf("seed %d: %s recomputed %.0f tokens, fewer than the oracle's %.0f", seed, col.Name, f.TokensRecomputed, o.TokensRecomputed)
 			}
 			if !col.Fail || col.Oracle {
 				if f.ExcessVsOracle != nil {

@@ -134,8 +134,13 @@ type Study struct {
 	// Trace, when set, replaces the Azure-shaped generator: its arrivals,
 	// rescaled in time to the offered rate (workload.ReadAzureTrace, workload.Rescale).
 	Trace []workload.Request
-	// Spec is the lumen column's speculation (its Seed is the study's).
+	// Spec is the lumen column's speculation (its Seed is the study's
+	// unless SpecSeed is set).
 	Spec SpecOptions
+	// SpecSeed, when > 0, seeds the draft-agreement draws instead of
+	// Seed: the same arrivals with other luck in the speculation, which
+	// perturbs every speculating column's trajectory alike.
+	SpecSeed uint64
 	// Migration turns live migration on in every column (not in the
 	// calibration: the saturated throughput is the cluster's without it).
 	Migration bool
@@ -220,6 +225,9 @@ func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workl
 	timing.ReloadScale *= st.Timeline.ReloadScale
 	spec := st.Spec
 	spec.Seed = st.Seed
+	if st.SpecSeed > 0 {
+		spec.Seed = st.SpecSeed
+	}
 	return Config{GPUsPerNode: st.GPUsPerNode, DomainBlind: st.DomainBlind, CheckpointReplicas: st.CheckpointReplicas,
 		Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
 		TokenBudget: st.Setup.StepTokens(), MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,

@@ -23,6 +23,37 @@ type figures struct {
 	TTFTP99Ms  float64 `json:"ttft_p99_ms"`
 	RecoveryS  float64 `json:"recovery_s"`
 	Series     *Series `json:"series,omitempty"`
+	// ExcessVsOracle is a failed column's TTFT excess over its reference
+	// as a multiple of the oracle's (issue 27; the simulator's columns).
+	ExcessVsOracle *struct {
+		TTFTMean *float64 `json:"ttft_mean"`
+		TTFTP99  *float64 `json:"ttft_p99"`
+	} `json:"excess_vs_oracle,omitempty"`
+}
+
+// oracleGoal is issue 27's goal: a column's excess at most this multiple
+// of the oracle's.
+const oracleGoal = 1.2
+
+// excessGetters are the two excess_vs_oracle panels' values; ok is false
+// where a column has none (the oracle, the failure-free columns, a JSON
+// from before the oracle, or an oracle with no excess to divide by).
+var excessGetters = []struct {
+	title string
+	get   func(*figures) (float64, bool)
+}{
+	{"TTFT mean excess vs the oracle's (x)", func(f *figures) (float64, bool) {
+		if f.ExcessVsOracle == nil || f.ExcessVsOracle.TTFTMean == nil {
+			return 0, false
+		}
+		return *f.ExcessVsOracle.TTFTMean, true
+	}},
+	{"TTFT p99 excess vs the oracle's (x)", func(f *figures) (float64, bool) {
+		if f.ExcessVsOracle == nil || f.ExcessVsOracle.TTFTP99 == nil {
+			return 0, false
+		}
+		return *f.ExcessVsOracle.TTFTP99, true
+	}},
 }
 
 // Series is a run's time series in bins of BinS seconds: the requests
@@ -91,8 +122,49 @@ func figurePanels(data []byte) ([]*plot.Plot, error) {
 		logX(p, xs)
 		out = append(out, p)
 	}
+	// Each failed column's excess over its reference as a multiple of the
+	// oracle's, the floor at 1 and the goal dashed.
+	for _, m := range excessGetters {
+		var lines []line
+		for _, c := range names {
+			l := line{name: c}
+			for _, pt := range f.Points {
+				if v := pt.Columns[c]; v != nil {
+					if y, ok := m.get(v); ok {
+						l.xy = append(l.xy, plotter.XY{X: pt.X, Y: y})
+					}
+				}
+			}
+			if len(l.xy) > 0 {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) == 0 {
+			continue // a figure from before the oracle
+		}
+		p := newPlot(fmt.Sprintf("%s: %s", f.Name, m.title), f.XLabel, "x the oracle's excess")
+		if err := addLines(p, lines, true); err != nil {
+			return nil, err
+		}
+		x0, x1 := f.Points[0].X, f.Points[len(f.Points)-1].X
+		if err := hline(p, "the floor (oracle)", 1, x0, x1, colour(oracleName, 0)); err != nil {
+			return nil, err
+		}
+		if err := hline(p, fmt.Sprintf("goal: %.1fx", oracleGoal), oracleGoal, x0, x1, color.Black); err != nil {
+			return nil, err
+		}
+		var xs []float64
+		for _, pt := range f.Points {
+			xs = append(xs, pt.X)
+		}
+		logX(p, xs)
+		out = append(out, p)
+	}
 	return out, nil
 }
+
+// oracleName is the simulator's oracle column (recoverystudy.OracleColumn).
+const oracleName = "oracle"
 
 // isSetups reports whether raw is setup → strategy → figures.
 func isSetups(raw map[string]json.RawMessage) bool {
@@ -147,6 +219,40 @@ func setupsPanels(data []byte) ([]*plot.Plot, error) {
 			}
 		}
 		if err := addBars(p, setups, names, vals); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	for _, m := range excessGetters {
+		var cols []string
+		for _, c := range names {
+			for _, st := range setups {
+				if f := s[st][c]; f != nil {
+					if _, ok := m.get(f); ok {
+						cols = append(cols, c)
+						break
+					}
+				}
+			}
+		}
+		if len(cols) == 0 {
+			continue // no oracle ran
+		}
+		p := newPlot(m.title+" per strategy", "setup", "x the oracle's excess")
+		vals := make([][]float64, len(cols))
+		for i, c := range cols {
+			for _, st := range setups {
+				v := 0.0
+				if f := s[st][c]; f != nil {
+					v, _ = m.get(f)
+				}
+				vals[i] = append(vals[i], v)
+			}
+		}
+		if err := addBars(p, setups, cols, vals); err != nil {
+			return nil, err
+		}
+		if err := hline(p, fmt.Sprintf("goal: %.1fx", oracleGoal), oracleGoal, -0.5, float64(len(setups))-0.5, color.Black); err != nil {
 			return nil, err
 		}
 		out = append(out, p)

@@ -181,6 +181,7 @@ var named = map[string]color.RGBA{
 	"lumen": palette[0], "stop-and-restart": palette[1], "fixed-checkpoint": palette[2], "lumen-no-spec": palette[3],
 	"recompute": palette[4], "lumen-no-failure": palette[5], "no-checkpoint-no-failure": palette[6], "off": palette[1], "on": palette[0],
 	"infaas++": palette[1], "round-robin": palette[5],
+	oracleName: palette[8],
 }
 
 func colour(name string, i int) color.Color {
@@ -193,7 +194,7 @@ func colour(name string, i int) color.Color {
 // strategyOrder sorts strategies as the paper's tables do, others after,
 // by name.
 func strategyOrder(names []string) []string {
-	rank := map[string]int{"stop-and-restart": 0, "recompute": 1, "fixed-checkpoint": 2, "lumen-no-spec": 3, "lumen": 4, "lumen-no-failure": 5, "no-checkpoint-no-failure": 6}
+	rank := map[string]int{"stop-and-restart": 0, "recompute": 1, "fixed-checkpoint": 2, "lumen-no-spec": 3, "lumen": 4, oracleName: 5, "lumen-no-failure": 6, "no-checkpoint-no-failure": 7}
 	out := append([]string(nil), names...)
 	sort.Slice(out, func(i, j int) bool {
 		ri, iok := rank[out[i]]

@@ -107,12 +107,67 @@ func TestCommittedResults(t *testing.T) {
 			default:
 				t.Fatalf("no expectation for %s: add one", base)
 			}
+			// A JSON with the oracle (issue 27) gets its column and the
+			// panels of excess vs the oracle, the goal marked.
+			if bytes.Contains(data, []byte(`"excess_vs_oracle"`)) {
+				want = append(want, "oracle", "goal: 1.2x")
+			}
 			for _, w := range want {
 				if !contains(texts, w) {
 					t.Errorf("no text %q in the SVG (texts: %q)", w, texts)
 				}
 			}
 		})
+	}
+}
+
+// TestFigureExcessVsOracle: a figure's excess_vs_oracle gets a panel per
+// statistic, a line for each column that has one (not the oracle, not a
+// failure-free column), the floor and the goal marked; a figure without
+// it gets none.
+func TestFigureExcessVsOracle(t *testing.T) {
+	fig := `{"name": "failures", "x_label": "failed workers", "points": [
+	  {"x": 1, "columns": {"lumen": {"ttft_mean_ms": 10, "excess_vs_oracle": {"ttft_mean": 1.1, "ttft_p99": 1.3}},
+	    "stop-and-restart": {"ttft_mean_ms": 20, "excess_vs_oracle": {"ttft_mean": 2.5, "ttft_p99": null}},
+	    "oracle": {"ttft_mean_ms": 9}, "lumen-no-failure": {"ttft_mean_ms": 5}}},
+	  {"x": 4, "columns": {"lumen": {"ttft_mean_ms": 30, "excess_vs_oracle": {"ttft_mean": 1.05, "ttft_p99": 1.0}},
+	    "stop-and-restart": {"ttft_mean_ms": 60, "excess_vs_oracle": {"ttft_mean": 3, "ttft_p99": 2}},
+	    "oracle": {"ttft_mean_ms": 28}, "lumen-no-failure": {"ttft_mean_ms": 5}}}]}`
+	svg, err := Render([]byte(fig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := wellFormed(t, svg)
+	for _, w := range []string{"failures: TTFT mean excess vs the oracle's (x)", "failures: TTFT p99 excess vs the oracle's (x)",
+		"goal: 1.2x", "the floor (oracle)", "oracle"} {
+		if !contains(texts, w) {
+			t.Errorf("no text %q in the SVG (texts: %q)", w, texts)
+		}
+	}
+	count := func(texts []string, w string) int {
+		n := 0
+		for _, s := range texts {
+			if s == w {
+				n++
+			}
+		}
+		return n
+	}
+	// lumen's legend: the three panels of every figure, the two of the
+	// excess; the failure-free column only in the three.
+	if got := count(texts, "lumen"); got != 5 {
+		t.Errorf("lumen in %d legends, want 5 (3 panels + 2 excess panels)", got)
+	}
+	if got := count(texts, "lumen-no-failure"); got != 3 {
+		t.Errorf("lumen-no-failure in %d legends, want 3 (it has no excess vs the oracle)", got)
+	}
+	old := `{"name": "failures", "x_label": "failed workers", "points": [{"x": 1, "columns": {"lumen": {"ttft_mean_ms": 10}, "stop-and-restart": {"ttft_mean_ms": 20}}}]}`
+	svg, err = Render([]byte(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if texts := wellFormed(t, svg); contains(texts, "goal: 1.2x") {
+		t.Errorf("a figure without excess_vs_oracle got its panels (texts: %q)", texts)
 	}
 }
 
@@ -206,7 +261,7 @@ func TestWriteNextTo(t *testing.T) {
 // Every column of the recovery comparison has a colour no other has, and
 // the strategies sort as the tables show them, baselines first.
 func TestStrategyColoursAndOrder(t *testing.T) {
-	cols := []string{"lumen", "no-checkpoint-no-failure", "recompute", "lumen-no-failure", "fixed-checkpoint", "stop-and-restart", "lumen-no-spec"}
+	cols := []string{"lumen", "no-checkpoint-no-failure", "recompute", "lumen-no-failure", "fixed-checkpoint", "stop-and-restart", "lumen-no-spec", "oracle"}
 	seen := map[any]string{}
 	for i, c := range cols {
 		k := colour(c, i)
@@ -215,7 +270,7 @@ func TestStrategyColoursAndOrder(t *testing.T) {
 		}
 		seen[k] = c
 	}
-	want := "stop-and-restart recompute fixed-checkpoint lumen-no-spec lumen lumen-no-failure no-checkpoint-no-failure"
+	want := "stop-and-restart recompute fixed-checkpoint lumen-no-spec lumen oracle lumen-no-failure no-checkpoint-no-failure"
 	if got := strings.Join(strategyOrder(cols), " "); got != want {
 		t.Errorf("order %q, want %q", got, want)
 	}
