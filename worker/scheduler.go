@@ -386,19 +386,17 @@ func (s *scheduler) deliver(ev core.Event) {
 }
 
 func (s *scheduler) publishStats() {
-	running, waiting := s.core.Running(), s.core.Waiting()
+	running, waiting, head := s.core.Running(), s.core.Waiting(), s.core.HeadPages()
 	s.statsMu.Lock()
-	prev := s.stats.running + s.stats.waiting
-	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, s.core.HeadPages()
+	changed := running != s.stats.running || waiting != s.stats.waiting || head != s.stats.queueHeadPages
+	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, head
 	s.stats.stopped, s.stats.incoming = s.core.Stopped(), s.core.Incoming()
 	s.statsMu.Unlock()
 	s.w.metrics.migrationsLive.WithLabelValues("in").Set(float64(s.core.Incoming()))
-	// A large change in the load is reported at once, not at the next tick.
-	if now := running + waiting; now > prev+max(prev/10, 4) || now < prev-max(prev/10, 4) {
-		select {
-		case s.w.loadKick <- struct{}{}:
-		default:
-		}
+	// The reporter checks a changed queue at once (it reports only when
+	// the rule says so), not at its next tick.
+	if changed {
+		s.w.kickLoad()
 	}
 	s.w.metrics.running.Set(float64(running))
 	s.w.metrics.waiting.Set(float64(waiting))
