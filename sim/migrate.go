@@ -239,7 +239,7 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 		s.abortMigration(m, cause, true)
 		return
 	}
-	s.report(d) // takeStage's publishStats: the pages are in use
+	s.publish(d) // takeStage's publishStats: the pages are in use
 	// A pre-allocation that hears nothing more is reclaimed by the
 	// destination's core after its migration timeout.
 	gen := d.gen
@@ -323,7 +323,7 @@ func (s *Sim) abortMigration(m *simMigration, cause string, tell bool) {
 		s.between(m.dst, func() {
 			if m.dst.core.AbortIn(m.id, m.epoch) {
 				s.flush(m.dst)
-				s.report(m.dst)
+				s.publish(m.dst)
 				s.wake(m.dst)
 			}
 		})
