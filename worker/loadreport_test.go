@@ -29,8 +29,8 @@ func reportsSent(w *Worker) (all, markedFailed int) {
 }
 
 // TestIdleWorkerWritesNoLoadReports (issue 26): a worker reports its load
-// when it registers and once after serving a request (the controller
-// counts the dispatch pending until a report), then, idle, writes nothing
+// when it registers and after serving a request (the controller counts
+// the dispatch pending until a report), then, idle, writes nothing
 // however many times it checks; marked failed while it runs on, it learns
 // it from its event watch, not from a report it would never send, and
 // rejoins as a new incarnation.
@@ -50,9 +50,9 @@ func TestIdleWorkerWritesNoLoadReports(t *testing.T) {
 	if _, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "r1", Prompt: []int32{1, 2, 3, 4, 5}, MaxTokens: 4}); err != nil {
 		t.Fatal(err)
 	}
-	// One request, below every threshold: the heartbeat reports it
-	// (the admission), once.
-	waitUntil(t, 10*time.Second, "the heartbeat after a request", func() bool { n, _ := reportsSent(w); return n > first })
+	// One request, then none: the controller counts it pending until a
+	// report says the queue is empty again.
+	waitUntil(t, 10*time.Second, "a report after the request", func() bool { n, _ := reportsSent(w); return n > first })
 	// The load settles (the request's pages freed, q_w the request's
 	// wait): at most one more report for that.
 	waitUntil(t, 10*time.Second, "the load to settle", func() bool {

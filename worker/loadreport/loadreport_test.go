@@ -39,7 +39,7 @@ func TestThresholds(t *testing.T) {
 	}{
 		{"nothing changed", func(l *pb.LoadRecord) {}, ReasonNone},
 		{"one request finished", func(l *pb.LoadRecord) { l.Running-- }, ReasonNone},
-		{"two finished (max(2, 2% of 40))", func(l *pb.LoadRecord) { l.Running -= 2 }, ReasonQueue},
+		{"two finished (max(1, 5% of 40))", func(l *pb.LoadRecord) { l.Running -= 2 }, ReasonQueue},
 		{"two more waiting", func(l *pb.LoadRecord) { l.Waiting += 2 }, ReasonQueue},
 		{"one started, one finished", func(l *pb.LoadRecord) { l.Waiting--; l.Running++ }, ReasonNone},
 		{"q_w +9.9 ms (20% of 50 is 10)", func(l *pb.LoadRecord) { l.QueueWaitMs = 59.9 }, ReasonNone},
@@ -69,20 +69,26 @@ func TestThresholds(t *testing.T) {
 	}
 }
 
-// TestQueueFraction: at 500 requests the queue's threshold is 2% (10),
-// not 2.
+// TestQueueFraction: at 500 requests the queue's threshold is 5% (25),
+// not 1; with none, one request.
 func TestQueueFraction(t *testing.T) {
 	r := New(DefaultRule())
 	l := base()
 	l.Running, l.Waiting = 256, 244
 	r.Sent(t0, l)
-	l.Waiting -= 9
+	l.Waiting -= 24
 	if reason, due := r.Due(t0, l); due {
-		t.Fatalf("9 of 500 reported (%s): the threshold is 10", reason)
+		t.Fatalf("24 of 500 reported (%s): the threshold is 25", reason)
 	}
 	l.Waiting--
 	if reason, _ := r.Due(t0, l); reason != ReasonQueue {
-		t.Fatalf("10 of 500: %q, want queue", reason)
+		t.Fatalf("25 of 500: %q, want queue", reason)
+	}
+	l.Running, l.Waiting = 0, 0
+	r.Sent(t0, l)
+	l.Running = 1
+	if reason, _ := r.Due(t0, l); reason != ReasonQueue {
+		t.Fatalf("1 of 0 (a request the controller does not count): %q, want queue", reason)
 	}
 }
 
@@ -103,13 +109,17 @@ func TestAdmittedCountsAsPending(t *testing.T) {
 	if reason, due := r.Due(t0, cur); due {
 		t.Fatalf("3 arrivals the controller counts as pending were reported (%s)", reason)
 	}
-	// Two admitted and two finished: the queue is as reported, the
-	// controller's count two too high.
+	// Three admitted and three finished: the queue is as reported, the
+	// controller's count three too high (5% of 43 is 2.15).
 	r = sent(DefaultRule())
 	r.Admitted(10)
 	r.Admitted(10)
+	if reason, due := r.Due(t0, base()); due {
+		t.Fatalf("two arrivals that finished, 2 < 5%% of 42: reported (%s)", reason)
+	}
+	r.Admitted(10)
 	if reason, _ := r.Due(t0, base()); reason != ReasonQueue {
-		t.Fatalf("two arrivals that finished: %q, want queue (the controller counts 2 pending)", reason)
+		t.Fatalf("three arrivals that finished: %q, want queue (the controller counts 3 pending)", reason)
 	}
 }
 
