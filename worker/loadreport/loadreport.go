@@ -60,10 +60,13 @@ type Rule struct {
 	// PagesFrac: free KV pages less the queue head's demand are reported
 	// when they are this fraction of the KV cache away from the
 	// controller's count (the last reported, less the prompt pages of the
-	// requests admitted since).
+	// requests admitted since), and KV pages used when they reach 0.
 	PagesFrac float64
 	// CheckpointFrac: free checkpoint bytes are reported when they moved by
-	// at least this fraction of the checkpoint budget (free + stored).
+	// at least this fraction of the checkpoint budget (free + stored), and
+	// stored bytes when they reach 0. (Reaching 0 is a worker going idle,
+	// once per idle period: the table then says exactly that, which the
+	// dashboard shows and jepsen's no-leak check reads.)
 	CheckpointFrac float64
 	// Heartbeat: a record that differs in any way from the last reported,
 	// or a worker that admitted a request since, is reported once the last
@@ -129,8 +132,8 @@ const (
 	ReasonFirst      Reason = "first"      // nothing reported yet (this incarnation)
 	ReasonQueue      Reason = "queue"      // running + waiting, or the waiting queue formed or emptied
 	ReasonQueueWait  Reason = "queue_wait" // q_w
-	ReasonPages      Reason = "kv_pages"   // free KV pages less the queue head's, or the KV cache's size
-	ReasonCheckpoint Reason = "checkpoint" // free checkpoint bytes
+	ReasonPages      Reason = "kv_pages"   // free KV pages less the queue head's, none used any more, or the KV cache's size
+	ReasonCheckpoint Reason = "checkpoint" // free checkpoint bytes, or none stored any more
 	ReasonHeartbeat  Reason = "heartbeat"
 )
 
@@ -191,14 +194,15 @@ func (r *Reporter) Due(now time.Time, cur *pb.LoadRecord) (Reason, bool) {
 		}
 	}
 	if rule.PagesFrac > 0 {
-		if last.KvPagesTotal != cur.KvPagesTotal ||
+		if last.KvPagesTotal != cur.KvPagesTotal || last.KvPagesUsed > 0 && cur.KvPagesUsed == 0 ||
 			moved(freePages(last)-float64(r.admittedPages), freePages(cur), rule.PagesFrac*float64(cur.KvPagesTotal), 0) {
 			return ReasonPages, true
 		}
 	}
 	if rule.CheckpointFrac > 0 {
 		budget := float64(cur.FreeCheckpointBytes) + float64(cur.StoredCheckpointBytes)
-		if moved(float64(last.FreeCheckpointBytes), float64(cur.FreeCheckpointBytes), rule.CheckpointFrac*budget, 0) {
+		if last.StoredCheckpointBytes > 0 && cur.StoredCheckpointBytes == 0 ||
+			moved(float64(last.FreeCheckpointBytes), float64(cur.FreeCheckpointBytes), rule.CheckpointFrac*budget, 0) {
 			return ReasonCheckpoint, true
 		}
 	}

@@ -57,6 +57,34 @@ func TestThresholds(t *testing.T) {
 		{"5 GB more stored", func(l *pb.LoadRecord) { l.FreeCheckpointBytes -= 5e9; l.StoredCheckpointBytes += 5e9 }, ReasonCheckpoint},
 		{"a new incarnation", func(l *pb.LoadRecord) { l.Incarnation++ }, ReasonFirst},
 	}
+	// Reaching zero, from a little: the worker went idle.
+	idle := []struct {
+		name   string
+		edit   func(l *pb.LoadRecord)
+		reason Reason
+	}{
+		{"no KV page used any more", func(l *pb.LoadRecord) { l.KvPagesUsed = 0 }, ReasonPages},
+		{"no checkpoint stored any more", func(l *pb.LoadRecord) {
+			l.FreeCheckpointBytes += l.StoredCheckpointBytes
+			l.StoredCheckpointBytes = 0
+		}, ReasonCheckpoint},
+	}
+	for _, c := range idle {
+		t.Run(c.name, func(t *testing.T) {
+			last := base()
+			last.Running, last.Waiting, last.QueueHeadPages, last.KvPagesUsed = 0, 0, 0, 3
+			last.FreeCheckpointBytes, last.StoredCheckpointBytes = 100e9-1e6, 1e6
+			r := New(rule)
+			r.Sent(t0, last)
+			cur := base()
+			cur.Running, cur.Waiting, cur.QueueHeadPages, cur.KvPagesUsed = 0, 0, 0, 3
+			cur.FreeCheckpointBytes, cur.StoredCheckpointBytes = 100e9-1e6, 1e6
+			c.edit(cur)
+			if reason, _ := r.Due(t0, cur); reason != c.reason {
+				t.Fatalf("Due = %q, want %q", reason, c.reason)
+			}
+		})
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cur := base()
