@@ -39,16 +39,16 @@ func TestThresholds(t *testing.T) {
 	}{
 		{"nothing changed", func(l *pb.LoadRecord) {}, ReasonNone},
 		{"one request finished", func(l *pb.LoadRecord) { l.Running-- }, ReasonNone},
-		{"two finished (max(1, 5% of 40))", func(l *pb.LoadRecord) { l.Running -= 2 }, ReasonQueue},
+		{"two finished (max(2, 5% of 40))", func(l *pb.LoadRecord) { l.Running -= 2 }, ReasonQueue},
 		{"two more waiting", func(l *pb.LoadRecord) { l.Waiting += 2 }, ReasonQueue},
 		{"one started, one finished", func(l *pb.LoadRecord) { l.Waiting--; l.Running++ }, ReasonNone},
 		{"q_w +9.9 ms (20% of 50 is 10)", func(l *pb.LoadRecord) { l.QueueWaitMs = 59.9 }, ReasonNone},
 		{"q_w +10 ms", func(l *pb.LoadRecord) { l.QueueWaitMs = 60 }, ReasonQueueWait},
 		{"q_w -10 ms", func(l *pb.LoadRecord) { l.QueueWaitMs = 40 }, ReasonQueueWait},
-		{"499 pages used (5% of 10,000 is 500)", func(l *pb.LoadRecord) { l.KvPagesUsed += 499 }, ReasonNone},
-		{"500 pages used", func(l *pb.LoadRecord) { l.KvPagesUsed += 500 }, ReasonPages},
-		{"500 pages freed", func(l *pb.LoadRecord) { l.KvPagesUsed -= 500 }, ReasonPages},
-		{"queue head needs 500 more", func(l *pb.LoadRecord) { l.QueueHeadPages += 500 }, ReasonPages},
+		{"99 pages used (1% of 10,000 is 100)", func(l *pb.LoadRecord) { l.KvPagesUsed += 99 }, ReasonNone},
+		{"100 pages used", func(l *pb.LoadRecord) { l.KvPagesUsed += 100 }, ReasonPages},
+		{"100 pages freed", func(l *pb.LoadRecord) { l.KvPagesUsed -= 100 }, ReasonPages},
+		{"queue head needs 100 more", func(l *pb.LoadRecord) { l.QueueHeadPages += 100 }, ReasonPages},
 		{"the KV cache changed size", func(l *pb.LoadRecord) { l.KvPagesTotal++ }, ReasonPages},
 		{"4.9 GB more stored (5% of 100 GB is 5)", func(l *pb.LoadRecord) {
 			l.FreeCheckpointBytes -= 4.9e9
@@ -98,7 +98,7 @@ func TestThresholds(t *testing.T) {
 }
 
 // TestQueueFraction: at 500 requests the queue's threshold is 5% (25),
-// not 1; with none, one request.
+// not 2; with none, two requests.
 func TestQueueFraction(t *testing.T) {
 	r := New(DefaultRule())
 	l := base()
@@ -115,8 +115,12 @@ func TestQueueFraction(t *testing.T) {
 	l.Running, l.Waiting = 0, 0
 	r.Sent(t0, l)
 	l.Running = 1
+	if reason, due := r.Due(t0, l); due {
+		t.Fatalf("1 of 0 reported (%s): the threshold is 2", reason)
+	}
+	l.Running = 2
 	if reason, _ := r.Due(t0, l); reason != ReasonQueue {
-		t.Fatalf("1 of 0 (a request the controller does not count): %q, want queue", reason)
+		t.Fatalf("2 of 0 (requests the controller does not count): %q, want queue", reason)
 	}
 }
 
@@ -156,14 +160,14 @@ func TestAdmittedCountsAsPending(t *testing.T) {
 func TestAdmittedPages(t *testing.T) {
 	r := sent(DefaultRule())
 	cur := base()
-	cur.KvPagesUsed += 600 // prefilled: 600 pages, reported 600 - 400 = 200 short of the controller's count
+	cur.KvPagesUsed += 450 // prefilled: 450 pages, 50 beyond the 400 the controller counts pending
 	r.Admitted(400 * 16)
 	if reason, due := r.Due(t0, cur); due {
-		t.Fatalf("600 pages used of which 400 the controller counts pending: reported (%s)", reason)
+		t.Fatalf("450 pages used of which 400 the controller counts pending: reported (%s)", reason)
 	}
-	cur.KvPagesUsed += 300 // 500 beyond the pending pages: 5%
+	cur.KvPagesUsed += 50 // 100 beyond the pending pages: 1%
 	if reason, _ := r.Due(t0, cur); reason != ReasonPages {
-		t.Fatalf("500 pages beyond the pending ones: %q, want kv_pages", reason)
+		t.Fatalf("100 pages beyond the pending ones: %q, want kv_pages", reason)
 	}
 }
 
