@@ -50,11 +50,10 @@ func TestThresholds(t *testing.T) {
 		{"100 pages freed", func(l *pb.LoadRecord) { l.KvPagesUsed -= 100 }, ReasonPages},
 		{"queue head needs 100 more", func(l *pb.LoadRecord) { l.QueueHeadPages += 100 }, ReasonPages},
 		{"the KV cache changed size", func(l *pb.LoadRecord) { l.KvPagesTotal++ }, ReasonPages},
-		{"4.9 GB more stored (5% of 100 GB is 5)", func(l *pb.LoadRecord) {
-			l.FreeCheckpointBytes -= 4.9e9
-			l.StoredCheckpointBytes += 4.9e9
+		{"50 GB more stored (no threshold of its own)", func(l *pb.LoadRecord) {
+			l.FreeCheckpointBytes -= 50e9
+			l.StoredCheckpointBytes += 50e9
 		}, ReasonNone},
-		{"5 GB more stored", func(l *pb.LoadRecord) { l.FreeCheckpointBytes -= 5e9; l.StoredCheckpointBytes += 5e9 }, ReasonCheckpoint},
 		{"a new incarnation", func(l *pb.LoadRecord) { l.Incarnation++ }, ReasonFirst},
 	}
 	// Reaching zero, from a little: the worker went idle.
@@ -94,6 +93,24 @@ func TestThresholds(t *testing.T) {
 				t.Fatalf("Due = %q, %v; want %q", reason, due, c.reason)
 			}
 		})
+	}
+}
+
+// TestCheckpointThreshold: with CheckpointFrac set, free checkpoint bytes
+// are reported once they moved by that fraction of the budget.
+func TestCheckpointThreshold(t *testing.T) {
+	rule := DefaultRule()
+	rule.CheckpointFrac = 0.05
+	cur := base()
+	cur.FreeCheckpointBytes -= 4.9e9 // 5% of 100 GB is 5
+	cur.StoredCheckpointBytes += 4.9e9
+	if reason, due := sent(rule).Due(t0, cur); due {
+		t.Fatalf("4.9 of 100 GB reported (%s)", reason)
+	}
+	cur.FreeCheckpointBytes -= 0.1e9
+	cur.StoredCheckpointBytes += 0.1e9
+	if reason, _ := sent(rule).Due(t0, cur); reason != ReasonCheckpoint {
+		t.Fatalf("5 of 100 GB: %q, want checkpoint", reason)
 	}
 }
 
