@@ -45,10 +45,10 @@ func TestThresholds(t *testing.T) {
 		{"q_w +9.9 ms (20% of 50 is 10)", func(l *pb.LoadRecord) { l.QueueWaitMs = 59.9 }, ReasonNone},
 		{"q_w +10 ms", func(l *pb.LoadRecord) { l.QueueWaitMs = 60 }, ReasonQueueWait},
 		{"q_w -10 ms", func(l *pb.LoadRecord) { l.QueueWaitMs = 40 }, ReasonQueueWait},
-		{"99 pages used (1% of 10,000 is 100)", func(l *pb.LoadRecord) { l.KvPagesUsed += 99 }, ReasonNone},
-		{"100 pages used", func(l *pb.LoadRecord) { l.KvPagesUsed += 100 }, ReasonPages},
-		{"100 pages freed", func(l *pb.LoadRecord) { l.KvPagesUsed -= 100 }, ReasonPages},
-		{"queue head needs 100 more", func(l *pb.LoadRecord) { l.QueueHeadPages += 100 }, ReasonPages},
+		{"149 pages used (1.5% of 10,000 is 150)", func(l *pb.LoadRecord) { l.KvPagesUsed += 149 }, ReasonNone},
+		{"150 pages used", func(l *pb.LoadRecord) { l.KvPagesUsed += 150 }, ReasonPages},
+		{"150 pages freed", func(l *pb.LoadRecord) { l.KvPagesUsed -= 150 }, ReasonPages},
+		{"queue head needs 150 more", func(l *pb.LoadRecord) { l.QueueHeadPages += 150 }, ReasonPages},
 		{"the KV cache changed size", func(l *pb.LoadRecord) { l.KvPagesTotal++ }, ReasonPages},
 		{"50 GB more stored (no threshold of its own)", func(l *pb.LoadRecord) {
 			l.FreeCheckpointBytes -= 50e9
@@ -182,9 +182,9 @@ func TestAdmittedPages(t *testing.T) {
 	if reason, due := r.Due(t0, cur); due {
 		t.Fatalf("450 pages used of which 400 the controller counts pending: reported (%s)", reason)
 	}
-	cur.KvPagesUsed += 50 // 100 beyond the pending pages: 1%
+	cur.KvPagesUsed += 100 // 150 beyond the pending pages: 1.5%
 	if reason, _ := r.Due(t0, cur); reason != ReasonPages {
-		t.Fatalf("100 pages beyond the pending ones: %q, want kv_pages", reason)
+		t.Fatalf("150 pages beyond the pending ones: %q, want kv_pages", reason)
 	}
 }
 
