@@ -85,9 +85,9 @@ type Rule struct {
 // 20%), free pages off by 1.5% of the KV cache, a heartbeat of 10 s when
 // anything changed. The queue's and the pages' thresholds are the ones
 // that matter (`lumen sim -setups w4,w8 -quick` over 10 and 6 seeds,
-// docs/benchmarks.md, issue 26): with the queue at max(2, 10%) and the
-// pages at 5%, w8's failure-free mean TTFT rose 8% over reports every
-// 250 ms and w4's p99 more than doubled; w4 (Qwen3-32B, whose KV cache
+// docs/benchmarks.md, issue 26): with the pages at 5%, a queue at max(2,
+// 10%) raised w8's failure-free mean TTFT 8% over reports every 250 ms,
+// and one at max(2, 2%) left w4's p99 2.6× before's; w4 (Qwen3-32B, whose KV cache
 // binds) needs the pages within 1–2% (1.5%: of the values tried, the one
 // with which the simulator's pinned-seed tests — TestStressLumenAhead,
 // TestOracleFloor, TestGatewaysBalance, TestW8F4LumenAhead — all pass;
