@@ -83,8 +83,8 @@ type Config struct {
 
 	// LoadInterval is how often the reporter checks the load against
 	// LoadRule (default 250 ms); it checks at once too when a request
-	// arrives or the scheduler's queue changes. A check writes nothing
-	// unless the rule says a report is due.
+	// arrives and after every engine step. A check writes nothing unless
+	// the rule says a report is due.
 	LoadInterval time.Duration
 	// LoadRule is when a load report, a Raft entry, is sent (default
 	// loadreport.DefaultRule(): on a threshold, else a 10 s heartbeat when

@@ -388,16 +388,15 @@ func (s *scheduler) deliver(ev core.Event) {
 func (s *scheduler) publishStats() {
 	running, waiting, head := s.core.Running(), s.core.Waiting(), s.core.HeadPages()
 	s.statsMu.Lock()
-	changed := running != s.stats.running || waiting != s.stats.waiting || head != s.stats.queueHeadPages
 	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, head
 	s.stats.stopped, s.stats.incoming = s.core.Stopped(), s.core.Incoming()
 	s.statsMu.Unlock()
 	s.w.metrics.migrationsLive.WithLabelValues("in").Set(float64(s.core.Incoming()))
-	// The reporter checks a changed queue at once (it reports only when
-	// the rule says so), not at its next tick.
-	if changed {
-		s.w.kickLoad()
-	}
+	// The reporter checks the load after every step, as the simulator's
+	// does (it reports only when the rule says so; a kick pending is not
+	// queued twice): the pages a step filled count at once, not at the
+	// next tick.
+	s.w.kickLoad()
 	s.w.metrics.running.Set(float64(running))
 	s.w.metrics.waiting.Set(float64(waiting))
 }

@@ -291,7 +291,7 @@ func (w *Worker) capacity() *pb.Capacity {
 
 // registerAndReport registers (retrying until a controller answers), then
 // checks the load every LoadInterval, and at once when a request arrives or
-// the scheduler's queue changes, and reports it when LoadRule says so
+// an engine step ends, and reports it when LoadRule says so
 // (worker/loadreport: a report is a Raft entry). A report refused with
 // ReasonIncarnationFailed means the controller marked this incarnation
 // failed while the process ran on (a pause, a partition): the worker then
