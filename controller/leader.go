@@ -140,22 +140,43 @@ func (n *Node) leaderLoop(ls *leaderState) {
 const sessionCheckInterval = 250 * time.Millisecond
 
 // stampInterval is the longest the leader leaves the applied stamps behind
-// its clock while a session or a migration exists: a new leader forgives
-// the time from the last stamp to its own (fsm's NoopCmd.new_leader), so
-// without it an idle term would count for nothing and elections more often
-// than once per TTL would keep a dead gateway's session forever.
+// its clock while a migration is in flight, and the least it waits while
+// only sessions exist: a new leader forgives the time from the last stamp
+// to its own (fsm's NoopCmd.new_leader), so without it an idle term would
+// count for nothing and elections more often than once per TTL would keep
+// a dead gateway's session forever.
 const stampInterval = 2 * sessionCheckInterval
 
+// stampLimit is how old the last stamp may get before the leader commits a
+// no-op to move it: stampInterval while a migration is in flight, half the
+// shortest session TTL (at least stampInterval) while only sessions exist,
+// none otherwise (0). Half the TTL, not a fixed 500 ms (issue 26): a live
+// gateway renews every third of its TTL, so an idle cluster's stamps move
+// with the renewals and the leader writes nothing of its own (it wrote 2
+// no-ops a second); an election forgives at most half a TTL of the term
+// before it, so a dead gateway's session still expires while terms last
+// longer than that.
+func stampLimit(minTTL int64, migrating bool) time.Duration {
+	switch {
+	case migrating:
+		return stampInterval
+	case minTTL > 0:
+		return max(stampInterval, time.Duration(minTTL)/2)
+	}
+	return 0
+}
+
 // expireSessions commits a no-op once a session's deadline has passed on the
-// leader's clock, or once the last stamp is stampInterval old while a
-// session or migration exists. Apply decides expiry by the stamps of the
-// commands it applies; the no-op carries a stamp past the deadline, so an
-// idle cluster expires the sessions of dead gateways too.
+// leader's clock, or once the last stamp is older than stampLimit. Apply
+// decides expiry by the stamps of the commands it applies; the no-op
+// carries a stamp past the deadline, so an idle cluster expires the
+// sessions of dead gateways too.
 func (n *Node) expireSessions(ls *leaderState) {
 	now := time.Now().UnixNano()
 	due := n.fsm.NextSessionExpiry()
-	age, timed := n.fsm.StampAge(now)
-	if (due == 0 || now <= due) && (!timed || age < int64(stampInterval)) {
+	age, minTTL, migrating := n.fsm.StampAge(now)
+	limit := stampLimit(minTTL, migrating)
+	if (due == 0 || now <= due) && (limit == 0 || age < int64(limit)) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)

@@ -162,7 +162,7 @@ func TestSessionSurvivesLeaderlessOutage(t *testing.T) {
 // than once per TTL. Each new leader's first command used to renew every
 // session in full, and a 900-ms term never reached the 1-s deadline; now a
 // new leader forgives only the time from the last stamp to its own, and the
-// leader stamps at least every stampInterval while a session exists, so
+// leader stamps at least every stampLimit (half the TTL here: 500 ms) while a session exists, so
 // each term counts.
 func TestElectionsExpireDeadSession(t *testing.T) {
 	c := newCluster(t, 1, nil)

@@ -207,19 +207,24 @@ func (s *state) expireSessions(idx uint64, evs eventSink) (expired int) {
 }
 
 // StampAge returns how far now (Unix nanoseconds, the leader's clock) is
-// past the last applied stamp, and whether a clock runs on the stamps: a
-// session or a migration exists. The leader commits a no-op when the age
-// passes an interval (controller/leader.go), so the time a new leader
-// forgives (newLeader: from the last stamp to its own) is the leaderless
-// gap and at most that interval of the last term, however idle.
-func (f *FSM) StampAge(now int64) (age int64, timed bool) {
+// past the last applied stamp, and what runs a clock on the stamps: the
+// shortest TTL of the sessions (0 for none) and whether a migration is in
+// flight. The leader commits a no-op when the age passes an interval that
+// these set (controller/leader.go), so the time a new leader forgives
+// (newLeader: from the last stamp to its own) is the leaderless gap and at
+// most that interval of the last term, however idle.
+func (f *FSM) StampAge(now int64) (age, minTTL int64, migrating bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	timed = len(f.st.sessions) > 0
-	for _, reqs := range f.st.incoming {
-		timed = timed || len(reqs) > 0
+	for _, ss := range f.st.sessions {
+		if minTTL == 0 || ss.TtlNanos < minTTL {
+			minTTL = ss.TtlNanos
+		}
 	}
-	return now - f.st.lastStamp, timed
+	for _, reqs := range f.st.incoming {
+		migrating = migrating || len(reqs) > 0
+	}
+	return now - f.st.lastStamp, minTTL, migrating
 }
 
 // NextSessionExpiry returns the earliest time (Unix nanoseconds, by the

@@ -274,16 +274,18 @@ func TestElectionsDoNotKeepDeadSessions(t *testing.T) {
 	t.Fatal("ten elections, 8 s of stamped time: the dead gateway's session is still alive (TTL 2 s)")
 }
 
-// StampAge says how old the last stamp is and whether a clock runs on the
-// stamps (a session or a migration), for the leader's keep-stamping no-op.
+// StampAge says how old the last stamp is and what runs a clock on the
+// stamps (the shortest session TTL, a migration), for the leader's
+// keep-stamping no-op.
 func TestStampAge(t *testing.T) {
 	h := newHarness(t)
 	h.one(worker("w1", 1<<30))
-	if _, timed := h.f.StampAge(h.stamp); timed {
-		t.Fatal("timed with no session and no migration")
+	if _, ttl, migrating := h.f.StampAge(h.stamp); ttl != 0 || migrating {
+		t.Fatalf("ttl %d migrating %v with no session and no migration", ttl, migrating)
 	}
-	h.one(createSession("gw", time.Second))
-	if age, timed := h.f.StampAge(h.stamp + int64(time.Second)); !timed || age != int64(time.Second) {
-		t.Fatalf("age %d timed %v, want 1 s and true", age, timed)
+	h.one(createSession("gw", 3*time.Second))
+	h.one(createSession("gw2", time.Second))
+	if age, ttl, migrating := h.f.StampAge(h.stamp + int64(time.Second)); age != int64(time.Second) || ttl != int64(time.Second) || migrating {
+		t.Fatalf("age %d ttl %d migrating %v, want 1 s, 1 s (the shorter TTL) and false", age, ttl, migrating)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
+	"github.com/lumen-project/lumen/worker/loadreport"
 )
 
 // Options is what `lumen sim` runs: prototype setups by name, or one
@@ -188,6 +189,10 @@ type Command struct {
 	// Preemption is the workers' rule for a running request short of a
 	// KV page: wait or vllm (core.ParsePreemption).
 	Preemption string
+	// LoadReports is when workers report their load: events
+	// (loadreport.DefaultRule, issue 26) or periodic (every
+	// Timing.LoadInterval, loadreport.PeriodicRule: lumen before it).
+	LoadReports string
 	// Stress runs a figure or a custom setup at the headline setups'
 	// conditions and timeline (recoverystudy.Stress, a batch cap of 256,
 	// 360 s with the failure at 60 s); a flag given overrides each.
@@ -250,7 +255,7 @@ type Command struct {
 // DefaultCommand is `lumen sim` without flags.
 func DefaultCommand() Command {
 	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
-		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
+		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", LoadReports: "events", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
 		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", CheckpointReplicas: 1, Domains: "aware", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
 
@@ -596,6 +601,13 @@ func (c *Command) timing() (Timing, error) {
 	case "off":
 	default:
 		return t, fmt.Errorf("-decode-context %q: on or off", c.DecodeContext)
+	}
+	switch c.LoadReports {
+	case "events":
+	case "periodic":
+		t.LoadRule = loadreport.PeriodicRule(t.LoadInterval)
+	default:
+		return t, fmt.Errorf("-load-reports %q: events or periodic", c.LoadReports)
 	}
 	if c.MaxRunning < 1 || c.TokenBudget < 0 {
 		return t, fmt.Errorf("-max-running %d must be >= 1 and -token-budget %d >= 0 (0: 2048)", c.MaxRunning, c.TokenBudget)

@@ -307,7 +307,7 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 		s.abortMigration(m, cause, true)
 		return
 	}
-	s.report(d) // takeStage's publishStats: the pages are in use
+	s.publish(d) // takeStage's publishStats: the pages are in use
 	if st.Last {
 		s.wake(d) // the held pre-step decodes it in the next step
 	}
@@ -394,7 +394,7 @@ func (s *Sim) abortMigration(m *simMigration, cause string, tell bool) {
 		s.between(m.dst, func() {
 			if m.dst.core.AbortIn(m.id, m.epoch) {
 				s.flush(m.dst)
-				s.report(m.dst)
+				s.publish(m.dst)
 				s.wake(m.dst)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lumen-project/lumen/internal/servingstats"
+	"github.com/lumen-project/lumen/worker/loadreport"
 )
 
 type queueSample = servingstats.Sample
@@ -80,6 +81,20 @@ type Result struct {
 	PreemptionLosses []time.Duration
 	Fragmentation    []servingstats.Sample
 	Blocked          BlockedStats
+
+	// Raft is the Raft write stream, by command type (fsm.CommandType),
+	// over Config.RaftFrom..RaftTo: what the simulator applies is what a
+	// leader would propose. LoadReports counts the load reports by why
+	// they were sent (worker/loadreport), over the same span.
+	Raft        map[string]RaftCount
+	LoadReports map[loadreport.Reason]int
+}
+
+// RaftCount is one command type's part of the Raft write stream: its
+// commands, and their bytes in the log entries.
+type RaftCount struct {
+	Commands int
+	Bytes    int64
 }
 
 // finish builds the per-request records.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/lumen-project/lumen/fsm"
@@ -18,6 +19,7 @@ import (
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
+	"github.com/lumen-project/lumen/worker/loadreport"
 )
 
 // ErrInvalid: the Config cannot be simulated.
@@ -123,6 +125,9 @@ type Config struct {
 	// MeasureApply times fsm.Apply of every Dispatch and MarkFailed on the
 	// wall clock (the only nondeterministic figures; off in tests).
 	MeasureApply bool
+	// RaftFrom and RaftTo are the span whose Raft writes Result.Raft
+	// counts (RaftTo 0: to the end of the run).
+	RaftFrom, RaftTo time.Duration
 	// Progress, when set, is called about every 10 simulated seconds.
 	Progress func(now time.Duration, done, total int)
 }
@@ -161,9 +166,14 @@ type Timing struct {
 	// RedispatchAfter: a request that had streamed nothing is dispatched
 	// afresh when its placement has not moved by then.
 	RedispatchAfter time.Duration
-	// LoadInterval is the worker's load report period; QueueWindow the
-	// window of q_w; ReconcileInterval the holders' store reconciliation.
+	// LoadInterval is how often the worker's reporter checks its load
+	// against LoadRule (it checks after every step and call too);
+	// QueueWindow the window of q_w; ReconcileInterval the holders' store
+	// reconciliation.
 	LoadInterval, QueueWindow, ReconcileInterval time.Duration
+	// LoadRule is when a load report is sent (worker/loadreport, the
+	// worker's Config.LoadRule).
+	LoadRule loadreport.Rule
 	// NetBytesPerSec is a worker's outgoing link for checkpoint pages;
 	// SendQueuePages the sender's bounded queue per worker.
 	NetBytesPerSec float64
@@ -204,8 +214,9 @@ const DefaultHangDetect = 800 * time.Millisecond
 //     saw 14–51 ms idle and 140–270 ms under load on 2 shared cores.
 //   - PollFirst 20 ms, PollMax 250 ms, RedispatchAfter 1 s: the gateway's
 //     resumeTarget.
-//   - LoadInterval 250 ms, QueueWindow 10 s, ReconcileInterval 2 s: the
-//     worker's defaults (worker.DefaultConfig).
+//   - LoadInterval 250 ms, LoadRule loadreport.DefaultRule(), QueueWindow
+//     10 s, ReconcileInterval 2 s: the worker's defaults
+//     (worker.DefaultConfig).
 //   - NetBytesPerSec 12.5 GB/s (100 GbE, docs/calibration.md), SendQueuePages
 //     1024 (the worker's ckptQueue).
 //   - ReloadScale 1, Reload warm: the profile's disk + host-to-GPU +
@@ -236,7 +247,7 @@ const DefaultHangDetect = 800 * time.Millisecond
 func DefaultTiming() Timing {
 	return Timing{CommitDelay: 3 * time.Millisecond, DetectDelay: 45 * time.Millisecond,
 		PollFirst: 20 * time.Millisecond, PollMax: 250 * time.Millisecond, RedispatchAfter: time.Second,
-		LoadInterval: 250 * time.Millisecond, QueueWindow: 10 * time.Second, ReconcileInterval: 2 * time.Second,
+		LoadInterval: 250 * time.Millisecond, LoadRule: loadreport.DefaultRule(), QueueWindow: 10 * time.Second, ReconcileInterval: 2 * time.Second,
 		NetBytesPerSec: 12.5e9, SendQueuePages: 1024, ReloadScale: 1, SampleEvery: 250 * time.Millisecond,
 		LinkLatency: 100 * time.Microsecond, MigrationInterval: 500 * time.Millisecond, MigrationTimeout: 10 * time.Second,
 		InterconnectBytesPerSec: engine.DefaultInterconnectBytesPerSec, WatchInterval: 10 * time.Millisecond, WatchDelay: time.Millisecond}
@@ -300,6 +311,9 @@ func (c *Config) Validate() error {
 	t := c.Timing
 	if t.LoadInterval <= 0 || t.QueueWindow <= 0 || t.ReconcileInterval <= 0 || t.SampleEvery <= 0 || t.PollFirst <= 0 || t.PollMax <= 0 {
 		errs = append(errs, errors.New("Timing: intervals must be positive (start from DefaultTiming)"))
+	}
+	if err := t.LoadRule.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("Timing.LoadRule: %w", err))
 	}
 	if t.NetBytesPerSec <= 0 || t.SendQueuePages < 1 {
 		errs = append(errs, errors.New("Timing: NetBytesPerSec and SendQueuePages must be positive"))
@@ -425,8 +439,13 @@ type simWorker struct {
 	// The interconnect's two directions as live migration's copies use
 	// them (nextStage): busy until then.
 	migOutFree, migInFree time.Duration
-	published             int // running+waiting at the last publish (load kick)
 	empties               int // consecutive empty steps at one instant
+
+	// The load reporter (worker/loadreport, Timing.LoadRule): q_w as of
+	// its last check, and the record it builds (reused).
+	reporter *loadreport.Reporter
+	qw       float64
+	rec      pb.LoadRecord
 
 	outBuf [][]int32 // a step's sampled tokens, reused
 	tokBuf []int32
@@ -549,6 +568,7 @@ func New(cfg Config) (*Sim, error) {
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens, migByID: map[string]*simMigration{},
 		drainUntil: -1, nextProgress: 10 * time.Second}
 	s.res.Requests = len(cfg.Arrivals)
+	s.res.Raft, s.res.LoadReports = map[string]RaftCount{}, map[loadreport.Reason]int{}
 	s.migProf = cfg.Profile
 	s.migProf.InterconnectBytesPerSec = cfg.Timing.InterconnectBytesPerSec
 	mode := pb.MigrationMode_MIGRATION_MODE_OFF
@@ -602,7 +622,7 @@ func New(cfg Config) (*Sim, error) {
 	// reconciliations are spread over the period, not all at one instant.
 	for i, w := range s.workers {
 		frac := float64(i) / float64(len(s.workers))
-		s.every(time.Duration(frac*float64(cfg.Timing.LoadInterval)), cfg.Timing.LoadInterval, func() { s.report(w) })
+		s.every(time.Duration(frac*float64(cfg.Timing.LoadInterval)), cfg.Timing.LoadInterval, func() { s.tick(w) })
 		s.every(time.Duration(frac*float64(cfg.Timing.ReconcileInterval)), cfg.Timing.ReconcileInterval, func() { s.reconcile(w) })
 	}
 	s.every(0, cfg.Timing.SampleEvery, s.sample)
@@ -734,6 +754,7 @@ func (s *Sim) applyEntry(cmds []*pb.Command) []fsm.Result {
 	if err != nil {
 		panic(err)
 	}
+	s.countRaft(cmds)
 	s.logIndex++
 	l := &raft.Log{Index: s.logIndex, Term: 1, Type: raft.LogCommand, Data: data}
 	var start time.Time
@@ -754,6 +775,28 @@ func (s *Sim) applyEntry(cmds []*pb.Command) []fsm.Result {
 	return res
 }
 
+// countRaft adds an entry's commands to the Raft write stream's counts
+// (Result.Raft), by command type: each command, and its bytes in the
+// entry (the LogEntry's field: tag, length and the command).
+func (s *Sim) countRaft(cmds []*pb.Command) {
+	if !s.raftWindow() {
+		return
+	}
+	for _, c := range cmds {
+		typ := fsm.CommandType(c)
+		n := proto.Size(c)
+		rc := s.res.Raft[typ]
+		rc.Commands++
+		rc.Bytes += int64(protowire.SizeTag(1) + protowire.SizeBytes(n))
+		s.res.Raft[typ] = rc
+	}
+}
+
+// raftWindow reports whether now is in the span the Raft counts cover.
+func (s *Sim) raftWindow() bool {
+	return s.now >= s.cfg.RaftFrom && (s.cfg.RaftTo == 0 || s.now < s.cfg.RaftTo)
+}
+
 func (s *Sim) capacity() *pb.Capacity {
 	p := s.cfg.Profile
 	return &pb.Capacity{KvPagesTotal: uint64(s.cfg.KVPages), CheckpointBudgetBytes: s.cfg.CheckpointBudget,
@@ -770,7 +813,11 @@ func (s *Sim) register(w *simWorker, phase pb.WorkerPhase) {
 	w.core = core.New(core.Config{Self: w.id, TokenBudget: s.cfg.TokenBudget, MaxRunning: s.cfg.MaxRunning,
 		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages, Preemption: s.cfg.Timing.Preemption}, w.store)
 	w.waits = core.WaitWindow{}
-	w.busy, w.kick, w.linkFree, w.published = false, false, s.now, 0
+	w.busy, w.kick, w.linkFree, w.qw = false, false, s.now, 0
+	if w.reporter == nil {
+		w.reporter = loadreport.New(s.cfg.Timing.LoadRule)
+	}
+	w.reporter.Reset()
 	w.between = nil
 	w.phase = phase
 	row := &pb.Worker{Id: w.id, Incarnation: w.inc, Phase: phase, Capacity: s.capacity(), ModelId: s.cfg.Profile.Model}
@@ -785,33 +832,60 @@ func (s *Sim) register(w *simWorker, phase pb.WorkerPhase) {
 		s.fail("register %s: %v", w.id, res.Err)
 	}
 	s.relink()
-	s.report(w)
+	s.checkLoad(w)
 }
 
-// report sends the worker's load record, as its reporter does.
-func (s *Sim) report(w *simWorker) {
+// loadRecord fills w.rec with the worker's load as its reporter reads it
+// (worker.Worker.Load), with q_w as of qw.
+func (s *Sim) loadRecord(w *simWorker, qw float64) *pb.LoadRecord {
+	c, used := w.core, w.store.used
+	w.rec = pb.LoadRecord{WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: qw,
+		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
+		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
+		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages())}
+	return &w.rec
+}
+
+// tick is the reporter's periodic check (every Timing.LoadInterval): q_w
+// moves with its window even when nothing happens, so it is read here.
+func (s *Sim) tick(w *simWorker) {
 	if !w.alive {
 		return
 	}
-	c := w.core
-	w.published = c.Running() + c.Waiting()
-	used := w.store.used
-	res := s.apply(&pb.Command{Body: &pb.Command_ReportLoad{ReportLoad: &pb.ReportLoadCmd{Load: &pb.LoadRecord{
-		WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: w.waits.Mean(s.clock(), s.cfg.Timing.QueueWindow),
-		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
-		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
-		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), Queued: c.AppendQueued(nil, maxQueuedReported)}}}})
-	if res.Err != nil {
-		s.fail("report %s: %v", w.id, res.Err)
+	w.qw = w.waits.Mean(s.clock(), s.cfg.Timing.QueueWindow)
+	s.checkLoad(w)
+}
+
+// publish is the scheduler's publishStats after a step, a call or a
+// migration's stage: the reporter checks the load against the rule, with
+// q_w as of the last check (worker.scheduler.publishStats kicks it).
+func (s *Sim) publish(w *simWorker) {
+	if w.alive {
+		s.checkLoad(w)
 	}
 }
 
-// publish is the scheduler's publishStats: a large change in the load is
-// reported at once.
-func (s *Sim) publish(w *simWorker) {
-	prev, now := w.published, w.core.Running()+w.core.Waiting()
-	if now > prev+max(prev/10, 4) || now < prev-max(prev/10, 4) {
-		s.report(w)
+// checkLoad reports the worker's load when the rule says it is due, as
+// the worker's reporter does (worker.Worker.reportLoad).
+func (s *Sim) checkLoad(w *simWorker) {
+	now := s.clock()
+	reason, due := w.reporter.Due(now, s.loadRecord(w, w.qw))
+	if !due {
+		return
+	}
+	w.qw = w.waits.Mean(now, s.cfg.Timing.QueueWindow)
+	rec := s.loadRecord(w, w.qw)
+	// The queued ids go in the report sent, not in the rule's check (it
+	// reads the counts): a fresh slice, as the command keeps it.
+	rec.Queued = w.core.AppendQueued(nil, maxQueuedReported)
+	res := s.apply(&pb.Command{Body: &pb.Command_ReportLoad{ReportLoad: &pb.ReportLoadCmd{Load: rec}}})
+	if res.Err != nil {
+		s.fail("report %s: %v", w.id, res.Err)
+		return
+	}
+	w.reporter.Sent(now, rec)
+	if s.raftWindow() {
+		s.res.LoadReports[reason]++
 	}
 }
 
@@ -917,6 +991,7 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 	s.setReplicas(r.id, pl)
 	r.call, r.kvFed = cr, 0
 	w.core.Submit(cr)
+	w.reporter.Admitted(r.w.PromptLen())
 	s.flush(w)
 	s.publish(w)
 	s.wake(w)

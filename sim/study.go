@@ -54,6 +54,16 @@ type Figures struct {
 	ApplyDispatchP99Ms   float64 `json:"apply_dispatch_p99_ms"`
 	// Preemptions by recompute over every worker (core.Output).
 	Preemptions int `json:"preemptions"`
+	// The Raft write stream (issue 26) from the warm-up to the end of the
+	// arrivals, per second, by command type (fsm.CommandType, the
+	// controller's lumen_controller_fsm_apply_seconds label) and "total":
+	// commands (each an entry as the simulator applies them; a leader
+	// coalescing concurrent ones writes fewer entries, and fsyncs, than
+	// this) and their bytes in the log. LoadReports are the load reports
+	// by why they were sent (worker/loadreport.Reason), per second.
+	RaftEntriesPerS map[string]float64 `json:"raft_entries_per_s"`
+	RaftBytesPerS   map[string]float64 `json:"raft_bytes_per_s"`
+	LoadReportsPerS map[string]float64 `json:"load_reports_per_s"`
 
 	// Issue 24. RestoredFraction is, of the requests the failure
 	// interrupted, those a call restored pages of from a checkpoint store
@@ -231,7 +241,8 @@ func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workl
 	return Config{GPUsPerNode: st.GPUsPerNode, DomainBlind: st.DomainBlind, CheckpointReplicas: st.CheckpointReplicas,
 		Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
 		TokenBudget: st.Setup.StepTokens(), MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
-		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec}
+		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec,
+		RaftFrom: st.Timeline.Warmup, RaftTo: st.Timeline.Duration}
 }
 
 // Calibrate measures the setup's saturated throughput in requests per
@@ -380,6 +391,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		}
 		f.ApplyDispatchP99Ms = servingstats.Percentile(res.ApplyDispatch, 0.99)
 		f.ApplyMarkFailedP99Ms = servingstats.Percentile(res.ApplyMarkFailed, 0.99)
+		f.raftFigures(res, tm.Duration-tm.Warmup)
 		if col.Fail {
 			f.PlanMs = float64(res.PlanAt-res.FailAt) / 1e6
 		}
@@ -402,6 +414,9 @@ func (st *Study) Run() (map[string]*Figures, error) {
 				{Name: "Apply(MarkFailed) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyMarkFailedP99Ms) }},
 				{Name: "Apply(Dispatch) p99 ms", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].ApplyDispatchP99Ms) }},
 				{Name: "preemptions", Cell: func(c string) string { return fmt.Sprintf("%d", figs[c].Preemptions) }},
+				{Name: "Raft commands/s (load reports)", Cell: func(c string) string {
+					return fmt.Sprintf("%.0f (%.0f)", figs[c].RaftEntriesPerS["total"], figs[c].RaftEntriesPerS["report_load"])
+				}},
 			}}
 		t.Print(st.Log)
 		PrintSpec(st.Log, figs["lumen"])
@@ -481,6 +496,27 @@ func workerNames(idx []int) string {
 		fmt.Fprintf(&b, "worker-%d", i+1)
 	}
 	return b.String()
+}
+
+// raftFigures sets the Raft write stream's figures from a run's counts
+// over span.
+func (f *Figures) raftFigures(res *Result, span time.Duration) {
+	f.RaftEntriesPerS, f.RaftBytesPerS, f.LoadReportsPerS = map[string]float64{}, map[string]float64{}, map[string]float64{}
+	sec := span.Seconds()
+	if sec <= 0 {
+		return
+	}
+	var total RaftCount
+	for typ, rc := range res.Raft {
+		f.RaftEntriesPerS[typ] = float64(rc.Commands) / sec
+		f.RaftBytesPerS[typ] = float64(rc.Bytes) / sec
+		total.Commands += rc.Commands
+		total.Bytes += rc.Bytes
+	}
+	f.RaftEntriesPerS["total"], f.RaftBytesPerS["total"] = float64(total.Commands)/sec, float64(total.Bytes)/sec
+	for r, n := range res.LoadReports {
+		f.LoadReportsPerS[string(r)] = float64(n) / sec
+	}
 }
 
 // Attribution splits a failed run's mean TTFT excess over its failure-free

@@ -20,6 +20,7 @@ import (
 	"github.com/lumen-project/lumen/internal/tlsconf"
 	"github.com/lumen-project/lumen/worker/core"
 	"github.com/lumen-project/lumen/worker/engine"
+	"github.com/lumen-project/lumen/worker/loadreport"
 )
 
 // Config configures a worker.
@@ -86,9 +87,15 @@ type Config struct {
 	// (core.Config.Preemption; default core.PreemptWait).
 	Preemption core.Preemption
 
-	// LoadInterval is how often load is reported (default 250 ms); a change
-	// of more than LoadChange of KV usage or queue length reports at once.
+	// LoadInterval is how often the reporter checks the load against
+	// LoadRule (default 250 ms); it checks at once too when a request
+	// arrives and after every engine step. A check writes nothing unless
+	// the rule says a report is due.
 	LoadInterval time.Duration
+	// LoadRule is when a load report, a Raft entry, is sent (default
+	// loadreport.DefaultRule(): on a threshold, else a 10 s heartbeat when
+	// anything changed; docs/architecture.md, "Load reports").
+	LoadRule loadreport.Rule
 	// QueueWindow is the sliding window of q_w (default 10 s).
 	QueueWindow time.Duration
 	// DrainTimeout bounds graceful shutdown (default 30 s).
@@ -132,7 +139,7 @@ type Recovery struct {
 
 // DefaultConfig returns a Config with the optional fields at their defaults.
 func DefaultConfig() Config {
-	return Config{TokenBudget: 512, MaxRunning: 256, MaxWaiting: 4096, LoadInterval: 250 * time.Millisecond,
+	return Config{TokenBudget: 512, MaxRunning: 256, MaxWaiting: 4096, LoadInterval: 250 * time.Millisecond, LoadRule: loadreport.DefaultRule(),
 		QueueWindow: 10 * time.Second, DrainTimeout: 30 * time.Second, ReconcileInterval: 2 * time.Second,
 		CheckpointBudget: 1 << 30, SpecK: 4, MigrationTimeout: core.DefaultMigrationTimeout}
 }
@@ -164,6 +171,9 @@ func (c *Config) Validate() error {
 	if c.LoadInterval <= 0 || c.QueueWindow <= 0 || c.DrainTimeout <= 0 || c.ReconcileInterval <= 0 || c.MigrationTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("LoadInterval (%s), QueueWindow (%s), DrainTimeout (%s), ReconcileInterval (%s) and MigrationTimeout (%s) must be positive",
 			c.LoadInterval, c.QueueWindow, c.DrainTimeout, c.ReconcileInterval, c.MigrationTimeout))
+	}
+	if err := c.LoadRule.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("LoadRule: %w", err))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("worker: invalid config: %w", errors.Join(errs...))

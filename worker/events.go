@@ -12,7 +12,9 @@ import (
 // The worker follows the controller's event stream for what the control
 // plane decides about it: a migration of one of its requests starting or
 // being aborted by the leader, a migration into it being aborted
-// (migrate.go), and its own phase becoming DRAINING (drain.go). It follows
+// (migrate.go), its own phase becoming DRAINING (drain.go), and its own
+// incarnation marked FAILED while it runs on (a report then makes it
+// rejoin: worker.go). It follows
 // one replica at a time, as the gateway does (ctlclient.Watch), and moves
 // on when the stream breaks, when the replica stops answering its probe,
 // or when the replica knows no leader (cut off from the quorum, its stream
@@ -46,8 +48,14 @@ func (w *Worker) readOwnPhase(ctx context.Context, cc *grpc.ClientConn) error {
 	}
 	inc := w.incarnation.Load()
 	for _, row := range resp.Workers {
-		if row.Id == w.cfg.ID && row.Incarnation == inc && row.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING {
+		if row.Id != w.cfg.ID || row.Incarnation != inc {
+			continue
+		}
+		switch row.Phase {
+		case pb.WorkerPhase_WORKER_PHASE_DRAINING:
 			w.drainByMigration("the worker table says this worker is DRAINING (its event was not seen)")
+		case pb.WorkerPhase_WORKER_PHASE_FAILED:
+			w.reportNow()
 		}
 	}
 	return nil
@@ -77,8 +85,17 @@ func (w *Worker) onEvent(ev *pb.Event) {
 		}
 	case *pb.Event_PhaseChanged:
 		pc := b.PhaseChanged
-		if pc.WorkerId == w.cfg.ID && pc.Incarnation == inc && pc.To == pb.WorkerPhase_WORKER_PHASE_DRAINING {
+		if pc.WorkerId != w.cfg.ID || pc.Incarnation != inc {
+			return
+		}
+		switch pc.To {
+		case pb.WorkerPhase_WORKER_PHASE_DRAINING:
 			w.drainByMigration("the controller set this worker's phase to DRAINING")
+		case pb.WorkerPhase_WORKER_PHASE_FAILED:
+			// Marked failed while this process runs on (a pause, a
+			// partition): the report's refusal makes it rejoin
+			// (registerAndReport). An idle worker would send none.
+			w.reportNow()
 		}
 	}
 }

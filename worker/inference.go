@@ -67,10 +67,7 @@ func (s *inferenceServer) Generate(req *pb.GenerateRequest, stream grpc.ServerSt
 	case <-w.stop:
 		return status.Error(codes.Unavailable, errShutdown.Error())
 	}
-	select {
-	case w.loadKick <- struct{}{}:
-	default:
-	}
+	w.admitted(r.prompt)
 	for {
 		select {
 		case <-r.box.notify:

@@ -28,6 +28,7 @@ type metrics struct {
 	completed   prometheus.Counter
 	rejected    *prometheus.CounterVec
 	rejoins     prometheus.Counter
+	loadReports *prometheus.CounterVec
 
 	ckptSent      prometheus.Counter
 	ckptDropped   prometheus.Counter
@@ -176,6 +177,10 @@ func newMetrics(model string) *metrics {
 	m.reg.MustRegister(m.phase, m.phaseSeconds, m.specDrafts, m.specAccepted, m.specVerifies, m.specAccept, m.specK,
 		m.assistStreams, m.drafted, m.draftSteps, m.assistSecs)
 	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptFreed, m.ckptPasses, m.restoredPages, m.recomputed)
+	m.loadReports = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_load_reports_total",
+		Help: "Load reports committed, by why they were sent (worker/loadreport: first, queue, queue_wait, kv_pages, checkpoint, heartbeat; " +
+			"marked_failed when the event watch saw this incarnation marked failed): each one is a Raft entry."}, []string{"reason"})
+	m.reg.MustRegister(m.loadReports)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
 		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins, m.kvUsage, m.queueWait, m.ckptBudget,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -393,21 +393,18 @@ func (s *scheduler) deliver(ev core.Event) {
 }
 
 func (s *scheduler) publishStats() {
-	running, waiting := s.core.Running(), s.core.Waiting()
+	running, waiting, head := s.core.Running(), s.core.Waiting(), s.core.HeadPages()
 	s.statsMu.Lock()
-	prev := s.stats.running + s.stats.waiting
-	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, s.core.HeadPages()
+	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, head
 	s.stats.stopped, s.stats.incoming = s.core.Stopped(), s.core.Incoming()
 	s.stats.queued = s.core.AppendQueued(s.stats.queued[:0], maxQueuedReported)
 	s.statsMu.Unlock()
 	s.w.metrics.migrationsLive.WithLabelValues("in").Set(float64(s.core.Incoming()))
-	// A large change in the load is reported at once, not at the next tick.
-	if now := running + waiting; now > prev+max(prev/10, 4) || now < prev-max(prev/10, 4) {
-		select {
-		case s.w.loadKick <- struct{}{}:
-		default:
-		}
-	}
+	// The reporter checks the load after every step, as the simulator's
+	// does (it reports only when the rule says so; a kick pending is not
+	// queued twice): the pages a step filled count at once, not at the
+	// next tick.
+	s.w.kickLoad()
 	s.w.metrics.running.Set(float64(running))
 	s.w.metrics.waiting.Set(float64(waiting))
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/lumen-project/lumen/internal/tlsconf"
 	"github.com/lumen-project/lumen/internal/workerdir"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/loadreport"
 )
 
 // Worker is a running worker daemon.
@@ -83,8 +84,15 @@ type Worker struct {
 	// cleanly (progressive.go); started: New returned this worker.
 	restarted, started bool
 
-	loadKick chan struct{}
-	stop     chan struct{}
+	// loadKick asks the reporter (registerAndReport) to check the load;
+	// reportForced makes the check report. reportMu guards reporter, which
+	// the reporter goroutine and Generate's handlers (admitted) share.
+	loadKick     chan struct{}
+	reportForced atomic.Bool
+	reportMu     sync.Mutex
+	reporter     *loadreport.Reporter
+	loadChecks   atomic.Uint64 // the reporter's checks so far (tests wait on it)
+	stop         chan struct{}
 	// stopCtx is cancelled with stop, for calls a goroutine makes until the
 	// worker stops.
 	stopCtx    context.Context
@@ -107,7 +115,7 @@ func New(cfg Config) (w *Worker, err error) {
 		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "worker", Level: hclog.Info})
 	}
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(cfg.Engine.Info().Model),
-		loadKick: make(chan struct{}, 1), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
+		loadKick: make(chan struct{}, 1), reporter: loadreport.New(cfg.LoadRule), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
 		senders: map[string]*ckptSender{}, registered: make(chan struct{}), outgoing: map[string]*migrationOut{},
 		migDone: map[string]uint64{}, exited: make(chan struct{})}
 	w.stopCtx, w.cancelStop = context.WithCancel(context.Background())
@@ -285,16 +293,21 @@ func (w *Worker) capacity() *pb.Capacity {
 }
 
 // registerAndReport registers (retrying until a controller answers), then
-// reports load every LoadInterval and at once when it changes a lot. A
-// report refused with ReasonIncarnationFailed means the controller marked
-// this incarnation failed while the process ran on (a pause, a partition):
-// the worker then hands back what it was serving and registers anew. (A
-// report refused because another process registered a newer incarnation
-// under this id is only logged: two workers must not fight over one id.)
+// checks the load every LoadInterval, and at once when a request arrives or
+// an engine step ends, and reports it when LoadRule says so
+// (worker/loadreport: a report is a Raft entry). A report refused with
+// ReasonIncarnationFailed means the controller marked this incarnation
+// failed while the process ran on (a pause, a partition): the worker then
+// hands back what it was serving and registers anew. An idle worker sends
+// no report, so the event watch asks for one when it sees this
+// incarnation marked failed (reportNow). (A report refused because another
+// process registered a newer incarnation under this id is only logged: two
+// workers must not fight over one id.)
 func (w *Worker) registerAndReport() {
 	if !w.register() {
 		return
 	}
+	w.resetReporter()
 	t := time.NewTicker(w.cfg.LoadInterval)
 	defer t.Stop()
 	for {
@@ -304,11 +317,28 @@ func (w *Worker) registerAndReport() {
 		case <-t.C:
 		case <-w.loadKick:
 		}
+		w.loadChecks.Add(1)
+		rec := w.Load()
+		now := time.Now()
+		forced := w.reportForced.Swap(false)
+		w.reportMu.Lock()
+		reason, due := w.reporter.Due(now, rec)
+		w.reportMu.Unlock()
+		if forced && !due {
+			reason, due = reasonMarkedFailed, true
+		}
+		if !due {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := w.ctl.ReportLoad(ctx, &pb.ReportLoadRequest{Load: w.Load()})
+		_, err := w.ctl.ReportLoad(ctx, &pb.ReportLoadRequest{Load: rec})
 		cancel()
 		switch {
 		case err == nil:
+			w.reportMu.Lock()
+			w.reporter.Sent(now, rec)
+			w.reportMu.Unlock()
+			w.metrics.loadReports.WithLabelValues(string(reason)).Inc()
 		case ctlclient.Reason(err) == ctlclient.ReasonIncarnationFailed && !w.isDraining():
 			w.log.Warn("the controller refused this incarnation's load; rejoining as a new incarnation", "error", status.Convert(err).Message())
 			if err := w.rejoin(); err != nil {
@@ -318,10 +348,52 @@ func (w *Worker) registerAndReport() {
 			if !w.register() {
 				return
 			}
+			w.resetReporter()
 		default:
+			// Not Sent: the next check finds the same report due.
 			w.log.Debug("load report failed", "error", err)
 		}
 	}
+}
+
+// reasonMarkedFailed labels a report sent because the event watch saw this
+// incarnation marked failed (reportNow): its refusal makes the worker
+// rejoin.
+const reasonMarkedFailed loadreport.Reason = "marked_failed"
+
+// resetReporter makes the next check report (a new registration: the
+// table holds no load of this incarnation yet) and kicks it.
+func (w *Worker) resetReporter() {
+	w.reportMu.Lock()
+	w.reporter.Reset()
+	w.reportMu.Unlock()
+	w.kickLoad()
+}
+
+// kickLoad has the reporter check the load now.
+func (w *Worker) kickLoad() {
+	select {
+	case w.loadKick <- struct{}{}:
+	default:
+	}
+}
+
+// reportNow sends a load report at the next check whatever the rule says.
+func (w *Worker) reportNow() {
+	w.reportForced.Store(true)
+	w.kickLoad()
+}
+
+// admitted tells the reporter a request of prompt tokens was accepted: the
+// controller counts its dispatch as pending here until the next report.
+// (One admitted while a report is on the wire is cleared with it: the
+// next record counts the request, so only the reporter's estimate of the
+// controller's count is one off until then.)
+func (w *Worker) admitted(prompt int) {
+	w.reportMu.Lock()
+	w.reporter.Admitted(prompt)
+	w.reportMu.Unlock()
+	w.kickLoad()
 }
 
 // register registers the current incarnation, retrying until a controller

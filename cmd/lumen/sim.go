@@ -33,6 +33,7 @@ func runSim(args []string) error {
 	fs.DurationVar(&c.FailAt, "fail-at", 0, "when worker-1 … worker-K are killed, from the start of the arrivals (0: a quarter of a custom run, 30 s of the prototype timeline, 12 s with -quick)")
 	fs.BoolVar(&c.NoRestart, "no-restart", false, "failed workers stay down")
 	fs.StringVar(&c.Detect, "detect", c.Detect, "how a failure is detected: fast (a kill -9 on the fast path, 45ms), hang (a SIGSTOP: the streams stay open until Serf detects it, 0.8s, then the process is killed and restarted), a duration (a kill detected that long after) or hang:DURATION")
+	fs.StringVar(&c.LoadReports, "load-reports", c.LoadReports, "when workers report their load: events (when a field moves past its threshold, else a 10 s heartbeat if anything changed: what workers run, docs/architecture.md) or periodic (every 250 ms, and at once on a large change of the queue: lumen before issue 26)")
 	fs.StringVar(&c.Reload, "reload", c.Reload, "a restarted worker's reload: warm (the same host: weights in the page cache, 23.6s for Qwen3-14B), cold (a replacement node: weights at 0.4 GB/s, engine init with cold compile caches 60s: 2.2 min for Qwen3-14B) or a duration for the whole reload")
 	fs.Func("xs", "with -figure failures, load, proportional, lambda or budget: the sweep's points, comma-separated (failed workers, loads, cluster sizes, lambdas, budget fractions), instead of the figure's own", func(v string) error {
 		for _, f := range strings.Split(v, ",") {
