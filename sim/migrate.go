@@ -303,6 +303,8 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 		cause := "destination"
 		if errors.Is(err, core.ErrMigrationOutOfPages) || errors.Is(err, core.ErrMigrationFull) {
 			cause = "destination_full"
+			d.reporter.Refused() // as the worker's takeStage does
+			s.publish(d)
 		}
 		s.abortMigration(m, cause, true)
 		return

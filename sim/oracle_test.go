@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"github.com/lumen-project/lumen/internal/kvpage"
 	"testing"
 
 	"github.com/lumen-project/lumen/internal/recoverystudy"
@@ -61,9 +62,13 @@ func TestOracleFloor(t *testing.T) {
 					seed, col.Name, f.InterruptedRecoveryMeanS, o.InterruptedRecoveryMeanS)
 			}
 			// Its restores cost nothing: only the last partial page of
-			// each interrupted request is computed again.
-			if col.Fail && !col.Oracle && f.TokensRecomputed < o.TokensRecomputed {
-				t.Errorf("seed %d: %s recomputed %.0f tokens, fewer than the oracle's %.0f", seed, col.Name, f.TokensRecomputed, o.TokensRecomputed)
+			// each interrupted request is computed again. (Not a bound on
+			// the other columns' totals: each column's dispatch runs on
+			// its own load reports, so their interrupted requests are not
+			// the same ones.)
+			if col.Oracle && f.TokensRecomputed > float64((kvpage.Tokens-1)*f.Interrupted) {
+				t.Errorf("seed %d: the oracle recomputed %.0f tokens for %d interrupted requests, more than a partial page (%d tokens) each",
+					seed, f.TokensRecomputed, f.Interrupted, kvpage.Tokens-1)
 			}
 			if !col.Fail || col.Oracle {
 				if f.ExcessVsOracle != nil {

@@ -182,6 +182,7 @@ var phaseReason = map[pb.WorkerPhase]string{
 // pairings it made or ended.
 func (s *Sim) setPhase(w *simWorker, ph pb.WorkerPhase) {
 	w.phase = ph
+	w.reporter.Eager(ph == pb.WorkerPhase_WORKER_PHASE_DRAINING) // as the worker's drain does
 	res := s.apply(&pb.Command{Body: &pb.Command_SetPhase{SetPhase: &pb.SetPhaseCmd{WorkerId: w.id, Incarnation: w.inc,
 		Phase: ph, Reason: phaseReason[ph]}}})
 	if res.Err != nil {

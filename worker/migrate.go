@@ -628,6 +628,14 @@ func (w *Worker) takeStage(ctx context.Context, id string, epoch uint64, st *pb.
 	}
 	if err != nil {
 		ack.Refusal, ack.Detail = refusalOf(err), err.Error()
+		if ack.Refusal == pb.MigrateRefusal_MIGRATE_REFUSAL_OUT_OF_PAGES {
+			// Planned on figures that had drifted within the report
+			// thresholds: report them now (loadreport.Reporter.Refused).
+			w.reportMu.Lock()
+			w.reporter.Refused()
+			w.reportMu.Unlock()
+			w.kickLoad()
+		}
 	}
 	return ack
 }

@@ -504,6 +504,11 @@ func (w *Worker) Shutdown(ctx context.Context) {
 		// A recovery in progress stops: its phase changes would be refused
 		// from DRAINING.
 		w.cancelRecover()
+		// The drain plans over this worker's requests round by round:
+		// every change is reported (loadreport.Reporter.Eager).
+		w.reportMu.Lock()
+		w.reporter.Eager(true)
+		w.reportMu.Unlock()
 		w.setPhase(pb.WorkerPhase_WORKER_PHASE_DRAINING, "graceful shutdown")
 		if w.sched != nil {
 			drain, cancel := context.WithTimeout(ctx, w.cfg.DrainTimeout)

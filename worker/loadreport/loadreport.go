@@ -145,10 +145,12 @@ const (
 	ReasonPages      Reason = "kv_pages"   // free KV pages less the queue head's, none used any more, or the KV cache's size
 	ReasonCheckpoint Reason = "checkpoint" // free checkpoint bytes, or none stored any more
 	ReasonHeartbeat  Reason = "heartbeat"
+	ReasonRefused    Reason = "refused"    // the worker refused work the controller sent it (Refused)
+	ReasonDraining   Reason = "draining"   // the worker drains: every change is reported (Eager)
 )
 
 // Reasons lists every reason a report is sent for.
-var Reasons = []Reason{ReasonFirst, ReasonQueue, ReasonQueueWait, ReasonPages, ReasonCheckpoint, ReasonHeartbeat}
+var Reasons = []Reason{ReasonFirst, ReasonQueue, ReasonQueueWait, ReasonPages, ReasonCheckpoint, ReasonHeartbeat, ReasonRefused, ReasonDraining}
 
 // Reporter remembers the last record reported and says when the next is
 // due. It is not safe for concurrent use: one goroutine (the worker's
@@ -161,7 +163,19 @@ type Reporter struct {
 	// report and their prompts' KV pages: the fsm's pending count.
 	admitted      int
 	admittedPages uint64
+	// refused: the worker turned away what the controller planned on
+	// figures the thresholds let drift (Refused); the next check reports.
+	refused bool
+	// eager: every change is due (Eager).
+	eager bool
 }
+
+// Eager makes every change of the load due at once while on is set: a
+// draining worker's requests are what the controller's drain plans move
+// (which are queued, which run, how many are left), round by round, and a
+// drain that waits for a threshold waits seconds for requests that could
+// have moved (sim TestMigrationDrainSpeed: 4.0 s against 0.6 s).
+func (r *Reporter) Eager(on bool) { r.eager = on }
 
 // New returns a Reporter with nothing reported yet. The rule must be valid.
 func New(rule Rule) *Reporter { return &Reporter{rule: rule} }
@@ -188,6 +202,12 @@ func (r *Reporter) Due(now time.Time, cur *pb.LoadRecord) (Reason, bool) {
 	last, rule := r.last, r.rule
 	if last == nil || last.Incarnation != cur.Incarnation {
 		return ReasonFirst, true
+	}
+	if r.refused {
+		return ReasonRefused, true
+	}
+	if r.eager && !sameLoad(last, cur) {
+		return ReasonDraining, true
 	}
 	if rule.QueueMin > 0 || rule.QueueFrac > 0 {
 		est := float64(last.Running) + float64(last.Waiting) + float64(r.admitted)
@@ -224,9 +244,17 @@ func (r *Reporter) Due(now time.Time, cur *pb.LoadRecord) (Reason, bool) {
 	return ReasonNone, false
 }
 
+// Refused notes that the worker refused work the controller planned for it
+// (a migration's stage with no pages or slot for it): the controller's
+// figures, within the thresholds of the truth, were not close enough, and
+// the next check reports them, so the next plan does not repeat the
+// refusal until a heartbeat.
+func (r *Reporter) Refused() { r.refused = true }
+
 // Sent records that rec was reported (committed) at now.
 func (r *Reporter) Sent(now time.Time, rec *pb.LoadRecord) {
 	r.last, r.lastAt, r.admitted, r.admittedPages = proto.Clone(rec).(*pb.LoadRecord), now, 0, 0
+	r.refused = false
 }
 
 // moved reports whether b is at least max(abs, rel) away from a; a

@@ -325,3 +325,36 @@ func TestIdleRandomWalk(t *testing.T) {
 }
 
 func cloneLoad(l *pb.LoadRecord) *pb.LoadRecord { return proto.Clone(l).(*pb.LoadRecord) }
+
+// Refused and Eager: a refusal reports at the next check, once; while
+// eager, any change reports, and none without one.
+func TestRefusedAndEager(t *testing.T) {
+	r := New(DefaultRule())
+	now := time.Unix(100, 0)
+	rec := &pb.LoadRecord{WorkerId: "w", Incarnation: 1, Running: 10, KvPagesTotal: 1000, KvPagesUsed: 100}
+	r.Sent(now, rec)
+	one := proto.Clone(rec).(*pb.LoadRecord)
+	one.Running = 11 // under the queue threshold
+	if reason, due := r.Due(now, one); due {
+		t.Fatalf("a change of one request is due (%s) before the rule says", reason)
+	}
+	r.Refused()
+	if reason, due := r.Due(now, rec); !due || reason != ReasonRefused {
+		t.Fatalf("after a refusal: %q %v, want due for %q", reason, due, ReasonRefused)
+	}
+	r.Sent(now, rec)
+	if _, due := r.Due(now, rec); due {
+		t.Fatal("the refusal is due again after its report")
+	}
+	r.Eager(true)
+	if _, due := r.Due(now, rec); due {
+		t.Fatal("eager with no change: due")
+	}
+	if reason, due := r.Due(now, one); !due || reason != ReasonDraining {
+		t.Fatalf("eager, one request more: %q %v, want due for %q", reason, due, ReasonDraining)
+	}
+	r.Eager(false)
+	if _, due := r.Due(now, one); due {
+		t.Fatal("no longer eager: a change under the thresholds is due")
+	}
+}
