@@ -145,8 +145,8 @@ const (
 	ReasonPages      Reason = "kv_pages"   // free KV pages less the queue head's, none used any more, or the KV cache's size
 	ReasonCheckpoint Reason = "checkpoint" // free checkpoint bytes, or none stored any more
 	ReasonHeartbeat  Reason = "heartbeat"
-	ReasonRefused    Reason = "refused"    // the worker refused work the controller sent it (Refused)
-	ReasonDraining   Reason = "draining"   // the worker drains: every change is reported (Eager)
+	ReasonRefused    Reason = "refused"  // the worker refused work the controller sent it (Refused)
+	ReasonDraining   Reason = "draining" // the worker drains: every change is reported (Eager)
 )
 
 // Reasons lists every reason a report is sent for.
