@@ -233,11 +233,11 @@ func TestLlumnixFigureSmall(t *testing.T) {
 	}
 }
 
-// TestMigrationFilterRunningOnly: with the running-only filter no
-// migration starts for a request without a KV cache; head-room sends
-// fewer queued ones; destination-headroom starts fewer, and with
-// head-room's order no more than head-room.
-func TestMigrationFilterRunningOnly(t *testing.T) {
+// TestMigrationFilters: the policy moves no queued request for balance,
+// whatever the filter (there is no drain here); head-room
+// moves fewer, larger requests than the plan as it is; destination-headroom
+// starts fewer, and with head-room's order no more than head-room.
+func TestMigrationFilters(t *testing.T) {
 	tr, err := workload.LlumnixTrace("128-128")
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +248,7 @@ func TestMigrationFilterRunningOnly(t *testing.T) {
 	}
 	queued := map[MigrationFilter]int{}
 	started := map[MigrationFilter]int{}
-	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly, MigrateHeadRoom, MigrateDestinationHeadroom, MigrateBothHeadrooms} {
+	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateHeadRoom, MigrateDestinationHeadroom, MigrateBothHeadrooms} {
 		cfg := llumnixTestConfig(4, 0, reqs)
 		cfg.Migration, cfg.MigrationFilter = true, f
 		res, err := Run(cfg)
@@ -260,16 +260,20 @@ func TestMigrationFilterRunningOnly(t *testing.T) {
 			t.Errorf("%s: no migration committed", f)
 		}
 	}
-	// head-room puts the queued requests last: a source with a running
-	// request sends that one.
-	// destination-headroom drops moves of the plan: fewer start.
-	if started[MigrateDestinationHeadroom] >= started[MigrateAsPlanned] || started[MigrateBothHeadrooms] > started[MigrateHeadRoom] {
+	if started[MigrateHeadRoom] >= started[MigrateAsPlanned] || started[MigrateDestinationHeadroom] >= started[MigrateAsPlanned] ||
+		started[MigrateBothHeadrooms] > started[MigrateHeadRoom] {
 		t.Errorf("migrations started: as planned %d, destination-headroom %d, head-room %d, both %d", started[MigrateAsPlanned],
 			started[MigrateDestinationHeadroom], started[MigrateHeadRoom], started[MigrateBothHeadrooms])
 	}
-	if queued[MigrateRunningOnly] != 0 || queued[MigrateAsPlanned] == 0 || queued[MigrateHeadRoom] >= queued[MigrateAsPlanned] {
-		t.Errorf("migrations of queued requests: as planned %d, running only %d, head-room %d", queued[MigrateAsPlanned], queued[MigrateRunningOnly], queued[MigrateHeadRoom])
+	// A request with a cache in its worker's report may be preempted
+	// before its source starts the move (it then goes as a re-dispatch):
+	// a few, no more.
+	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateHeadRoom, MigrateDestinationHeadroom, MigrateBothHeadrooms} {
+		if queued[f]*50 > started[f] {
+			t.Errorf("%s: %d of %d migrations of requests without a KV cache, for balance", f, queued[f], started[f])
+		}
 	}
+	t.Logf("started %v, without a cache %v", started, queued)
 }
 
 func TestLlumnixFlags(t *testing.T) {

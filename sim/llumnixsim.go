@@ -19,22 +19,17 @@ import (
 type MigrationFilter int
 
 const (
-	// MigrateAsPlanned applies the plan as controller.migrationRound does:
-	// the policy may pick a request still waiting in its source's queue
-	// (no KV cache yet), which then moves with no pages and waits again at
-	// the destination.
+	// MigrateAsPlanned applies the plan as controller.migrationRound does.
+	// (The policy moves only requests with a KV cache for balance:
+	// -migration-plan running-only, which dropped the others from the
+	// plan, is the policy's own rule since i23-mech.)
 	MigrateAsPlanned MigrationFilter = iota
-	// MigrateRunningOnly orders each source's requests with those holding
-	// a KV cache first (then the policy's shortest first) and drops a
-	// planned move of a request that holds none: only running requests
-	// migrate, the rule issue 23 asks of the policy (the policy itself is
-	// not changed here).
-	MigrateRunningOnly
 	// MigrateHeadRoom orders each source's requests by what its queue head
 	// lacks: first the running request with the fewest KV pages that
 	// covers the head's deficit (its pages less the source's free ones),
 	// then the other running requests, largest first, then the queued
-	// ones (the policy's shortest first among them). An experiment on the
+	// ones (the policy's shortest first among them; it moves none of them
+	// for balance). An experiment on the
 	// simulator's side of the policy: Llumnix's virtual usage counts the
 	// queued demand that a move should free room for.
 	MigrateHeadRoom
@@ -51,7 +46,7 @@ const (
 )
 
 // MigrationFilters name the filters for flags and the JSON.
-var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom, "destination-headroom": MigrateDestinationHeadroom,
+var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "head-room": MigrateHeadRoom, "destination-headroom": MigrateDestinationHeadroom,
 	"both-headrooms": MigrateBothHeadrooms}
 
 func (f MigrationFilter) String() string {
@@ -85,60 +80,40 @@ func (s *Sim) planMigrations() []fsm.PlannedMigration {
 		}
 		return 0
 	}
-	hasKV := func(p *policy.Placed) bool { return kv(p) > 0 }
-	if f := s.cfg.MigrationFilter; f == MigrateHeadRoom || f == MigrateBothHeadrooms {
-		deficit := map[string]int{}
-		for _, w := range s.workers {
-			if w.alive {
-				deficit[w.id] = w.core.HeadPages() - (s.cfg.KVPages - w.core.CachedPages())
-			}
+	// Head-room, alone or with the destination filter.
+	f := s.cfg.MigrationFilter
+	deficit := map[string]int{}
+	for _, w := range s.workers {
+		if w.alive {
+			deficit[w.id] = w.core.HeadPages() - (s.cfg.KVPages - w.core.CachedPages())
 		}
-		rank := func(p *policy.Placed) (int, int) {
-			k := kv(p)
-			switch d := deficit[p.Worker]; {
-			case k == 0:
-				return 3, 0
-			case d > 0 && k >= d:
-				return 0, k // the fewest pages that cover the deficit
-			default:
-				return 1, -k // largest first
-			}
-		}
-		plan, _ := s.fsm.PlanMigrations(func(a, b *policy.Placed) int {
-			ga, ka := rank(a)
-			gb, kb := rank(b)
-			if ga != gb {
-				return ga - gb
-			}
-			if ka != kb {
-				return ka - kb
-			}
-			return policy.ShortestFirst(a, b)
-		})
-		if f == MigrateBothHeadrooms {
-			return s.keepDestinationHeadroom(plan)
-		}
-		return plan
 	}
-	order := func(a, b *policy.Placed) int {
-		ka, kb := hasKV(a), hasKV(b)
+	rank := func(p *policy.Placed) (int, int) {
+		k := kv(p)
+		switch d := deficit[p.Worker]; {
+		case k == 0:
+			return 3, 0
+		case d > 0 && k >= d:
+			return 0, k // the fewest pages that cover the deficit
+		default:
+			return 1, -k // largest first
+		}
+	}
+	plan, _ := s.fsm.PlanMigrations(func(a, b *policy.Placed) int {
+		ga, ka := rank(a)
+		gb, kb := rank(b)
+		if ga != gb {
+			return ga - gb
+		}
 		if ka != kb {
-			if ka {
-				return -1
-			}
-			return 1
+			return ka - kb
 		}
 		return policy.ShortestFirst(a, b)
+	})
+	if f == MigrateBothHeadrooms {
+		return s.keepDestinationHeadroom(plan)
 	}
-	plan, _ := s.fsm.PlanMigrations(order)
-	out := plan[:0]
-	for _, p := range plan {
-		pl, _ := s.fsm.Placement(p.Cmd.RequestId)
-		if pl != nil && hasKV(&policy.Placed{RequestID: pl.RequestId, Worker: pl.WorkerId}) {
-			out = append(out, p)
-		}
-	}
-	return out
+	return plan
 }
 
 // keepDestinationHeadroom drops the moves of plan whose destination would
