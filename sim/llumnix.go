@@ -160,14 +160,17 @@ type LlumnixFigures struct {
 	// ThroughputTokS is the output tokens delivered per second while
 	// requests arrive (from 0 to the last arrival's whole second);
 	// MakespanS when the last request ended, OutputTokens all of them.
-	ThroughputTokS      float64        `json:"throughput_tokens_s"`
-	MakespanS           float64        `json:"makespan_s"`
-	OutputTokens        int            `json:"output_tokens"`
-	MigrationsStarted   int            `json:"migrations_started,omitempty"`
-	MigrationsCommitted int            `json:"migrations_committed,omitempty"`
-	MigrationsQueued    int            `json:"migrations_queued,omitempty"`
-	AbortCauses         map[string]int `json:"abort_causes,omitempty"`
-	DowntimeP50Ms       float64        `json:"downtime_p50_ms,omitempty"`
+	ThroughputTokS      float64 `json:"throughput_tokens_s"`
+	MakespanS           float64 `json:"makespan_s"`
+	OutputTokens        int     `json:"output_tokens"`
+	MigrationsStarted   int     `json:"migrations_started,omitempty"`
+	MigrationsCommitted int     `json:"migrations_committed,omitempty"`
+	MigrationsQueued    int     `json:"migrations_queued,omitempty"`
+	// MigrationsRedispatched: the plan's re-dispatches of queued
+	// requests (policy.Migration.Redispatch) that started.
+	MigrationsRedispatched int            `json:"migrations_redispatched,omitempty"`
+	AbortCauses            map[string]int `json:"abort_causes,omitempty"`
+	DowntimeP50Ms          float64        `json:"downtime_p50_ms,omitempty"`
 	// Why queue heads stay blocked (BlockedStats), as percentages:
 	// BlockedPct of the worker-samples had a head waiting for pages (it
 	// lacked BlockedDeficitPages on average); of those, RoomElsewherePct
@@ -418,6 +421,7 @@ func llumnixFigures(res *Result) *LlumnixFigures {
 	f.OutputTokens = tokens
 	m := res.Migrations
 	f.MigrationsStarted, f.MigrationsCommitted, f.MigrationsQueued, f.AbortCauses = m.Started, m.Committed, m.Queued, m.AbortCauses
+	f.MigrationsRedispatched = m.Redispatched
 	f.DowntimeP50Ms = servingstats.Percentile(m.Downtimes, 0.5)
 	if m.Committed > 0 {
 		f.PagesPerMigration = float64(m.Pages) / float64(m.Committed)

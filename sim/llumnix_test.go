@@ -233,10 +233,11 @@ func TestLlumnixFigureSmall(t *testing.T) {
 	}
 }
 
-// TestMigrationFilters: the policy moves no queued request for balance,
-// whatever the filter (there is no drain here); head-room
+// TestMigrationFilters: a request without a KV cache moves only as a
+// re-dispatch the policy planned, whatever the filter; head-room
 // moves fewer, larger requests than the plan as it is; destination-headroom
-// starts fewer, and with head-room's order no more than head-room.
+// starts no more (the policy's room rule keeps most of what it would
+// drop), and with head-room's order no more than head-room.
 func TestMigrationFilters(t *testing.T) {
 	tr, err := workload.LlumnixTrace("128-128")
 	if err != nil {
@@ -248,6 +249,7 @@ func TestMigrationFilters(t *testing.T) {
 	}
 	queued := map[MigrationFilter]int{}
 	started := map[MigrationFilter]int{}
+	redispatched := map[MigrationFilter]int{}
 	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateHeadRoom, MigrateDestinationHeadroom, MigrateBothHeadrooms} {
 		cfg := llumnixTestConfig(4, 0, reqs)
 		cfg.Migration, cfg.MigrationFilter = true, f
@@ -255,25 +257,26 @@ func TestMigrationFilters(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		queued[f], started[f] = res.Migrations.Queued, res.Migrations.Started
+		queued[f], started[f], redispatched[f] = res.Migrations.Queued, res.Migrations.Started, res.Migrations.Redispatched
 		if res.Migrations.Committed == 0 {
 			t.Errorf("%s: no migration committed", f)
 		}
 	}
-	if started[MigrateHeadRoom] >= started[MigrateAsPlanned] || started[MigrateDestinationHeadroom] >= started[MigrateAsPlanned] ||
+	if started[MigrateHeadRoom] >= started[MigrateAsPlanned] || started[MigrateDestinationHeadroom] > started[MigrateAsPlanned] ||
 		started[MigrateBothHeadrooms] > started[MigrateHeadRoom] {
 		t.Errorf("migrations started: as planned %d, destination-headroom %d, head-room %d, both %d", started[MigrateAsPlanned],
 			started[MigrateDestinationHeadroom], started[MigrateHeadRoom], started[MigrateBothHeadrooms])
 	}
-	// A request with a cache in its worker's report may be preempted
-	// before its source starts the move (it then goes as a re-dispatch):
-	// a few, no more.
+	// A request without a cache moves as a re-dispatch the plan made of
+	// it; one with a cache in its worker's report may be preempted
+	// before its source starts the move (it then goes as a re-dispatch
+	// too): a few, no more.
 	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateHeadRoom, MigrateDestinationHeadroom, MigrateBothHeadrooms} {
-		if queued[f]*50 > started[f] {
-			t.Errorf("%s: %d of %d migrations of requests without a KV cache, for balance", f, queued[f], started[f])
+		if (queued[f]-redispatched[f])*50 > started[f] {
+			t.Errorf("%s: %d of %d migrations of requests without a KV cache, %d planned as re-dispatches", f, queued[f], started[f], redispatched[f])
 		}
 	}
-	t.Logf("started %v, without a cache %v", started, queued)
+	t.Logf("started %v, without a cache %v, re-dispatches planned %v", started, queued, redispatched)
 }
 
 func TestLlumnixFlags(t *testing.T) {
