@@ -65,7 +65,7 @@ func runSim(args []string) error {
 	fs.StringVar(&c.Rates, "rates", c.Rates, "with -figure llumnix: llumnix (each trace at Llumnix's request rates) or saturation (at 0.85, 0.9, 0.95 and 1 of the simulated cluster's saturated rate, measured per trace; -xs: the fractions)")
 	fs.DurationVar(&c.MigrationInterval, "migration-interval", 0, "with -figure llumnix: the leader's migration round period (default the controller's, 500ms)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "with -figure llumnix: requests a run (Llumnix's: 10000)")
-	fs.StringVar(&c.MigrationPlan, "migration-plan", c.MigrationPlan, "with -figure llumnix: how the lumen column's leader uses the migration policy's plan: as-planned (the controller's), head-room (a source sends first the smallest running request that covers its queue head's lack of pages), destination-headroom (no move that would leave its destination less than a tenth of its KV free with the request at its full length) or both-headrooms (the two together)")
+	fs.StringVar(&c.MigrationPlan, "migration-plan", c.MigrationPlan, "with -figure llumnix: how the lumen column's leader uses the migration policy's plan: as-planned (the controller's) or no-redispatch (without its balance re-dispatches of blocked workers' queued requests)")
 	fs.Float64Var(&c.SpecAlpha, "spec-alpha", c.SpecAlpha, "lumen's speculation: the probability that a draft token equals the target's (docs/calibration.md)")
 	fs.IntVar(&c.SpecK, "spec-k", 0, "lumen's speculation: drafts verified per request per step; 0 = adaptive (chosen each step from the measured acceptance and the step-cost model)")
 	if err := fs.Parse(args); err != nil {
