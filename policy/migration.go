@@ -79,10 +79,13 @@ type MigrationParams struct {
 	GrowthPages uint64
 }
 
-// DefaultGrowthPages is the controller's MigrationParams.GrowthPages: 16
-// pages, 256 tokens a request, some seconds of decoding at a step of tens
+// DefaultGrowthPages is the controller's MigrationParams.GrowthPages: 8
+// pages, 128 tokens a request, a few seconds of decoding at a step of tens
 // of milliseconds (the next rounds' growth, not a request's whole life).
-const DefaultGrowthPages = 16
+// Measured in the llumnix figure (docs/benchmarks.md, "Issue 23: the
+// policy by virtual usage"): 4 and 8 pages did best, 16 and 32 less well,
+// the whole remaining output left few moves and lost most of the gain.
+const DefaultGrowthPages = 8
 
 // DrainLinkBytesPerRound is what one worker's interconnect carries in a
 // migration round: 25 GB/s (the workers' -interconnect default, one
