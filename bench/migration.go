@@ -649,6 +649,10 @@ type MigrationConfig struct {
 	BurstKVPages int
 	// Dir keeps logs and data; empty means a temporary directory, removed.
 	Dir string
+	// Profile is every worker's timing profile (engine.Profiles; empty:
+	// qwen3-14b-h100). llama-7b-a10 is Llumnix's instance, the
+	// simulator's figure llumnix.
+	Profile string
 }
 
 // DefaultMigrationConfig is `lumen bench migration` without flags.
@@ -670,10 +674,12 @@ type migrationPlan struct {
 	burstPairs   int
 	// Drain: streams on the drained worker, on the others, and workers.
 	drainStreams, drainOthers, drainWorkers int
+	// profile is every worker's timing profile (MigrationConfig.Profile).
+	profile string
 }
 
 func migrationPlanFor(quick bool) migrationPlan {
-	p := migrationPlan{reps: 10, lead: 16, tail: 48, background: 8, recomputeReps: 3,
+	p := migrationPlan{profile: migProfile, reps: 10, lead: 16, tail: 48, background: 8, recomputeReps: 3,
 		burst: 60 * time.Second, burstWorkers: 8, burstCV: 4, burstPairs: 2, drainStreams: 32, drainOthers: 24, drainWorkers: 4}
 	if quick {
 		p.reps, p.recomputeReps, p.burst, p.burstPairs = 4, 1, 30*time.Second, 1
@@ -681,12 +687,14 @@ func migrationPlanFor(quick bool) migrationPlan {
 	return p
 }
 
-// migProfile is every worker's timing profile.
+// migProfile is every worker's timing profile by default.
 const migProfile = "qwen3-14b-h100"
 
-// migWorkerArgs are every worker's flags: paced, no model load to wait for.
-var migWorkerArgs = []string{"-engine", "synthetic", "-profile", migProfile, "-time-scale", "1", "-emulate-load=false",
-	"-token-budget", "2048"}
+// migWorkerArgs are every worker's flags: paced on profile, no model load
+// to wait for.
+func migWorkerArgs(profile string) []string {
+	return []string{"-engine", "synthetic", "-profile", profile, "-time-scale", "1", "-emulate-load=false", "-token-budget", "2048"}
+}
 
 // Migration runs `lumen bench migration`.
 func Migration(cfg MigrationConfig) error {
@@ -704,6 +712,12 @@ func Migration(cfg MigrationConfig) error {
 		}
 	}
 	plan := migrationPlanFor(cfg.Quick)
+	if cfg.Profile != "" {
+		if _, ok, err := engine.LookupProfile(cfg.Profile); err != nil || !ok {
+			return fmt.Errorf("-profile %q: a timing profile is needed (%v)", cfg.Profile, err)
+		}
+		plan.profile = cfg.Profile
+	}
 	dir := cfg.Dir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "lumen-bench-migration-")
@@ -1087,7 +1101,7 @@ func (m *migCluster) placementOf(ctx context.Context, id string) (*pb.Placement,
 // runDowntime is the downtime phase: the migrations at each length, the
 // same requests not migrated, then the resumes by recompute.
 func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir string, seed uint64) error {
-	prof, _, err := engine.LookupProfile(migProfile)
+	prof, _, err := engine.LookupProfile(plan.profile)
 	if err != nil {
 		return err
 	}
@@ -1095,8 +1109,8 @@ func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir 
 	r.profileStep = prof.StepTime(r.batch, 0)
 	fmt.Printf("== downtime: 2 workers paced as %s, %d background streams each (a decode step at batch %d is %s);\n"+
 		"   %d migrations per length at %v tokens of context, each followed by the same length not migrated\n",
-		migProfile, plan.background, r.batch, r.profileStep, plan.reps, migrationLengths)
-	m, err := startMigCluster(ctx, dir, 2, append(slices.Clone(migWorkerArgs), "-max-running", "64"), pb.MigrationMode_MIGRATION_MODE_OFF)
+		plan.profile, plan.background, r.batch, r.profileStep, plan.reps, migrationLengths)
+	m, err := startMigCluster(ctx, dir, 2, append(migWorkerArgs(plan.profile), "-max-running", "64"), pb.MigrationMode_MIGRATION_MODE_OFF)
 	if err != nil {
 		return err
 	}
@@ -1108,8 +1122,13 @@ func (r *migrationRaw) runDowntime(ctx context.Context, plan migrationPlan, dir 
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer stopBG()
 	bg := make([]*migStream, 2*plan.background)
+	// As long as the model's context allows (llama-7b-a10: 12,288).
+	bgTokens := 30000
+	if prof.MaxContext > 0 {
+		bgTokens = min(bgTokens, prof.MaxContext-64)
+	}
 	for i := range bg {
-		bg[i] = m.stream(bgCtx, completions.Body(randomPrompt(rng, 64), 30000, false), 0)
+		bg[i] = m.stream(bgCtx, completions.Body(randomPrompt(rng, 64), bgTokens, false), 0)
 		if err := wait(ctx, bg[i].first); err != nil {
 			return err
 		}
@@ -1411,25 +1430,25 @@ func burstWorkload(seed uint64, rate, cv float64, d time.Duration) ([]workload.R
 // with migration on and one off (the second pair in the other order, and
 // on arrivals of the next seed).
 func (r *migrationRaw) runBurst(ctx context.Context, plan migrationPlan, dir string, seed uint64, load float64, kvPages int) error {
-	prof, _, err := engine.LookupProfile(migProfile)
+	prof, _, err := engine.LookupProfile(plan.profile)
 	if err != nil {
 		return err
 	}
-	args := append(slices.Clone(migWorkerArgs), "-max-running", "32", "-checkpoint-budget", "80GB")
+	args := append(migWorkerArgs(plan.profile), "-max-running", "32", "-checkpoint-budget", "80GB")
 	if kvPages > 0 {
 		// The same model on a GPU with room for kvPages pages: the
 		// saturated rate is the model's at that cache.
 		prof.GPUMemBytes = int64((float64(int64(kvPages)*engine.PageTokens*prof.KVBytesPerToken()+prof.WeightBytes) + 1) / 0.9)
 		args = append(args, "-kv-pages", fmt.Sprint(kvPages))
 		fmt.Printf("== burst: every worker has %d KV pages (%d tokens), not the profile's %d\n", prof.KVPages(), prof.KVPages()*engine.PageTokens,
-			engine.Profiles[migProfile].KVPages())
+			engine.Profiles[plan.profile].KVPages())
 	}
 	tr := workload.AzureConversation
 	per, batch := prof.SaturatedRate(32, tr.Prompt.Mean(), tr.Output.Mean())
 	rate := load * per * float64(plan.burstWorkers)
 	fmt.Printf("== burst: %d workers paced as %s (batch up to 32: the model saturates at %.1f requests/s, batch %d);\n"+
 		"   Gamma arrivals with cv %g at %.1f/s (%.0f%% of that) over %s, %s lengths; %d pair(s) of runs, migration on and off\n",
-		plan.burstWorkers, migProfile, per*float64(plan.burstWorkers), batch, plan.burstCV, rate, 100*load, plan.burst, tr.Name, plan.burstPairs)
+		plan.burstWorkers, plan.profile, per*float64(plan.burstWorkers), batch, plan.burstCV, rate, 100*load, plan.burst, tr.Name, plan.burstPairs)
 	for pair := 0; pair < plan.burstPairs; pair++ {
 		s := seed + uint64(pair)
 		reqs, err := burstWorkload(s, rate, plan.burstCV, plan.burst)
@@ -1580,7 +1599,7 @@ func (r *migrationRaw) runDrain(ctx context.Context, plan migrationPlan, dir str
 	if err != nil {
 		return err
 	}
-	args := append(slices.Clone(migWorkerArgs), "-max-running", "64")
+	args := append(migWorkerArgs(plan.profile), "-max-running", "64")
 	m, err := startMigCluster(ctx, dir, 1, args, pb.MigrationMode_MIGRATION_MODE_OFF)
 	if err != nil {
 		return err

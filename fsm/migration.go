@@ -377,7 +377,7 @@ func (f *FSM) planMigrations(order func(a, b *policy.Placed) int, balance bool) 
 	for i, id := range s.ids {
 		link[i] = policy.DrainLinkPages(s.workers[id].GetCapacity().GetKvBytesPerToken())
 	}
-	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: balance, Order: order, LinkPages: link})
+	plan := policy.PlanMigrations(s.views, ps, policy.MigrationParams{Balance: balance, Order: order, LinkPages: link, GrowthPages: policy.DefaultGrowthPages})
 	out := make([]PlannedMigration, len(plan))
 	for i, m := range plan {
 		to := s.workers[s.ids[m.To]]

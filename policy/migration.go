@@ -31,8 +31,9 @@ type Placed struct {
 	MigrationTarget string
 	// Queued: the request holds no KV cache at its worker (it waits in
 	// the queue there, or was dispatched after the worker's last load
-	// report). There is nothing to copy: it is no balance move (that
-	// rule weighs the pages moved), and a drain moves it by re-dispatch.
+	// report). There is nothing to copy: it moves only by re-dispatch
+	// (Migration.Redispatch), out of a draining worker or away from a
+	// blocked one, never as a balance migration of pages.
 	Queued bool
 }
 
@@ -69,7 +70,22 @@ type MigrationParams struct {
 	// draining worker, nor into a destination, counting the migrations
 	// already in flight. Absent or 0: no bound.
 	LinkPages []uint64
+	// GrowthPages bounds the growth PlanMigrations expects of each
+	// request running on a destination (the pages its remaining output
+	// will take) to that many pages a request: the horizon over which a
+	// balance move must not make its destination preempt. 0: the whole
+	// remaining output (prompt + max_tokens of every running request,
+	// less the pages the worker reports used).
+	GrowthPages uint64
 }
+
+// DefaultGrowthPages is the controller's MigrationParams.GrowthPages: 8
+// pages, 128 tokens a request, a few seconds of decoding at a step of tens
+// of milliseconds (the next rounds' growth, not a request's whole life).
+// Measured in the llumnix figure (docs/benchmarks.md, "Issue 23: the
+// policy by virtual usage"): 4 and 8 pages did best, 16 and 32 less well,
+// the whole remaining output left few moves and lost most of the gain.
+const DefaultGrowthPages = 8
 
 // DrainLinkBytesPerRound is what one worker's interconnect carries in a
 // migration round: 25 GB/s (the workers' -interconnect default, one
@@ -96,7 +112,7 @@ type Migration struct {
 	Drain bool
 	// Redispatch: the request is queued at From (Placed.Queued): the
 	// move copies no KV, and the destination queues it as a dispatch
-	// would. Only drains plan these.
+	// would. Drains plan these, and balance away from a blocked worker.
 	Redispatch bool
 	// The freeness of both workers when the decision was made.
 	FromFreeness, ToFreeness float64
@@ -117,6 +133,9 @@ func (m Migration) Reason(ws []Worker) string {
 	if m.Drain {
 		return fmt.Sprintf("%s: %s is draining; %s is the freest destination (freeness %.1f)", ReasonDrain, ws[m.From].ID, ws[m.To].ID, m.ToFreeness)
 	}
+	if m.Redispatch {
+		return fmt.Sprintf("%s: %s's queue is blocked (freeness %.1f); a queued request, re-dispatched to %s, which can start it (freeness %.1f)", ReasonBalance, ws[m.From].ID, m.FromFreeness, ws[m.To].ID, m.ToFreeness)
+	}
 	return fmt.Sprintf("%s: freeness %.1f at %s, %.1f at %s", ReasonBalance, m.FromFreeness, ws[m.From].ID, m.ToFreeness, ws[m.To].ID)
 }
 
@@ -124,10 +143,12 @@ func (m Migration) Reason(ws []Worker) string {
 // load table ws (sorted by id) and the placements ps (any order: what it
 // returns does not depend on it). Only a request with a KV cache at its
 // worker migrates as Llumnix's migration does, its cache copied; a queued
-// one (Placed.Queued) has nothing to copy.
+// one (Placed.Queued) has nothing to copy and moves by re-dispatch
+// (Migration.Redispatch): the destination queues it as a dispatch would.
 //
-// Drains come first: every RUNNING request of a DRAINING worker moves.
-// The queued ones first, by re-dispatch (Migration.Redispatch): each to
+// Drains come first: every RUNNING request of a DRAINING worker moves (a
+// draining worker is Llumnix's infinitely loaded one: never a destination,
+// every request off it). The queued ones first, by re-dispatch: each to
 // the freest eligible worker, as a dispatch would go, with no room or link
 // to wait for. Then the rest, in Order, each to the freest eligible worker
 // that has the room for it (MigrationPages) and a running slot (MaxRunning:
@@ -140,21 +161,39 @@ func (m Migration) Reason(ws []Worker) string {
 // per destination per round. A request no destination can take now waits
 // for the next round, served where it is.
 //
-// Then, when p.Balance is set, load balance: the least-free sources are
-// paired with the freest destinations, both eligible (FULL_SERVICE), under
-// Llumnix's rules:
-//   - only requests with a KV cache move (not Queued): the rule below
-//     weighs the pages a move takes off the source;
-//   - one migration out and one in per worker: a worker with a MIGRATING
-//     placement out (in) is no source (destination), and a worker takes one
-//     role per round (a drain's destination included);
-//   - never A→B together with B→A, in flight or planned;
-//   - only where the pair's imbalance shrinks: with the source's first
-//     request in Order moved (MigrationPages off the source and one request
-//     fewer; the pages and the request pending at the destination), the two
-//     freeness values are closer than before. That also means a source only
-//     ever sends to a freer worker, and a small imbalance is left alone when
-//     moving one request would overshoot it.
+// Then, when p.Balance is set, load balance over the eligible workers
+// (FULL_SERVICE), by Llumnix's virtual usage: a worker's freeness counts
+// its queue head's demand (Worker.Freeness), and a destination's room is
+// its free pages less its queue head, the pages pending there and the
+// growth still to come of the requests it runs (their prompt + max_tokens
+// less the pages it reports used, at most GrowthPages a request), so that
+// no move makes its destination preempt. Two kinds of move:
+//
+//  1. Re-dispatch away from a blocked worker: a worker whose queue head
+//     cannot start (it lacks pages, or every running slot is taken) sends
+//     its queued requests, in Order, each to the freest worker that can
+//     start it now: no queue there, a running slot, and room for it at
+//     its full length. These copy nothing and take no role in the round
+//     (any number a round); a worker with a migration in flight out
+//     sends none.
+//  2. Migrations of a running request, under Llumnix's rules:
+//     - one migration out and one in per worker: a worker with a MIGRATING
+//     placement out (in) is no source (destination), and a worker takes
+//     one role per round (a drain's destination, or a re-dispatch's,
+//     included);
+//     - never A→B together with B→A, in flight or planned;
+//     - the source sends, when its head lacks pages, the running request
+//     with the fewest prompt pages that covers the lack (its prompt
+//     pages, the least it holds, at least the head's deficit), else the
+//     largest; when its head is not blocked, its first request in Order;
+//     - the destination has the room for the request at its full length
+//     (MigrationPages) and a running slot;
+//     - only where the pair's imbalance shrinks: with the request moved
+//     (MigrationPages off the source and one request fewer; the pages and
+//     the request pending at the destination), the two freeness values
+//     are closer than before. That also means a source only ever sends to
+//     a freer worker, and a small imbalance is left alone when moving one
+//     request would overshoot it.
 //
 // Sources are taken least free first; each takes the freest destination
 // that passes. Ties go to the smaller id. Freeness is recomputed as moves
@@ -172,6 +211,9 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 	out, in := make([]int, n), make([]int, n)
 	// Pages on each worker's link, out and in: in flight, then planned.
 	linkOut, linkIn := make([]uint64, n), make([]uint64, n)
+	// reserved: the pages the requests with a cache on each worker take
+	// at their full length, those migrating in included.
+	reserved := make([]uint64, n)
 	inflight := map[[2]int]bool{}
 	cands := make([][]*Placed, n)  // with a KV cache
 	queued := make([][]*Placed, n) // without
@@ -189,9 +231,11 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 				pages = 0
 			}
 			linkOut[s] += pages
+			reserved[s] += pages
 			if d, ok := byID[pl.MigrationTarget]; ok {
 				in[d]++
 				linkIn[d] += pages
+				reserved[d] += pages
 				inflight[[2]int{s, d}] = true
 			}
 		case PlacedRunning:
@@ -199,6 +243,7 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 				queued[s] = append(queued[s], pl)
 			} else {
 				cands[s] = append(cands[s], pl)
+				reserved[s] += MigrationPages(pl)
 			}
 		}
 	}
@@ -218,6 +263,16 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 	room := func(d int) int64 {
 		v := &views[d]
 		return int64(v.KVPagesTotal) - int64(v.KVPagesUsed) - int64(v.QueueHeadPages) - int64(v.PendingPages)
+	}
+	// growth is the pages the requests running on d will still take: at
+	// their full length less what d reports used, at most GrowthPages
+	// each (the report's running count).
+	growth := func(d int) int64 {
+		g := int64(reserved[d]) - int64(ws[d].KVPagesUsed)
+		if p.GrowthPages > 0 {
+			g = min(g, int64(ws[d].Running)*int64(p.GrowthPages))
+		}
+		return max(g, 0)
 	}
 	// slot says whether worker d has a running slot for one more copy:
 	// those it runs, those waiting there (they take the slots that free
@@ -248,6 +303,11 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 			FromFreeness: views[s].Freeness(), ToFreeness: views[d].Freeness()})
 		views[s], views[d] = afterMove(views[s], views[d], MigrationPages(pl))
 	}
+	redispatch := func(s, d int, pl *Placed, drain bool) {
+		plan = append(plan, Migration{RequestID: pl.RequestID, Epoch: pl.Epoch, From: s, To: d, Drain: drain, Redispatch: true,
+			FromFreeness: views[s].Freeness(), ToFreeness: views[d].Freeness()})
+		views[s], views[d] = afterRedispatch(views[s], views[d], Pages(uint64(pl.PromptTokens)))
+	}
 
 	for s := range ws {
 		if !ws[s].Draining {
@@ -259,9 +319,7 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 				break
 			}
 			taken[d] = true
-			plan = append(plan, Migration{RequestID: pl.RequestID, Epoch: pl.Epoch, From: s, To: d, Drain: true, Redispatch: true,
-				FromFreeness: views[s].Freeness(), ToFreeness: views[d].Freeness()})
-			views[s], views[d] = afterRedispatch(views[s], views[d], Pages(uint64(pl.PromptTokens)))
+			redispatch(s, d, pl, true)
 		}
 		for _, pl := range cands[s] {
 			pages := MigrationPages(pl)
@@ -282,17 +340,25 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 		return plan
 	}
 
-	var srcs, dsts []int
-	for i := range ws {
-		if !ws[i].Eligible || taken[i] {
-			continue
+	// deficit is the pages s's queue head lacks (0: none waits, or it
+	// fits); headless says its head waits for a running slot.
+	deficit := func(s int) int64 {
+		v := &views[s]
+		if v.Waiting == 0 {
+			return 0
 		}
-		if out[i] == 0 && len(cands[i]) > 0 {
-			srcs = append(srcs, i)
-		}
-		if in[i] == 0 {
-			dsts = append(dsts, i)
-		}
+		return max(int64(v.QueueHeadPages)+int64(v.KVPagesUsed)-int64(v.KVPagesTotal), 0)
+	}
+	slotBlocked := func(s int) bool {
+		v := &views[s]
+		return v.Waiting > 0 && v.MaxRunning > 0 && v.Running >= v.MaxRunning
+	}
+	// starts says whether d can start a request of pages at its full
+	// length now: no queue, a slot, the room with its running requests'
+	// growth counted.
+	starts := func(d int, pages uint64) bool {
+		v := &views[d]
+		return v.Waiting == 0 && slot(d) && room(d)-growth(d) >= int64(pages)
 	}
 	byFreeness := func(desc bool) func(a, b int) int {
 		return func(a, b int) int {
@@ -306,13 +372,51 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 			return cmp.Compare(a, b)
 		}
 	}
+
+	// 1. Re-dispatch the queued requests of blocked workers, the least
+	// free first.
+	var blocked []int
+	for i := range ws {
+		if ws[i].Eligible && out[i] == 0 && len(queued[i]) > 0 && (deficit(i) > 0 || slotBlocked(i)) {
+			blocked = append(blocked, i)
+		}
+	}
+	slices.SortFunc(blocked, byFreeness(false))
+	for _, s := range blocked {
+		for _, pl := range queued[s] {
+			if deficit(s) == 0 && !slotBlocked(s) {
+				break // as many moved as its report had waiting
+			}
+			pages := MigrationPages(pl)
+			d := freest(s, func(i int) bool { return i != s && !inflight[[2]int{i, s}] && starts(i, pages) })
+			if d < 0 {
+				continue
+			}
+			taken[d] = true
+			redispatch(s, d, pl, false)
+		}
+	}
+
+	// 2. Migrations of running requests.
+	var srcs, dsts []int
+	for i := range ws {
+		if !ws[i].Eligible || taken[i] {
+			continue
+		}
+		if out[i] == 0 && len(cands[i]) > 0 {
+			srcs = append(srcs, i)
+		}
+		if in[i] == 0 {
+			dsts = append(dsts, i)
+		}
+	}
 	slices.SortFunc(srcs, byFreeness(false))
 	slices.SortFunc(dsts, byFreeness(true))
 	for _, s := range srcs {
 		if taken[s] {
 			continue
 		}
-		pl := cands[s][0]
+		pl := pick(cands[s], deficit(s))
 		pages := MigrationPages(pl)
 		fs := views[s].Freeness()
 		for _, d := range dsts {
@@ -323,7 +427,7 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 			if fd <= fs {
 				break // the rest are no freer
 			}
-			if !shrinks(views[s], views[d], pages) {
+			if !slot(d) || room(d)-growth(d) < int64(pages) || !shrinks(views[s], views[d], pages) {
 				continue
 			}
 			taken[s], taken[d] = true, true
@@ -332,6 +436,30 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 		}
 	}
 	return plan
+}
+
+// pick is the running request a balance source sends, of cands in the
+// plan's order: with deficit > 0 (its queue head lacks that many pages)
+// the one with the fewest prompt pages (the least it holds) that covers
+// it, ties in order, else the one with the most; with none, the first.
+func pick(cands []*Placed, deficit int64) *Placed {
+	if deficit <= 0 {
+		return cands[0]
+	}
+	var cover, largest *Placed
+	for _, pl := range cands {
+		k := Pages(uint64(pl.PromptTokens))
+		if int64(k) >= deficit && (cover == nil || k < Pages(uint64(cover.PromptTokens))) {
+			cover = pl
+		}
+		if largest == nil || k > Pages(uint64(largest.PromptTokens)) {
+			largest = pl
+		}
+	}
+	if cover != nil {
+		return cover
+	}
+	return largest
 }
 
 // afterMove is the load of s and d once a request of pages has moved from s

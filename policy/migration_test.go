@@ -251,6 +251,25 @@ func checkPlan(t *testing.T, ws []Worker, ps []Placed, plan []Migration, prm Mig
 			running[p.RequestID] = p
 		}
 	}
+	// growth: the pages still to come of the requests with a cache on
+	// each worker, as PlanMigrations counts them.
+	reserved := map[int]uint64{}
+	for _, p := range ps {
+		switch {
+		case p.State == PlacedMigrating && !p.Queued:
+			reserved[byID[p.Worker]] += MigrationPages(&p)
+			reserved[byID[p.MigrationTarget]] += MigrationPages(&p)
+		case p.State == PlacedRunning && !p.Queued:
+			reserved[byID[p.Worker]] += MigrationPages(&p)
+		}
+	}
+	growth := func(i int) int64 {
+		g := int64(reserved[i]) - int64(ws[i].KVPagesUsed)
+		if prm.GrowthPages > 0 {
+			g = min(g, int64(ws[i].Running)*int64(prm.GrowthPages))
+		}
+		return max(g, 0)
+	}
 	overLink := func(i int, used, pages uint64) bool {
 		return i < len(prm.LinkPages) && prm.LinkPages[i] > 0 && used > 0 && used+pages > prm.LinkPages[i]
 	}
@@ -297,19 +316,42 @@ func checkPlan(t *testing.T, ws []Worker, ps []Placed, plan []Migration, prm Mig
 			linkOut[m.From] += pages
 			linkIn[m.To] += pages
 		} else {
-			if role[m.To] != "" {
-				t.Fatalf("%s: %s already has a role (%s) in this round", m.RequestID, ws[m.To].ID, role[m.To])
+			v := views[m.To]
+			room := int64(v.KVPagesTotal) - int64(v.KVPagesUsed) - int64(v.QueueHeadPages) - int64(v.PendingPages) - growth(m.To)
+			slot := v.MaxRunning == 0 || uint64(v.Running)+uint64(v.Waiting)+uint64(v.PendingRequests)+inN[m.To] < uint64(v.MaxRunning)
+			if room < int64(pages) || !slot {
+				t.Fatalf("%s: %s→%s: no room (%d pages with growth, %d wanted) or no slot (%v)", m.RequestID, ws[m.From].ID, ws[m.To].ID, room, pages, slot)
 			}
-			role[m.To] = "in"
-			if p.Queued {
-				t.Fatalf("%s: a queued request moves for balance", m.RequestID)
-			}
-			if !ws[m.From].Eligible || out[m.From] || in[m.To] || role[m.From] != "" {
+			if !ws[m.From].Eligible || out[m.From] || in[m.To] && !m.Redispatch {
 				t.Fatalf("%s: %s→%s breaks one in and one out", m.RequestID, ws[m.From].ID, ws[m.To].ID)
 			}
 			if inflight[[2]int{m.To, m.From}] {
 				t.Fatalf("%s: %s→%s against a migration in flight", m.RequestID, ws[m.From].ID, ws[m.To].ID)
 			}
+			if m.Redispatch {
+				// Away from a blocked worker, to one with no queue; any
+				// number into one destination, which then
+				// takes no other role.
+				src := views[m.From]
+				lacks := int64(src.QueueHeadPages)+int64(src.KVPagesUsed) > int64(src.KVPagesTotal)
+				full := src.MaxRunning > 0 && src.Running >= src.MaxRunning
+				if src.Waiting == 0 || !lacks && !full {
+					t.Fatalf("%s: re-dispatched from %s, whose queue is not blocked (%+v)", m.RequestID, ws[m.From].ID, src)
+				}
+				if v.Waiting != 0 {
+					t.Fatalf("%s: re-dispatched to %s, which has a queue (%+v)", m.RequestID, ws[m.To].ID, v)
+				}
+				if r := role[m.To]; r == "in" || r == "out" {
+					t.Fatalf("%s: %s already has a role (%s) in this round", m.RequestID, ws[m.To].ID, r)
+				}
+				role[m.To] = "redispatch"
+				views[m.From], views[m.To] = afterRedispatch(views[m.From], views[m.To], Pages(uint64(p.PromptTokens)))
+				continue
+			}
+			if role[m.To] != "" || role[m.From] != "" {
+				t.Fatalf("%s: %s or %s already has a role (%s, %s) in this round", m.RequestID, ws[m.From].ID, ws[m.To].ID, role[m.From], role[m.To])
+			}
+			role[m.To] = "in"
 			if !shrinks(views[m.From], views[m.To], pages) {
 				t.Fatalf("%s: %s→%s does not shrink the imbalance", m.RequestID, ws[m.From].ID, ws[m.To].ID)
 			}
@@ -439,5 +481,95 @@ func TestPlanRecoveryReusesMigrationCopy(t *testing.T) {
 		if a.Target != 2 || !a.MigrationCopy || a.Rebalanced {
 			t.Fatalf("assignment %+v", a)
 		}
+	}
+}
+
+// TestPlanMigrationsRedispatch: a worker whose queue head cannot start
+// sends its queued requests, by re-dispatch, to a freer worker that can
+// start them now (no queue, a slot, room with its requests' growth); a
+// worker whose head is not blocked sends none.
+func TestPlanMigrationsRedispatch(t *testing.T) {
+	q := func(p Placed) Placed { p.Queued = true; return p }
+	blocked := lw("a", 990, 10)
+	blocked.Waiting, blocked.QueueHeadPages = 2, 40 // lacks 30 pages
+	queue := lw("c", 100, 10)
+	queue.Waiting = 1 // freer, but it has a queue
+	ps := []Placed{q(run("q1", "a", 320, 16)), q(run("q2", "a", 160, 16)), q(run("q3", "a", 160, 16))}
+	ws := []Worker{blocked, lw("b", 300, 10), queue}
+	prm := MigrationParams{Balance: true}
+	plan := PlanMigrations(ws, ps, prm)
+	// Two waited in a's report: two move, shortest first, both to b.
+	if got, want := moves(ws, plan), []string{"q2 a>b", "q3 a>b"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("re-dispatch from a blocked worker: %v, want %v", got, want)
+	}
+	for _, m := range plan {
+		if !m.Redispatch || m.Drain || !strings.HasPrefix(m.Reason(ws), ReasonBalance) || !strings.Contains(m.Reason(ws), "re-dispatched") {
+			t.Fatalf("%s: %+v, %q", m.RequestID, m, m.Reason(ws))
+		}
+	}
+	checkPlan(t, ws, ps, plan, prm)
+
+	// Blocked for a slot rather than pages: the same.
+	slots := lw("a", 100, 10)
+	slots.Waiting, slots.MaxRunning = 1, 10
+	ws = []Worker{slots, lw("b", 300, 10)}
+	if got, want := moves(ws, PlanMigrations(ws, ps, prm)), []string{"q2 a>b"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("re-dispatch from a worker with every slot taken: %v, want %v", got, want)
+	}
+	// Not blocked (the head fits, a slot is free): nothing moves.
+	free := slots
+	free.MaxRunning = 0
+	ws = []Worker{free, lw("b", 300, 10)}
+	if plan := PlanMigrations(ws, ps, prm); len(plan) != 0 {
+		t.Fatalf("a queued request moved from a worker whose head can start: %v", moves(ws, plan))
+	}
+	// The destination's running requests will grow into its free pages:
+	// no re-dispatch there (b: 100 pages free, its request will take 150
+	// more).
+	ws = []Worker{blocked, lw("b", 900, 1)}
+	grow := append(slices.Clone(ps), run("r1", "b", 16*1000, 16*50))
+	if plan := PlanMigrations(ws, grow, prm); len(plan) != 0 {
+		t.Fatalf("re-dispatch into a worker whose requests' growth fills it: %v", moves(ws, plan))
+	}
+	// Counting at most 16 pages of growth a request, b has the room.
+	prm.GrowthPages = 16
+	if got, want := moves(ws, PlanMigrations(ws, grow, prm)), []string{"q2 a>b", "q3 a>b"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("with GrowthPages 16: %v, want %v", got, want)
+	}
+}
+
+// TestPlanMigrationsCoversDeficit: a source whose queue head lacks pages
+// sends the running request with the fewest prompt pages that covers the
+// lack, else its largest; a balance move needs the destination's slot and
+// its room with its requests' growth.
+func TestPlanMigrationsCoversDeficit(t *testing.T) {
+	src := lw("a", 990, 10)
+	src.Waiting, src.QueueHeadPages = 1, 40 // lacks 30 pages
+	ps := []Placed{run("r10", "a", 160, 16), run("r40", "a", 640, 16), run("r99", "a", 1584, 16), run("r50", "a", 800, 16)}
+	ws := []Worker{src, lw("b", 100, 10)}
+	prm := MigrationParams{Balance: true}
+	if got, want := moves(ws, PlanMigrations(ws, ps, prm)), []string{"r40 a>b"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("deficit 30: %v, want %v", got, want)
+	}
+	src.QueueHeadPages = 200 // lacks 190: nothing covers it
+	ws = []Worker{src, lw("b", 100, 10)}
+	if got, want := moves(ws, PlanMigrations(ws, ps, prm)), []string{"r99 a>b"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("deficit 190: %v, want %v", got, want)
+	}
+	src.Waiting = 0 // not blocked: shortest first
+	ws = []Worker{src, lw("b", 100, 10)}
+	if got, want := moves(ws, PlanMigrations(ws, ps, prm)), []string{"r10 a>b"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("no deficit: %v, want %v", got, want)
+	}
+	full := lw("b", 100, 10)
+	full.MaxRunning = 10
+	ws = []Worker{src, full}
+	if plan := PlanMigrations(ws, ps, prm); len(plan) != 0 {
+		t.Fatalf("a balance move into a worker with no running slot: %v", moves(ws, plan))
+	}
+	ws = []Worker{src, lw("b", 100, 1)}
+	grow := append(slices.Clone(ps), run("big", "b", 16*100, 16*895)) // 895 pages to come: 5 left
+	if plan := PlanMigrations(ws, grow, prm); len(plan) != 0 {
+		t.Fatalf("a balance move into a worker whose requests' growth fills it: %v", moves(ws, plan))
 	}
 }

@@ -776,7 +776,7 @@ func (c *Command) runLlumnix() error {
 	}
 	filter, ok := MigrationFilters[c.MigrationPlan]
 	if !ok {
-		return fmt.Errorf("-migration-plan %q: as-planned (the controller's use of the policy), running-only (only requests holding a KV cache migrate) head-room (the smallest running request covering the queue head's lack first), destination-headroom (no move leaving its destination under a tenth of its KV free) or both-headrooms", c.MigrationPlan)
+		return fmt.Errorf("-migration-plan %q: as-planned (the controller's use of the policy) or no-redispatch (without the policy's re-dispatches of blocked workers' queued requests)", c.MigrationPlan)
 	}
 	o.Filter = filter
 	if c.Given["migration-interval"] {

@@ -26,51 +26,15 @@ import (
 // LlumnixFigureName is the figure's -figure name.
 const LlumnixFigureName = "llumnix"
 
-// The A10 and LLaMA-7B numbers the profile is derived from
-// (docs/calibration.md, "Llumnix's setup").
-const (
-	a10MemBytes    = 24e9    // NVIDIA A10 datasheet: 24 GB GDDR6
-	a10BytesPerSec = 600e9   // 600 GB/s
-	a10BF16FLOPs   = 125e12  // dense BF16 tensor throughput
-	llama7BParams  = 6.74e9  // LLaMA-7B (arXiv 2302.13971)
-	llama7BWeights = 13.48e9 // bf16: 2 bytes a parameter
-	prefillMFU     = 0.65    // as the H100 profiles' prefill (assumed)
-	// llumnixStepOverheadMs is a decode step's fixed cost beyond the weight
-	// read, fitted to Llumnix's measured LLaMA-7B steps: 44 ms at short
-	// context, 22.5 of them the weights (docs/calibration.md). vLLM of
-	// 2023 on an A10, run eagerly, without CUDA graphs: the H100
-	// profiles' 2.8 ms is a CUDA-graph engine's.
-	llumnixStepOverheadMs = 44 - llama7BWeights/a10BytesPerSec*1000
-)
-
-// LlamaA10 is Llumnix's instance: LLaMA-7B (32 layers, 32 KV heads of
-// 128: 512 KiB of KV a token) in bf16 on one A10. A decode step reads the
-// weights (13.48 GB at 600 GB/s: 22.5 ms) plus a fixed overhead that
-// brings it to Llumnix's measured 44 ms at short context, each
-// row costs its FLOPs at prefill's utilisation (2 × 6.74 G / 81 TFLOP/s:
-// 0.166 ms) and its context's KV read (0.874 µs a token, DecodeContext on);
-// prefill runs at 81 TFLOP/s / 13.5 GFLOP a token ≈ 6,000 tokens/s. The KV
-// cache is 90% of 24 GB less the weights: 967 pages of 16 tokens. KV moves
-// between instances at 16 GB/s, Llumnix's measured NCCL copy
-// (docs/calibration.md).
-var LlamaA10 = engine.Profile{Name: "llama-7b-a10", Model: "LLaMA-7B", GPU: "NVIDIA A10 24GB GDDR6",
-	Layers: 32, KVHeads: 32, HeadDim: 128, WeightBytes: llama7BWeights, GPUMemBytes: a10MemBytes,
-	MaxContext:   2 * workload.LlumnixMaxLen,
-	DecodeBaseMs: llama7BWeights/a10BytesPerSec*1000 + llumnixStepOverheadMs,
-	DecodePerSeqMs: 2*llama7BParams/(prefillMFU*a10BF16FLOPs)*1000 +
-		engine.DecodeRefContext*float64(2*32*32*128*2)/a10BytesPerSec*1000,
-	VerifyPerPosMs:      2 * llama7BParams / (prefillMFU * a10BF16FLOPs) * 1000,
-	PrefillTokensPerSec: 6000,
-	DecodeContext:       true, HBMBytesPerSec: a10BytesPerSec, DecodeRefContext: engine.DecodeRefContext,
-	// PCIe Gen4 x16 (the A10's): pinned copies at about 22 GB/s.
-	H2DBytesPerSec: 22e9, D2HBytesPerSec: 22e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second,
-	ColdDiskBytesPerSec: engine.ColdDiskBytesPerSec, ColdEngineInit: engine.ColdEngineInit,
-	InterconnectBytesPerSec: LlumnixInterconnectBytesPerSec}
+// LlamaA10 is Llumnix's instance, LLaMA-7B on one A10: the worker's
+// engine profile llama-7b-a10 (engine.LlamaA10, derived there), so that
+// real paced workers (lumen worker -profile llama-7b-a10, lumen bench
+// migration) run what the figure simulates.
+var LlamaA10 = engine.LlamaA10
 
 // LlumnixInterconnectBytesPerSec is Llumnix's KV copy between two LLaMA-7B
-// instances over NCCL: 8 blocks (67 MB) in 6.5 ms, 32 blocks (268 MB) in
-// 18.5 ms, so 16.8 GB/s at the margin; 16 GB/s.
-const LlumnixInterconnectBytesPerSec = 16e9
+// instances over NCCL (engine.LlumnixInterconnectBytesPerSec).
+const LlumnixInterconnectBytesPerSec = engine.LlumnixInterconnectBytesPerSec
 
 // LlumnixRates are Llumnix's request rates per trace on 16 instances
 // (req/s; CALIBRATION.md, "Llumnix evaluation"): each trace's range, its
@@ -160,14 +124,17 @@ type LlumnixFigures struct {
 	// ThroughputTokS is the output tokens delivered per second while
 	// requests arrive (from 0 to the last arrival's whole second);
 	// MakespanS when the last request ended, OutputTokens all of them.
-	ThroughputTokS      float64        `json:"throughput_tokens_s"`
-	MakespanS           float64        `json:"makespan_s"`
-	OutputTokens        int            `json:"output_tokens"`
-	MigrationsStarted   int            `json:"migrations_started,omitempty"`
-	MigrationsCommitted int            `json:"migrations_committed,omitempty"`
-	MigrationsQueued    int            `json:"migrations_queued,omitempty"`
-	AbortCauses         map[string]int `json:"abort_causes,omitempty"`
-	DowntimeP50Ms       float64        `json:"downtime_p50_ms,omitempty"`
+	ThroughputTokS      float64 `json:"throughput_tokens_s"`
+	MakespanS           float64 `json:"makespan_s"`
+	OutputTokens        int     `json:"output_tokens"`
+	MigrationsStarted   int     `json:"migrations_started,omitempty"`
+	MigrationsCommitted int     `json:"migrations_committed,omitempty"`
+	MigrationsQueued    int     `json:"migrations_queued,omitempty"`
+	// MigrationsRedispatched: the plan's re-dispatches of queued
+	// requests (policy.Migration.Redispatch) that started.
+	MigrationsRedispatched int            `json:"migrations_redispatched,omitempty"`
+	AbortCauses            map[string]int `json:"abort_causes,omitempty"`
+	DowntimeP50Ms          float64        `json:"downtime_p50_ms,omitempty"`
 	// Why queue heads stay blocked (BlockedStats), as percentages:
 	// BlockedPct of the worker-samples had a head waiting for pages (it
 	// lacked BlockedDeficitPages on average); of those, RoomElsewherePct
@@ -418,6 +385,7 @@ func llumnixFigures(res *Result) *LlumnixFigures {
 	f.OutputTokens = tokens
 	m := res.Migrations
 	f.MigrationsStarted, f.MigrationsCommitted, f.MigrationsQueued, f.AbortCauses = m.Started, m.Committed, m.Queued, m.AbortCauses
+	f.MigrationsRedispatched = m.Redispatched
 	f.DowntimeP50Ms = servingstats.Percentile(m.Downtimes, 0.5)
 	if m.Committed > 0 {
 		f.PagesPerMigration = float64(m.Pages) / float64(m.Committed)

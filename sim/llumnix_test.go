@@ -233,42 +233,40 @@ func TestLlumnixFigureSmall(t *testing.T) {
 	}
 }
 
-// TestMigrationFilterRunningOnly: with the running-only filter no
-// migration starts for a request without a KV cache; head-room sends
-// fewer queued ones; destination-headroom starts fewer, and with
-// head-room's order no more than head-room.
-func TestMigrationFilterRunningOnly(t *testing.T) {
-	tr, err := workload.LlumnixTrace("128-128")
+// TestMigrationFilters: near saturation (queue heads block), the policy re-dispatches blocked workers' queued requests, and a
+// request without a KV cache moves only as a re-dispatch the policy
+// planned (or one preempted after its worker's report: a few);
+// no-redispatch plans none and still migrates running requests.
+func TestMigrationFilters(t *testing.T) {
+	tr, err := workload.LlumnixTrace("256-256")
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs, err := workload.GenerateLazy(workload.Config{Seed: 2, Rate: 24, Requests: 1500, CV: 4, Trace: tr})
+	reqs, err := workload.GenerateLazy(workload.Config{Seed: 2, Rate: 2.6, Requests: 1500, CV: 4, Trace: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	queued := map[MigrationFilter]int{}
-	started := map[MigrationFilter]int{}
-	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateRunningOnly, MigrateHeadRoom, MigrateDestinationHeadroom, MigrateBothHeadrooms} {
+	type counts struct{ started, committed, queued, redispatched, preempted int }
+	got := map[MigrationFilter]counts{}
+	for _, f := range []MigrationFilter{MigrateAsPlanned, MigrateNoRedispatch} {
 		cfg := llumnixTestConfig(4, 0, reqs)
 		cfg.Migration, cfg.MigrationFilter = true, f
 		res, err := Run(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		queued[f], started[f] = res.Migrations.Queued, res.Migrations.Started
-		if res.Migrations.Committed == 0 {
+		m := res.Migrations
+		got[f] = counts{m.Started, m.Committed, m.Queued, m.Redispatched, res.Preemptions}
+		if m.Committed == 0 {
 			t.Errorf("%s: no migration committed", f)
 		}
+		if (m.Queued-m.Redispatched)*50 > m.Started {
+			t.Errorf("%s: %d of %d migrations of requests without a KV cache, %d planned as re-dispatches", f, m.Queued, m.Started, m.Redispatched)
+		}
 	}
-	// head-room puts the queued requests last: a source with a running
-	// request sends that one.
-	// destination-headroom drops moves of the plan: fewer start.
-	if started[MigrateDestinationHeadroom] >= started[MigrateAsPlanned] || started[MigrateBothHeadrooms] > started[MigrateHeadRoom] {
-		t.Errorf("migrations started: as planned %d, destination-headroom %d, head-room %d, both %d", started[MigrateAsPlanned],
-			started[MigrateDestinationHeadroom], started[MigrateHeadRoom], started[MigrateBothHeadrooms])
-	}
-	if queued[MigrateRunningOnly] != 0 || queued[MigrateAsPlanned] == 0 || queued[MigrateHeadRoom] >= queued[MigrateAsPlanned] {
-		t.Errorf("migrations of queued requests: as planned %d, running only %d, head-room %d", queued[MigrateAsPlanned], queued[MigrateRunningOnly], queued[MigrateHeadRoom])
+	t.Logf("started, committed, without a cache, re-dispatches planned, preemptions: %+v", got)
+	if got[MigrateAsPlanned].redispatched == 0 || got[MigrateNoRedispatch].redispatched != 0 {
+		t.Errorf("re-dispatches planned: as planned %d, no-redispatch %d", got[MigrateAsPlanned].redispatched, got[MigrateNoRedispatch].redispatched)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/lumen-project/lumen/fsm"
-	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/core"
 )
@@ -19,40 +18,22 @@ import (
 type MigrationFilter int
 
 const (
-	// MigrateAsPlanned applies the plan as controller.migrationRound does:
-	// the policy may pick a request still waiting in its source's queue
-	// (no KV cache yet), which then moves with no pages and waits again at
-	// the destination.
+	// MigrateAsPlanned applies the plan as controller.migrationRound does.
 	MigrateAsPlanned MigrationFilter = iota
-	// MigrateRunningOnly orders each source's requests with those holding
-	// a KV cache first (then the policy's shortest first) and drops a
-	// planned move of a request that holds none: only running requests
-	// migrate, the rule issue 23 asks of the policy (the policy itself is
-	// not changed here).
-	MigrateRunningOnly
-	// MigrateHeadRoom orders each source's requests by what its queue head
-	// lacks: first the running request with the fewest KV pages that
-	// covers the head's deficit (its pages less the source's free ones),
-	// then the other running requests, largest first, then the queued
-	// ones (the policy's shortest first among them). An experiment on the
-	// simulator's side of the policy: Llumnix's virtual usage counts the
-	// queued demand that a move should free room for.
-	MigrateHeadRoom
-	// MigrateDestinationHeadroom applies the plan but for the moves whose
-	// destination would keep less than a tenth of its KV pages free once
-	// the request is there at its full length (its prompt and every token
-	// it may produce): an experiment on the simulator's side of the
-	// policy, Llumnix's headroom in virtual usage, so that a move does not
-	// make its destination preempt.
-	MigrateDestinationHeadroom
-	// MigrateBothHeadrooms is MigrateHeadRoom's order with
-	// MigrateDestinationHeadroom's filter.
-	MigrateBothHeadrooms
+	// MigrateNoRedispatch applies the plan less its balance re-dispatches
+	// of queued requests (drains keep theirs): the policy's migrations of
+	// running requests alone, for what the re-dispatches contribute.
+	MigrateNoRedispatch
 )
 
+// (-migration-plan running-only, head-room, destination-headroom and
+// both-headrooms were experiments on the policy before i23-policy: only
+// requests with a cache migrate as pages, a blocked source sends the
+// request that covers its head's lack, and a destination's room counts
+// its queue head and its requests' growth, in the policy itself now.)
+
 // MigrationFilters name the filters for flags and the JSON.
-var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "running-only": MigrateRunningOnly, "head-room": MigrateHeadRoom, "destination-headroom": MigrateDestinationHeadroom,
-	"both-headrooms": MigrateBothHeadrooms}
+var MigrationFilters = map[string]MigrationFilter{"as-planned": MigrateAsPlanned, "no-redispatch": MigrateNoRedispatch}
 
 func (f MigrationFilter) String() string {
 	for n, v := range MigrationFilters {
@@ -65,95 +46,13 @@ func (f MigrationFilter) String() string {
 
 // planMigrations is the round's plan under Config.MigrationFilter.
 func (s *Sim) planMigrations() []fsm.PlannedMigration {
-	if s.cfg.MigrationFilter == MigrateAsPlanned {
-		plan, _ := s.fsm.PlanMigrations(nil)
+	plan, _ := s.fsm.PlanMigrations(nil)
+	if s.cfg.MigrationFilter != MigrateNoRedispatch {
 		return plan
 	}
-	if s.cfg.MigrationFilter == MigrateDestinationHeadroom {
-		plan, _ := s.fsm.PlanMigrations(nil)
-		return s.keepDestinationHeadroom(plan)
-	}
-	// kv is the pages a placement's request holds at its worker (0: none,
-	// it waits in the queue).
-	kv := func(p *policy.Placed) int {
-		w := s.worker(p.Worker)
-		if w == nil || !w.alive {
-			return 0
-		}
-		if r := w.core.Lookup(p.RequestID); r != nil {
-			return core.PagesFor(r.Fed())
-		}
-		return 0
-	}
-	hasKV := func(p *policy.Placed) bool { return kv(p) > 0 }
-	if f := s.cfg.MigrationFilter; f == MigrateHeadRoom || f == MigrateBothHeadrooms {
-		deficit := map[string]int{}
-		for _, w := range s.workers {
-			if w.alive {
-				deficit[w.id] = w.core.HeadPages() - (s.cfg.KVPages - w.core.CachedPages())
-			}
-		}
-		rank := func(p *policy.Placed) (int, int) {
-			k := kv(p)
-			switch d := deficit[p.Worker]; {
-			case k == 0:
-				return 3, 0
-			case d > 0 && k >= d:
-				return 0, k // the fewest pages that cover the deficit
-			default:
-				return 1, -k // largest first
-			}
-		}
-		plan, _ := s.fsm.PlanMigrations(func(a, b *policy.Placed) int {
-			ga, ka := rank(a)
-			gb, kb := rank(b)
-			if ga != gb {
-				return ga - gb
-			}
-			if ka != kb {
-				return ka - kb
-			}
-			return policy.ShortestFirst(a, b)
-		})
-		if f == MigrateBothHeadrooms {
-			return s.keepDestinationHeadroom(plan)
-		}
-		return plan
-	}
-	order := func(a, b *policy.Placed) int {
-		ka, kb := hasKV(a), hasKV(b)
-		if ka != kb {
-			if ka {
-				return -1
-			}
-			return 1
-		}
-		return policy.ShortestFirst(a, b)
-	}
-	plan, _ := s.fsm.PlanMigrations(order)
 	out := plan[:0]
 	for _, p := range plan {
-		pl, _ := s.fsm.Placement(p.Cmd.RequestId)
-		if pl != nil && hasKV(&policy.Placed{RequestID: pl.RequestId, Worker: pl.WorkerId}) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// keepDestinationHeadroom drops the moves of plan whose destination would
-// keep less than a tenth of its KV pages free with the request there at
-// its full length (MigrateDestinationHeadroom).
-func (s *Sim) keepDestinationHeadroom(plan []fsm.PlannedMigration) []fsm.PlannedMigration {
-	out := plan[:0]
-	for _, p := range plan {
-		pl, _ := s.fsm.Placement(p.Cmd.RequestId)
-		d := s.worker(p.Cmd.ToWorker)
-		if pl == nil || d == nil || !d.alive {
-			continue
-		}
-		full := int(policy.MigrationPages(&policy.Placed{PromptTokens: pl.PromptTokens, MaxTokens: pl.MaxTokens}))
-		if s.cfg.KVPages-d.core.CachedPages()-d.core.HeadPages()-full >= s.cfg.KVPages/10 {
+		if p.Drain || !p.Redispatch {
 			out = append(out, p)
 		}
 	}

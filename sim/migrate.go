@@ -38,8 +38,10 @@ type MigrationStats struct {
 	// timeout (core.Core.Expire).
 	Stages, Pages, Reclaimed int
 	// Queued: migrations whose request had no KV cache yet at its start
-	// (it waited in the source's queue, or was preempted).
-	Queued int
+	// (it waited in the source's queue, or was preempted); Redispatched:
+	// those the plan made as re-dispatches of queued requests
+	// (fsm.PlannedMigration.Redispatch; one may have started since).
+	Queued, Redispatched int
 	// HeldTokens: tokens the destinations' held pre-steps sampled before
 	// the migrated requests' calls arrived (core.Output.HeldTokens).
 	HeldTokens int
@@ -141,6 +143,9 @@ func (s *Sim) migrationRound() {
 		if res[i].Err != nil {
 			continue // the table moved on since the plan: the next round decides again
 		}
+		if p.Redispatch {
+			s.res.Migrations.Redispatched++
+		}
 		s.startMigration(p.Cmd, res[i].Placement)
 	}
 }
@@ -169,6 +174,9 @@ func (s *Sim) drainStart() {
 		res := s.applyEntry(cmds)
 		for i, p := range plan {
 			if res[i].Err == nil {
+				if p.Redispatch {
+					s.res.Migrations.Redispatched++
+				}
 				s.startMigration(p.Cmd, res[i].Placement)
 			}
 		}

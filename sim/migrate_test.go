@@ -58,13 +58,16 @@ func TestMigrationConserves(t *testing.T) {
 	if res.RecomputedTokens != 0 {
 		t.Errorf("%d tokens recomputed in a run without failures: a committed migration recomputes nothing", res.RecomputedTokens)
 	}
-	// Balance moves only requests with a KV cache (the load reports list
-	// the queued ones; a request dispatched since a report counts as
-	// queued): none without, which is what failed in the real worker's
-	// export ("unknown sequence") in the burst (issue 23).
-	if m.Queued != 0 || res.Preemptions != 0 {
-		t.Errorf("%d migrations of requests with no KV cache at their source (%d preemptions)", m.Queued, res.Preemptions)
+	// A request with no KV cache moves only as the re-dispatch the plan
+	// made of it (the load reports list the queued ones; a request
+	// dispatched since a report counts as queued): never as a balance
+	// move of pages, which is what failed in the real worker's export
+	// ("unknown sequence") in the burst (issue 23). With no preemption
+	// no request loses its cache between the report and the move.
+	if m.Queued > m.Redispatched || res.Preemptions != 0 {
+		t.Errorf("%d migrations of requests with no KV cache at their source, %d planned as re-dispatches (%d preemptions)", m.Queued, m.Redispatched, res.Preemptions)
 	}
+	t.Logf("%d re-dispatches of queued requests planned, %d migrations of requests without a cache", m.Redispatched, m.Queued)
 
 	// A slow interconnect (50 MB/s: a 256-token request's 16 pages copy in
 	// 0.84 s) against a stage timeout of one round: the leader aborts

@@ -254,7 +254,16 @@ func (c *cluster) dispatchTo(rid, id string, prompt, maxTokens int) *pb.Placemen
 // sequence in the engine to export from, which aborted such migrations
 // with "unknown sequence" — the commit moves it, the destination queues and
 // prefills it as a dispatch, and both outputs are the reference's.
-func TestMigrationMovesAQueuedRequest(t *testing.T) {
+func TestMigrationMovesAQueuedRequest(t *testing.T) { testMovesAQueuedRequest(t, false) }
+
+// TestMigrationBalanceRedispatch: the same request, moved by the leader's
+// balance round instead of an operator: w1's queue is blocked (its one
+// running slot is taken), w2 can start the request, so the policy
+// re-dispatches it (policy.PlanMigrations, "Re-dispatch away from a
+// blocked worker") through the same path.
+func TestMigrationBalanceRedispatch(t *testing.T) { testMovesAQueuedRequest(t, true) }
+
+func testMovesAQueuedRequest(t *testing.T, byBalance bool) {
 	c := startCluster(t, func(wc *Config) { syntheticTarget(wc); wc.MaxRunning = 1 })
 	rng := rand.New(rand.NewSource(57))
 	long, queued := randomPrompt(rng, 64), randomPrompt(rng, 100)
@@ -284,7 +293,16 @@ func TestMigrationMovesAQueuedRequest(t *testing.T) {
 	if l := src.w.Load(); !slices.Contains(l.Queued, "q") || slices.Contains(l.Queued, "long") {
 		t.Fatalf("w1's load report lists %v as queued; want q, not the running request", l.Queued)
 	}
-	if _, err := c.migrate("q", "w2"); err != nil {
+	if byBalance {
+		waitUntil(t, 10*time.Second, "migration on", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			return c.ctl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+				_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Migration: pb.MigrationMode_MIGRATION_MODE_ON})
+				return err
+			}) == nil
+		})
+	} else if _, err := c.migrate("q", "w2"); err != nil {
 		t.Fatal(err)
 	}
 	res := <-qDone

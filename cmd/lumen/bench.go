@@ -108,6 +108,7 @@ func runBenchMigration(args []string) error {
 	fs.StringVar(&cfg.Phases, "phases", cfg.Phases, "comma-separated phases to run: downtime, burst, drain")
 	fs.IntVar(&cfg.BurstKVPages, "burst-kv-pages", 0, "KV pages of each burst worker (default: the profile's GPU); fewer make memory bind before the batch cap")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
+	fs.StringVar(&cfg.Profile, "profile", "", "every worker's timing profile (default qwen3-14b-h100; llama-7b-a10 is Llumnix's instance)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

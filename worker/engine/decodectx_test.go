@@ -78,8 +78,11 @@ func TestProfilesHaveBandwidth(t *testing.T) {
 		if p.HBMBytesPerSec <= 0 {
 			t.Errorf("%s: no HBM bandwidth", name)
 		}
-		if p.DecodeContext {
-			t.Errorf("%s: the mode is on by default; the setups' figures were measured without it", name)
+		// Llumnix's instance is derived with the mode on (its step is
+		// fitted at short context, the context read on top), and the
+		// figure llumnix runs it so; the others' figures were not.
+		if p.DecodeContext != (name == LlamaA10.Name) {
+			t.Errorf("%s: the mode is %v by default; the setups' figures were measured with it only for %s", name, p.DecodeContext, LlamaA10.Name)
 		}
 		if p.DecodeRefContext > 0 && p.contextReadMs(p.DecodeRefContext) >= p.DecodePerSeqMs {
 			t.Errorf("%s: a row of the reference context reads its KV in %.3f ms, more than the %.3f ms a row costs",

@@ -222,6 +222,9 @@ var Profiles = map[string]Profile{
 		HBMBytesPerSec: 3.35e12,
 		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 1 * time.Second,
 		ColdDiskBytesPerSec: ColdDiskBytesPerSec},
+	// Llumnix's instance, LLaMA-7B on an A10 (llama.go): the simulator's
+	// figure llumnix, and paced workers on the same numbers.
+	"llama-7b-a10": LlamaA10,
 }
 
 // LookupProfile returns a profile by name; "none" returns false with no error.
