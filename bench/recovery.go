@@ -313,18 +313,8 @@ func (cfg RecoveryConfig) setups() ([]benchSetupPlan, error) {
 			s.TokenBudget = cfg.TokenBudget
 		}
 		c := &s.Conditions
-		if cfg.Given["load"] || c.Load == 0 {
-			c.Load = cfg.Load
-		}
-		if cfg.Given["reload"] || c.Reload == "" {
-			c.Reload = cfg.Reload
-		}
-		if cfg.Given["detect"] || c.Detect == "" {
-			c.Detect = cfg.Detect
-		}
-		if cfg.Given["decode-context"] {
-			c.DecodeContext = cfg.DecodeContext == "on"
-		}
+		c.Override(recoverystudy.Conditions{Load: cfg.Load, Reload: cfg.Reload, Detect: cfg.Detect,
+			DecodeContext: cfg.DecodeContext == "on"}, cfg.Given)
 		cond, err := parseConditions(*c, c.DecodeContext)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)

@@ -530,23 +530,10 @@ func (c *Command) setups() ([]Setup, error) {
 	// A condition given on the command line holds for every setup; one
 	// not given is the setup's own, or the flag's default where the setup
 	// names none (a custom setup names none).
+	flags := recoverystudy.Conditions{Load: c.Load, Reload: c.Reload, Detect: c.Detect,
+		DecodeContext: c.DecodeContext == "on", Preemption: c.Preemption}
 	for i := range out {
-		s := &out[i]
-		if c.Given["load"] || s.Load == 0 {
-			s.Load = c.Load
-		}
-		if c.Given["reload"] || s.Reload == "" {
-			s.Reload = c.Reload
-		}
-		if c.Given["detect"] || s.Detect == "" {
-			s.Detect = c.Detect
-		}
-		if c.Given["decode-context"] {
-			s.DecodeContext = c.DecodeContext == "on"
-		}
-		if c.Given["preemption"] {
-			s.Preemption = c.Preemption
-		}
+		out[i].Conditions.Override(flags, c.Given)
 	}
 	return out, nil
 }

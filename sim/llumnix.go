@@ -37,7 +37,8 @@ var LlamaA10 = engine.LlamaA10
 const LlumnixInterconnectBytesPerSec = engine.LlumnixInterconnectBytesPerSec
 
 // LlumnixRates are Llumnix's request rates per trace on 16 instances
-// (req/s; CALIBRATION.md, "Llumnix evaluation"): each trace's range, its
+// (req/s; docs/calibration.md, "Llumnix's setup", from Llumnix's OSDI'24
+// evaluation, arXiv 2406.03243): each trace's range, its
 // ends and middle (256-256's middle is the headline 7.8 req/s).
 var LlumnixRates = map[string][]float64{
 	"128-128": {32, 35, 38},

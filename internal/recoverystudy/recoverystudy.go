@@ -69,6 +69,29 @@ type Conditions struct {
 	Preemption string
 }
 
+// Override resolves a setup's conditions against a command's flags, as
+// lumen sim and lumen bench recovery both do: a flag given (named in
+// given) holds for every setup; one not given leaves the setup's own, or
+// the flag's value (its default) where the setup names none. The decode
+// step and the preemption rule change only when their flags are given.
+func (c *Conditions) Override(flags Conditions, given map[string]bool) {
+	if given["load"] || c.Load == 0 {
+		c.Load = flags.Load
+	}
+	if given["reload"] || c.Reload == "" {
+		c.Reload = flags.Reload
+	}
+	if given["detect"] || c.Detect == "" {
+		c.Detect = flags.Detect
+	}
+	if given["decode-context"] {
+		c.DecodeContext = flags.DecodeContext
+	}
+	if given["preemption"] {
+		c.Preemption = flags.Preemption
+	}
+}
+
 // ReloadOr is the setup's reload, warm when it names none.
 func (c Conditions) ReloadOr() string {
 	if c.Reload == "" {
