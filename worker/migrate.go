@@ -158,10 +158,16 @@ func (w *Worker) abortedIn(mg *pb.Migration, index uint64) {
 	if !ok {
 		return
 	}
+	// The count moves on the scheduler goroutine with the free, so that
+	// whoever sees the pages freed (through the scheduler) sees it counted.
 	aborted := false
-	w.sched.do(w.stopCtx, func() { aborted = w.sched.core.AbortIn(id, in.epoch); w.sched.apply() })
+	w.sched.do(w.stopCtx, func() {
+		if aborted = w.sched.core.AbortIn(id, in.epoch); aborted {
+			w.metrics.migrationsIn.WithLabelValues("aborted").Inc()
+		}
+		w.sched.apply()
+	})
 	if aborted {
-		w.metrics.migrationsIn.WithLabelValues("aborted").Inc()
 		w.log.Info("the controller aborted a migration into this worker; its pages are freed", "request", id,
 			"epoch", in.epoch, "reason", mg.Reason)
 	}
@@ -529,11 +535,12 @@ func (w *Worker) migrateIn(stream grpc.BidiStreamingServer[pb.MigrateMessage, pb
 				w.endedIn(id)
 			}
 			if !end.Committed && held {
-				aborted := false
-				w.sched.do(w.stopCtx, func() { aborted = w.sched.core.AbortIn(id, epoch); w.sched.apply() })
-				if aborted {
-					w.metrics.migrationsIn.WithLabelValues("aborted").Inc()
-				}
+				w.sched.do(w.stopCtx, func() {
+					if w.sched.core.AbortIn(id, epoch) {
+						w.metrics.migrationsIn.WithLabelValues("aborted").Inc()
+					}
+					w.sched.apply()
+				})
 				log.Info("the source aborted the migration; its pages are freed", "reason", end.Reason)
 			}
 			return nil
