@@ -283,3 +283,41 @@ func TestDevKeepStateRefusesTakenPort(t *testing.T) {
 		t.Fatalf("processes left:\n%s", strings.Join(l, "\n"))
 	}
 }
+
+// TestDevCells: `lumen dev -cells 2` starts two quorums, each with its
+// share of the workers, and one gateway over both (issue 26); the gateway
+// serves, and a second run in the same folder (-keep-state) brings both
+// cells back.
+func TestDevCells(t *testing.T) {
+	dir := t.TempDir()
+	for run := 1; run <= 2; run++ {
+		port, err := devcluster.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		args := []string{"-dir", dir, "-engine", "synthetic", "-workers", "2", "-cells", "2", "-http", addr}
+		if run == 2 {
+			args = append(args, "-keep-state")
+		}
+		d := startDev(t, args...)
+		d.waitLine(t, "Ctrl-C stops everything", 90*time.Second)
+		for _, want := range []string{"2 cells of 3 controllers", "  cell-1 ", "  cell-2 ", "  worker-1 ", "  worker-2 "} {
+			if !strings.Contains(d.out.String(), want) {
+				t.Fatalf("run %d: %q not printed:\n%s", run, want, d.out.String())
+			}
+		}
+		for range 4 {
+			complete(t, addr)
+		}
+		d.interrupt(t, 60*time.Second)
+		if l := leftovers(t, dir); len(l) > 0 {
+			t.Fatalf("run %d: processes left after Ctrl-C:\n%s", run, strings.Join(l, "\n"))
+		}
+		for _, cell := range []string{"cell-1", "cell-2"} {
+			if _, err := os.Stat(filepath.Join(dir, cell, devcluster.DevStateFile)); err != nil {
+				t.Fatalf("run %d: %s's state: %v", run, cell, err)
+			}
+		}
+	}
+}

@@ -102,6 +102,10 @@ type Config struct {
 	// Pprof serves Go's profiles under /debug/pprof/ (benchmarks).
 	Pprof  bool
 	Logger hclog.Logger
+
+	// headless: the gateway of one cell inside Cells, which listens and
+	// serves HTTP for it (no listener of its own; Addr is not used).
+	headless bool
 }
 
 // DefaultConfig returns the defaults.
@@ -246,11 +250,13 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		g.watchConns = append(g.watchConns, cc)
 	}
-	g.lis, err = net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		g.cancel()
-		g.closeConns()
-		return nil, fmt.Errorf("gateway: listen on %s: %w", cfg.Addr, err)
+	if !cfg.headless {
+		g.lis, err = net.Listen("tcp", cfg.Addr)
+		if err != nil {
+			g.cancel()
+			g.closeConns()
+			return nil, fmt.Errorf("gateway: listen on %s: %w", cfg.Addr, err)
+		}
 	}
 	if cfg.Name == "" {
 		host, _ := os.Hostname()
@@ -266,6 +272,9 @@ func New(cfg Config) (*Gateway, error) {
 	g.goFunc(g.watchMoves)
 	g.goFunc(g.watchLoad)
 	g.goFunc(func() {
+		if cfg.headless {
+			return
+		}
 		var err error
 		if cfg.TLSCert != "" {
 			err = g.srv.ServeTLS(g.lis, cfg.TLSCert, cfg.TLSKey)
@@ -297,7 +306,12 @@ func (g *Gateway) goFunc(f func()) bool {
 }
 
 // Addr is the address the gateway listens on.
-func (g *Gateway) Addr() string { return g.lis.Addr().String() }
+func (g *Gateway) Addr() string {
+	if g.lis == nil {
+		return ""
+	}
+	return g.lis.Addr().String()
+}
 
 // Close stops serving, flushes Completes and waits for every goroutine the
 // gateway started. Handlers get closeGrace to finish; then their

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -52,6 +53,11 @@ type session struct {
 	// otherwise go unread until the table changes again (an idle cluster
 	// sends none).
 	changed func(id string)
+
+	// up says whether the last renewal (or creation) went through: a
+	// gateway over several cells (cells.go) places new requests only in
+	// cells whose quorum answers.
+	up atomic.Bool
 
 	mu sync.Mutex // guards id and ready
 	id string
@@ -149,7 +155,9 @@ func (s *session) run(stop <-chan struct{}) {
 		}
 		started := time.Now()
 		var wait time.Duration
-		if err := s.keep(stop); err != nil {
+		err := s.keep(stop)
+		s.up.Store(err == nil)
+		if err != nil {
 			wait, retry = retry, min(2*retry, maxRetry)
 		} else {
 			// Due a period after this renewal was sent: the controller

@@ -26,6 +26,7 @@ func runDev(args []string) error {
 	httpAddr := fs.String("http", "127.0.0.1:8080", "the (first) gateway's address")
 	gateways := fs.Int("gateways", 1, "gateways, each with its own view of the load table (the first on -http, the others on free ports)")
 	nodes := fs.Int("nodes", 0, "put the workers on this many simulated hosts, in order (failure domains: no checkpoint on its serving worker's node); 0: none")
+	cells := fs.Int("cells", 1, "cells: each a quorum of 3 controllers over its share of the workers (in order), the gateways placing across them (issue 26); at most 4")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -43,5 +44,5 @@ func runDev(args []string) error {
 		}
 	}
 	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
-		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Out: os.Stdout})
+		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Cells: *cells, Out: os.Stdout})
 }

@@ -37,15 +37,37 @@ func runGateway(args []string) error {
 	fs.DurationVar(&cfg.ResumeTimeout, "resume-timeout", cfg.ResumeTimeout, "how long a request whose worker stream broke may take to resume (finding where it continues, the calls there, each further break) before the client gets a resume_timeout error; wall time, so raise it for recoveries that take longer (a cold restart of a large model, or a slowed emulation: lumen bench recovery gives its gateways the run's scaled length)")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles under /debug/pprof/ on the HTTP address")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
+	var cells []gateway.Cell
+	fs.Func("cell", "NAME=ADDR[,ADDR...]: a cell (a controller quorum and its workers) to place into; repeat for each cell, in place of -controllers (issue 26: each request lives in the cell of the freest worker)", func(v string) error {
+		c, err := gateway.ParseCell(v)
+		if err == nil {
+			cells = append(cells, c)
+		}
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg.Controllers = strings.Split(*controllers, ",")
+	controllersSet := false
+	fs.Visit(func(f *flag.Flag) { controllersSet = controllersSet || f.Name == "controllers" })
+	if len(cells) > 0 && controllersSet {
+		return fmt.Errorf("-controllers and -cell: give one; with cells each -cell names its controllers")
+	}
 	if *keys != "" {
 		cfg.APIKeys = strings.Split(*keys, ",")
 	}
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "gateway", Level: hclog.LevelFromString(*level), Output: os.Stderr})
-	g, err := gateway.New(cfg)
+	var g interface {
+		Addr() string
+		Close()
+	}
+	var err error
+	if len(cells) > 0 {
+		g, err = gateway.NewCells(cfg, cells)
+	} else {
+		g, err = gateway.New(cfg)
+	}
 	if err != nil {
 		return err
 	}
@@ -53,7 +75,7 @@ func runGateway(args []string) error {
 	if cfg.TLSCert != "" {
 		scheme = "https"
 	}
-	cfg.Logger.Info("gateway running", "url", fmt.Sprintf("%s://%s/v1", scheme, g.Addr()), "model", cfg.Model)
+	cfg.Logger.Info("gateway running", "url", fmt.Sprintf("%s://%s/v1", scheme, g.Addr()), "model", cfg.Model, "cells", len(cells))
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	<-sig

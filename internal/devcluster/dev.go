@@ -31,7 +31,7 @@ var ErrNotDevDir = errors.New("devcluster: the directory is not a dev cluster's"
 
 // devEntry names what a dev cluster writes in its directory; a fresh start
 // removes these and nothing else.
-var devEntry = regexp.MustCompile(`^((ctl\d+|worker-\d+)(\.log)?|gateway(-\d+)?\.log|` + regexp.QuoteMeta(DevStateFile) + `)$`)
+var devEntry = regexp.MustCompile(`^((ctl\d+|worker-\d+)(\.log)?|gateway(-\d+)?\.log|cell-\d+|` + regexp.QuoteMeta(DevStateFile) + `)$`)
 
 // DevConfig is a `lumen dev` cluster: 3 controllers, workers, a gateway.
 type DevConfig struct {
@@ -62,9 +62,17 @@ type DevConfig struct {
 	// (issue 24's failure domains): worker-1 … in order, DevNode's, each
 	// started with -node. 0: no labels.
 	Nodes int
+	// Cells, when > 1, runs that many cells (issue 26): each a quorum of
+	// 3 controllers over its share of the workers (in order, in blocks),
+	// its data under Dir/cell-N, and the gateways place across them
+	// (gateway -cell). 0 or 1: one cell, in Dir itself.
+	Cells int
 	// Out receives what the user reads.
 	Out io.Writer
 }
+
+// maxDevCells caps -cells: each cell is 3 controller processes here.
+const maxDevCells = 4
 
 // DevNode is the node of worker i (1-based) of workers on nodes hosts: the
 // workers in order, ⌈workers/nodes⌉ a node ("node-1" …); "" when nodes is 0.
@@ -94,70 +102,113 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	if cfg.Gateways < 1 || cfg.Gateways > maxDevGateways {
 		return fmt.Errorf("-gateways %d: must be between 1 and %d", cfg.Gateways, maxDevGateways)
 	}
+	cells := max(cfg.Cells, 1)
+	if cells > maxDevCells || cells > cfg.Workers {
+		return fmt.Errorf("-cells %d: must be between 1 and %d, and at most -workers (%d): each cell needs a worker", cfg.Cells, maxDevCells, cfg.Workers)
+	}
+	if cells > 1 && cfg.Nodes > 0 {
+		return fmt.Errorf("-nodes with -cells: not supported (a node's workers would have to stay in one cell); use one of them")
+	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 2 * time.Minute
 	}
 	out := cfg.Out
-	opts := Options{Dir: cfg.Dir, Controllers: 3, Args: []string{"-log-level", "warn"}}
-	if cfg.KeepState {
-		addrs, err := loadDevState(cfg.Dir)
-		if err != nil {
+	dirs := []string{cfg.Dir}
+	if cells > 1 {
+		dirs = dirs[:0]
+		for k := 1; k <= cells; k++ {
+			dirs = append(dirs, filepath.Join(cfg.Dir, fmt.Sprintf("cell-%d", k)))
+		}
+	}
+	optss := make([]Options, cells)
+	for k, dir := range dirs {
+		optss[k] = Options{Dir: dir, Controllers: 3, Args: []string{"-log-level", "warn"}}
+		if cfg.KeepState {
+			addrs, err := loadDevState(dir)
+			if err != nil {
+				return err
+			}
+			optss[k].Addrs = addrs
+		}
+	}
+	if !cfg.KeepState {
+		if err := cleanDevDir(cfg.Dir); err != nil {
 			return err
 		}
-		opts.Addrs = addrs
-	} else if err := cleanDevDir(cfg.Dir); err != nil {
-		return err
 	}
 	startCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	state := "empty data directories"
-	if opts.Addrs != nil {
+	if optss[0].Addrs != nil {
 		state = "the kept state"
 	}
 	gateways := "a gateway"
 	if cfg.Gateways > 1 {
 		gateways = fmt.Sprintf("%d gateways", cfg.Gateways)
 	}
-	fmt.Fprintf(out, "starting 3 controllers, %d %s workers and %s under %s (%s)\n", cfg.Workers, cfg.Engine, gateways, cfg.Dir, state)
-	// Progress while the quorum forms and the workers load: the steps
-	// are the quorum, each worker, the gateways.
+	quorums := "3 controllers"
+	if cells > 1 {
+		quorums = fmt.Sprintf("%d cells of 3 controllers", cells)
+	}
+	fmt.Fprintf(out, "starting %s, %d %s workers and %s under %s (%s)\n", quorums, cfg.Workers, cfg.Engine, gateways, cfg.Dir, state)
+	// Progress while the quorums form and the workers load: the steps
+	// are each quorum, each worker, the gateways.
 	tty := false
 	if f, ok := out.(*os.File); ok {
 		tty = progress.IsTerminal(f)
 	}
-	meter := progress.NewTo(out, tty, "starting", "steps", float64(cfg.Workers+2))
-	meter.Set(0, "3 controllers: forming the quorum")
-	cl, err := Start(startCtx, opts)
-	if err != nil {
-		meter.Finish("failed")
-		return interrupted(ctx, err)
-	}
+	meter := progress.NewTo(out, tty, "starting", "steps", float64(cfg.Workers+cells+1))
+	var cls []*Cluster
 	defer func() {
-		fmt.Fprintln(out, "stopping: gateways, workers (draining), controllers")
-		cl.Stop()
+		if len(cls) > 0 {
+			fmt.Fprintln(out, "stopping: gateways, workers (draining), controllers")
+		}
+		for _, cl := range cls {
+			cl.Stop()
+		}
 	}()
-	if err := saveDevState(cfg.Dir, devState{Controllers: cl.ControllerAddrs()}); err != nil {
-		return err
+	for k := range cells {
+		what := "3 controllers: forming the quorum"
+		if cells > 1 {
+			what = fmt.Sprintf("cell-%d: 3 controllers forming its quorum", k+1)
+		}
+		meter.Set(float64(k), what)
+		cl, err := Start(startCtx, optss[k])
+		if err != nil {
+			meter.Finish("failed")
+			return interrupted(ctx, err)
+		}
+		cls = append(cls, cl)
+		if err := saveDevState(dirs[k], devState{Controllers: cl.ControllerAddrs()}); err != nil {
+			return err
+		}
 	}
+	per := (cfg.Workers + cells - 1) / cells
 	for i := 1; i <= cfg.Workers; i++ {
-		meter.Set(float64(i), fmt.Sprintf("a leader; worker-%d of %d starting", i, cfg.Workers))
+		meter.Set(float64(cells+i-1), fmt.Sprintf("a leader; worker-%d of %d starting", i, cfg.Workers))
 		args := []string{"-engine", cfg.Engine, "-model-dir", cfg.ModelDir, "-profile", cfg.Profile, "-time-scale", cfg.TimeScale}
 		if node := DevNode(i, cfg.Workers, cfg.Nodes); node != "" {
 			args = append(args, "-node", node)
 		}
-		if _, err := cl.AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), args...); err != nil {
+		if _, err := cls[min((i-1)/per, cells-1)].AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), args...); err != nil {
 			meter.Finish("failed")
 			return interrupted(ctx, err)
 		}
 	}
-	meter.Set(float64(cfg.Workers+1), "the gateways: waiting for a worker in full service")
+	meter.Set(float64(cfg.Workers+cells), "the gateways: waiting for a worker in full service")
+	var cellFlags []string
+	if cells > 1 {
+		for k, cl := range cls {
+			cellFlags = append(cellFlags, cl.CellFlag(fmt.Sprintf("cell-%d", k+1)))
+		}
+	}
 	var gws []*Gateway
 	for i := 0; i < cfg.Gateways; i++ {
 		addr := cfg.HTTPAddr
 		if i > 0 {
 			addr = ""
 		}
-		gw, err := cl.StartGatewayContext(startCtx, addr)
+		gw, err := cls[0].startGateway(startCtx, addr, cellFlags, nil)
 		if err != nil {
 			meter.Finish("failed")
 			return interrupted(ctx, err)
@@ -170,7 +221,7 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 			return interrupted(ctx, err)
 		}
 	}
-	meter.Set(float64(cfg.Workers+2), "")
+	meter.Set(float64(cfg.Workers+cells+1), "")
 	meter.Finish("ready")
 	gw := gws[0]
 	fmt.Fprintln(out)
@@ -181,18 +232,32 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 		}
 		fmt.Fprintf(out, "  %-12s http://%s/v1   (OpenAI API; model %q)\n", name, g.Addr, "lumen-tiny")
 	}
-	fmt.Fprintf(out, "  controllers  %s\n", strings.Join(cl.GRPCAddrs(), ","))
-	var others []string
-	for i := 1; i < len(cl.Controllers); i++ {
-		others = append(others, cl.Controllers[i].ID+" "+cl.DashboardURL(i))
+	var all []string
+	for k, cl := range cls {
+		label := "controllers"
+		if cells > 1 {
+			label = fmt.Sprintf("cell-%d", k+1)
+		}
+		fmt.Fprintf(out, "  %-12s %s\n", label, strings.Join(cl.GRPCAddrs(), ","))
+		var others []string
+		for i := 1; i < len(cl.Controllers); i++ {
+			others = append(others, cl.Controllers[i].ID+" "+cl.DashboardURL(i))
+		}
+		fmt.Fprintf(out, "  %-12s %s   (every controller serves one: %s)\n", "dashboard", cl.DashboardURL(0), strings.Join(others, ", "))
+		for _, w := range cl.Workers {
+			fmt.Fprintf(out, "  %-12s %s   metrics http://%s/metrics\n", w.ID, w.GRPCAddr, w.HTTPAddr)
+		}
+		if k == 0 {
+			all = cl.GRPCAddrs()
+		}
 	}
-	fmt.Fprintf(out, "  dashboard    %s   (every controller serves one: %s)\n", cl.DashboardURL(0), strings.Join(others, ", "))
-	for _, w := range cl.Workers {
-		fmt.Fprintf(out, "  %-12s %s   metrics http://%s/metrics\n", w.ID, w.GRPCAddr, w.HTTPAddr)
+	logs := cfg.Dir + "/*.log"
+	if cells > 1 {
+		logs = cfg.Dir + "/cell-*/*.log"
 	}
-	fmt.Fprintf(out, "  logs         %s/*.log\n\n", cfg.Dir)
+	fmt.Fprintf(out, "  logs         %s\n\n", logs)
 	fmt.Fprintf(out, "try:\n  curl -s http://%s/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"lumen-tiny\",\"prompt\":\"Hello\",\"max_tokens\":16,\"temperature\":0}'\n", gw.Addr)
-	fmt.Fprintf(out, "  LUMEN_ADDR=%s lumen workers\n\nCtrl-C stops everything.\n", strings.Join(cl.GRPCAddrs(), ","))
+	fmt.Fprintf(out, "  LUMEN_ADDR=%s lumen workers\n\nCtrl-C stops everything.\n", strings.Join(all, ","))
 	<-ctx.Done()
 	return nil
 }
@@ -250,7 +315,12 @@ func isDevDir(dir string) bool {
 		return true
 	}
 	dbs, _ := filepath.Glob(filepath.Join(dir, "ctl[0-9]*", "raft.db"))
-	return len(dbs) > 0
+	if len(dbs) > 0 {
+		return true
+	}
+	// -cells: each cell's quorum in its own folder.
+	states, _ := filepath.Glob(filepath.Join(dir, "cell-[0-9]*", DevStateFile))
+	return len(states) > 0
 }
 
 // loadDevState reads the addresses a kept cluster must come back on; a

@@ -611,8 +611,21 @@ type Gateway struct {
 	Addr    string
 	LogPath string
 	args    []string
-	cmd     *exec.Cmd
-	done    chan struct{}
+	// cells, when set, are the gateway's -cell values (CellFlag): it
+	// places into those cells in place of this cluster's controllers.
+	cells []string
+	cmd   *exec.Cmd
+	done  chan struct{}
+}
+
+// CellFlag is the gateway's -cell value that names cluster c as cell name.
+func (c *Cluster) CellFlag(name string) string { return name + "=" + strings.Join(c.GRPCAddrs(), ",") }
+
+// StartCellsGateway starts a gateway over cells (issue 26: -cell values
+// from CellFlag, one per cluster), its log in this cluster's directory, as
+// StartGatewayContext does otherwise.
+func (c *Cluster) StartCellsGateway(ctx context.Context, addr string, cells []string, args ...string) (*Gateway, error) {
+	return c.startGateway(ctx, addr, cells, args)
 }
 
 // Running reports whether the process is alive.
@@ -638,11 +651,15 @@ func (c *Cluster) StartGateway(addr string, args ...string) (*Gateway, error) {
 // StartGatewayContext is StartGateway that gives up, and stops the gateway,
 // when ctx ends.
 func (c *Cluster) StartGatewayContext(ctx context.Context, addr string, args ...string) (*Gateway, error) {
+	return c.startGateway(ctx, addr, nil, args)
+}
+
+func (c *Cluster) startGateway(ctx context.Context, addr string, cells, args []string) (*Gateway, error) {
 	name := "gateway"
 	if n := len(c.Gateways); n > 0 {
 		name = fmt.Sprintf("gateway-%d", n+1)
 	}
-	g := &Gateway{Name: name, Addr: addr, LogPath: filepath.Join(c.opts.Dir, name+".log"), args: args}
+	g := &Gateway{Name: name, Addr: addr, LogPath: filepath.Join(c.opts.Dir, name+".log"), args: args, cells: cells}
 	c.Gateway = g
 	c.Gateways = append(c.Gateways, g)
 	auto := addr == ""
@@ -668,8 +685,14 @@ func (c *Cluster) StartGatewayContext(ctx context.Context, addr string, args ...
 
 func (c *Cluster) spawnGateway(g *Gateway) error {
 	var err error
-	g.cmd, g.done, err = c.spawn(g.Name, g.LogPath, nil, append([]string{"gateway", "-http", g.Addr,
-		"-controllers", strings.Join(c.GRPCAddrs(), ","), "-log-level", "warn"}, g.args...))
+	args := []string{"gateway", "-http", g.Addr, "-log-level", "warn"}
+	if len(g.cells) == 0 {
+		args = append(args, "-controllers", strings.Join(c.GRPCAddrs(), ","))
+	}
+	for _, cell := range g.cells {
+		args = append(args, "-cell", cell)
+	}
+	g.cmd, g.done, err = c.spawn(g.Name, g.LogPath, nil, append(args, g.args...))
 	return err
 }
 

@@ -122,3 +122,47 @@ func TestShares(t *testing.T) {
 		t.Fatalf("after its session left the table: %d of %d, want 0 of 1", g, G)
 	}
 }
+
+// TestBestIsTheFreenessTakeChooses: Best is the freeness of the worker a
+// lone gateway's Take would choose, own placements counted, and false with
+// no eligible worker; it takes nothing.
+func TestBestIsTheFreenessTakeChooses(t *testing.T) {
+	r := New()
+	if _, ok := r.Best(); ok {
+		t.Fatal("an empty replica has a best worker")
+	}
+	r.Update(&pb.LoadTable{AppliedIndex: 3, Workers: []*pb.WorkerLoad{
+		row("w1", 1, full, 40, 2), row("w2", 1, full, 10, 1), row("w3", 1, pb.WorkerPhase_WORKER_PHASE_FAILED, 0, 0)}})
+	free := func(id string) float64 {
+		for _, v := range r.Views() {
+			if v.ID == id {
+				return v.Freeness()
+			}
+		}
+		t.Fatalf("no view of %s", id)
+		return 0
+	}
+	if f, ok := r.Best(); !ok || f != free("w2") {
+		t.Fatalf("best %v (%v), want w2's %v", f, ok, free("w2"))
+	}
+	if r.Pending() != 0 {
+		t.Fatal("Best took a placement")
+	}
+	// Own placements weigh on it as on Take: after each, Best is the
+	// freeness of the worker Take would choose next.
+	for i := range 6 {
+		r.Take(string(rune('a'+i)), 320)
+		vs := r.Views()
+		want := vs[policy.PickServing(vs)].Freeness()
+		if f, _ := r.Best(); f != want {
+			t.Fatalf("after %d placements best %v, want %v", i+1, f, want)
+		}
+	}
+	if r.Pending() != 6 {
+		t.Fatalf("%d pending, want the 6 Takes", r.Pending())
+	}
+	r.Update(&pb.LoadTable{AppliedIndex: 4, Workers: []*pb.WorkerLoad{row("w3", 1, pb.WorkerPhase_WORKER_PHASE_FAILED, 0, 0)}})
+	if _, ok := r.Best(); ok {
+		t.Fatal("a table with no eligible worker has a best one")
+	}
+}
