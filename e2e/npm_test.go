@@ -66,6 +66,10 @@ type npmResult struct {
 		Texts  []string `json:"texts"`
 		Finish []string `json:"finish"`
 	}] `json:"samples"`
+	BestOf npmCall[struct {
+		Texts            []string `json:"texts"`
+		CompletionTokens int      `json:"completion_tokens"`
+	}] `json:"bestOf"`
 }
 
 type npmCompletion struct {
@@ -272,10 +276,14 @@ func TestOpenAINpmClient(t *testing.T) {
 		t.Errorf("models: %+v", res.Models)
 	}
 	// n=2 greedy, streamed: both choices are the reference.
-	wantS, reasonS, _ := referenceText(t, ref, tk.Encode(prompts[0]), maxTokens, tokenizer.TokEOS)
+	wantS, reasonS, nS := referenceText(t, ref, tk.Encode(prompts[0]), maxTokens, tokenizer.TokEOS)
 	if s := res.Samples; s.Error != nil || len(s.OK.Texts) != 2 || s.OK.Texts[0] != wantS || s.OK.Texts[1] != wantS ||
 		len(s.OK.Finish) != 2 || s.OK.Finish[0] != reasonS || s.OK.Finish[1] != reasonS {
 		t.Errorf("n=2 streamed: %+v, want both %q %s", s, wantS, reasonS)
+	}
+	// best_of 3, greedy: one choice, the reference, three samples billed.
+	if b := res.BestOf; b.Error != nil || len(b.OK.Texts) != 1 || b.OK.Texts[0] != wantS || b.OK.CompletionTokens != 3*nS {
+		t.Errorf("best_of 3: %+v, want one choice %q and the usage of three", b, wantS)
 	}
 	// Five sent while a stream holds the only slot of a gateway admitting
 	// one: every one is a RateLimitError; the stream is the reference.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -201,6 +202,37 @@ func TestOpenAISDK(t *testing.T) {
 	}
 	if multi.Usage.CompletionTokens != total {
 		t.Fatalf("n=3 usage %d completion tokens, the three alone %d", multi.Usage.CompletionTokens, total)
+	}
+
+	// best_of 3: the one choice returned is, of the samples with seeds
+	// 11, 12, 13 alone, the one whose tokens' logprobs sum highest.
+	best, err := client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny",
+		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("The cluster")},
+		MaxTokens: openai.Int(16), Temperature: openai.Float(0.9), Seed: openai.Int(11), BestOf: openai.Int(3)})
+	if err != nil {
+		t.Fatalf("best_of=3: %v", err)
+	}
+	wantBest, bestSum := "", math.Inf(-1)
+	var drawn int64
+	for i := range 3 {
+		single, err := client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny",
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("The cluster")},
+			MaxTokens: openai.Int(16), Temperature: openai.Float(0.9), Seed: openai.Int(11 + int64(i)), Logprobs: openai.Int(0)})
+		if err != nil {
+			t.Fatalf("seed %d: %v", 11+i, err)
+		}
+		sum := 0.0
+		for _, lp := range single.Choices[0].Logprobs.TokenLogprobs {
+			sum += lp
+		}
+		if sum > bestSum {
+			wantBest, bestSum = single.Choices[0].Text, sum
+		}
+		drawn += single.Usage.CompletionTokens
+	}
+	if len(best.Choices) != 1 || best.Choices[0].Text != wantBest || best.Usage.CompletionTokens != drawn {
+		t.Fatalf("best_of=3: %d choices, %q, usage %d; want the likeliest sample %q and the usage of all three, %d",
+			len(best.Choices), best.Choices[0].Text, best.Usage.CompletionTokens, wantBest, drawn)
 	}
 
 	// Errors through the SDK: status and message.

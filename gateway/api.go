@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"reflect"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -169,6 +168,7 @@ type request struct {
 	Temperature         *float64       `json:"temperature"`
 	TopP                *float64       `json:"top_p"`
 	N                   *int64         `json:"n"`
+	BestOf              *int64         `json:"best_of"`
 	Seed                *int64         `json:"seed"`
 	Stop                stopInput      `json:"stop"`
 	Stream              bool           `json:"stream"`
@@ -190,7 +190,6 @@ type request struct {
 // 400 naming the parameter rather than an answer that silently lacks it.
 type Unsupported struct {
 	Echo              json.RawMessage `json:"echo"`
-	BestOf            json.RawMessage `json:"best_of"`
 	Suffix            json.RawMessage `json:"suffix"`
 	LogitBias         json.RawMessage `json:"logit_bias"`
 	PresencePenalty   json.RawMessage `json:"presence_penalty"`
@@ -208,7 +207,7 @@ type Unsupported struct {
 
 // refuseUnsupported returns a 400 naming the first unsupported parameter the
 // request sets to anything but its no-op value.
-func (u *Unsupported) refuseUnsupported(n int64) *apiError {
+func (u *Unsupported) refuseUnsupported() *apiError {
 	checks := []struct {
 		name string
 		raw  json.RawMessage
@@ -216,7 +215,6 @@ func (u *Unsupported) refuseUnsupported(n int64) *apiError {
 		why  string
 	}{
 		{"echo", u.Echo, []string{"false"}, "the prompt is not returned with the completion (nor its logprobs)"},
-		{"best_of", u.BestOf, []string{"1", strconv.FormatInt(n, 10)}, "lumen returns every sample it draws, so best_of may only equal n"},
 		{"suffix", u.Suffix, []string{`""`}, "insertion after a suffix is not implemented"},
 		{"logit_bias", u.LogitBias, []string{"{}"}, "logits are not biased"},
 		{"presence_penalty", u.PresencePenalty, []string{"0", "0.0"}, "sampling applies no penalties"},
@@ -301,8 +299,9 @@ type params struct {
 	logprobs    bool
 	topLogprobs int
 	// n: the samples (choices) to return, each its own request to the
-	// cluster with the seed plus its index.
-	n int
+	// cluster with the seed plus its index; bestOf (≥ n) the samples
+	// drawn, of which the n with the highest cumulative logprob return.
+	n, bestOf int
 }
 
 // validate checks what both endpoints share. defMax is the default
@@ -342,11 +341,7 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 		}
 		p.topP = float32(t)
 	}
-	n := int64(1)
-	if req.N != nil {
-		n = *req.N
-	}
-	if aerr := req.refuseUnsupported(n); aerr != nil {
+	if aerr := req.refuseUnsupported(); aerr != nil {
 		return p, aerr
 	}
 	p.n = 1
@@ -355,6 +350,22 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 			return p, badRequest("n", "n must be between 1 and %d, got %d", maxN, *req.N)
 		}
 		p.n = int(*req.N)
+	}
+	p.bestOf = p.n
+	if req.BestOf != nil {
+		// vLLM's and OpenAI's best_of: draw best_of samples, return the n
+		// with the highest cumulative logprob (completions only, and not
+		// streamed: the best are known only once every sample ended).
+		switch b := *req.BestOf; {
+		case chat:
+			return p, badRequest("best_of", "best_of is a parameter of /v1/completions; chat completions take n")
+		case b < int64(p.n) || b > maxN:
+			return p, badRequest("best_of", "best_of must be between n (%d) and %d, got %d", p.n, maxN, b)
+		case b > int64(p.n) && req.Stream:
+			return p, badRequest("best_of", "best_of (%d) above n (%d) cannot be streamed: the best samples are known only once all have ended", b, p.n)
+		default:
+			p.bestOf = int(b)
+		}
 	}
 	if req.Seed != nil {
 		p.seed, p.seeded = uint64(*req.Seed), true

@@ -372,7 +372,13 @@ func (w *fakeWorker) next(t *testing.T) *call {
 // cut the call first.
 func (c *call) send(t *testing.T, idx uint32, tok int32, done bool) {
 	t.Helper()
-	r := &pb.GenerateResponse{Token: tok, Index: idx, Done: done}
+	c.sendLogprob(t, idx, tok, 0, done)
+}
+
+// sendLogprob is send with the token's logprob.
+func (c *call) sendLogprob(t *testing.T, idx uint32, tok int32, lp float32, done bool) {
+	t.Helper()
+	r := &pb.GenerateResponse{Token: tok, Index: idx, Done: done, Logprob: lp}
 	if done {
 		r.FinishReason = pb.FinishReason_FINISH_REASON_LENGTH
 	}

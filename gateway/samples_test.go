@@ -130,3 +130,70 @@ func TestSamplesStreamSideBySide(t *testing.T) {
 		return slices.Contains(ids, want[0]) && slices.Contains(ids, want[1])
 	})
 }
+
+// best_of draws best_of samples (each its own request, seed plus index,
+// asking the worker for its tokens' logprobs) and returns the n with the
+// highest cumulative logprob, best first, indexed from 0, without logprobs
+// unless asked for; usage counts every sample drawn, as OpenAI bills it.
+func TestBestOfReturnsTheLikeliest(t *testing.T) {
+	r := newRig(t, 1, nil, nil)
+	type answer struct {
+		Choices []struct {
+			Index    int    `json:"index"`
+			Text     string `json:"text"`
+			Logprobs any    `json:"logprobs"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	res := make(chan answer, 1)
+	go func() {
+		var a answer
+		defer func() { res <- a }()
+		resp, err := http.Post("http://"+r.g.Addr()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"lumen-tiny","prompt":"x","max_tokens":2,"n":2,"best_of":3,"seed":9}`))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("status %d", resp.StatusCode)
+			return
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+			t.Error(err)
+		}
+	}()
+	calls := map[uint64]*call{}
+	for range 3 {
+		c := r.w["w1"].next(t)
+		if !c.req.Logprobs {
+			t.Fatalf("sample seed %d: the worker was not asked for logprobs, which best_of ranks by", c.req.Sampling.Seed)
+		}
+		calls[c.req.Sampling.Seed] = c
+	}
+	// Cumulative logprobs: seed 9 -3.0, seed 10 -0.5, seed 11 -1.0.
+	for seed, toks := range map[uint64][2]float32{9: {-1, -2}, 10: {-0.25, -0.25}, 11: {-0.5, -0.5}} {
+		c := calls[seed]
+		if c == nil {
+			t.Fatalf("no sample with seed %d among %v", seed, calls)
+		}
+		c.sendLogprob(t, 0, 'a'+int32(seed-9), toks[0], false)
+		c.sendLogprob(t, 1, 'a'+int32(seed-9), toks[1], true)
+	}
+	a := <-res
+	if len(a.Choices) != 2 || a.Choices[0].Index != 0 || a.Choices[1].Index != 1 {
+		t.Fatalf("choices %+v, want 2 indexed 0 and 1", a.Choices)
+	}
+	if a.Choices[0].Text != "bb" || a.Choices[1].Text != "cc" {
+		t.Fatalf("returned %q then %q, want the two likeliest best first: \"bb\" (-0.5) then \"cc\" (-1.0)", a.Choices[0].Text, a.Choices[1].Text)
+	}
+	if a.Choices[0].Logprobs != nil {
+		t.Fatalf("logprobs %v returned unasked", a.Choices[0].Logprobs)
+	}
+	if a.Usage.CompletionTokens != 6 {
+		t.Fatalf("completion tokens %d, want the 3 samples' 6", a.Usage.CompletionTokens)
+	}
+}

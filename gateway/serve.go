@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sort"
 	"sync"
 	"time"
 
@@ -142,8 +143,8 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		p.seed = uint64(time.Now().UnixNano()) // fixed for the request's life, resumes included
 	}
 	// A request of n samples holds n admission slots: each is a request on
-	// a worker.
-	n := p.n
+	// a worker. best_of draws p.bestOf ≥ n of them.
+	n := p.bestOf
 	taken := 0
 	for ; taken < n; taken++ {
 		select {
@@ -183,6 +184,11 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		if n > 1 {
 			sid = fmt.Sprintf("%s-%d", id, i)
 			sp.seed = p.seed + uint64(i)
+		}
+		if p.bestOf > p.n {
+			// Ranked by their tokens' logprobs, which the journal then
+			// keeps (the response carries them only when asked for).
+			sp.logprobs = true
 		}
 		samples[i] = &entry{id: sid, prompt: prompt, params: sp, maxToken: p.maxTokens, arrived: arrived}
 	}
@@ -292,6 +298,9 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	for _, e := range samples {
 		u.CompletionTokens += len(e.out)
 		u.TotalTokens += len(e.out)
+	}
+	if p.bestOf > p.n {
+		out.keep(bestSamples(samples, p.n))
 	}
 	out.end(u)
 }
@@ -885,6 +894,34 @@ func (o *responder) delta(i int, text string, lp *pb.GenerateResponse) {
 		return
 	}
 	o.event(o.chunk(i, text, nil))
+}
+
+// bestSamples returns the indices of the n samples with the highest
+// cumulative logprob of their tokens, highest first (ties: the lower
+// index), as vLLM ranks best_of's.
+func bestSamples(samples []*entry, n int) []int {
+	score := make([]float64, len(samples))
+	idx := make([]int, len(samples))
+	for i, e := range samples {
+		idx[i] = i
+		for _, lp := range e.lps {
+			score[i] += float64(lp.Logprob)
+		}
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return score[idx[a]] > score[idx[b]] })
+	return idx[:n]
+}
+
+// keep makes the response the choices named, in that order, indexed from
+// 0 (best_of's best). Not streaming only.
+func (o *responder) keep(which []int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	kept := make([]*choiceOut, len(which))
+	for i, k := range which {
+		kept[i] = o.choices[k]
+	}
+	o.choices = kept
 }
 
 // finishChoice ends choice i: streaming, its last chunk with the reason.

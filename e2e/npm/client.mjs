@@ -98,6 +98,13 @@ out.samples = await run(async () => {
   return { texts, finish };
 });
 
+// best_of 3 of greedy samples: one choice, the reference; the usage counts
+// all three drawn.
+out.bestOf = await run(async () => {
+  const c = await client.completions.create({ ...params0(), max_tokens: spec.maxTokens, best_of: 3 });
+  return { texts: c.choices.map((ch) => ch.text), completion_tokens: c.usage.completion_tokens };
+});
+
 // Errors, each as the client's class.
 const one = { model: spec.model, prompt: 'x', max_tokens: 1 };
 out.errors.echo = await run(() => client.completions.create({ ...one, echo: true }));
