@@ -66,6 +66,11 @@ type npmResult struct {
 		Texts  []string `json:"texts"`
 		Finish []string `json:"finish"`
 	}] `json:"samples"`
+	Echo npmCall[struct {
+		Text             string     `json:"text"`
+		TokenLogprobs    []*float64 `json:"token_logprobs"`
+		CompletionTokens int        `json:"completion_tokens"`
+	}] `json:"echo"`
 	BestOf npmCall[struct {
 		Texts            []string `json:"texts"`
 		CompletionTokens int      `json:"completion_tokens"`
@@ -264,7 +269,7 @@ func TestOpenAINpmClient(t *testing.T) {
 		"chatTopLogprobs": {"BadRequestError", 400, "top_logprobs", "between 0 and 20, got 30"},
 		"unknownPath":     {"NotFoundError", 404, "", "Invalid URL (POST /v1/embeddings)"},
 		"wrongKey":        {"AuthenticationError", 401, "", "Incorrect API key"},
-		"echo":            {"BadRequestError", 400, "echo", "echo is not supported"},
+		"suffix":          {"BadRequestError", 400, "suffix", "suffix is not supported"},
 	} {
 		e := res.Errors[name].Error
 		if e == nil || e.Class != w.class || e.Status != w.status || !strings.Contains(e.Message, w.msg) ||
@@ -280,6 +285,24 @@ func TestOpenAINpmClient(t *testing.T) {
 	if s := res.Samples; s.Error != nil || len(s.OK.Texts) != 2 || s.OK.Texts[0] != wantS || s.OK.Texts[1] != wantS ||
 		len(s.OK.Finish) != 2 || s.OK.Finish[0] != reasonS || s.OK.Finish[1] != reasonS {
 		t.Errorf("n=2 streamed: %+v, want both %q %s", s, wantS, reasonS)
+	}
+	// echo, max_tokens 0: the prompt, its logprobs as the engine scores
+	// them (the first null), nothing billed.
+	p0 := tk.Encode(prompts[0])
+	scores := make([]engine.Logprobs, len(p0)-1)
+	if _, err := ref.Forward(context.Background(), []engine.Chunk{{Seq: 3, Tokens: p0, Targets: p0[1:], Scores: scores, TopLogprobs: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	ref.Release(3)
+	if e := res.Echo; e.Error != nil || e.OK.Text != prompts[0] || len(e.OK.TokenLogprobs) != len(p0) || e.OK.TokenLogprobs[0] != nil || e.OK.CompletionTokens != 0 {
+		t.Errorf("echo, max_tokens 0: %+v, want the prompt %q with %d logprobs, the first null, and no completion tokens", e, prompts[0], len(p0))
+	} else {
+		for i, s := range scores {
+			if lp := e.OK.TokenLogprobs[i+1]; lp == nil || float32(*lp) != s.Logprob {
+				t.Errorf("echo: prompt token %d's logprob %v, the engine scores %v", i+1, lp, s.Logprob)
+				break
+			}
+		}
 	}
 	// best_of 3, greedy: one choice, the reference, three samples billed.
 	if b := res.BestOf; b.Error != nil || len(b.OK.Texts) != 1 || b.OK.Texts[0] != wantS || b.OK.CompletionTokens != 3*nS {

@@ -235,12 +235,52 @@ func TestOpenAISDK(t *testing.T) {
 			len(best.Choices), best.Choices[0].Text, best.Usage.CompletionTokens, wantBest, drawn)
 	}
 
+	// echo with logprobs and max_tokens 0, as lm-evaluation-harness's
+	// loglikelihood requests send it: the prompt comes back with each
+	// token's logprob as the engine scores it (the first null), bit for
+	// bit; with max_tokens 8 the greedy completion follows the prompt.
+	scored := "The cluster keeps serving"
+	sp := tk.Encode(scored)
+	echoed, err := client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny", Echo: openai.Bool(true),
+		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(scored)},
+		MaxTokens: openai.Int(0), Logprobs: openai.Int(1), Temperature: openai.Float(0)})
+	if err != nil {
+		t.Fatalf("echo with max_tokens 0: %v", err)
+	}
+	wantScores := make([]engine.Logprobs, len(sp)-1)
+	if _, err := ref.Forward(ctx, []engine.Chunk{{Seq: 2, Tokens: sp, Targets: sp[1:], Scores: wantScores, TopLogprobs: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	ref.Release(2)
+	ech := echoed.Choices[0]
+	if ech.Text != scored || len(ech.Logprobs.TokenLogprobs) != len(sp) || echoed.Usage.CompletionTokens != 0 || ech.FinishReason != "length" {
+		t.Fatalf("echo, max_tokens 0: %q, %d logprobs, %d completion tokens, %s; want the prompt, %d, 0, length",
+			ech.Text, len(ech.Logprobs.TokenLogprobs), echoed.Usage.CompletionTokens, ech.FinishReason, len(sp))
+	}
+	if !strings.Contains(ech.Logprobs.RawJSON(), `"token_logprobs":[null,`) {
+		t.Fatalf("echo: the first prompt token's logprob must be null: %s", ech.Logprobs.RawJSON())
+	}
+	for i, w := range wantScores {
+		if got := float32(ech.Logprobs.TokenLogprobs[i+1]); got != w.Logprob {
+			t.Fatalf("echo: prompt token %d's logprob %v, the engine scores %v", i+1, got, w.Logprob)
+		}
+	}
+	withGen, err := client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny", Echo: openai.Bool(true),
+		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(scored)},
+		MaxTokens: openai.Int(8), Temperature: openai.Float(0)})
+	if err != nil {
+		t.Fatalf("echo with max_tokens 8: %v", err)
+	}
+	if wantGen, _, _ := referenceText(t, ref, sp, 8, tokenizer.TokEOS); withGen.Choices[0].Text != scored+wantGen {
+		t.Fatalf("echo with max_tokens 8: %q, want the prompt then the reference, %q", withGen.Choices[0].Text, scored+wantGen)
+	}
+
 	// Errors through the SDK: status and message.
 	var apiErr *openai.Error
-	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny", Echo: openai.Bool(true),
+	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "lumen-tiny", Suffix: openai.String("end"),
 		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "echo" {
-		t.Fatalf("echo, not implemented, must be refused by name: %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "suffix" {
+		t.Fatalf("suffix, not implemented, must be refused by name: %v", err)
 	}
 	_, err = client.Completions.New(ctx, openai.CompletionNewParams{Model: "gpt-4",
 		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})

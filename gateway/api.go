@@ -169,6 +169,7 @@ type request struct {
 	TopP                *float64       `json:"top_p"`
 	N                   *int64         `json:"n"`
 	BestOf              *int64         `json:"best_of"`
+	Echo                *bool          `json:"echo"`
 	Seed                *int64         `json:"seed"`
 	Stop                stopInput      `json:"stop"`
 	Stream              bool           `json:"stream"`
@@ -189,7 +190,6 @@ type request struct {
 // or presence_penalty: 0 is served, one that asks for the behaviour gets a
 // 400 naming the parameter rather than an answer that silently lacks it.
 type Unsupported struct {
-	Echo              json.RawMessage `json:"echo"`
 	Suffix            json.RawMessage `json:"suffix"`
 	LogitBias         json.RawMessage `json:"logit_bias"`
 	PresencePenalty   json.RawMessage `json:"presence_penalty"`
@@ -214,7 +214,6 @@ func (u *Unsupported) refuseUnsupported() *apiError {
 		noop []string // the JSON values that ask for nothing
 		why  string
 	}{
-		{"echo", u.Echo, []string{"false"}, "the prompt is not returned with the completion (nor its logprobs)"},
 		{"suffix", u.Suffix, []string{`""`}, "insertion after a suffix is not implemented"},
 		{"logit_bias", u.LogitBias, []string{"{}"}, "logits are not biased"},
 		{"presence_penalty", u.PresencePenalty, []string{"0", "0.0"}, "sampling applies no penalties"},
@@ -302,6 +301,9 @@ type params struct {
 	// cluster with the seed plus its index; bestOf (≥ n) the samples
 	// drawn, of which the n with the highest cumulative logprob return.
 	n, bestOf int
+	// echo: the prompt comes back before the completion, with its
+	// logprobs when logprobs are asked for (the first token's null).
+	echo bool
 }
 
 // validate checks what both endpoints share. defMax is the default
@@ -315,10 +317,18 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 	if chat && req.MaxCompletionTokens != nil {
 		mt = req.MaxCompletionTokens
 	}
+	if req.Echo != nil && *req.Echo {
+		if chat {
+			return p, badRequest("echo", "echo is a parameter of /v1/completions")
+		}
+		p.echo = true
+	}
 	p.maxTokens = defMax
 	if mt != nil {
-		if *mt < 1 {
-			return p, badRequest("max_tokens", "max_tokens must be at least 1, got %d", *mt)
+		// max_tokens 0 with echo scores the prompt alone (what
+		// lm-evaluation-harness's loglikelihood requests send).
+		if *mt < 0 || *mt == 0 && !p.echo {
+			return p, badRequest("max_tokens", "max_tokens must be at least 1 (0 only with echo), got %d", *mt)
 		}
 		if *mt > math.MaxInt32 {
 			return p, badRequest("max_tokens", "max_tokens %d is too large", *mt)

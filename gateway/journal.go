@@ -35,6 +35,10 @@ type entry struct {
 	diverged bool
 	// lps[i] are out[i]'s logprobs when the request asks for them.
 	lps []*pb.GenerateResponse
+	// promptLPs are the prompt's logprobs (echo with logprobs), from the
+	// first token's message: positions 1 … len(prompt)−1. A call made
+	// before they came asks for them (a resume after none arrived).
+	promptLPs []*pb.PromptLogprob
 	// arrived is when the handler took the request; viaController whether
 	// its last placement waited for the controller's commit; sent whether
 	// its first Generate call has gone out (the gateway's own time up to
@@ -50,6 +54,15 @@ func (e *entry) noteLogprobs(r *pb.GenerateResponse) {
 	if e.params.logprobs {
 		e.lps = append(e.lps, &pb.GenerateResponse{Token: r.Token, Logprob: r.Logprob, TopLogprobs: r.TopLogprobs})
 	}
+	if e.wantsPromptLogprobs() && len(r.PromptLogprobs) > 0 {
+		e.promptLPs = r.PromptLogprobs
+	}
+}
+
+// wantsPromptLogprobs says whether the next call must ask its worker for
+// the prompt's logprobs: the request echoes them and none came yet.
+func (e *entry) wantsPromptLogprobs() bool {
+	return e.params.echo && e.params.logprobs && e.promptLPs == nil && len(e.prompt) > 1
 }
 
 // accept takes the token at index idx. A repeat (idx already held, same

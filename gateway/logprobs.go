@@ -40,10 +40,11 @@ func textBytes(id int32) int { return len(tokenizer.Tokenizer{}.DecodeToken(id))
 
 // completionLogprobs is a completions choice's `logprobs`.
 type completionLogprobs struct {
-	Tokens        []string        `json:"tokens"`
-	TokenLogprobs []float32       `json:"token_logprobs"`
-	TopLogprobs   []orderedLogMap `json:"top_logprobs"`
-	TextOffset    []int           `json:"text_offset"`
+	Tokens []string `json:"tokens"`
+	// null for an echoed prompt's first token, which nothing precedes.
+	TokenLogprobs []*float32       `json:"token_logprobs"`
+	TopLogprobs   []*orderedLogMap `json:"top_logprobs"`
+	TextOffset    []int            `json:"text_offset"`
 }
 
 // orderedLogMap is a JSON object from token strings to logprobs that keeps
@@ -103,21 +104,27 @@ type chatTopLogprob struct {
 
 // completionsLogprobs formats the tokens' logprobs for completions; offset
 // is the text offset (bytes of the choice's text) of the first, and the
-// offset after the last is returned.
-func completionsLogprobs(lps []*pb.GenerateResponse, offset int) (*completionLogprobs, int) {
-	c := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []orderedLogMap{}, TextOffset: []int{}}
-	for _, r := range lps {
+// offset after the last is returned. nullFirst: the first is an echoed
+// prompt's first token, whose logprob and top_logprobs are null.
+func completionsLogprobs(lps []*pb.GenerateResponse, offset int, nullFirst bool) (*completionLogprobs, int) {
+	c := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []*orderedLogMap{}, TextOffset: []int{}}
+	for i, r := range lps {
 		tok := tokenString(r.Token)
 		c.Tokens = append(c.Tokens, tok)
-		c.TokenLogprobs = append(c.TokenLogprobs, clampLogprob(r.Logprob))
-		var top orderedLogMap
+		c.TextOffset = append(c.TextOffset, offset)
+		offset += textBytes(r.Token)
+		if i == 0 && nullFirst {
+			c.TokenLogprobs, c.TopLogprobs = append(c.TokenLogprobs, nil), append(c.TopLogprobs, nil)
+			continue
+		}
+		lp := clampLogprob(r.Logprob)
+		c.TokenLogprobs = append(c.TokenLogprobs, &lp)
+		top := &orderedLogMap{}
 		top.add(tok, r.Logprob)
 		for _, t := range r.TopLogprobs {
 			top.add(tokenString(t.Token), t.Logprob)
 		}
 		c.TopLogprobs = append(c.TopLogprobs, top)
-		c.TextOffset = append(c.TextOffset, offset)
-		offset += textBytes(r.Token)
 	}
 	return c, offset
 }

@@ -6,9 +6,13 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/tokenizer"
@@ -240,9 +244,103 @@ func mergeLogprobs(t *testing.T, evs []map[string]any, chat bool) any {
 // the completions' top map keeps the first of them (JSON objects with
 // repeated keys are ambiguous).
 func TestTopLogprobsKeysAreUnique(t *testing.T) {
-	c, _ := completionsLogprobs([]*pb.GenerateResponse{lpResp(0, 0xC3, -1, 0xC3, 0xA9, 'a')}, 0)
+	c, _ := completionsLogprobs([]*pb.GenerateResponse{lpResp(0, 0xC3, -1, 0xC3, 0xA9, 'a')}, 0, false)
 	b, err := json.Marshal(c.TopLogprobs[0])
 	if err != nil || string(b) != `{"\ufffd":-1,"a":-1.5}` {
 		t.Fatalf("top map %s (%v)", b, err)
+	}
+}
+
+// echo with logprobs: the worker is asked for the prompt's logprobs until a
+// token's message brings them — the call a resume makes before any token
+// asks again, one after the first token does not — and the response is
+// the prompt, its logprobs (the first null, text offsets from 0), then the
+// completion's, streaming and not. With max_tokens 0 the prompt alone
+// comes back: the worker's one token is not the client's.
+func TestEchoWithPromptLogprobs(t *testing.T) {
+	r := newRig(t, 1, nil, nil)
+	promptLPs := []*pb.PromptLogprob{{Logprob: -1.5, TopLogprobs: []*pb.TokenLogprob{{Token: 'a', Logprob: -0.5}}},
+		{Logprob: -2.5, TopLogprobs: []*pb.TokenLogprob{{Token: 'a', Logprob: -0.5}}}}
+	wantPrompt := map[string]any{"tokens": []any{"x", "y", "z"}, "token_logprobs": []any{nil, -1.5, -2.5},
+		"top_logprobs": []any{nil, map[string]any{"y": -1.5, "a": -0.5}, map[string]any{"z": -2.5, "a": -0.5}},
+		"text_offset":  []any{0.0, 1.0, 2.0}}
+	for _, stream := range []bool{false, true} {
+		body := `{"model":"lumen-tiny","prompt":"xyz","max_tokens":2,"logprobs":1,"echo":true,"stream":` + strconv.FormatBool(stream) + `}`
+		done := make(chan []map[string]any, 1)
+		go func() {
+			code, evs := postRaw(t, r.g.Addr(), "/v1/completions", body)
+			if code != 200 {
+				t.Errorf("stream %v: status %d %v", stream, code, evs)
+			}
+			done <- evs
+		}()
+		c := r.w["w1"].next(t)
+		if !c.req.PromptLogprobs || !c.req.Logprobs || c.req.TopLogprobs != 1 {
+			t.Fatalf("the worker was asked prompt_logprobs %v, logprobs %v, top %d; want true, true, 1", c.req.PromptLogprobs, c.req.Logprobs, c.req.TopLogprobs)
+		}
+		// The worker dies before any token: the resume asks again.
+		c.fail(status.Error(codes.Unavailable, "killed"))
+		r.fc.setPlacement(&pb.Placement{RequestId: c.req.RequestId, WorkerId: "w2", Epoch: 2})
+		c2 := r.w["w2"].next(t)
+		if !c2.req.PromptLogprobs || len(c2.req.Generated) != 0 {
+			t.Fatalf("the resume before any token: prompt_logprobs %v, %d generated; want true, 0", c2.req.PromptLogprobs, len(c2.req.Generated))
+		}
+		first := lpResp(0, 'H', -0.25, 'a')
+		first.PromptLogprobs = promptLPs
+		before := tokensOut(r.g)
+		c2.sendResp(t, first)
+		waitFor(t, 10*time.Second, "the gateway to take the first token", func() bool { return tokensOut(r.g) > before })
+		// Moved after it: the next call has the prompt's logprobs already.
+		r.fc.publish(moved(&pb.Placement{RequestId: c.req.RequestId, WorkerId: "w1", Epoch: 3}))
+		c3 := r.w["w1"].next(t)
+		if c3.req.PromptLogprobs || len(c3.req.Generated) != 1 {
+			t.Fatalf("the call after the first token: prompt_logprobs %v, %d generated; want false, 1", c3.req.PromptLogprobs, len(c3.req.Generated))
+		}
+		last := lpResp(1, 'i', -0.75, 'a')
+		last.Done, last.FinishReason = true, pb.FinishReason_FINISH_REASON_LENGTH
+		c3.sendResp(t, last)
+		evs := <-done
+		text := ""
+		for _, ev := range evs {
+			for _, ch := range ev["choices"].([]any) {
+				text += ch.(map[string]any)["text"].(string)
+			}
+		}
+		if text != "xyzHi" {
+			t.Fatalf("stream %v: text %q, want the prompt then the completion, \"xyzHi\"", stream, text)
+		}
+		want := roundTrip(wantPrompt).(map[string]any)
+		want["tokens"] = append(want["tokens"].([]any), "H", "i")
+		want["token_logprobs"] = append(want["token_logprobs"].([]any), -0.25, -0.75)
+		want["top_logprobs"] = append(want["top_logprobs"].([]any), map[string]any{"H": -0.25, "a": -0.5}, map[string]any{"i": -0.75, "a": -0.5})
+		want["text_offset"] = append(want["text_offset"].([]any), 3.0, 4.0)
+		if got := mergeLogprobs(t, evs, false); !reflect.DeepEqual(roundTrip(got), want) {
+			gb, _ := json.Marshal(got)
+			wb, _ := json.Marshal(want)
+			t.Fatalf("stream %v: logprobs\n got %s\nwant %s", stream, gb, wb)
+		}
+	}
+	// max_tokens 0: the prompt and its logprobs alone, no completion
+	// token billed, finish length.
+	done := make(chan []map[string]any, 1)
+	go func() {
+		_, evs := postRaw(t, r.g.Addr(), "/v1/completions", `{"model":"lumen-tiny","prompt":"xyz","max_tokens":0,"logprobs":1,"echo":true}`)
+		done <- evs
+	}()
+	c := r.w["w1"].next(t)
+	if c.req.MaxTokens != 1 || !c.req.PromptLogprobs {
+		t.Fatalf("max_tokens 0: the worker was asked %d tokens, prompt_logprobs %v; want 1, true", c.req.MaxTokens, c.req.PromptLogprobs)
+	}
+	only := lpResp(0, 'H', -0.25, 'a')
+	only.PromptLogprobs, only.Done, only.FinishReason = promptLPs, true, pb.FinishReason_FINISH_REASON_LENGTH
+	c.sendResp(t, only)
+	evs := <-done
+	ch := evs[0]["choices"].([]any)[0].(map[string]any)
+	usage := evs[0]["usage"].(map[string]any)
+	if ch["text"] != "xyz" || ch["finish_reason"] != "length" || usage["completion_tokens"] != 0.0 {
+		t.Fatalf("max_tokens 0: %v, usage %v; want text \"xyz\", finish length, 0 completion tokens", ch, usage)
+	}
+	if got := roundTrip(ch["logprobs"]); !reflect.DeepEqual(got, roundTrip(wantPrompt)) {
+		t.Fatalf("max_tokens 0: logprobs %v, want %v", got, wantPrompt)
 	}
 }

@@ -131,7 +131,10 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	g.mu.Lock()
 	maxCtx := g.maxContext
 	g.mu.Unlock()
-	if len(prompt)+p.maxTokens > maxCtx {
+	// max_tokens 0 (echo alone) runs one token on the worker, which
+	// the client never sees.
+	workerMax := max(p.maxTokens, 1)
+	if len(prompt)+workerMax > maxCtx {
 		param := "max_tokens"
 		if len(prompt) >= maxCtx {
 			param = "prompt"
@@ -190,7 +193,7 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 			// keeps (the response carries them only when asked for).
 			sp.logprobs = true
 		}
-		samples[i] = &entry{id: sid, prompt: prompt, params: sp, maxToken: p.maxTokens, arrived: arrived}
+		samples[i] = &entry{id: sid, prompt: prompt, params: sp, maxToken: workerMax, arrived: arrived}
 	}
 	// The handler's context ends with the client or, once Close has given
 	// handlers their grace, with the gateway.
@@ -239,8 +242,19 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 			return aerr
 		}
 		text := &textStream{stop: p.stop}
+		echoed := false
 		finish, err := g.generate(ctx, e, placement, stopTokens, func(tok int32) bool {
 			first.Do(func() { g.metrics.ttft.Observe(time.Since(arrived).Seconds()) })
+			if p.echo && !echoed {
+				// With the first token (its message carried the
+				// prompt's logprobs): the prompt, before any of the
+				// completion.
+				echoed = true
+				out.echo(i, prompt, e.promptLPs, p.logprobs)
+				if p.maxTokens == 0 {
+					return true // the prompt alone: the token is not the client's
+				}
+			}
 			g.metrics.tokens.Inc()
 			var lp *pb.GenerateResponse
 			if p.logprobs {
@@ -252,6 +266,9 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		})
 		if err != nil {
 			return err
+		}
+		if p.maxTokens == 0 {
+			finish, e.out = "length", nil // the one token run stays the worker's
 		}
 		out.delta(i, text.flush(), nil)
 		out.finishChoice(i, finish)
@@ -575,7 +592,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 		RequestId: id, Prompt: e.prompt, Generated: generated, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
 		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId,
-		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs),
+		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs), PromptLogprobs: e.wantsPromptLogprobs(),
 	})
 	if err != nil {
 		return "", used, false, cut(err)
@@ -801,6 +818,9 @@ type choiceOut struct {
 	// (completions).
 	pending []*pb.GenerateResponse
 	offset  int
+	// nullFirst: pending starts with an echoed prompt's first token,
+	// which has no logprob.
+	nullFirst bool
 }
 
 // withLogprobs makes the responses carry the request's logprobs.
@@ -818,9 +838,34 @@ func (o *responder) takeLogprobs(c *choiceOut) any {
 	if o.chat {
 		return chatLogprobs(lps, o.lpTop)
 	}
-	lp, next := completionsLogprobs(lps, c.offset)
-	c.offset = next
+	lp, next := completionsLogprobs(lps, c.offset, c.nullFirst)
+	c.offset, c.nullFirst = next, false
 	return lp
+}
+
+// echo adds the prompt to choice i, before its completion, with the
+// prompt's logprobs when the request asks for logprobs: lps are prompt
+// tokens 1 … n−1's (the first token has none: null).
+func (o *responder) echo(i int, prompt []int32, lps []*pb.PromptLogprob, withLogprobs bool) {
+	var text []byte
+	var tk tokenizer.Tokenizer
+	for _, tok := range prompt {
+		text = append(text, tk.DecodeToken(tok)...)
+	}
+	o.mu.Lock()
+	c := o.choices[i]
+	if withLogprobs {
+		c.nullFirst = true
+		for k, tok := range prompt {
+			r := &pb.GenerateResponse{Token: tok}
+			if k > 0 && k-1 < len(lps) {
+				r.Logprob, r.TopLogprobs = lps[k-1].Logprob, lps[k-1].TopLogprobs
+			}
+			c.pending = append(c.pending, r)
+		}
+	}
+	o.mu.Unlock()
+	o.delta(i, string(text), nil)
 }
 
 func newResponder(w http.ResponseWriter, chat, stream, includeUsage bool, id, model string, n int) *responder {

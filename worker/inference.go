@@ -170,8 +170,8 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	if req.TopLogprobs > engine.MaxTopLogprobs {
 		return nil, bad("top_logprobs %d: at most %d", req.TopLogprobs, engine.MaxTopLogprobs)
 	}
-	if req.TopLogprobs > 0 && !req.Logprobs {
-		return nil, bad("top_logprobs %d needs logprobs set", req.TopLogprobs)
+	if req.TopLogprobs > 0 && !req.Logprobs && !req.PromptLogprobs {
+		return nil, bad("top_logprobs %d needs logprobs or prompt_logprobs set", req.TopLogprobs)
 	}
 	stop := map[int32]bool{}
 	for _, id := range req.StopTokens {
@@ -187,7 +187,7 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	}
 	r := &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
 		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
-		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs)}
+		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs), promptLogprobs: req.PromptLogprobs}
 	if r.holder != "" {
 		// The footprint the controller reserved on the holder when it placed
 		// the request here: the same function of the same numbers (the

@@ -63,7 +63,10 @@ type request struct {
 	// topLogprobs most likely tokens at its position.
 	logprobs    bool
 	topLogprobs int
-	arrived     time.Time
+	// promptLogprobs: the first token goes out with the prompt's
+	// logprobs (echo), topLogprobs alternatives each.
+	promptLogprobs bool
+	arrived        time.Time
 	lastToken   time.Time
 	box         *mailbox
 
@@ -212,7 +215,7 @@ func (s *scheduler) drainIntake() {
 
 func (s *scheduler) admit(r *request) {
 	r.cr = &core.Request{ID: r.id, Epoch: r.epoch, History: r.history, Prompt: r.prompt, MaxTokens: r.maxTokens,
-		Params: r.params, Stop: r.stop, Logprobs: r.logprobs, TopLogprobs: r.topLogprobs, Holder: r.holder, Reserved: r.reserved, Arrived: r.arrived, Sink: r}
+		Params: r.params, Stop: r.stop, Logprobs: r.logprobs, TopLogprobs: r.topLogprobs, PromptLogprobs: r.promptLogprobs, Holder: r.holder, Reserved: r.reserved, Arrived: r.arrived, Sink: r}
 	s.core.Submit(r.cr)
 	s.apply()
 	s.w.metrics.waiting.Set(float64(s.core.Waiting()))
@@ -381,6 +384,16 @@ func (s *scheduler) deliver(ev core.Event) {
 		resp.TopLogprobs = make([]*pb.TokenLogprob, len(lp.Top))
 		for i, t := range lp.Top {
 			resp.TopLogprobs[i] = &pb.TokenLogprob{Token: t.Token, Logprob: t.Logprob}
+		}
+	}
+	if ev.PromptLogprobs != nil {
+		resp.PromptLogprobs = make([]*pb.PromptLogprob, len(ev.PromptLogprobs))
+		for i, lp := range ev.PromptLogprobs {
+			pl := &pb.PromptLogprob{Logprob: lp.Logprob, TopLogprobs: make([]*pb.TokenLogprob, len(lp.Top))}
+			for j, t := range lp.Top {
+				pl.TopLogprobs[j] = &pb.TokenLogprob{Token: t.Token, Logprob: t.Logprob}
+			}
+			resp.PromptLogprobs[i] = pl
 		}
 	}
 	switch ev.Finish {

@@ -105,9 +105,18 @@ out.bestOf = await run(async () => {
   return { texts: c.choices.map((ch) => ch.text), completion_tokens: c.usage.completion_tokens };
 });
 
+// echo with logprobs and max_tokens 0 (lm-evaluation-harness's
+// loglikelihood): the prompt and each of its tokens' logprobs, the first
+// null.
+out.echo = await run(async () => {
+  const c = await client.completions.create({ ...params0(), max_tokens: 0, echo: true, logprobs: 1 });
+  const ch = c.choices[0];
+  return { text: ch.text, token_logprobs: ch.logprobs.token_logprobs, completion_tokens: c.usage.completion_tokens };
+});
+
 // Errors, each as the client's class.
 const one = { model: spec.model, prompt: 'x', max_tokens: 1 };
-out.errors.echo = await run(() => client.completions.create({ ...one, echo: true }));
+out.errors.suffix = await run(() => client.completions.create({ ...one, suffix: 'end' }));
 out.errors.unknownModel = await run(() => client.completions.create({ ...one, model: 'gpt-4' }));
 out.errors.badTemperature = await run(() => client.completions.create({ ...one, temperature: 3 }));
 out.errors.tooManyLogprobs = await run(() => client.completions.create({ ...one, logprobs: 21 }));

@@ -1167,10 +1167,17 @@ type GenerateRequest struct {
 	// Log probabilities: with logprobs each token comes with its own log
 	// probability, and with top_logprobs > 0 also the top_logprobs most
 	// likely tokens at its position (at most 20), as vLLM returns them.
-	Logprobs      bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
-	TopLogprobs   uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Logprobs    bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// Prompt logprobs (OpenAI's echo with logprobs): the first message
+	// with a token carries, for each prompt position after the first, the
+	// prompt token's log probability there and the top_logprobs most likely
+	// tokens (GenerateResponse.prompt_logprobs). The prompt is prefilled in
+	// full for them: no checkpoint restore, no cached prefix, no migration
+	// before the first token. (Field 12 is the request's priority.)
+	PromptLogprobs bool `protobuf:"varint,13,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -1273,6 +1280,13 @@ func (x *GenerateRequest) GetTopLogprobs() uint32 {
 	return 0
 }
 
+func (x *GenerateRequest) GetPromptLogprobs() bool {
+	if x != nil {
+		return x.PromptLogprobs
+	}
+	return false
+}
+
 type TokenLogprob struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Token         int32                  `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -1325,6 +1339,60 @@ func (x *TokenLogprob) GetLogprob() float32 {
 	return 0
 }
 
+// PromptLogprob is one prompt token's log probability at its position and
+// the most likely tokens there, most likely first.
+type PromptLogprob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Logprob       float32                `protobuf:"fixed32,1,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopLogprobs   []*TokenLogprob        `protobuf:"bytes,2,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromptLogprob) Reset() {
+	*x = PromptLogprob{}
+	mi := &file_worker_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromptLogprob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromptLogprob) ProtoMessage() {}
+
+func (x *PromptLogprob) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromptLogprob.ProtoReflect.Descriptor instead.
+func (*PromptLogprob) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PromptLogprob) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *PromptLogprob) GetTopLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 type GenerateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Token int32                  `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -1341,15 +1409,18 @@ type GenerateResponse struct {
 	// With GenerateRequest.logprobs: the token's log probability under the
 	// model's distribution at its position (before temperature and top-p),
 	// and the most likely tokens there, most likely first.
-	Logprob       float32         `protobuf:"fixed32,7,opt,name=logprob,proto3" json:"logprob,omitempty"`
-	TopLogprobs   []*TokenLogprob `protobuf:"bytes,8,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Logprob     float32         `protobuf:"fixed32,7,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopLogprobs []*TokenLogprob `protobuf:"bytes,8,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// With GenerateRequest.prompt_logprobs, on the first message with a
+	// token: prompt positions 1 … len(prompt)−1, in order.
+	PromptLogprobs []*PromptLogprob `protobuf:"bytes,9,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_worker_proto_msgTypes[15]
+	mi := &file_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1432,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[15]
+	mi := &file_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1445,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{15}
+	return file_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GenerateResponse) GetToken() int32 {
@@ -1429,6 +1500,13 @@ func (x *GenerateResponse) GetLogprob() float32 {
 func (x *GenerateResponse) GetTopLogprobs() []*TokenLogprob {
 	if x != nil {
 		return x.TopLogprobs
+	}
+	return nil
+}
+
+func (x *GenerateResponse) GetPromptLogprobs() []*PromptLogprob {
+	if x != nil {
+		return x.PromptLogprobs
 	}
 	return nil
 }
@@ -1523,7 +1601,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xc9\x02\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xf2\x02\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1538,10 +1616,14 @@ const file_worker_proto_rawDesc = "" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\blogprobs\x18\n" +
 	" \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\">\n" +
+	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\x12'\n" +
+	"\x0fprompt_logprobs\x18\r \x01(\bR\x0epromptLogprobs\">\n" +
 	"\fTokenLogprob\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
-	"\alogprob\x18\x02 \x01(\x02R\alogprob\"\xb4\x02\n" +
+	"\alogprob\x18\x02 \x01(\x02R\alogprob\"d\n" +
+	"\rPromptLogprob\x12\x18\n" +
+	"\alogprob\x18\x01 \x01(\x02R\alogprob\x129\n" +
+	"\ftop_logprobs\x18\x02 \x03(\v2\x16.lumen.v1.TokenLogprobR\vtopLogprobs\"\xf6\x02\n" +
 	"\x10GenerateResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +
@@ -1550,7 +1632,8 @@ const file_worker_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x05 \x01(\rR\fpromptTokens\x12)\n" +
 	"\x05moved\x18\x06 \x01(\v2\x13.lumen.v1.PlacementR\x05moved\x12\x18\n" +
 	"\alogprob\x18\a \x01(\x02R\alogprob\x129\n" +
-	"\ftop_logprobs\x18\b \x03(\v2\x16.lumen.v1.TokenLogprobR\vtopLogprobs*\xd9\x01\n" +
+	"\ftop_logprobs\x18\b \x03(\v2\x16.lumen.v1.TokenLogprobR\vtopLogprobs\x12@\n" +
+	"\x0fprompt_logprobs\x18\t \x03(\v2\x17.lumen.v1.PromptLogprobR\x0epromptLogprobs*\xd9\x01\n" +
 	"\x0eMigrateRefusal\x12\x1f\n" +
 	"\x1bMIGRATE_REFUSAL_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cMIGRATE_REFUSAL_OUT_OF_PAGES\x10\x01\x12\x1f\n" +
@@ -1583,7 +1666,7 @@ func file_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_worker_proto_goTypes = []any{
 	(MigrateRefusal)(0),       // 0: lumen.v1.MigrateRefusal
 	(FinishReason)(0),         // 1: lumen.v1.FinishReason
@@ -1602,8 +1685,9 @@ var file_worker_proto_goTypes = []any{
 	(*SamplingParams)(nil),    // 14: lumen.v1.SamplingParams
 	(*GenerateRequest)(nil),   // 15: lumen.v1.GenerateRequest
 	(*TokenLogprob)(nil),      // 16: lumen.v1.TokenLogprob
-	(*GenerateResponse)(nil),  // 17: lumen.v1.GenerateResponse
-	(*Placement)(nil),         // 18: lumen.v1.Placement
+	(*PromptLogprob)(nil),     // 17: lumen.v1.PromptLogprob
+	(*GenerateResponse)(nil),  // 18: lumen.v1.GenerateResponse
+	(*Placement)(nil),         // 19: lumen.v1.Placement
 }
 var file_worker_proto_depIdxs = []int32{
 	5,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
@@ -1612,24 +1696,26 @@ var file_worker_proto_depIdxs = []int32{
 	9,  // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
 	11, // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
 	14, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
-	1,  // 6: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
-	18, // 7: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
-	16, // 8: lumen.v1.GenerateResponse.top_logprobs:type_name -> lumen.v1.TokenLogprob
-	15, // 9: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
-	12, // 10: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
-	8,  // 11: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
-	4,  // 12: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
-	2,  // 13: lumen.v1.Inference.SetHolder:input_type -> lumen.v1.SetHolderRequest
-	17, // 14: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
-	13, // 15: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
-	10, // 16: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
-	7,  // 17: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
-	3,  // 18: lumen.v1.Inference.SetHolder:output_type -> lumen.v1.SetHolderResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	16, // 6: lumen.v1.PromptLogprob.top_logprobs:type_name -> lumen.v1.TokenLogprob
+	1,  // 7: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
+	19, // 8: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
+	16, // 9: lumen.v1.GenerateResponse.top_logprobs:type_name -> lumen.v1.TokenLogprob
+	17, // 10: lumen.v1.GenerateResponse.prompt_logprobs:type_name -> lumen.v1.PromptLogprob
+	15, // 11: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
+	12, // 12: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
+	8,  // 13: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
+	4,  // 14: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
+	2,  // 15: lumen.v1.Inference.SetHolder:input_type -> lumen.v1.SetHolderRequest
+	18, // 16: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
+	13, // 17: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
+	10, // 18: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
+	7,  // 19: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
+	3,  // 20: lumen.v1.Inference.SetHolder:output_type -> lumen.v1.SetHolderResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -1648,7 +1734,7 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

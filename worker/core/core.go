@@ -28,6 +28,10 @@ var (
 	// one the request runs under here: it comes from before a move (a
 	// gateway that read a lagging replica) and must not take over.
 	ErrStaleEpoch = errors.New("worker: stale call: the request runs here under a newer placement epoch")
+	// ErrPromptUnscored ends a request that asked for its prompt's
+	// logprobs and reached its first token without every prompt position
+	// scored (a prefill that skipped some: none should).
+	ErrPromptUnscored = errors.New("worker: the prompt's logprobs were not all computed")
 )
 
 // Config is a Core's fixed parameters.
@@ -124,6 +128,12 @@ type Request struct {
 	// with the TopLogprobs most likely tokens at its position.
 	Logprobs    bool
 	TopLogprobs int
+	// PromptLogprobs asks for the prompt's logprobs (echo with logprobs):
+	// each prompt token's log probability at its position, with the
+	// TopLogprobs most likely tokens, on the first token's Event. The
+	// prompt is then prefilled in full by this call: no restore from a
+	// checkpoint, and no migration out before its first token.
+	PromptLogprobs bool
 	// Holder is the checkpoint holder ("" for none) and Reserved the
 	// request's reserved footprint there.
 	Holder   string
@@ -147,6 +157,11 @@ type Request struct {
 	drafts    []int32
 	verifyBuf []int32
 	lpBuf     []engine.Logprobs // the engine's logprob slots (Logprobs)
+	// promptLPs[p] is prompt token p's logprobs (PromptLogprobs; slot 0,
+	// the first token's, stays empty); scoredTo the prompt positions
+	// scored from the first on: the targets of positions 0 … scoredTo−1.
+	promptLPs []engine.Logprobs
+	scoredTo  int
 	out       *outgoing         // its migration out (migrate.go), or nil
 	// A destination's held pre-step (migrate.go): holding is the
 	// pre-allocation whose request this is, until its call adopts it or
@@ -206,6 +221,9 @@ type Event struct {
 	// Logprobs are Token's log probabilities when the request asks for
 	// them (Request.Logprobs), computed in the step that produced it.
 	Logprobs *engine.Logprobs
+	// PromptLogprobs, on the first token of a request that asks for them
+	// (Request.PromptLogprobs), are prompt tokens 1 … Prompt−1's.
+	PromptLogprobs []engine.Logprobs
 }
 
 // CheckpointPage is a full KV page to ship to a request's holder.
@@ -683,8 +701,18 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 		if n == len(pending) {
 			sample = 1
 		}
-		st.Batch = append(st.Batch, engine.Chunk{Seq: r.seq, Tokens: pending[:n], Sample: sample, Params: r.Params, OutIndex: r.Outputs(),
-			Logprobs: r.logprobSlots(sample), TopLogprobs: r.TopLogprobs})
+		ch := engine.Chunk{Seq: r.seq, Tokens: pending[:n], Sample: sample, Params: r.Params, OutIndex: r.Outputs(),
+			Logprobs: r.logprobSlots(sample), TopLogprobs: r.TopLogprobs}
+		if r.PromptLogprobs && r.fed < r.Prompt-1 && r.Outputs() == r.outStart {
+			// Prompt positions in the chunk score the prompt's next
+			// token (a recompute scores them again, to the same values).
+			if len(r.promptLPs) != r.Prompt {
+				r.promptLPs = make([]engine.Logprobs, r.Prompt)
+			}
+			m := min(n, r.Prompt-1-r.fed)
+			ch.Targets, ch.Scores = r.History[r.fed+1:r.fed+1+m], r.promptLPs[r.fed+1:r.fed+1+m]
+		}
+		st.Batch = append(st.Batch, ch)
 		st.Reqs = append(st.Reqs, r)
 		budget -= n
 		free -= PagesFor(r.fed+n) - held
@@ -822,7 +850,7 @@ func (c *Core) requeue(v *Request) int {
 // that the checkpoint store holds (this worker was the request's holder),
 // and their hashes; nil for a new request or one already tried.
 func (c *Core) restorable(r *Request) ([][]byte, []uint64) {
-	if c.store == nil || r.restoreTried || r.fed > 0 || r.outStart == 0 {
+	if c.store == nil || r.restoreTried || r.fed > 0 || r.outStart == 0 || r.PromptLogprobs {
 		return nil, nil // a new request: nothing was checkpointed
 	}
 	// At least one token must be left to compute the next one.
@@ -911,6 +939,9 @@ func (c *Core) Done(now time.Time, out [][]int32) {
 			c.verified(now, r, ch, out[i])
 			continue
 		}
+		if len(ch.Targets) > 0 && r.scoredTo == r.fed {
+			r.scoredTo = r.fed + len(ch.Targets)
+		}
 		r.fed += len(ch.Tokens)
 		if len(out[i]) == 0 {
 			continue
@@ -939,6 +970,15 @@ func (c *Core) commit(now time.Time, r *Request, tok int32, lp *engine.Logprobs)
 	ev := Event{Req: r, Token: tok, Index: idx, Logprobs: lp}
 	if idx == r.outStart {
 		ev.First, ev.Latency = true, now.Sub(r.Arrived)
+		if r.PromptLogprobs {
+			if r.scoredTo < r.Prompt-1 {
+				// Only a prefill that skipped prompt positions leaves
+				// them unscored; nothing does for such a request.
+				c.drop(r, fmt.Errorf("%w: %d of the prompt's %d positions were scored for its logprobs", ErrPromptUnscored, r.scoredTo, r.Prompt-1), true)
+				return true
+			}
+			ev.PromptLogprobs = slices.Clone(r.promptLPs[min(1, r.Prompt):])
+		}
 	} else {
 		ev.Latency = now.Sub(r.lastToken)
 	}

@@ -62,6 +62,9 @@ var (
 	ErrNotHere = errors.New("worker: migration: no such request here under that epoch")
 	// ErrMigrating: the request is already migrating.
 	ErrMigrating = errors.New("worker: migration: the request is already migrating")
+	// ErrScoringPrompt: the request's prompt logprobs are computed with
+	// its first token, here; it moves only after.
+	ErrScoringPrompt = errors.New("worker: migration: the request's prompt logprobs are not computed yet")
 	// ErrMigrationOutOfPages: the destination cannot hold the stage's pages
 	// and keep a page of headroom per running request.
 	ErrMigrationOutOfPages = errors.New("worker: migration: the destination is out of KV pages")
@@ -191,6 +194,9 @@ func (c *Core) MigrateOut(id string, epoch uint64) error {
 	}
 	if r.out != nil {
 		return fmt.Errorf("%w: request %q since epoch %d", ErrMigrating, id, r.out.epoch)
+	}
+	if r.PromptLogprobs && r.Outputs() == r.outStart {
+		return fmt.Errorf("%w: request %q", ErrScoringPrompt, id)
 	}
 	r.out = &outgoing{epoch: epoch}
 	return nil

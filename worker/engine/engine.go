@@ -55,6 +55,14 @@ type Chunk struct {
 	// at its position. The caller owns the slice.
 	Logprobs    []Logprobs
 	TopLogprobs int
+	// Targets, when not nil, asks for the log probabilities of given
+	// tokens at the chunk's first len(Targets) positions (a prompt's
+	// logprobs: the target at a prompt position is the prompt's next
+	// token): Forward fills Scores[j] with Targets[j]'s log probability at
+	// the chunk's position j, with the TopLogprobs most likely tokens
+	// there. The caller owns Scores (len(Targets) slots).
+	Targets []int32
+	Scores  []Logprobs
 }
 
 // Info describes an engine.
@@ -134,6 +142,11 @@ func checkBatch(batch []Chunk, vocab, maxContext, free int, held func(SeqID) (n,
 		for _, tok := range ch.Tokens {
 			if tok < 0 || int(tok) >= vocab {
 				return fmt.Errorf("%w: token id %d outside the vocabulary [0, %d)", ErrBadInput, tok, vocab)
+			}
+		}
+		for _, tok := range ch.Targets {
+			if tok < 0 || int(tok) >= vocab {
+				return fmt.Errorf("%w: target token id %d outside the vocabulary [0, %d)", ErrBadInput, tok, vocab)
 			}
 		}
 		n, have := held(ch.Seq)

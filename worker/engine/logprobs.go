@@ -30,10 +30,13 @@ type Logprobs struct {
 
 // checkLogprobs validates a chunk's logprob request.
 func checkLogprobs(ch Chunk) error {
-	if ch.Logprobs == nil {
+	if len(ch.Targets) > len(ch.Tokens) || len(ch.Scores) != len(ch.Targets) {
+		return fmt.Errorf("%w: %d targets with %d score slots in a chunk of %d tokens", ErrBadInput, len(ch.Targets), len(ch.Scores), len(ch.Tokens))
+	}
+	if ch.Logprobs == nil && ch.Targets == nil {
 		return nil
 	}
-	if len(ch.Logprobs) != ch.Sample {
+	if ch.Logprobs != nil && len(ch.Logprobs) != ch.Sample {
 		return fmt.Errorf("%w: %d logprob slots for %d sampled tokens", ErrBadInput, len(ch.Logprobs), ch.Sample)
 	}
 	if ch.TopLogprobs < 0 || ch.TopLogprobs > MaxTopLogprobs {

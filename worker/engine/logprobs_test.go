@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -225,5 +226,49 @@ func TestLogprobsRejectsBadInput(t *testing.T) {
 		if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("%+v: %v, want %q", c.chunk, err, c.msg)
 		}
+	}
+}
+
+// TestTargetsScoreAHistory: scoring a history (Targets: each position's
+// next token) gives, at each generated position, exactly the logprobs its
+// decode computed — for the transformer and the synthetic engine, whole
+// and in chunks of any split, and beside other rows in one batch.
+func TestTargetsScoreAHistory(t *testing.T) {
+	syn, err := NewSynthetic(SyntheticConfig{Pages: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, e := range map[string]Engine{"transformer": newEngine(t, 64), "synthetic": syn} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			prompt := tokenizer.Tokenizer{}.Encode("score me, ")
+			gen, lps := referenceLogprobs(t, e, request{prompt: prompt, max: 12}, 3)
+			hist := append(slices.Clone(prompt), gen...)
+			// Position p's target is hist[p+1]: the generated token i is
+			// the target at len(prompt)-1+i.
+			for _, split := range []int{len(hist) - 1, 5, 1} {
+				const seq = 7
+				scores := make([]Logprobs, len(hist)-1)
+				for at := 0; at < len(hist)-1; at += split {
+					end := min(at+split, len(hist)-1)
+					// Another request's row beside the scored chunk.
+					batch := []Chunk{{Seq: seq, Tokens: hist[at:end], Targets: hist[at+1 : end+1], Scores: scores[at:end], TopLogprobs: 3},
+						{Seq: seq + 1, Tokens: prompt[:3], Sample: 1}}
+					if _, err := e.Forward(ctx, batch); err != nil {
+						t.Fatal(err)
+					}
+					e.Release(seq + 1)
+				}
+				e.Release(seq)
+				for i := range gen {
+					if got, want := scores[len(prompt)-1+i], lps[i]; !reflect.DeepEqual(got, want) {
+						t.Fatalf("split %d: generated token %d scored %+v, its decode said %+v", split, i, got, want)
+					}
+				}
+			}
+			if _, err := e.Forward(ctx, []Chunk{{Seq: 9, Tokens: prompt, Targets: prompt[1:], Scores: make([]Logprobs, 2)}}); !errors.Is(err, ErrBadInput) {
+				t.Fatalf("targets with too few score slots: %v, want ErrBadInput", err)
+			}
+		})
 	}
 }

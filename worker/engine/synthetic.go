@@ -171,6 +171,9 @@ func (s *Synthetic) Forward(_ context.Context, batch []Chunk) ([][]int32, error)
 			}
 			h = mix(h, tok)
 			q.tokens, q.hashes = append(q.tokens, tok), append(q.hashes, h)
+			if j < len(ch.Targets) {
+				ch.Scores[j] = synthLogprobs(h, ch.Targets[j], ch.TopLogprobs)
+			}
 			if k := j - (len(ch.Tokens) - ch.Sample); k >= 0 {
 				tok := s.token(h, ch.Params, ch.OutIndex+k)
 				out[i] = append(out[i], tok)

@@ -390,6 +390,9 @@ func (t *Transformer) Forward(ctx context.Context, batch []Chunk) ([][]int32, er
 	out := make([][]int32, len(batch))
 	r := 0
 	for bi, ch := range batch {
+		for j, target := range ch.Targets {
+			ch.Scores[j] = logSoftmax(t.logits(r+j), target, ch.TopLogprobs)
+		}
 		first := r + len(ch.Tokens) - ch.Sample
 		for j := 0; j < ch.Sample; j++ {
 			logits := t.logits(first + j)
