@@ -158,7 +158,7 @@ func TestLogprobLimits(t *testing.T) {
 		want string
 	}{
 		{&pb.GenerateRequest{RequestId: "a", Prompt: []int32{1}, MaxTokens: 2, Logprobs: true, TopLogprobs: 21}, "top_logprobs 21: at most 20"},
-		{&pb.GenerateRequest{RequestId: "b", Prompt: []int32{1}, MaxTokens: 2, TopLogprobs: 2}, "top_logprobs 2 needs logprobs set"},
+		{&pb.GenerateRequest{RequestId: "b", Prompt: []int32{1}, MaxTokens: 2, TopLogprobs: 2}, "top_logprobs 2 needs logprobs or prompt_logprobs set"},
 	} {
 		_, err := h.generateLogprobs(context.Background(), c.req)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
