@@ -185,8 +185,8 @@ func newMetrics(model string) *metrics {
 			"marked_failed when the event watch saw this incarnation marked failed): each one is a Raft entry."}, []string{"reason"})
 	m.reg.MustRegister(m.loadReports)
 	m.preemptionLoss = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_preemption_loss_seconds",
-		Help: "Per preempted request (vLLM's preemption by recompute, -preemption vllm), the time from its preemption until its KV cache " +
-			"holds again what it held: the wait for its re-prefill plus the recompute (Llumnix's preemption loss).",
+		Help: "Per preemption (the request's KV cache dropped, recomputed later), the time until its cache holds again what it held: " +
+			"the wait for its re-prefill plus the recompute (Llumnix's preemption loss).",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	m.reg.MustRegister(m.preemptionLoss)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
