@@ -366,6 +366,8 @@ type migrationRaw struct {
 	// arrivals.
 	burstOn, burstOff []*burstResult
 	drain             *drainResult
+	// llumnix: the llumnix phase (llumnix.go).
+	llumnix *llumnixRaw
 }
 
 // migrationLengths are the context lengths of the downtime phase.
@@ -482,6 +484,7 @@ func migrationFigures(r *migrationRaw) map[string]float64 {
 			f["burst_pacing_overrun_pct_off"] = 100 * (off.paced/off.emulated - 1)
 		}
 	}
+	r.llumnix.figures(f)
 	if d := r.drain; d != nil {
 		f["drain_recomputed_tokens"] = d.recomputed
 		f["drain_outputs_differing"] = float64(d.differing)
@@ -591,6 +594,7 @@ func printMigrationTable(w io.Writer, f map[string]float64) {
 		row("drain: outputs ≠ reference", fmt.Sprintf("%.0f of %.0f (failed %.0f)", f["drain_outputs_differing"], f["drain_streams"], f["drain_failed"]),
 			"0", verdict(f["drain_outputs_differing"]+f["drain_failed"] == 0))
 	}
+	printLlumnixRows(row, has, f)
 	if has("decode_step_ms", "downtime_ms_8192") {
 		fmt.Fprintf(w, "\nDowntime, the client's view, split (medians, ms): the source's last token → the leader's commit proposal\n"+
 			"(the last stage's copy, taken by the destination between its steps, acknowledged; FinishMigration) → the leader's\n"+
@@ -641,7 +645,8 @@ type MigrationConfig struct {
 	// Load is the burst's mean offered load, a fraction of the cluster's
 	// modelled saturated throughput, in (0, 1.5].
 	Load float64
-	// Phases is a comma-separated list of phases: downtime, burst, drain.
+	// Phases is a comma-separated list of phases: downtime, burst, drain,
+	// llumnix.
 	Phases string
 	// BurstKVPages, when > 0, gives the burst's workers this many KV pages
 	// instead of the profile's GPU's (a smaller GPU: memory binds before
@@ -650,14 +655,16 @@ type MigrationConfig struct {
 	// Dir keeps logs and data; empty means a temporary directory, removed.
 	Dir string
 	// Profile is every worker's timing profile (engine.Profiles; empty:
-	// qwen3-14b-h100). llama-7b-a10 is Llumnix's instance, the
-	// simulator's figure llumnix.
+	// qwen3-14b-h100, and llama-7b-a10 for the llumnix phase).
+	// llama-7b-a10 is Llumnix's instance, the simulator's figure llumnix.
 	Profile string
+	// Llumnix is the llumnix phase's setup (llumnix.go).
+	Llumnix LlumnixBench
 }
 
 // DefaultMigrationConfig is `lumen bench migration` without flags.
 func DefaultMigrationConfig() MigrationConfig {
-	return MigrationConfig{Seed: 1, Load: 0.6, Phases: "downtime,burst,drain"}
+	return MigrationConfig{Seed: 1, Load: 0.6, Phases: "downtime,burst,drain", Llumnix: DefaultLlumnixBench()}
 }
 
 // migrationPlan is the size of each phase.
@@ -705,10 +712,15 @@ func Migration(cfg MigrationConfig) error {
 	for _, p := range strings.Split(cfg.Phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "downtime", "burst", "drain":
+		case "downtime", "burst", "drain", "llumnix":
 			phases[p] = true
 		default:
-			return fmt.Errorf("-phases: unknown phase %q: use downtime, burst, drain", p)
+			return fmt.Errorf("-phases: unknown phase %q: use downtime, burst, drain, llumnix", p)
+		}
+	}
+	if phases["llumnix"] {
+		if err := checkLlumnixBench(cfg.Llumnix); err != nil {
+			return err
 		}
 	}
 	plan := migrationPlanFor(cfg.Quick)
@@ -758,6 +770,16 @@ func Migration(cfg MigrationConfig) error {
 			return err
 		}
 		meter.Add(1, "burst done")
+	}
+	if phases["llumnix"] {
+		meter.Set(meter.Done(), "llumnix")
+		if err := raw.runLlumnix(ctx, cfg, filepath.Join(dir, "llumnix")); err != nil {
+			return fmt.Errorf("llumnix: %w", err)
+		}
+		if err := save(); err != nil {
+			return err
+		}
+		meter.Add(1, "llumnix done")
 	}
 	if phases["drain"] {
 		meter.Set(meter.Done(), "drain")
@@ -1503,6 +1525,14 @@ func burstRun(ctx context.Context, dir string, workers int, args []string, mode 
 		return nil, err
 	}
 	defer m.close()
+	return m.serve(ctx, window, reqs, bodies, refs)
+}
+
+// serve sends the arrivals to m's gateway, each at its time, waits for
+// every stream, checks each output against its reference and reads the
+// workers' counters.
+func (m *migCluster) serve(ctx context.Context, window time.Duration, reqs []workload.Request, bodies [][]byte, refs []string) (*burstResult, error) {
+	var err error
 	o := &burstResult{recs: make([]*servingstats.Record, len(reqs)), window: window}
 	texts := make([]string, len(reqs))
 	start := time.Now()

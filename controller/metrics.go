@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -119,6 +120,9 @@ type workerTable struct {
 	f                           *fsm.FSM
 	budget, reserved, queueWait *prometheus.Desc
 	sameDomain, shortReplicas   *prometheus.Desc
+	// The autoscaling signal (Llumnix's): each worker's freeness and the
+	// mean over the workers in full service, with their number.
+	freeness, freenessMean, freenessWorkers *prometheus.Desc
 }
 
 func newWorkerTable(f *fsm.FSM) *workerTable {
@@ -132,7 +136,13 @@ func newWorkerTable(f *fsm.FSM) *workerTable {
 		sameDomain: prometheus.NewDesc("lumen_controller_checkpoint_same_domain_total",
 			"Placements whose checkpoint went to a worker of the serving worker's own node: no worker outside it had budget for the footprint (issue 24; counted over this replica's applies since it started or restored a snapshot).", nil, nil),
 		shortReplicas: prometheus.NewDesc("lumen_controller_checkpoint_replicas_short_total",
-			"Placements that got fewer checkpoint copies than the cluster's replication factor, for want of budget in distinct nodes.", nil, nil)}
+			"Placements that got fewer checkpoint copies than the cluster's replication factor, for want of budget in distinct nodes.", nil, nil),
+		freeness: prometheus.NewDesc("lumen_controller_worker_freeness",
+			"A worker's freeness (policy.Worker.Freeness, Llumnix's): its free KV pages less its queue head's and those dispatched since its last load report, per request it has to serve.", []string{"worker"}, nil),
+		freenessMean: prometheus.NewDesc("lumen_cluster_freeness_mean",
+			"The mean freeness of the workers in full service (lumen_cluster_freeness_workers of them), as this replica's table has it: Llumnix's autoscaling signal, which scales out below 10 and in above 60 (deploy/k8s/overlays/autoscale). Absent while no worker is in full service.", nil, nil),
+		freenessWorkers: prometheus.NewDesc("lumen_cluster_freeness_workers",
+			"The workers in full service that lumen_cluster_freeness_mean averages over.", nil, nil)}
 }
 
 func (t *workerTable) Describe(ch chan<- *prometheus.Desc) {
@@ -141,6 +151,9 @@ func (t *workerTable) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.queueWait
 	ch <- t.sameDomain
 	ch <- t.shortReplicas
+	ch <- t.freeness
+	ch <- t.freenessMean
+	ch <- t.freenessWorkers
 }
 
 func (t *workerTable) Collect(ch chan<- prometheus.Metric) {
@@ -155,6 +168,36 @@ func (t *workerTable) Collect(ch chan<- prometheus.Metric) {
 	same, short := t.f.DomainCounts()
 	ch <- prometheus.MustNewConstMetric(t.sameDomain, prometheus.CounterValue, float64(same))
 	ch <- prometheus.MustNewConstMetric(t.shortReplicas, prometheus.CounterValue, float64(short))
+	views, _ := t.f.LoadViews()
+	mean, n := meanFreeness(views)
+	for i := range views {
+		if views[i].Eligible {
+			ch <- prometheus.MustNewConstMetric(t.freeness, prometheus.GaugeValue, views[i].Freeness(), views[i].ID)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(t.freenessWorkers, prometheus.GaugeValue, float64(n))
+	if n > 0 {
+		ch <- prometheus.MustNewConstMetric(t.freenessMean, prometheus.GaugeValue, mean)
+	}
+}
+
+// meanFreeness is the mean freeness of the workers in full service
+// (Eligible: those dispatch may choose), and their number. A draining or
+// loading worker is left out: it takes no new request, so its free pages
+// are no room the cluster can use; a worker being scaled down counts as
+// gone from the moment its drain starts.
+func meanFreeness(ws []policy.Worker) (float64, int) {
+	sum, n := 0.0, 0
+	for i := range ws {
+		if ws[i].Eligible {
+			sum += ws[i].Freeness()
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return sum / float64(n), n
 }
 
 // countRecovery counts a committed recovery plan and its requests by mode.

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"math"
 	"net"
 	"testing"
 	"time"
@@ -96,5 +97,61 @@ func TestTableAndRecoveryMetrics(t *testing.T) {
 	recompute, _ := gauge(t, n, "lumen_controller_recovery_requests_total", "mode", "RECOMPUTE")
 	if reuse+recompute != 1 {
 		t.Fatalf("recovered requests by mode: REUSE %v, RECOMPUTE %v; want one in all", reuse, recompute)
+	}
+}
+
+// TestFreenessMetrics: a replica exports Llumnix's autoscaling signal —
+// the mean freeness of the workers in full service and their number —
+// from the load reports it applied: a loading worker and, once its drain
+// starts, a draining one are left out, and with none in full service the
+// mean is absent (no value an autoscaler could act on).
+func TestFreenessMetrics(t *testing.T) {
+	c := newCluster(t, 1, func(cfg *Config) { cfg.BootstrapExpect = 1 })
+	n := c.waitLeader()
+	cl := c.client(n)
+	if _, ok := gauge(t, n, "lumen_cluster_freeness_mean", "", ""); ok {
+		t.Error("lumen_cluster_freeness_mean exported without a worker")
+	}
+	if v, ok := gauge(t, n, "lumen_cluster_freeness_workers", "", ""); !ok || v != 0 {
+		t.Errorf("lumen_cluster_freeness_workers %v (exported %v) without a worker, want 0", v, ok)
+	}
+	for id, phase := range map[string]pb.WorkerPhase{"w1": pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, "w2": pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE,
+		"w3": pb.WorkerPhase_WORKER_PHASE_LOADING_DRAFT} {
+		if _, err := cl.RegisterWorker(ctxT(t, 5*time.Second), &pb.RegisterWorkerRequest{Worker: &pb.Worker{Id: id, Incarnation: 1,
+			GrpcAddr: "127.0.0.1:1", Phase: phase, Capacity: &pb.Capacity{KvPagesTotal: 1000, KvBytesPerToken: 1024}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range []*pb.LoadRecord{
+		// (1000 - 400) / 2 running = 300.
+		{WorkerId: "w1", Incarnation: 1, KvPagesTotal: 1000, KvPagesUsed: 400, Running: 2},
+		// (1000 - 100 - the head's 50) / (1 running + 2 waiting) = 283.3.
+		{WorkerId: "w2", Incarnation: 1, KvPagesTotal: 1000, KvPagesUsed: 100, Running: 1, Waiting: 2, QueueHeadPages: 50},
+		// Loading: not counted, however free.
+		{WorkerId: "w3", Incarnation: 1, KvPagesTotal: 1000},
+	} {
+		if _, err := cl.ReportLoad(ctxT(t, 5*time.Second), &pb.ReportLoadRequest{Load: l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := (300 + 850.0/3) / 2
+	if v, ok := gauge(t, n, "lumen_cluster_freeness_mean", "", ""); !ok || math.Abs(v-want) > 1e-9 {
+		t.Errorf("lumen_cluster_freeness_mean %v (exported %v), want %v", v, ok, want)
+	}
+	if v, _ := gauge(t, n, "lumen_cluster_freeness_workers", "", ""); v != 2 {
+		t.Errorf("lumen_cluster_freeness_workers %v, want 2 (w3 is loading)", v)
+	}
+	if v, ok := gauge(t, n, "lumen_controller_worker_freeness", "worker", "w1"); !ok || v != 300 {
+		t.Errorf("w1's freeness %v (exported %v), want 300", v, ok)
+	}
+	if _, err := cl.SetWorkerPhase(ctxT(t, 5*time.Second), &pb.SetWorkerPhaseRequest{WorkerId: "w2", Incarnation: 1,
+		Phase: pb.WorkerPhase_WORKER_PHASE_DRAINING, Reason: "scale-down"}); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := gauge(t, n, "lumen_cluster_freeness_mean", "", ""); v != 300 {
+		t.Errorf("lumen_cluster_freeness_mean %v with w2 draining, want w1's 300", v)
+	}
+	if v, _ := gauge(t, n, "lumen_cluster_freeness_workers", "", ""); v != 1 {
+		t.Errorf("lumen_cluster_freeness_workers %v with w2 draining, want 1", v)
 	}
 }

@@ -522,6 +522,9 @@ func TestNamespaces(t *testing.T) {
 		for _, p := range o.pdbs {
 			ns[p.Namespace] = true
 		}
+		for _, h := range o.hpas {
+			ns[h.Namespace] = true
+		}
 		if len(ns) != 1 {
 			t.Errorf("%s: objects in namespaces %v", o.dir, sortedKeys(ns))
 		}
@@ -574,7 +577,7 @@ func TestWorkers(t *testing.T) {
 		}
 		gpus := p.c.Resources.Limits["nvidia.com/gpu"]
 		switch path.Base(p.ov.dir) {
-		case "gpu":
+		case "gpu", "autoscale":
 			if gpus.Value() != 1 {
 				t.Errorf("%s: nvidia.com/gpu limit %s, want 1: one worker per GPU", p, gpus.String())
 			}

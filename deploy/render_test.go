@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -21,7 +22,7 @@ import (
 
 // overlays are the kustomizations a user applies; base is rendered too (it
 // must stand on its own).
-var overlays = []string{"k8s/base", "k8s/overlays/dev", "k8s/overlays/gpu"}
+var overlays = []string{"k8s/base", "k8s/overlays/dev", "k8s/overlays/gpu", "k8s/overlays/autoscale"}
 
 // objects is one rendered kustomization, decoded into the API types.
 type objects struct {
@@ -31,6 +32,7 @@ type objects struct {
 	services     []*corev1.Service
 	pdbs         []*policyv1.PodDisruptionBudget
 	namespaces   []*corev1.Namespace
+	hpas         []*autoscalingv2.HorizontalPodAutoscaler
 }
 
 // decodeStrict decodes one YAML document into the API type of its kind; a
@@ -60,6 +62,8 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &corev1.ConfigMap{}
 	case "policy/v1 PodDisruptionBudget":
 		obj = &policyv1.PodDisruptionBudget{}
+	case "autoscaling/v2 HorizontalPodAutoscaler":
+		obj = &autoscalingv2.HorizontalPodAutoscaler{}
 	case "kustomize.config.k8s.io/v1beta1 Kustomization":
 		obj = &types.Kustomization{}
 	default:
@@ -150,6 +154,8 @@ func render(dir string) (*objects, error) {
 			out.pdbs = append(out.pdbs, o)
 		case *corev1.Namespace:
 			out.namespaces = append(out.namespaces, o)
+		case *autoscalingv2.HorizontalPodAutoscaler:
+			out.hpas = append(out.hpas, o)
 		}
 	}
 	return out, nil

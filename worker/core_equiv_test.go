@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	dto "github.com/prometheus/client_model/go"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/core"
@@ -122,8 +123,19 @@ func TestDaemonRunsTheCoresBatches(t *testing.T) {
 		first: equivRequest{"r1", prompt(150), nil, 30},
 		rest:  []equivRequest{{"r2", prompt(10), nil, 40}, {"r3", prompt(30), nil, 5}},
 		check: func(t *testing.T, w *Worker) {
-			if n := counterValue(w.metrics.preemptions); n == 0 {
+			n := counterValue(w.metrics.preemptions)
+			if n == 0 {
 				t.Error("no preemption")
+			}
+			// Every preempted request ran to its end, so each loss ended:
+			// one observation a preemption (fewer where a request was
+			// preempted again before its cache was back).
+			var m dto.Metric
+			if err := w.metrics.preemptionLoss.Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			if c := float64(m.GetHistogram().GetSampleCount()); c < 1 || c > n || m.GetHistogram().GetSampleSum() <= 0 {
+				t.Errorf("preemption loss: %v observations summing to %v s for %v preemptions", c, m.GetHistogram().GetSampleSum(), n)
 			}
 		},
 	}, {

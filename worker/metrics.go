@@ -29,6 +29,9 @@ type metrics struct {
 	rejected    *prometheus.CounterVec
 	rejoins     prometheus.Counter
 	loadReports *prometheus.CounterVec
+	// preemptionLoss: per preemption, the time until the request's cache
+	// holds again what it held (scheduler.refilled).
+	preemptionLoss prometheus.Histogram
 
 	ckptSent      prometheus.Counter
 	ckptDropped   prometheus.Counter
@@ -181,6 +184,11 @@ func newMetrics(model string) *metrics {
 		Help: "Load reports committed, by why they were sent (worker/loadreport: first, queue, queue_wait, kv_pages, checkpoint, heartbeat; " +
 			"marked_failed when the event watch saw this incarnation marked failed): each one is a Raft entry."}, []string{"reason"})
 	m.reg.MustRegister(m.loadReports)
+	m.preemptionLoss = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_preemption_loss_seconds",
+		Help: "Per preemption (the request's KV cache dropped, recomputed later), the time until its cache holds again what it held: " +
+			"the wait for its re-prefill plus the recompute (Llumnix's preemption loss).",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
+	m.reg.MustRegister(m.preemptionLoss)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
 		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins, m.kvUsage, m.queueWait, m.ckptBudget,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -77,6 +77,14 @@ type request struct {
 	// moved is where the request continues after its migration out
 	// committed; set by the scheduler before the core ends the request.
 	moved *pb.Placement
+
+	// The preemption loss (lumen_worker_preemption_loss_seconds): kvFed
+	// is the KV positions its cache held after its last step; preempted
+	// when its cache was last dropped (zero: it holds what it held), and
+	// fedAtPreempt what it held then.
+	kvFed        int
+	preempted    time.Time
+	fedAtPreempt int
 }
 
 // scheduler drives the worker's scheduling core (package core) with the wall
@@ -275,8 +283,47 @@ func (s *scheduler) step(ctx context.Context) {
 		s.w.metrics.batchRows.Observe(float64(rows(st.Batch)))
 		s.core.Done(time.Now(), out)
 		s.apply()
+		s.refilled(st)
 		s.afterStep()
 		return
+	}
+}
+
+// notePreempted finds the requests the core just preempted: a call whose
+// cache held positions after its last step and holds none now. The loss
+// runs from the first preemption until the cache holds again what it held
+// (a request preempted again before that keeps its first time).
+func (s *scheduler) notePreempted() {
+	now := time.Now()
+	for _, cr := range s.core.Requests() {
+		r, ok := cr.Sink.(*request)
+		if !ok || r.cr != cr || cr.Fed() != 0 || r.kvFed == 0 {
+			continue
+		}
+		if r.preempted.IsZero() {
+			r.preempted, r.fedAtPreempt = now, r.kvFed
+		} else {
+			r.fedAtPreempt = max(r.fedAtPreempt, r.kvFed)
+		}
+		r.kvFed = 0
+	}
+}
+
+// refilled notes the KV positions of the step's requests and observes the
+// preemption loss of those whose cache is back to what it held when they
+// were preempted (Llumnix's preemption loss: the wait for the re-prefill
+// plus the recompute; sim's refilled, the same rule).
+func (s *scheduler) refilled(st core.Step) {
+	for _, cr := range st.Reqs {
+		r, ok := cr.Sink.(*request)
+		if !ok || r.cr != cr {
+			continue
+		}
+		r.kvFed = cr.Fed()
+		if !r.preempted.IsZero() && r.kvFed >= r.fedAtPreempt {
+			s.w.metrics.preemptionLoss.Observe(time.Since(r.preempted).Seconds())
+			r.preempted = time.Time{}
+		}
 	}
 }
 
@@ -348,6 +395,9 @@ func (s *scheduler) apply() {
 	}
 	s.w.metrics.countMigrations(o)
 	s.w.metrics.preemptions.Add(float64(o.Preemptions))
+	if o.Preemptions > 0 {
+		s.notePreempted()
+	}
 	s.w.metrics.completed.Add(float64(o.Completed))
 	s.w.metrics.restoredPages.Add(float64(o.RestoredPages))
 	s.w.metrics.recomputed.Add(float64(o.RecomputedTokens))

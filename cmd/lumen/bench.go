@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/lumen-project/lumen/bench"
+	"github.com/lumen-project/lumen/sim"
 )
 
 func init() {
@@ -108,9 +109,25 @@ func runBenchMigration(args []string) error {
 	fs.StringVar(&cfg.Phases, "phases", cfg.Phases, "comma-separated phases to run: downtime, burst, drain")
 	fs.IntVar(&cfg.BurstKVPages, "burst-kv-pages", 0, "KV pages of each burst worker (default: the profile's GPU); fewer make memory bind before the batch cap")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
-	fs.StringVar(&cfg.Profile, "profile", "", "every worker's timing profile (default qwen3-14b-h100; llama-7b-a10 is Llumnix's instance)")
+	fs.StringVar(&cfg.Profile, "profile", "", "every worker's timing profile (default qwen3-14b-h100, and llama-7b-a10, Llumnix's instance, for the llumnix phase)")
+	fs.StringVar(&cfg.Llumnix.Trace, "trace", cfg.Llumnix.Trace, "with -phases llumnix: Llumnix's generated trace, IN-OUT mean lengths (128-128, 256-256, 512-512, 128-512, 512-128)")
+	arrivals := fs.String("arrivals", sim.ArrivalsName(cfg.Llumnix.CV), "with -phases llumnix: poisson or gamma:CV (Llumnix's CVs: 2, 4, 6, 8)")
+	fs.Float64Var(&cfg.Llumnix.Rate, "rate", 0, "with -phases llumnix: arrivals per second (default: Llumnix's middle rate for the trace on 16 instances, scaled to -workers)")
+	fs.IntVar(&cfg.Llumnix.Requests, "requests", cfg.Llumnix.Requests, "with -phases llumnix: requests a column (the same arrivals for both)")
+	fs.IntVar(&cfg.Llumnix.Workers, "workers", cfg.Llumnix.Workers, "with -phases llumnix: paced synthetic workers")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var err error
+	if cfg.Llumnix.CV, err = sim.ParseArrivals(*arrivals); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, f := range []string{"trace", "arrivals", "rate", "requests", "workers"} {
+		if given[f] && !strings.Contains(cfg.Phases, "llumnix") {
+			return fmt.Errorf("-%s applies to -phases llumnix only (-phases is %q)", f, cfg.Phases)
+		}
 	}
 	return bench.Migration(cfg)
 }
