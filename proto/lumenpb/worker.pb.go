@@ -145,12 +145,15 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 }
 
 type SetHolderRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Holder        string                 `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Holder    string                 `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The checkpoint's further copies (Placement.replica_holders, issue 24):
+	// every full page also streams to each of them.
+	ReplicaHolders []string `protobuf:"bytes,4,rep,name=replica_holders,json=replicaHolders,proto3" json:"replica_holders,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SetHolderRequest) Reset() {
@@ -202,6 +205,13 @@ func (x *SetHolderRequest) GetHolder() string {
 		return x.Holder
 	}
 	return ""
+}
+
+func (x *SetHolderRequest) GetReplicaHolders() []string {
+	if x != nil {
+		return x.ReplicaHolders
+	}
+	return nil
 }
 
 type SetHolderResponse struct {
@@ -1167,10 +1177,14 @@ type GenerateRequest struct {
 	// Log probabilities: with logprobs each token comes with its own log
 	// probability, and with top_logprobs > 0 also the top_logprobs most
 	// likely tokens at its position (at most 20), as vLLM returns them.
-	Logprobs      bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
-	TopLogprobs   uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Logprobs    bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// The checkpoint's further copies beyond holder (Placement.replica_holders,
+	// issue 24): every full page streams to each of them too, one sender
+	// queue per holder. Needs holder.
+	ReplicaHolders []string `protobuf:"bytes,12,rep,name=replica_holders,json=replicaHolders,proto3" json:"replica_holders,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -1271,6 +1285,13 @@ func (x *GenerateRequest) GetTopLogprobs() uint32 {
 		return x.TopLogprobs
 	}
 	return 0
+}
+
+func (x *GenerateRequest) GetReplicaHolders() []string {
+	if x != nil {
+		return x.ReplicaHolders
+	}
+	return nil
 }
 
 type TokenLogprob struct {
@@ -1437,12 +1458,13 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"_\n" +
+	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"\x88\x01\n" +
 	"\x10SetHolderRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06holder\x18\x03 \x01(\tR\x06holder\"-\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\x12'\n" +
+	"\x0freplica_holders\x18\x04 \x03(\tR\x0ereplicaHolders\"-\n" +
 	"\x11SetHolderResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\"v\n" +
 	"\x0eMigrateMessage\x120\n" +
@@ -1523,7 +1545,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xc9\x02\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xf2\x02\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1538,7 +1560,8 @@ const file_worker_proto_rawDesc = "" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\blogprobs\x18\n" +
 	" \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\">\n" +
+	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\x12'\n" +
+	"\x0freplica_holders\x18\f \x03(\tR\x0ereplicaHolders\">\n" +
 	"\fTokenLogprob\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\"\xb4\x02\n" +
