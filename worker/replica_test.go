@@ -158,6 +158,9 @@ func TestReplicaRestoresWhenPrimaryAndHolderDie(t *testing.T) {
 	if n := counterValue(other.w.metrics.restoredPages); n < 6 {
 		t.Fatalf("the live copy restored %v pages, want at least the 6 it held", n)
 	}
+	if n := counterValue(other.w.metrics.restoredReqs); n != 1 {
+		t.Fatalf("the live copy counts %v restored requests, want 1", n)
+	}
 }
 
 // TestReplicasReleasedOnComplete: a request that ends frees its pages at

@@ -355,6 +355,7 @@ func (s *scheduler) restore(st core.Step) bool {
 			return false
 		}
 		s.w.store.release(rs.Req.ID) // consumed: the request runs here now
+		s.w.metrics.restoredReqs.Inc()
 	}
 	return true
 }
