@@ -37,7 +37,7 @@ test: chromium npm
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /e2e -e /jepsen -e /sim$$)
 	$(GO) test -count=1 -timeout 20m ./e2e/ ./jepsen/ ./sim/
 
-## jepsen: the full fault-injection matrix (27 runs, about 70 minutes; partitions use
+## jepsen: the full fault-injection matrix (29 runs, about 75 minutes; partitions use
 ## network namespaces as root with iproute2, per-link TCP proxies otherwise).
 ## Histories and the summary land in jepsen-results/.
 jepsen: build

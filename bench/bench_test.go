@@ -141,10 +141,10 @@ func TestRecoveryFiguresJSONKeys(t *testing.T) {
 	}
 	sort.Strings(got)
 	want := []string{"affected_from_s", "affected_requests", "affected_to_s", "affected_tpot_mean_ms", "affected_ttft_mean_ms",
-		"affected_ttft_p99_ms", "arrival_rate_per_s", "cluster_recovery_s", "common_affected_requests", "common_affected_tpot_mean_ms",
+		"affected_ttft_p99_ms", "arrival_rate_per_s", "checkpoint_bytes_sent", "cluster_recovery_s", "common_affected_requests", "common_affected_tpot_mean_ms",
 		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "failed_requests", "interrupted",
 		"interrupted_recovery_mean_s", "interrupted_recovery_p99_s", "pacing_overrun_pct", "pages_reused", "plan_ms",
-		"pre_failure_ttft_mean_ms", "recovered", "recovery_s", "requests", "resume_mean_ms", "resume_p99_ms",
+		"pre_failure_ttft_mean_ms", "recovered", "recovery_s", "requests", "restored_fraction", "resume_mean_ms", "resume_p99_ms",
 		"saturated_rate_per_s", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("keys %v\nwant %v", got, want)

@@ -48,6 +48,13 @@ type RecoveryConfig struct {
 	// -node (issue 24's failure domains), and the failure kills every
 	// worker of node-1 at once instead of worker-1 … worker-K.
 	Nodes int
+	// CheckpointReplicas is the copies of each request's checkpoint
+	// (SetStrategy's checkpoint_replicas, issue 24), each on a node of its
+	// own; 0 or 1: one.
+	CheckpointReplicas int
+	// Columns, when set, runs only these columns (comma-separated, of
+	// recoverystudy.RealColumns), to cut a run short.
+	Columns string
 
 	// The conditions (issue 22). Each setup carries its own
 	// (recoverystudy.Conditions: w4, w8 and w8_f4 the stress, the -mild
@@ -106,8 +113,39 @@ func (cfg RecoveryConfig) Validate() error {
 	if cfg.DecodeContext != "on" && cfg.DecodeContext != "off" && cfg.DecodeContext != "" {
 		return fmt.Errorf("-decode-context %q: on or off", cfg.DecodeContext)
 	}
+	if cfg.CheckpointReplicas < 0 || cfg.CheckpointReplicas > policy.MaxCheckpointReplicas {
+		return fmt.Errorf("-checkpoint-replicas %d: use 1 … %d", cfg.CheckpointReplicas, policy.MaxCheckpointReplicas)
+	}
+	if _, err := cfg.columns(); err != nil {
+		return err
+	}
 	_, err := cfg.setups()
 	return err
+}
+
+// columns are the real columns -columns names (all without it).
+func (cfg RecoveryConfig) columns() ([]recoverystudy.Column, error) {
+	all := recoverystudy.RealColumns()
+	if cfg.Columns == "" {
+		return all, nil
+	}
+	var out []recoverystudy.Column
+	for _, name := range strings.Split(cfg.Columns, ",") {
+		found := false
+		for _, c := range all {
+			if c.Name == strings.TrimSpace(name) {
+				out, found = append(out, c), true
+			}
+		}
+		if !found {
+			names := make([]string, len(all))
+			for i, c := range all {
+				names[i] = c.Name
+			}
+			return nil, fmt.Errorf("-columns: %q is not a column: use %s", name, strings.Join(names, ", "))
+		}
+	}
+	return out, nil
 }
 
 // parseConditions parses a setup's resolved conditions; the errors name
@@ -159,8 +197,10 @@ type benchTiming struct {
 	// reload is a restarted worker's whole model reload under cond, in
 	// emulated time before ReloadScale (engine.Profile.LoadTime).
 	reload time.Duration
-	// nodes is RecoveryConfig.Nodes.
-	nodes int
+	// nodes is RecoveryConfig.Nodes; replicas CheckpointReplicas.
+	nodes, replicas int
+	// columns are the columns to run (RecoveryConfig.Columns).
+	columns []recoverystudy.Column
 }
 
 // runSlack is the wall time a run may take past its scaled bound: the
@@ -215,8 +255,11 @@ type runOutcome struct {
 	// the drafters assisted.
 	draftTokens, acceptedTokens, assistS float64
 	recomputed                           float64
-	emulated                             float64
-	paced                                float64
+	// restoredReqs and ckptPages: the workers' restored requests and
+	// checkpoint pages sent.
+	restoredReqs, ckptPages float64
+	emulated                float64
+	paced                   float64
 }
 
 // recoveryFigures are a column's figures: the comparison's
@@ -229,6 +272,17 @@ type recoveryFigures struct {
 	// engines' steps ran than the profile's.
 	WrongOutputs     int     `json:"wrong_outputs"`
 	PacingOverrunPct float64 `json:"pacing_overrun_pct"`
+	// Issue 24, the keys of lumen sim's recovery JSON. RestoredFraction
+	// is, of the requests the failure interrupted, those a call restored
+	// pages of from a checkpoint store (the workers'
+	// lumen_worker_restored_requests_total over the interrupted, at most
+	// 1; 1 with none interrupted); CheckpointBytesSent the checkpoint
+	// pages the serving workers sent, every copy counted, at the profile's
+	// KV bytes per page (the synthetic engine's pages are smaller). Both
+	// from the workers alive at the end: a killed worker's counters
+	// restart with it, so what it sent before the kill is not counted.
+	RestoredFraction    float64 `json:"restored_fraction"`
+	CheckpointBytesSent float64 `json:"checkpoint_bytes_sent"`
 	// Progressive recovery (the lumen column): drafts verified and
 	// accepted at the assisted workers, their ratio, the drafters' seconds
 	// of assist (summed).
@@ -272,7 +326,11 @@ func Recovery(cfg RecoveryConfig) error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	timing.progress = progress.New("bench recovery", "runs", float64(len(setups)*(len(recoverystudy.RealColumns())+1)))
+	if timing.columns, err = cfg.columns(); err != nil {
+		return err
+	}
+	timing.replicas = cfg.CheckpointReplicas
+	timing.progress = progress.New("bench recovery", "runs", float64(len(setups)*(len(timing.columns)+1)))
 	defer timing.progress.Finish("")
 	out := map[string]map[string]*recoveryFigures{}
 	for _, s := range setups {
@@ -380,7 +438,7 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 
 	outcomes := map[string]*runOutcome{}
 	figs := map[string]*recoveryFigures{}
-	for _, run := range recoverystudy.RealColumns() {
+	for _, run := range tm.columns {
 		fmt.Printf("-- %s / %s\n", s.Name, run.Name)
 		o, err := benchRun(s, run, tm, scale, reqs, bodies, filepath.Join(dir, run.Name), 0)
 		if err != nil {
@@ -395,9 +453,11 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 	end := time.Duration(float64(tm.Duration) * scale)
 	common := map[string]*recoverystudy.Figures{}
 	runs := map[string]*recoverystudy.Run{}
-	for _, run := range recoverystudy.RealColumns() {
+	pageBytes := float64(prof.KVBytesPerToken() * engine.PageTokens)
+	for _, run := range tm.columns {
 		o := outcomes[run.Name]
 		f := runFigures(o, refs, time.Duration(float64(tm.Warmup)*scale), nominalFail)
+		f.CheckpointBytesSent = o.ckptPages * pageBytes
 		f.Series = timeSeries(o, time.Second)
 		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
 		if run.Fail {
@@ -427,6 +487,10 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 	f.Resumes(o.recoveries())
 	f.Interrupted = len(o.interrupted)
 	f.PagesReused, f.TokensRecomputed = o.restored, o.recomputed
+	f.RestoredFraction = 1
+	if f.Interrupted > 0 {
+		f.RestoredFraction = min(1, o.restoredReqs/float64(f.Interrupted))
+	}
 	f.DraftTokens, f.AcceptedTokens, f.AssistS = o.draftTokens, o.acceptedTokens, o.assistS
 	if o.draftTokens > 0 {
 		f.AcceptRate = o.acceptedTokens / o.draftTokens
@@ -576,7 +640,7 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 	}
 	defer client.Close()
 	if err := client.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
-		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(run.Strategy)})
+		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(run.Strategy), CheckpointReplicas: uint32(tm.replicas)})
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("set strategy: %w", err)
@@ -800,6 +864,7 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			sum  *float64
 			name string
 		}{{&o.restored, "lumen_worker_restored_pages_total"}, {&o.recomputed, "lumen_worker_resume_recomputed_tokens_total"},
+			{&o.restoredReqs, "lumen_worker_restored_requests_total"}, {&o.ckptPages, "lumen_worker_checkpoint_pages_sent_total"},
 			{&o.emulated, "lumen_worker_emulated_seconds_total"}, {&o.paced, "lumen_worker_paced_seconds_total"},
 			{&o.draftTokens, "lumen_worker_spec_draft_tokens_total"}, {&o.acceptedTokens, "lumen_worker_spec_accepted_tokens_total"},
 			{&o.assistS, "lumen_worker_assist_seconds_total"}} {
@@ -953,6 +1018,8 @@ func printRecoveryTable(w io.Writer, s recoverystudy.Setup, figs map[string]*rec
 			return fmt.Sprintf("%.0f/%.0f", figs[c].AcceptedTokens, figs[c].DraftTokens)
 		}},
 		{Name: "assist (s)", Cell: func(c string) string { return f1(figs[c].AssistS) }},
+		{Name: "restored fraction", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].RestoredFraction) }},
+		{Name: "checkpoint GB sent", Cell: func(c string) string { return fmt.Sprintf("%.1f", figs[c].CheckpointBytesSent/1e9) }},
 	}}
 	for name, f := range figs {
 		t.Figures[name] = &f.Figures

@@ -376,6 +376,10 @@ func TestBadInput(t *testing.T) {
 			_, err := pb.NewOperatorClient(c.conn(c.nodes[0])).SetStrategy(ctxT(t, time.Second), &pb.SetStrategyRequest{Strategy: 7})
 			return err
 		}, codes.InvalidArgument, "strategy 7 unknown"},
+		{"too many checkpoint replicas", func() error {
+			_, err := pb.NewOperatorClient(c.conn(c.nodes[0])).SetStrategy(ctxT(t, time.Second), &pb.SetStrategyRequest{CheckpointReplicas: 5})
+			return err
+		}, codes.InvalidArgument, "checkpoint_replicas 5: at most 4"},
 	}
 	for _, tc := range cases {
 		err := tc.call()

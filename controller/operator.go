@@ -111,10 +111,14 @@ func (s *server) SetStrategy(ctx context.Context, req *pb.SetStrategyRequest) (*
 	if _, ok := pb.MigrationMode_name[int32(req.Migration)]; !ok {
 		return nil, status.Errorf(codes.InvalidArgument, "migration %d unknown: use on, off or unchanged", req.Migration)
 	}
-	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && req.Lambda == 0 && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
-		return nil, status.Error(codes.InvalidArgument, "nothing to set: give a strategy, a lambda or a migration mode")
+	if req.CheckpointReplicas > policy.MaxCheckpointReplicas {
+		return nil, status.Errorf(codes.InvalidArgument, "checkpoint_replicas %d: at most %d (0 keeps the current value)", req.CheckpointReplicas, policy.MaxCheckpointReplicas)
 	}
-	cmd := &pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: req.Strategy, Lambda: req.Lambda, Migration: req.Migration}}}
+	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && req.Lambda == 0 && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED && req.CheckpointReplicas == 0 {
+		return nil, status.Error(codes.InvalidArgument, "nothing to set: give a strategy, a lambda, a migration mode or checkpoint replicas")
+	}
+	cmd := &pb.Command{Body: &pb.Command_SetStrategy{SetStrategy: &pb.SetStrategyCmd{Strategy: req.Strategy, Lambda: req.Lambda, Migration: req.Migration,
+		CheckpointReplicas: req.CheckpointReplicas}}}
 	return write(ctx, s.n, "SetStrategy", cmd, func(r proposalResult) *pb.SetStrategyResponse {
 		return &pb.SetStrategyResponse{Previous: r.res.Previous, Index: r.index}
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*pb.SetStrategyResponse, error) {

@@ -26,6 +26,7 @@ type recoveryEnv struct {
 	ctl     *ctlclient.Client
 	workers []*devcluster.Worker
 	paused  map[*devcluster.Worker]bool // stopped with SIGSTOP: alive, but its metrics do not answer
+	node    map[*devcluster.Worker]string
 }
 
 // answering reports whether w runs and can be scraped.
@@ -43,6 +44,11 @@ type scenario struct {
 	// interrupted requests survives, noPages (== 0) where it does not
 	// checkpoint, anyPages where the scenario decides neither.
 	reuse pageReuse
+	// nodes, when > 0, puts the 4 workers on that many hosts in order
+	// (devcluster.DevNode: w1, w2 on node-1 of 2), each started with
+	// -node; replicas is the strategy's checkpoint_replicas (0: one).
+	nodes    int
+	replicas uint32
 }
 
 type pageReuse int
@@ -162,6 +168,19 @@ func TestRecoveryScenarios(t *testing.T) {
 			t.Cleanup(func() { _ = env.cl.ResumeWorker(a) })
 			return nil
 		}},
+		// Issue 24: the busiest worker's whole node dies at once; no
+		// checkpoint was on it (F(r) leaves out the serving worker's node),
+		// so the interrupted requests restore on the other node.
+		{name: "node killed", strategy: "lumen", nodes: 2, reuse: reusePages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+			return env.nodeOf(busiest(t, env.workers))
+		}},
+		// Two copies: the serving worker dies with the holder of the most
+		// checkpoint bytes, and the interrupted requests restore from
+		// their other copies.
+		{name: "two copies, holder dies with the serving worker", strategy: "lumen", replicas: 2, reuse: reusePages, kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
+			a := busiest(t, env.workers)
+			return []*devcluster.Worker{a, env.holdingMost(t, a)}
+		}},
 		{name: "worker killed while it restores", strategy: "lumen", kill: func(t *testing.T, env *recoveryEnv) []*devcluster.Worker {
 			a := busiest(t, env.workers)
 			st, _ := env.ctl.ClusterStatus(context.Background())
@@ -176,20 +195,40 @@ func TestRecoveryScenarios(t *testing.T) {
 	}
 }
 
+// nodeOf is every worker of w's node (its -node flag).
+func (env *recoveryEnv) nodeOf(w *devcluster.Worker) []*devcluster.Worker {
+	var out []*devcluster.Worker
+	for _, x := range env.workers {
+		if env.node[x] == env.node[w] {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
 func runScenario(t *testing.T, modelDir string, sc scenario) {
 	cl := startQuorum(t)
-	env := &recoveryEnv{cl: cl, paused: map[*devcluster.Worker]bool{}}
+	env := &recoveryEnv{cl: cl, paused: map[*devcluster.Worker]bool{}, node: map[*devcluster.Worker]string{}}
 	budget := sc.budget
 	if budget == "" {
 		budget = "64MiB"
 	}
 	for i := 1; i <= 4; i++ {
-		w, err := cl.AddWorker(fmt.Sprintf("w%d", i), "-model-dir", modelDir, "-kv-pages", "1024", "-profile", "qwen3-14b-h100",
-			"-time-scale", "2", "-emulate-load=false", "-checkpoint-budget", budget)
+		args := []string{"-model-dir", modelDir, "-kv-pages", "1024", "-profile", "qwen3-14b-h100",
+			"-time-scale", "2", "-emulate-load=false", "-checkpoint-budget", budget}
+		node := devcluster.DevNode(i, 4, sc.nodes)
+		if node != "" {
+			args = append(args, "-node", node)
+		}
+		w, err := cl.AddWorker(fmt.Sprintf("w%d", i), args...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		env.workers = append(env.workers, w)
+		env.node[w] = node
+		if node == "" {
+			env.node[w] = w.ID // a domain of its own
+		}
 	}
 	var err error
 	if env.ctl, err = ctlclient.New(cl.GRPCAddrs(), nil); err != nil {
@@ -200,7 +239,7 @@ func runScenario(t *testing.T, modelDir string, sc scenario) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	if err := env.ctl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
-		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(s)})
+		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{Strategy: pb.Strategy(s), CheckpointReplicas: sc.replicas})
 		return err
 	}); err != nil {
 		t.Fatal(err)

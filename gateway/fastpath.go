@@ -184,7 +184,8 @@ func (g *Gateway) setHolder(pl *pb.Placement) {
 		cc, err := g.workerConn(ctx, pl.WorkerId)
 		var resp *pb.SetHolderResponse
 		if err == nil {
-			resp, err = pb.NewInferenceClient(cc).SetHolder(ctx, &pb.SetHolderRequest{RequestId: pl.RequestId, Epoch: pl.Epoch, Holder: pl.HolderId})
+			resp, err = pb.NewInferenceClient(cc).SetHolder(ctx, &pb.SetHolderRequest{RequestId: pl.RequestId, Epoch: pl.Epoch, Holder: pl.HolderId,
+				ReplicaHolders: pl.ReplicaHolders})
 		}
 		if err != nil {
 			g.metrics.setHolder.WithLabelValues("failed").Inc()

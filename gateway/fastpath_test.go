@@ -30,8 +30,10 @@ import (
 type fastState struct {
 	mu    sync.Mutex
 	table *pb.LoadTable
-	// holder is the checkpoint holder Dispatch names.
-	holder string
+	// holder is the checkpoint holder Dispatch names, replicas its
+	// further copies (issue 24).
+	holder   string
+	replicas []string
 	// placedOn records the worker each Dispatch named, by request id.
 	placedOn map[string]string
 	// setHolders records the SetHolder calls the fake workers got.
@@ -121,7 +123,7 @@ func (r *replica) Place(stream grpc.BidiStreamingServer[pb.PlaceBatch, pb.PlaceR
 				pl.WorkerId, pl.Epoch, pl.WorkerIncarnation = d.WorkerId, 0, d.WorkerIncarnation
 			}
 			st.mu.Lock()
-			pl.HolderId = st.holder
+			pl.HolderId, pl.ReplicaHolders = st.holder, st.replicas
 			st.placedOn[d.RequestId] = d.WorkerId
 			st.mu.Unlock()
 			r.fc.mu.Lock()
@@ -220,6 +222,9 @@ func waitTable(t *testing.T, g *Gateway) {
 // request's completion follows its Dispatch on the stream.
 func TestFastPathStreamsBeforeTheCommit(t *testing.T) {
 	r, st := newFastRig(t, "w2", "w1")
+	st.mu.Lock()
+	st.replicas = []string{"w3"} // a second copy: SetHolder names it too
+	st.mu.Unlock()
 	commit := make(chan struct{})
 	r.fc.setOnDispatch(func(ctx context.Context, _ *pb.Placement) error { return gate(ctx, commit) })
 	waitTable(t, r.g)
@@ -234,8 +239,8 @@ func TestFastPathStreamsBeforeTheCommit(t *testing.T) {
 	waitFor(t, 10*time.Second, "the Dispatch to name w1, where the request runs", func() bool { return st.named(id) == "w1" })
 	close(commit)
 	waitFor(t, 10*time.Second, "SetHolder at w1", func() bool { return len(st.setHolderCalls()) == 1 })
-	if sh := st.setHolderCalls()[0]; sh.RequestId != id || sh.Holder != "w2" || sh.Epoch != 0 {
-		t.Fatalf("SetHolder %v, want %s epoch 0 holder w2", sh, id)
+	if sh := st.setHolderCalls()[0]; sh.RequestId != id || sh.Holder != "w2" || sh.Epoch != 0 || !slices.Equal(sh.ReplicaHolders, []string{"w3"}) {
+		t.Fatalf("SetHolder %v, want %s epoch 0 holder w2 replica w3", sh, id)
 	}
 	c.send(t, 2, 'c', true)
 	if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "abc" {

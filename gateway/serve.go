@@ -591,7 +591,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	st, err := pb.NewInferenceClient(cc).Generate(sctx, &pb.GenerateRequest{
 		RequestId: id, Prompt: e.prompt, Generated: generated, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
-		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId,
+		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId, ReplicaHolders: pl.ReplicaHolders,
 		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs), PromptLogprobs: e.wantsPromptLogprobs(),
 	})
 	if err != nil {

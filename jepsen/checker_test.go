@@ -192,6 +192,31 @@ func TestInvariantCheckers(t *testing.T) {
 	}
 }
 
+// node-kill: every incarnation a node kill took must be marked FAILED; a
+// failure of another incarnation of the same worker does not count.
+func TestCheckNodeKills(t *testing.T) {
+	kills := []NodeKill{{Node: "node-1", At: 100, Workers: []string{"worker-1", "worker-2"}, Incs: []uint64{3, 1}}}
+	fails := []Failure{{Worker: "worker-1", Inc: 3, Index: 10}, {Worker: "worker-2", Inc: 1, Index: 11}}
+	if v := CheckNodeKills(kills, fails); !v.OK {
+		t.Fatalf("both killed incarnations failed, yet: %v", v.Violations)
+	}
+	if v := CheckNodeKills(kills, fails[:1]); v.OK || len(v.Violations) != 1 {
+		t.Fatalf("worker-2 never marked failed not caught: %+v", v)
+	}
+	if v := CheckNodeKills(kills, []Failure{{Worker: "worker-1", Inc: 2}, {Worker: "worker-2", Inc: 1}}); v.OK {
+		t.Fatal("an older incarnation's failure taken for the killed one's")
+	}
+}
+
+// nodeKillNodes puts two workers a node; 3 workers make two nodes.
+func TestNodeKillNodes(t *testing.T) {
+	for workers, want := range map[int]int{2: 1, 3: 2, 4: 2, 5: 3} {
+		if got := nodeKillNodes(workers); got != want {
+			t.Errorf("%d workers: %d nodes, want %d", workers, got, want)
+		}
+	}
+}
+
 // A gateway's crash is visible to its clients: streams cut while their own
 // gateway was killed are aborted, not violations; a cut anywhere else is
 // one, and so is a kill during which no other gateway completed a stream.

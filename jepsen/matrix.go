@@ -16,6 +16,10 @@ var Matrix = []MatrixRun{
 	{[]string{"kill-all-controllers"}, 3, ""},
 	{[]string{"kill-worker"}, 3, ""},
 	{[]string{"kill-holder"}, 3, ""},
+	// Issue 24: every worker of a node killed at once (workers on nodes,
+	// two a node), alone and beside the leader's death and a killed holder.
+	{[]string{"node-kill"}, 3, ""},
+	{[]string{"node-kill", "kill-leader", "kill-holder"}, 3, ""},
 	{[]string{"gateway-kill"}, 3, ""},
 	// Progressive recovery: drafters, their partners, hot swaps and the
 	// leader killed while a restarted worker assists.

@@ -75,6 +75,8 @@ var Nemeses = map[string]nemesis{
 			e.killWorker(w)
 			return "kill -9 " + w.ID + " (no holder found)", nil
 		}},
+	"node-kill": {doc: "kill -9 every worker of one node at once (the run puts its workers on nodes, two a node, each with -node: no checkpoint on its serving worker's node); they restart (new incarnations) at heal",
+		start: func(ctx context.Context, e *env) (string, error) { return e.nodeKill(ctx) }},
 	"assist-kill": {timeout: 20 * time.Second,
 		doc:   "wait for a restarted worker drafting in ASSIST (kill -9 and restart one when none recovers), then kill -9 at random: the drafter, its partner, the drafter in HOTSWAP, or the leader as a restarted worker registers or a drafter enters HOTSWAP; they restart at heal",
 		start: func(ctx context.Context, e *env) (string, error) { return e.assistKill(ctx) }},

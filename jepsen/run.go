@@ -114,6 +114,8 @@ type env struct {
 	nRecent  int
 	inflight map[string]int // streams open through each gateway
 	kills    []GatewayKill  // gateways killed, oldest first
+	// nodeKills are the node-kill faults, oldest first.
+	nodeKills []NodeKill
 	// workerKills counts each worker's kill -9s; assistKills, which
 	// assist-kill faults landed.
 	workerKills map[string]int
@@ -254,6 +256,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			// Each migration's end, with its reason, in the worker's log.
 			args = append(args, "-log-level", "info")
 		}
+		if node := e.workerNode(i); node != "" {
+			args = append(args, "-node", node)
+		}
 		w, err := cl.AddWorker(fmt.Sprintf("worker-%d", i), append(slices.Clone(args), "-emulate-load=false")...)
 		if err != nil {
 			return nil, err
@@ -386,6 +391,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckPanics(cfg.Dir),
 		CheckPairing(tables),
 		CheckRecovered(rec),
+	}
+	if e.hasNemesis("node-kill") {
+		e.mu.Lock()
+		nk := slices.Clone(e.nodeKills)
+		e.mu.Unlock()
+		rep.Verdicts = append(rep.Verdicts, CheckNodeKills(nk, failures))
 	}
 	if err := WriteJSONL(filepath.Join(cfg.Dir, "history.jsonl"), ops); err != nil {
 		return rep, err

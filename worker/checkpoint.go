@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -228,6 +229,9 @@ type ckptSender struct {
 	w      *Worker
 	holder string
 	jobs   chan ckptJob
+	// down: the last send to the holder failed (unreachable, stream
+	// broken); the next that succeeds clears it.
+	down atomic.Bool
 
 	mu       sync.Mutex // guards releases
 	releases []string
@@ -274,15 +278,18 @@ func (s *ckptSender) run() {
 				stream, err = pb.NewInferenceClient(cc).Checkpoint(context.Background())
 			}
 			if err != nil {
+				s.down.Store(true)
 				s.w.metrics.ckptDropped.Inc()
 				return
 			}
 		}
 		if err := stream.Send(m); err != nil {
 			stream = nil
+			s.down.Store(true)
 			s.w.metrics.ckptDropped.Inc()
 			return
 		}
+		s.down.Store(false)
 		if !m.Release {
 			s.w.metrics.ckptSent.Inc()
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -185,7 +186,11 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 			return nil, err
 		}
 	}
-	r := &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
+	replicas, err := validateReplicas(req.Holder, req.ReplicaHolders, w.cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	r := &request{replicas: replicas, id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
 		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
 		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs), promptLogprobs: req.PromptLogprobs}
 	if r.holder != "" {
@@ -217,15 +222,52 @@ func (s *inferenceServer) SetHolder(ctx context.Context, req *pb.SetHolderReques
 	if err := validatePeerID(req.Holder); err != nil {
 		return nil, err
 	}
+	replicas, err := validateReplicas(req.Holder, req.ReplicaHolders, w.cfg.ID)
+	if err != nil {
+		return nil, err
+	}
 	c := w.capacity()
 	var applied bool
-	if !w.sched.do(ctx, func() { applied = w.sched.setHolder(req.RequestId, req.Epoch, req.Holder, c) }) {
+	if !w.sched.do(ctx, func() { applied = w.sched.setHolder(req.RequestId, req.Epoch, req.Holder, replicas, c) }) {
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 		return nil, status.Error(codes.Unavailable, errShutdown.Error())
 	}
 	return &pb.SetHolderResponse{Applied: applied}, nil
+}
+
+// validateReplicas checks a call's further checkpoint copies
+// (replica_holders): worker ids, after a holder, at most
+// policy.MaxCheckpointReplicas − 1 of them, none repeated nor the holder.
+// A copy named on this worker itself (self) is left out: it would store
+// its own pages.
+func validateReplicas(holder string, ids []string, self string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if holder == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "replica_holders %v without a holder: the first copy is holder", ids)
+	}
+	if len(ids) > policy.MaxCheckpointReplicas-1 {
+		return nil, status.Errorf(codes.InvalidArgument, "%d replica_holders: at most %d beside the holder", len(ids), policy.MaxCheckpointReplicas-1)
+	}
+	out := make([]string, 0, len(ids))
+	for i, id := range ids {
+		if id == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "replica_holders[%d] is empty", i)
+		}
+		if err := validatePeerID(id); err != nil {
+			return nil, err
+		}
+		if id == holder || slices.Contains(ids[:i], id) {
+			return nil, status.Errorf(codes.InvalidArgument, "replica_holders names %q twice (holder %q)", id, holder)
+		}
+		if id != self {
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }
 
 func validatePeerID(id string) error {

@@ -39,7 +39,9 @@ type metrics struct {
 	ckptFreed     prometheus.Counter
 	ckptPasses    prometheus.Counter
 	restoredPages prometheus.Counter
-	recomputed    prometheus.Counter
+	// restoredReqs: resumed requests that imported at least one page.
+	restoredReqs prometheus.Counter
+	recomputed   prometheus.Counter
 
 	// Progressive recovery: the phase, and each side of an assist.
 	phase         *prometheus.GaugeVec
@@ -119,6 +121,8 @@ func newMetrics(model string) *metrics {
 		Help: "Passes of this holder over its checkpoint store against the placement table."})
 	m.restoredPages = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_restored_pages_total",
 		Help: "KV pages imported from the checkpoint store when a request resumed here."})
+	m.restoredReqs = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_restored_requests_total",
+		Help: "Resumed requests that imported pages from the checkpoint store here (at least one)."})
 	m.recomputed = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_resume_recomputed_tokens_total",
 		Help: "Tokens of resumed requests prefilled again (not covered by checkpoint pages)."})
 	m.phase = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lumen_worker_phase",
@@ -179,7 +183,7 @@ func newMetrics(model string) *metrics {
 		m.gpuHealthy, m.gpuFaults)
 	m.reg.MustRegister(m.phase, m.phaseSeconds, m.specDrafts, m.specAccepted, m.specVerifies, m.specAccept, m.specK,
 		m.assistStreams, m.drafted, m.draftSteps, m.assistSecs)
-	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptFreed, m.ckptPasses, m.restoredPages, m.recomputed)
+	m.reg.MustRegister(m.ckptSent, m.ckptDropped, m.ckptRefused, m.ckptFreed, m.ckptPasses, m.restoredPages, m.restoredReqs, m.recomputed)
 	m.loadReports = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_worker_load_reports_total",
 		Help: "Load reports committed, by why they were sent (worker/loadreport: first, queue, queue_wait, kv_pages, checkpoint, heartbeat; " +
 			"marked_failed when the event watch saw this incarnation marked failed): each one is a Raft entry."}, []string{"reason"})

@@ -72,6 +72,9 @@ type request struct {
 
 	holder   string
 	reserved uint64 // the request's reserved footprint on the holder
+	// replicas are the checkpoint's further copies (issue 24): every page
+	// the core exports for holder also goes to each, and so do releases.
+	replicas []string
 
 	cr *core.Request // set by the scheduler on submission
 	// moved is where the request continues after its migration out
@@ -234,13 +237,78 @@ func (s *scheduler) admit(r *request) {
 // holder: policy.Footprint of the call's prompt and max tokens and this
 // worker's capacity c, as newRequest computes it for a call that names its
 // holder.
-func (s *scheduler) setHolder(id string, epoch uint64, holder string, c *pb.Capacity) bool {
+// replicasOf is the further checkpoint copies of the call r (its Sink).
+func replicasOf(r *core.Request) []string {
+	if r == nil {
+		return nil
+	}
+	if rq, ok := r.Sink.(*request); ok {
+		return rq.replicas
+	}
+	return nil
+}
+
+// queueCopies queues a page for the first copy's sender and each further
+// copy's (one bounded queue per holder; never blocking), in step as the
+// simulator sends them: the page goes to every copy or, while the queue of
+// a copy whose stream works is full, to none — the request falls behind
+// and the page is offered again after the next step — so the live copies
+// hold the same prefix and the recovery plan's choice among them loses no
+// pages. A copy whose holder cannot be reached (its sender's last send
+// failed: it may be dead, and the controller drops its copy when it is) does
+// not hold the others back: it gets the page if its queue has room. With
+// one copy this is the single queue's rule: full, the page waits.
+func (s *scheduler) queueCopies(first *ckptSender, replicas []string, job ckptJob) bool {
+	if len(replicas) == 0 {
+		select {
+		case first.jobs <- job:
+			return true
+		default:
+			return false
+		}
+	}
+	snds := make([]*ckptSender, 0, 1+len(replicas))
+	snds = append(snds, first)
+	for _, h := range replicas {
+		snds = append(snds, s.w.sender(h))
+	}
+	room := 0
+	for _, snd := range snds {
+		// This goroutine is every queue's only producer: room seen here
+		// stays until the sends below.
+		full := len(snd.jobs) == cap(snd.jobs)
+		if !full {
+			room++
+		} else if !snd.down.Load() {
+			return false
+		}
+	}
+	if room == 0 {
+		return false
+	}
+	for _, snd := range snds {
+		select {
+		case snd.jobs <- job:
+		default: // an unreachable holder's full queue: its copy misses the page
+			s.w.metrics.ckptDropped.Inc()
+		}
+	}
+	return true
+}
+
+func (s *scheduler) setHolder(id string, epoch uint64, holder string, replicas []string, c *pb.Capacity) bool {
 	r := s.core.Lookup(id)
 	if r == nil {
 		return false
 	}
 	reserved := policy.Footprint(uint32(r.Prompt), uint32(r.MaxTokens), c.MaxContextTokens, c.KvBytesPerToken)
-	return s.core.SetHolder(id, epoch, holder, reserved)
+	if !s.core.SetHolder(id, epoch, holder, reserved) {
+		return false
+	}
+	if rq, ok := r.Sink.(*request); ok {
+		rq.replicas = replicas
+	}
+	return true
 }
 
 // dropIfCurrent drops r when it is still the request under its id (a newer
@@ -337,6 +405,7 @@ func (s *scheduler) restore(st core.Step) bool {
 			return false
 		}
 		s.w.store.release(rs.Req.ID) // consumed: the request runs here now
+		s.w.metrics.restoredReqs.Inc()
 	}
 	return true
 }
@@ -370,17 +439,18 @@ func (s *scheduler) apply() {
 		if p.Req == behind {
 			continue
 		}
-		snd := s.w.sender(p.Holder)
-		select {
-		case snd.jobs <- ckptJob{req: p.Req.ID, reserved: p.Reserved, seq: p.Seq, page: p.Page, hash: p.Hash}:
-		default:
-			// The holder is slow: this checkpoint falls behind.
+		job := ckptJob{req: p.Req.ID, reserved: p.Reserved, seq: p.Seq, page: p.Page, hash: p.Hash}
+		if !s.queueCopies(s.w.sender(p.Holder), replicasOf(p.Req), job) {
+			// A holder is slow: this checkpoint falls behind.
 			s.core.CheckpointBehind(p.Req, p.Page)
 			behind = p.Req
 		}
 	}
 	for _, rel := range o.CheckpointReleases {
 		s.w.sender(rel.Holder).release(rel.RequestID)
+		for _, h := range replicasOf(rel.Req) {
+			s.w.sender(h).release(rel.RequestID)
+		}
 	}
 	if len(o.Waits) > 0 {
 		for _, w := range o.Waits {

@@ -90,6 +90,8 @@ func runBenchRecovery(args []string) error {
 	fs.StringVar(&cfg.Detect, "detect", cfg.Detect, "the failure: fast (kill -9, detected on the fast path) or hang (SIGSTOP: detected by Serf, then killed and restarted) (named setups: their own unless given, fast for all of them)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "slow every emulated time, arrivals included, by this factor")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
+	fs.IntVar(&cfg.CheckpointReplicas, "checkpoint-replicas", 0, "copies of each request's checkpoint, each on a node of its own, none on the serving worker's (1 … 4; 0: one; fixed-checkpoint keeps one)")
+	fs.StringVar(&cfg.Columns, "columns", "", "comma-separated columns to run (default: all): stop-and-restart, recompute, fixed-checkpoint, lumen-no-spec, lumen, lumen-no-failure, no-checkpoint-no-failure")
 	fs.IntVar(&cfg.Nodes, "nodes", 0, "put each setup's workers on this many hosts, in order, each registering its node (failure domains: no checkpoint on its serving worker's node), and kill every worker of node-1 at once instead of worker-1 … worker-K (2 … the setup's workers; 0: no nodes)")
 	if err := fs.Parse(args); err != nil {
 		return err

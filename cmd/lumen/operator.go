@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -265,8 +266,9 @@ func runStrategySet(args []string) error {
 	cf.register(fs)
 	lambda := fs.Float64("lambda", 0, "weight of the restore delay in h(r) (0 keeps the current value)")
 	migration := fs.String("migration", "", "live migration for load balance: on or off (empty keeps it; drains migrate either way)")
+	replicas := fs.Int("checkpoint-replicas", 0, "copies of each new request's checkpoint, each on a node of its own, none on the serving worker's (1 … "+strconv.Itoa(policy.MaxCheckpointReplicas)+"; 0 keeps the current value; fixed-checkpoint keeps one)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: lumen strategy set [lumen|fixed-checkpoint|stop-and-restart|recompute] [-lambda X] [-migration on|off] [flags]")
+		fmt.Fprintln(os.Stderr, "Usage: lumen strategy set [lumen|fixed-checkpoint|stop-and-restart|recompute] [-lambda X] [-migration on|off] [-checkpoint-replicas R] [flags]")
 		fmt.Fprintln(os.Stderr, "  stop-and-restart runs an interrupted request again from its prompt (its sent output decoded again);")
 		fmt.Fprintln(os.Stderr, "  recompute prefills its prompt and output again and continues (neither keeps checkpoints).")
 		fs.PrintDefaults()
@@ -275,7 +277,10 @@ func runStrategySet(args []string) error {
 	if err := fs.Parse(rest); err != nil {
 		return err
 	}
-	req, err := strategyRequest(name, *lambda, *migration)
+	if *replicas < 0 || *replicas > policy.MaxCheckpointReplicas {
+		return fmt.Errorf("-checkpoint-replicas %d: use 1 … %d (0 keeps the current value)", *replicas, policy.MaxCheckpointReplicas)
+	}
+	req, err := strategyRequest(name, *lambda, *migration, uint32(*replicas))
 	if err != nil {
 		return err
 	}
@@ -298,16 +303,20 @@ func runStrategySet(args []string) error {
 	if req.Migration != pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
 		fmt.Printf("live migration for balance %s, at index %d\n", migrationName(req.Migration), resp.Index)
 	}
-	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
+	if req.CheckpointReplicas > 0 {
+		fmt.Printf("checkpoint replicas %d, at index %d\n", req.CheckpointReplicas, resp.Index)
+	}
+	if req.Lambda != 0 && req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
 		fmt.Printf("lambda %g, at index %d\n", req.Lambda, resp.Index)
 	}
 	return nil
 }
 
 // strategyRequest builds a SetStrategy request from the command's words:
-// any of a strategy name, a lambda and a migration switch.
-func strategyRequest(name string, lambda float64, migration string) (*pb.SetStrategyRequest, error) {
-	req := &pb.SetStrategyRequest{Lambda: lambda}
+// any of a strategy name, a lambda, a migration switch and a replication
+// factor (0: unchanged).
+func strategyRequest(name string, lambda float64, migration string, replicas uint32) (*pb.SetStrategyRequest, error) {
+	req := &pb.SetStrategyRequest{Lambda: lambda, CheckpointReplicas: replicas}
 	if name != "" {
 		s, ok := policy.ParseStrategy(name)
 		if !ok {
@@ -324,8 +333,8 @@ func strategyRequest(name string, lambda float64, migration string) (*pb.SetStra
 	default:
 		return nil, fmt.Errorf("-migration %q: use on or off", migration)
 	}
-	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && lambda == 0 && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED {
-		return nil, fmt.Errorf("nothing to set: name a strategy (%s), -lambda or -migration on|off", policy.StrategyNames())
+	if req.Strategy == pb.Strategy_STRATEGY_UNSPECIFIED && lambda == 0 && req.Migration == pb.MigrationMode_MIGRATION_MODE_UNCHANGED && replicas == 0 {
+		return nil, fmt.Errorf("nothing to set: name a strategy (%s), -lambda, -migration on|off or -checkpoint-replicas R", policy.StrategyNames())
 	}
 	return req, nil
 }

@@ -87,7 +87,7 @@ func TestStrategyRequest(t *testing.T) {
 		{"", "yes", 0, nil, `-migration "yes": use on or off`},
 		{"fast", "", 0, nil, `unknown strategy "fast": use lumen, fixed-checkpoint, stop-and-restart or recompute`},
 	} {
-		got, err := strategyRequest(c.name, c.lambda, c.migration)
+		got, err := strategyRequest(c.name, c.lambda, c.migration, 0)
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
 				t.Errorf("%q %q %v: error %v, want %q", c.name, c.migration, c.lambda, err, c.err)
@@ -97,6 +97,15 @@ func TestStrategyRequest(t *testing.T) {
 		if err != nil || !proto.Equal(got, c.want) {
 			t.Errorf("%q %q %v: %v %v, want %v", c.name, c.migration, c.lambda, got, err, c.want)
 		}
+	}
+}
+
+// TestStrategyRequestReplicas: -checkpoint-replicas alone is something to
+// set, and goes in the request.
+func TestStrategyRequestReplicas(t *testing.T) {
+	got, err := strategyRequest("", 0, "", 2)
+	if want := (&pb.SetStrategyRequest{CheckpointReplicas: 2}); err != nil || !proto.Equal(got, want) {
+		t.Fatalf("%v %v, want %v", got, err, want)
 	}
 }
 

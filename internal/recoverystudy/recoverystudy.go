@@ -681,10 +681,23 @@ func (t *Table) Print(w io.Writer) {
 		{"lumen-no-spec", "stop-and-restart", ""},
 		{"lumen-no-spec", "fixed-checkpoint", ""},
 	}
+	// A run of some columns only (lumen bench recovery -columns) compares
+	// the pairs it has.
+	have := pairs[:0:0]
+	for _, p := range pairs {
+		if figs[p.a] != nil && figs[p.b] != nil {
+			have = append(have, p)
+		}
+	}
+	pairs = have
 	for _, p := range pairs {
 		vs(p.a, p.b, p.why)
 	}
-	fmt.Fprintf(w, "over the affected requests, each column's own / the same %d in every column:\n", figs["lumen"].CommonRequests)
+	common := 0
+	if figs["lumen"] != nil {
+		common = figs["lumen"].CommonRequests
+	}
+	fmt.Fprintf(w, "over the affected requests, each column's own / the same %d in every column:\n", common)
 	for _, p := range pairs {
 		l, o := figs[p.a], figs[p.b]
 		fmt.Fprintf(w, "  %s vs %s: TTFT mean %s / %s, p99 %s / %s, TPOT %s / %s; interrupted -> token %s, cluster recovery %s\n", p.a, p.b,
@@ -704,9 +717,10 @@ func (t *Table) Print(w io.Writer) {
 			times(f.AffectedTTFTMeanMs, f.ReferenceTTFTMeanMs), times(f.AffectedTTFTP99Ms, f.ReferenceTTFTP99Ms),
 			times(f.AffectedTPOTMeanMs, f.ReferenceTPOTMeanMs))
 	}
-	a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]
-	fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
-		Gain(a.TTFTMeanMs, b.TTFTMeanMs), Gain(a.TPOTMeanMs, b.TPOTMeanMs))
+	if a, b := figs["lumen-no-failure"], figs["no-checkpoint-no-failure"]; a != nil && b != nil {
+		fmt.Fprintf(w, "checkpointing in steady state (lumen vs none, no failure): TTFT mean %s, TPOT %s (goal: within 2%%)\n",
+			Gain(a.TTFTMeanMs, b.TTFTMeanMs), Gain(a.TPOTMeanMs, b.TPOTMeanMs))
+	}
 	r := t.Rule
 	fmt.Fprintf(w, "recovery: failure -> the start of the first %s window (sliding by %s) after which every window's mean TTFT\n"+
 		"is within %.0f%% + %s and mean queue length within %.0f%% + %.0f of the failure-free run of the same arrivals\n",

@@ -263,3 +263,15 @@ func TestExcessVsOracle(t *testing.T) {
 		t.Errorf("a table without the oracle column mentions it:\n%s", b.String())
 	}
 }
+
+// A run of some columns only (lumen bench recovery -columns) prints the
+// comparisons it has and none it lacks.
+func TestTableOfSomeColumns(t *testing.T) {
+	figs := map[string]*Figures{"lumen-no-failure": {}, "stop-and-restart": {}, "lumen": {}}
+	var b strings.Builder
+	(&Table{Figures: figs}).Print(&b)
+	out := b.String()
+	if !strings.Contains(out, "lumen vs stop-and-restart") || strings.Contains(out, "fixed-checkpoint") || strings.Contains(out, "steady state") {
+		t.Fatalf("the table of three columns:\n%s", out)
+	}
+}

@@ -1630,9 +1630,13 @@ type SetStrategyRequest struct {
 	// Weight of the restore delay in h(r); 0 keeps the current value.
 	Lambda float64 `protobuf:"fixed64,2,opt,name=lambda,proto3" json:"lambda,omitempty"`
 	// Live migration for balance; UNCHANGED keeps the current setting.
-	Migration     MigrationMode `protobuf:"varint,3,opt,name=migration,proto3,enum=lumen.v1.MigrationMode" json:"migration,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Migration MigrationMode `protobuf:"varint,3,opt,name=migration,proto3,enum=lumen.v1.MigrationMode" json:"migration,omitempty"`
+	// Copies of each new request's checkpoint, each on a node of its own
+	// (SetStrategyCmd.checkpoint_replicas, issue 24); 0 keeps the current
+	// value.
+	CheckpointReplicas uint32 `protobuf:"varint,4,opt,name=checkpoint_replicas,json=checkpointReplicas,proto3" json:"checkpoint_replicas,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SetStrategyRequest) Reset() {
@@ -1684,6 +1688,13 @@ func (x *SetStrategyRequest) GetMigration() MigrationMode {
 		return x.Migration
 	}
 	return MigrationMode_MIGRATION_MODE_UNCHANGED
+}
+
+func (x *SetStrategyRequest) GetCheckpointReplicas() uint32 {
+	if x != nil {
+		return x.CheckpointReplicas
+	}
+	return 0
 }
 
 type SetStrategyResponse struct {
@@ -3136,11 +3147,12 @@ const file_controller_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\";\n" +
 	"\x1aTransferLeadershipResponse\x12\x1d\n" +
 	"\n" +
-	"new_leader\x18\x01 \x01(\tR\tnewLeader\"\x93\x01\n" +
+	"new_leader\x18\x01 \x01(\tR\tnewLeader\"\xc4\x01\n" +
 	"\x12SetStrategyRequest\x12.\n" +
 	"\bstrategy\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
 	"\x06lambda\x18\x02 \x01(\x01R\x06lambda\x125\n" +
-	"\tmigration\x18\x03 \x01(\x0e2\x17.lumen.v1.MigrationModeR\tmigration\"[\n" +
+	"\tmigration\x18\x03 \x01(\x0e2\x17.lumen.v1.MigrationModeR\tmigration\x12/\n" +
+	"\x13checkpoint_replicas\x18\x04 \x01(\rR\x12checkpointReplicas\"[\n" +
 	"\x13SetStrategyResponse\x12.\n" +
 	"\bprevious\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bprevious\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\">\n" +

@@ -145,12 +145,15 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 }
 
 type SetHolderRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Holder        string                 `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Holder    string                 `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The checkpoint's further copies (Placement.replica_holders, issue 24):
+	// every full page also streams to each of them.
+	ReplicaHolders []string `protobuf:"bytes,4,rep,name=replica_holders,json=replicaHolders,proto3" json:"replica_holders,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SetHolderRequest) Reset() {
@@ -202,6 +205,13 @@ func (x *SetHolderRequest) GetHolder() string {
 		return x.Holder
 	}
 	return ""
+}
+
+func (x *SetHolderRequest) GetReplicaHolders() []string {
+	if x != nil {
+		return x.ReplicaHolders
+	}
+	return nil
 }
 
 type SetHolderResponse struct {
@@ -1169,12 +1179,16 @@ type GenerateRequest struct {
 	// likely tokens at its position (at most 20), as vLLM returns them.
 	Logprobs    bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	TopLogprobs uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// The checkpoint's further copies beyond holder (Placement.replica_holders,
+	// issue 24): every full page streams to each of them too, one sender
+	// queue per holder. Needs holder.
+	ReplicaHolders []string `protobuf:"bytes,12,rep,name=replica_holders,json=replicaHolders,proto3" json:"replica_holders,omitempty"`
 	// Prompt logprobs (OpenAI's echo with logprobs): the first message
 	// with a token carries, for each prompt position after the first, the
 	// prompt token's log probability there and the top_logprobs most likely
 	// tokens (GenerateResponse.prompt_logprobs). The prompt is prefilled in
 	// full for them: no checkpoint restore, no cached prefix, no migration
-	// before the first token. (Field 12 is the request's priority.)
+	// before the first token.
 	PromptLogprobs bool `protobuf:"varint,13,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -1278,6 +1292,13 @@ func (x *GenerateRequest) GetTopLogprobs() uint32 {
 		return x.TopLogprobs
 	}
 	return 0
+}
+
+func (x *GenerateRequest) GetReplicaHolders() []string {
+	if x != nil {
+		return x.ReplicaHolders
+	}
+	return nil
 }
 
 func (x *GenerateRequest) GetPromptLogprobs() bool {
@@ -1515,12 +1536,13 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"_\n" +
+	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"\x88\x01\n" +
 	"\x10SetHolderRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06holder\x18\x03 \x01(\tR\x06holder\"-\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\x12'\n" +
+	"\x0freplica_holders\x18\x04 \x03(\tR\x0ereplicaHolders\"-\n" +
 	"\x11SetHolderResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\"v\n" +
 	"\x0eMigrateMessage\x120\n" +
@@ -1601,7 +1623,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xf2\x02\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\x9b\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1617,6 +1639,7 @@ const file_worker_proto_rawDesc = "" +
 	"\blogprobs\x18\n" +
 	" \x01(\bR\blogprobs\x12!\n" +
 	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\x12'\n" +
+	"\x0freplica_holders\x18\f \x03(\tR\x0ereplicaHolders\x12'\n" +
 	"\x0fprompt_logprobs\x18\r \x01(\bR\x0epromptLogprobs\">\n" +
 	"\fTokenLogprob\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +

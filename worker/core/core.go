@@ -236,9 +236,11 @@ type CheckpointPage struct {
 	Hash     uint64
 }
 
-// CheckpointRelease asks a holder to drop a request's pages.
+// CheckpointRelease asks a holder to drop a request's pages; Req is the
+// call that sent them (the daemon's further copies hang off its Sink).
 type CheckpointRelease struct {
 	Holder, RequestID string
+	Req               *Request
 }
 
 // Wait is one request's wait from arrival to its first prefill chunk.
@@ -1051,7 +1053,7 @@ func (c *Core) CheckpointBehind(r *Request, page int) {
 
 func (c *Core) releaseCheckpoint(r *Request) {
 	if r.Holder != "" && r.Holder != c.cfg.Self && r.ckptSent > 0 {
-		c.out.CheckpointReleases = append(c.out.CheckpointReleases, CheckpointRelease{Holder: r.Holder, RequestID: r.ID})
+		c.out.CheckpointReleases = append(c.out.CheckpointReleases, CheckpointRelease{Holder: r.Holder, RequestID: r.ID, Req: r})
 	}
 }
 
