@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -110,4 +111,41 @@ func TestPrefixCacheConserves(t *testing.T) {
 			t.Fatalf("no migration committed (%d started)", res.Migrations.Started)
 		}
 	})
+}
+
+// TestPrefixFigureJSONKeys: the figure's JSON carries, per rate and column,
+// the contract's keys.
+func TestPrefixFigureJSONKeys(t *testing.T) {
+	o := smallPrefix(3, WorkloadLLMD)
+	o.Stages = o.Stages[:2]
+	f, err := RunPrefix(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Runs []struct {
+			Points []struct {
+				Rate    float64                       `json:"rate"`
+				Columns map[string]map[string]float64 `json:"columns"`
+			} `json:"points"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Runs) != 1 || len(got.Runs[0].Points) != 1 || got.Runs[0].Points[0].Rate != o.Stages[1].Rate {
+		t.Fatalf("JSON %s", data)
+	}
+	for _, col := range PrefixColumns {
+		c := got.Runs[0].Points[0].Columns[col]
+		for _, k := range []string{"ttft_mean_ms", "ttft_p90_ms", "output_tokens_s", "cache_hit_pct"} {
+			if _, ok := c[k]; !ok {
+				t.Errorf("column %s has no %s: %v", col, k, c)
+			}
+		}
+	}
 }
