@@ -1,6 +1,7 @@
 package placer
 
 import (
+	"math"
 	"sync"
 
 	"github.com/lumen-project/lumen/policy"
@@ -119,4 +120,48 @@ func PickPrefix(ws []policy.Worker, overlaps []int) int {
 		}
 	}
 	return best
+}
+
+// TakePrefix is Take for a request whose prompt has the page hashes given,
+// choosing by PickPrefix over the view with idx's overlaps (the gateway's
+// index of the workers' KV events). With several gateways the others'
+// virtual placements are counted as PickShared counts them, and the prefix
+// replaces the preference for this gateway's share (unmeasured: the
+// simulator's prefix figure runs the dispatch inside Apply). With no
+// overlap anywhere and one gateway it chooses what Take does.
+func (r *Replica) TakePrefix(requestID string, promptTokens uint32, hashes []uint64, idx *PrefixIndex, exclude ...string) (worker string, incarnation uint64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vs := r.viewsLocked()
+	for _, x := range exclude {
+		if i, found := r.find(x); found {
+			vs[i].Eligible = false
+		}
+	}
+	pages := policy.Pages(uint64(promptTokens))
+	if r.G > 1 {
+		pending := min(len(r.own), len(vs))
+		for h := range r.G {
+			if h == r.g {
+				continue
+			}
+			for range pending {
+				j := SharePick(vs, h, r.G, math.Inf(1))
+				if j < 0 {
+					break
+				}
+				vs[j].PendingRequests++
+				vs[j].PendingPages += pages
+			}
+		}
+	}
+	i := PickPrefix(vs, idx.Overlaps(vs, hashes, nil))
+	if i < 0 {
+		return "", 0, false
+	}
+	r.seq++
+	r.addOwn(requestID, own{worker: vs[i].ID, pages: pages, seq: r.seq})
+	r.order = append(r.order, ownRef{id: requestID, seq: r.seq})
+	r.capOwnLocked()
+	return vs[i].ID, r.incs[i], true
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
 func worker(id string, used uint64, running, waiting uint32) policy.Worker {
@@ -97,5 +98,39 @@ func TestPickPrefixIsContinuous(t *testing.T) {
 	ws[1].Eligible = false
 	if got := PickPrefix(ws, []int{1000, 0}); got != -1 {
 		t.Fatalf("chose %d with no worker eligible", got)
+	}
+}
+
+// TestTakePrefix: a lone gateway's replica chooses the worker holding the
+// prompt's prefix when it is not much busier, counts the placement there
+// like Take, and with no overlap chooses what Take chooses.
+func TestTakePrefix(t *testing.T) {
+	tab := &pb.LoadTable{AppliedIndex: 5, Workers: []*pb.WorkerLoad{
+		row("w1", 1, full, 40, 2), row("w2", 3, full, 45, 3)}}
+	r, plain := New(), New()
+	r.Update(tab)
+	plain.Update(tab)
+	x := NewPrefixIndex()
+	hashes := []uint64{11, 12, 13, 14}
+	w, _, ok := r.TakePrefix("a", 64, hashes, x)
+	want, _, _ := plain.Take("a", 64)
+	if !ok || w != want || w != "w1" {
+		t.Fatalf("no overlap: took %s (%v), Take took %s", w, ok, want)
+	}
+	// Without the prefix w1 is still the freer, (100−40−4)/3 ≈ 18.7
+	// against (100−45)/3 ≈ 18.3; w2 holding the prompt's 4 pages adds 4.
+	if w, _, _ := plain.Take("b", 64); w != "w1" {
+		t.Fatalf("without the prefix Take took %s", w)
+	}
+	x.Apply("w2", hashes, nil)
+	if w, inc, ok := r.TakePrefix("b", 64, hashes, x); !ok || w != "w2" || inc != 3 {
+		t.Fatalf("w2 holds the prompt: took %s@%d (%v)", w, inc, ok)
+	}
+	if vs := r.Views(); vs[1].PendingRequests != 1 || vs[0].PendingRequests != 1 {
+		t.Fatalf("own placements not counted: %+v", vs)
+	}
+	// Excluded, w2 is not chosen whatever it holds.
+	if w, _, _ := r.TakePrefix("c", 64, hashes, x, "w2"); w != "w1" {
+		t.Fatalf("took %s, excluded", w)
 	}
 }
