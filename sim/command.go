@@ -53,7 +53,10 @@ type Options struct {
 	Migration bool
 	// Gateways and GatewayChoice are every column's dispatch
 	// (Config.Gateways; 0: inside Apply).
-	Gateways      int
+	Gateways int
+	// PrefixRouting turns on every column's prefix caches and
+	// prefix-aware placement (Config.PrefixCache, PrefixRouting).
+	PrefixRouting bool
 	GatewayChoice GatewayChoice
 	// Failure domains and replication (Study's fields of the same names).
 	GPUsPerNode, FailNodes, CheckpointReplicas int
@@ -130,7 +133,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: s.LoadOr(o.Load), Lambda: o.Lambda, NoRestart: o.NoRestart,
 			Timing: timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
-			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice,
+			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, PrefixRouting: o.PrefixRouting,
 			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns}
 		figs, err := st.Run()
 		if err != nil {
@@ -243,6 +246,10 @@ type Command struct {
 	Domains                                    string
 	// Columns, comma-separated, are the columns to run (empty: all).
 	Columns string
+	// PrefixRouting is "on" (the workers' prefix caches and prefix-aware
+	// placement, issue 25) or "off" (freeness alone, no cache); with
+	// -figure prefix, given, it runs only that column.
+	PrefixRouting string
 	// Given names the flags set on the command line: some defaults depend
 	// on whether a value was given, and a flag that does not apply to what
 	// runs is refused rather than ignored.
@@ -256,7 +263,7 @@ type Command struct {
 func DefaultCommand() Command {
 	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
 		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", LoadReports: "events", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
-		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", CheckpointReplicas: 1, Domains: "aware", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
+		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", PrefixRouting: "off", CheckpointReplicas: 1, Domains: "aware", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
 
 // Run checks the command and runs it: a replot, a figure, or the studies.
@@ -291,6 +298,15 @@ func (c *Command) Run() error {
 	}
 	if given("trace-mix", "arrivals", "requests", "migration-plan", "rates", "migration-interval") && c.Figure != LlumnixFigureName {
 		return fmt.Errorf("-trace-mix, -arrivals, -requests, -rates, -migration-plan and -migration-interval apply to -figure %s only", LlumnixFigureName)
+	}
+	if c.PrefixRouting != "on" && c.PrefixRouting != "off" {
+		return fmt.Errorf("-prefix-routing %q: on or off", c.PrefixRouting)
+	}
+	if c.Figure != "" && c.Figure != PrefixFigureName && given("prefix-routing") {
+		return fmt.Errorf("-prefix-routing applies to the studies and to -figure %s, not to -figure %s", PrefixFigureName, c.Figure)
+	}
+	if c.PrefixRouting == "on" && c.Gateways > 0 {
+		return fmt.Errorf("-prefix-routing on places inside the dispatch: it does not run with -gateways %d", c.Gateways)
 	}
 	if migrate && c.Figure != "" && c.Figure != "burst" {
 		return fmt.Errorf("-migration on applies to the studies, not to -figure %s (-figure burst runs it off and on)", c.Figure)
@@ -399,6 +415,8 @@ func (c *Command) Run() error {
 		return c.runDegradation(timing)
 	case c.Figure == LlumnixFigureName:
 		return c.runLlumnix()
+	case c.Figure == PrefixFigureName:
+		return c.runPrefix(given)
 	case c.Figure != "":
 		fo := DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning, fo.Budget = c.Seed, c.Seeds, c.Load, timing, c.Out, c.Profile, c.MaxRunning, c.Budget
@@ -430,7 +448,7 @@ func (c *Command) Run() error {
 		}
 		return c.writeJSON(f, true)
 	}
-	o := Options{Gateways: c.Gateways, GatewayChoice: choice, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
+	o := Options{Gateways: c.Gateways, GatewayChoice: choice, PrefixRouting: c.PrefixRouting == "on", Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
 		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
 		TracePath: c.TracePath, Spec: spec, Log: c.Out,
 		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind"}

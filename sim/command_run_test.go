@@ -23,6 +23,10 @@ func TestCommandRefuses(t *testing.T) {
 		{func(c *Command) { c.Setups, c.Workers = "w4", 4 }, "-setups and -workers"},
 		{func(c *Command) { c.Migration = "maybe" }, "on or off"},
 		{func(c *Command) { c.Figure, c.Given["spec-k"] = "spec-k", true }, "do not apply"},
+		{func(c *Command) { c.PrefixRouting = "yes" }, "-prefix-routing \"yes\": on or off"},
+		{func(c *Command) { c.Figure, c.Given["prefix-routing"] = "load", true }, "-prefix-routing applies to the studies and to -figure prefix"},
+		{func(c *Command) { c.PrefixRouting, c.Gateways = "on", 2 }, "does not run with -gateways 2"},
+		{func(c *Command) { c.Figure, c.Given["xs"] = PrefixFigureName, true }, "runs llm-d's load ladder"},
 	} {
 		cmd := DefaultCommand()
 		cmd.Out, cmd.Errs = &bytes.Buffer{}, &bytes.Buffer{}

@@ -305,7 +305,7 @@ func (s *Sim) acceptStage(m *simMigration, st core.MigrationStage) {
 	d := m.dst
 	in := core.IncomingStage{ID: st.ID, Epoch: st.Epoch, Stage: st.Stage, First: st.First, Hashes: st.Hashes, Last: st.Last,
 		Tail: st.Tail, History: st.History, Holder: st.Holder, Checkpointed: st.Checkpointed, Hold: st.Hold}
-	_, err := d.core.AcceptStage(s.clock(), in, s.cfg.KVPages-d.core.CachedPages())
+	_, err := d.core.AcceptStage(s.clock(), in, s.cfg.KVPages-d.core.CachedPages()-d.core.EvictablePages())
 	s.flush(d)
 	if err != nil {
 		cause := "destination"

@@ -88,6 +88,14 @@ type Result struct {
 	// they were sent (worker/loadreport), over the same span.
 	Raft        map[string]RaftCount
 	LoadReports map[loadreport.Reason]int
+
+	// The workers' prefix caches (Config.PrefixCache): the history tokens
+	// of the requests admitted with an empty cache, and of them those the
+	// cache held (core.Output.CacheQueryTokens, CacheHitTokens).
+	CacheQueryTokens, CacheHitTokens int
+	// CacheQueries[k] and CacheHits[k] are the same counted in second k
+	// of the run.
+	CacheQueries, CacheHits []int
 }
 
 // RaftCount is one command type's part of the Raft write stream: its

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/lumen-project/lumen/fsm"
+	"github.com/lumen-project/lumen/internal/placer"
 	"github.com/lumen-project/lumen/internal/recoverystudy"
 	"github.com/lumen-project/lumen/internal/workload"
 	"github.com/lumen-project/lumen/policy"
@@ -118,6 +119,12 @@ type Config struct {
 	// (llumnixsim.go): MigrateAsPlanned (the zero value) applies it as the
 	// controller does.
 	MigrationFilter MigrationFilter
+	// PrefixCache turns on the workers' automatic prefix caching
+	// (core.Config.PrefixCache); PrefixRouting places each request by
+	// internal/placer.PickPrefix over an index of the workers' caches fed
+	// by their KV events (prefix.go), naming the worker in the Dispatch
+	// as a gateway does, instead of Apply's freeness choice.
+	PrefixCache, PrefixRouting bool
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
@@ -332,6 +339,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("Gateways (%d) must be >= 0, and with gateways Timing.WatchInterval (%s) positive and WatchDelay (%s) >= 0",
 			c.Gateways, t.WatchInterval, t.WatchDelay))
 	}
+	if c.PrefixRouting && (c.Gateways > 0 || c.RoundRobin) {
+		errs = append(errs, fmt.Errorf("PrefixRouting places inside the dispatch: it does not run with Gateways (%d) or RoundRobin", c.Gateways))
+	}
 	errs = append(errs, c.validateSpec()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
@@ -416,6 +426,9 @@ type Sim struct {
 
 	// rr is the round-robin dispatch's next worker (Config.RoundRobin).
 	rr int
+	// pidx is the index of the workers' prefix caches (prefix.go).
+	pidx       *placer.PrefixIndex
+	overlapBuf []int
 
 	// The run's end: events after drainUntil (≥ 0 once every request
 	// ended) are not run. nextProgress is the next Progress call.
@@ -811,7 +824,8 @@ func (s *Sim) register(w *simWorker, phase pb.WorkerPhase) {
 	w.alive = true
 	w.store = newSimStore(s.cfg.CheckpointBudget)
 	w.core = core.New(core.Config{Self: w.id, TokenBudget: s.cfg.TokenBudget, MaxRunning: s.cfg.MaxRunning,
-		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages, Preemption: s.cfg.Timing.Preemption}, w.store)
+		MaxWaiting: s.cfg.MaxWaiting, TotalPages: s.cfg.KVPages, Preemption: s.cfg.Timing.Preemption, PrefixCache: s.cfg.PrefixCache}, w.store)
+	s.prefixIndex().Reset(w.id) // a new process's cache is empty
 	w.waits = core.WaitWindow{}
 	w.busy, w.kick, w.linkFree, w.qw = false, false, s.now, 0
 	if w.reporter == nil {
@@ -924,6 +938,9 @@ func (s *Sim) dispatchApply(r *simRequest) {
 	d := &pb.DispatchCmd{RequestId: r.id, PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output)}
 	if s.cfg.RoundRobin {
 		s.roundRobin(d)
+	}
+	if s.cfg.PrefixRouting {
+		s.prefixRoute(r, d)
 	}
 	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: d}})
 	if res.Err != nil {
@@ -1193,7 +1210,7 @@ func (s *Sim) step(w *simWorker) {
 	if w.busy || !w.alive || w.core.Idle() {
 		return
 	}
-	free := s.cfg.KVPages - w.core.CachedPages()
+	free := s.cfg.KVPages - w.core.CachedPages() - w.core.EvictablePages()
 	st := w.core.Next(s.clock(), free)
 	s.flush(w)
 	if len(st.Batch) == 0 {
@@ -1210,7 +1227,7 @@ func (s *Sim) step(w *simWorker) {
 		return
 	}
 	w.empties = 0
-	if used := w.core.CachedPages(); used > s.cfg.KVPages || w.core.Running() > s.cfg.MaxRunning {
+	if used := w.core.CachedPages() + w.core.EvictablePages(); used > s.cfg.KVPages || w.core.Running() > s.cfg.MaxRunning {
 		s.fail("%s: %d KV pages in use of %d, %d running of %d", w.id, used, s.cfg.KVPages, w.core.Running(), s.cfg.MaxRunning)
 	}
 	p := s.cfg.Profile
@@ -1295,6 +1312,7 @@ func (s *Sim) stepDone(w *simWorker, st core.Step) {
 // flush carries out what the worker's core asked for.
 func (s *Sim) flush(w *simWorker) {
 	o := w.core.Output()
+	s.cacheEvents(w, &o)
 	s.res.RestoredPages += o.RestoredPages
 	s.res.RecomputedTokens += o.RecomputedTokens
 	s.res.Preemptions += o.Preemptions

@@ -161,6 +161,9 @@ type Study struct {
 	// (Config.Gateways; not the calibration's, which is Apply's).
 	Gateways      int
 	GatewayChoice GatewayChoice
+	// PrefixRouting turns on every column's prefix caches and
+	// prefix-aware placement (Config.PrefixCache, PrefixRouting).
+	PrefixRouting bool
 	// Failure domains and replication (issue 24; Config.GPUsPerNode,
 	// DomainBlind, CheckpointReplicas): with GPUsPerNode > 0 the failure
 	// kills every worker of nodes 1 … FailNodes, and Setup.Failures more
@@ -242,7 +245,8 @@ func (st *Study) config(p engine.Profile, strategy policy.Strategy, reqs []workl
 		Workers: st.Setup.Workers, Profile: p, Strategy: strategy, Lambda: st.Lambda,
 		TokenBudget: st.Setup.StepTokens(), MaxRunning: st.Setup.MaxRunning, MaxWaiting: 4096, CheckpointBudget: st.Setup.Budget, KVPages: st.Setup.KVPages,
 		Arrivals: reqs, Timing: timing, MeasureApply: st.MeasureApply, Spec: spec,
-		RaftFrom: st.Timeline.Warmup, RaftTo: st.Timeline.Duration}
+		RaftFrom: st.Timeline.Warmup, RaftTo: st.Timeline.Duration,
+		PrefixCache: st.PrefixRouting, PrefixRouting: st.PrefixRouting && st.Gateways == 0}
 }
 
 // Calibrate measures the setup's saturated throughput in requests per

@@ -63,6 +63,11 @@ type Config struct {
 	// Preemption is what a running request whose next chunk gets no KV
 	// page does (Next): PreemptWait, lumen's default, or PreemptVLLM.
 	Preemption Preemption
+	// PrefixCache turns on automatic prefix caching (prefixcache.go):
+	// full pages shared by prefix hash across requests, kept when
+	// unreferenced and evicted least recently released first. Only for an
+	// engine that shares pages between sequences (the simulator's).
+	PrefixCache bool
 }
 
 // Preemption is a rule for a running request short of a KV page.
@@ -168,6 +173,11 @@ type Request struct {
 	// the pre-step ends; held marks such a request for good.
 	holding *incoming
 	held    bool
+	// The prefix cache (prefixcache.go): hashes[:cached] are pages the
+	// request references in it; lookup the hashes of History[:len−1]
+	// its admission looks up.
+	cached int
+	lookup []uint64
 }
 
 // logprobSlots returns n slots for the engine to fill with r's logprobs,
@@ -303,6 +313,13 @@ type Output struct {
 	MigrationStages, MigrationPagesOut, MigrationPagesIn, MigratedOut, MigratedIn, MigrationsReclaimed int
 	// HeldTokens: tokens the held pre-step sampled for migrations in.
 	HeldTokens int
+	// The prefix cache (Config.PrefixCache): the hashes of the pages
+	// that entered it and of those evicted from it (KV events, in order),
+	// and the history tokens of the requests admitted with an empty
+	// cache and how many of them the cache held (vLLM's prefix cache
+	// queries and hits).
+	KVStored, KVRemoved              []uint64
+	CacheQueryTokens, CacheHitTokens int
 }
 
 // Truncate cuts sequence Seq back to its first Len positions.
@@ -341,11 +358,20 @@ type Core struct {
 	availBuf   []int // specK's drafts per row, reused
 
 	out Output
+
+	// pc is the prefix cache (nil: off); released the pages requests
+	// outside it freed during this Next.
+	pc       *prefixCache
+	released int
 }
 
 // New returns an empty Core. store may be nil (nothing is restorable).
 func New(cfg Config, store Store) *Core {
-	return &Core{cfg: cfg, store: store, byID: map[string]*Request{}}
+	c := &Core{cfg: cfg, store: store, byID: map[string]*Request{}}
+	if cfg.PrefixCache {
+		c.pc = newPrefixCache()
+	}
+	return c
 }
 
 // PagesFor is the KV pages n tokens need.
@@ -392,14 +418,16 @@ func (c *Core) HeadPages() int {
 }
 
 // CachedPages is the KV pages the running requests' caches hold: what an
-// engine that allocates a page per 16 positions has in use.
+// engine that allocates a page per 16 positions has in use. With the
+// prefix cache a page requests share counts once, and the unreferenced
+// cached pages not at all (EvictablePages).
 func (c *Core) CachedPages() int {
-	n := 0
+	n := c.sharedPages()
 	for _, r := range c.running {
-		n += PagesFor(r.fed)
+		n += PagesFor(r.fed) - r.cached
 	}
 	for _, r := range c.stopped {
-		n += PagesFor(r.fed)
+		n += PagesFor(r.fed) - r.cached
 	}
 	for _, in := range c.incoming {
 		n += in.pages
@@ -437,7 +465,8 @@ func (c *Core) Lookup(id string) *Request { return c.byID[id] }
 func (c *Core) Output() Output {
 	o := c.out
 	c.out = Output{Release: o.Release[:0], Truncates: o.Truncates[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
-		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0], MigrationsEnded: o.MigrationsEnded[:0]}
+		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0], MigrationsEnded: o.MigrationsEnded[:0],
+		KVStored: o.KVStored[:0], KVRemoved: o.KVRemoved[:0]}
 	return o
 }
 
@@ -555,6 +584,7 @@ func (c *Core) drop(r *Request, err error, releaseCkpt bool) {
 	}
 	c.endOut(r, why)
 	delete(c.byID, r.ID)
+	c.unref(r)
 	c.out.Release = append(c.out.Release, r.seq)
 	c.waiting = remove(c.waiting, r)
 	c.running = remove(c.running, r)
@@ -626,12 +656,20 @@ func (c *Core) Next(now time.Time, free int) Step {
 	admit := !c.noAdmit
 	c.noAdmit = false
 	c.stalled = false
+	// The prefix cache's unreferenced pages count as free; the step's
+	// build evicts what it needs of them (prefixcache.go).
+	engineFree := free
+	c.released = 0
+	free += c.EvictablePages()
 	if admit {
 		free = c.makeRoom(free)
 	}
 	for {
 		st, preempted := c.build(now, free, admit)
 		if len(st.Batch) > 0 {
+			if c.pc != nil {
+				c.evictFor(stepDemand(st), engineFree+c.released)
+			}
 			c.pending = st
 			return st
 		}
@@ -763,15 +801,31 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 	for len(c.waiting) > 0 && budget > 0 && c.slots() < c.cfg.MaxRunning {
 		r := c.waiting[0]
 		pages, hashes := c.restorable(r)
-		if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget)) > free {
+		// A prefix the cache holds is taken over a checkpoint no longer
+		// than it: it is in the KV cache already.
+		hit, idle := c.lookupHit(r)
+		useHit := hit > 0 && hit >= len(pages)
+		if useHit {
+			if PagesFor(min(len(r.History), hit*engine.PageTokens+budget))-hit > free-idle {
+				break
+			}
+		} else if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget)) > free {
 			break
 		}
 		c.waiting = c.waiting[1:]
 		c.running = append(c.running, r)
-		if rs, ok := c.restore(r, pages, hashes); ok {
-			st.Restores = append(st.Restores, rs)
+		if useHit {
+			c.takeHit(r, hit)
+			free -= idle
+		} else {
+			if c.pc != nil {
+				c.takeHit(r, 0)
+			}
+			if rs, ok := c.restore(r, pages, hashes); ok {
+				st.Restores = append(st.Restores, rs)
+			}
+			free -= PagesFor(r.fed)
 		}
-		free -= PagesFor(r.fed)
 		if r.started.IsZero() {
 			r.started = now
 			c.out.Waits = append(c.out.Waits, Wait{At: now, Wait: now.Sub(r.Arrived)})
@@ -790,7 +844,7 @@ func (c *Core) preempt() int {
 	c.running = c.running[:len(c.running)-1]
 	c.endOut(victim, "the request was preempted")
 	c.out.Release = append(c.out.Release, victim.seq)
-	freed := PagesFor(victim.fed)
+	freed := c.freed(victim)
 	c.nextSeq++
 	victim.seq, victim.fed, victim.ckptSent, victim.hashes = c.nextSeq, 0, 0, nil
 	c.waiting = append([]*Request{victim}, c.waiting...)
@@ -836,7 +890,7 @@ func (c *Core) makeRoom(free int) int {
 func (c *Core) requeue(v *Request) int {
 	c.endOut(v, "the request was preempted")
 	c.out.Release = append(c.out.Release, v.seq)
-	freed := PagesFor(v.fed)
+	freed := c.freed(v)
 	c.nextSeq++
 	v.seq, v.fed, v.ckptSent, v.hashes = c.nextSeq, 0, 0, nil
 	i := 0
@@ -951,6 +1005,13 @@ func (c *Core) Done(now time.Time, out [][]int32) {
 		c.commit(now, r, out[i][0], chunkLogprobs(ch, 0))
 	}
 	c.checkpoint(st.Reqs)
+	if c.pc != nil {
+		for _, r := range st.Reqs {
+			if cur, live := c.byID[r.ID]; live && cur == r {
+				c.register(r)
+			}
+		}
+	}
 }
 
 // chunkLogprobs is a copy of the logprobs the engine computed for a
@@ -997,6 +1058,7 @@ func (c *Core) commit(now time.Time, r *Request, tok int32, lp *engine.Logprobs)
 	}
 	c.endOut(r, "the request finished")
 	delete(c.byID, r.ID)
+	c.unref(r)
 	c.out.Release = append(c.out.Release, r.seq)
 	c.running = remove(c.running, r)
 	c.out.Completed++

@@ -250,6 +250,7 @@ func (c *Core) CommitOut(id string, epoch uint64) bool {
 	}
 	delete(c.byID, id)
 	c.stopped = remove(c.stopped, r)
+	c.unref(r)
 	c.out.Release = append(c.out.Release, r.seq)
 	c.out.MigratedOut++
 	c.event(Event{Req: r, Err: fmt.Errorf("%w (placement epoch %d)", ErrMigrated, epoch)})

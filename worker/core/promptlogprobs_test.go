@@ -111,3 +111,58 @@ func TestPromptLogprobs(t *testing.T) {
 		})
 	}
 }
+
+// TestPromptLogprobsBypassTheCache: with the prefix cache on, a request
+// that scores its prompt prefills all of it — no hit on the pages an
+// earlier request with the same prompt left — and gets every prompt
+// token's logprobs; one that does not score hits the cache.
+func TestPromptLogprobsBypassTheCache(t *testing.T) {
+	rng := rand.New(rand.NewPCG(43, 0))
+	p := prompt(rng, 80)
+	h := newHarness(t, 256, Config{PrefixCache: true}, nil)
+	run := func(id string, score bool) (got []engine.Logprobs, hitTokens int) {
+		r := &Request{ID: id, History: append([]int32(nil), p...), Prompt: len(p), MaxTokens: 4, Arrived: h.now, PromptLogprobs: score, TopLogprobs: 2}
+		h.c.Submit(r)
+		h.apply()
+		for !h.c.Idle() {
+			st := h.c.Next(h.now, h.eng.FreePages()-h.c.EvictablePages())
+			o := h.c.Output()
+			hitTokens += o.CacheHitTokens
+			for _, s := range o.Release {
+				h.eng.Release(s)
+			}
+			if len(st.Batch) == 0 {
+				continue
+			}
+			out, err := h.eng.Forward(context.Background(), st.Batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.c.Done(h.now, out)
+			o = h.c.Output()
+			for _, s := range o.Release {
+				h.eng.Release(s)
+			}
+			for _, ev := range o.Events {
+				if ev.Err != nil {
+					t.Fatalf("%s: %v", id, ev.Err)
+				}
+				if ev.PromptLogprobs != nil {
+					got = ev.PromptLogprobs
+				}
+			}
+		}
+		return got, hitTokens
+	}
+	run("warm", false)
+	if _, hit := run("hit", false); hit == 0 {
+		t.Fatal("a repeat of the prompt hit nothing: the cache is not on, the test tests nothing")
+	}
+	got, hit := run("scored", true)
+	if hit != 0 {
+		t.Fatalf("the scoring request took %d tokens from the cache", hit)
+	}
+	if want := promptReference(t, p, 2); !reflect.DeepEqual(got, want) {
+		t.Fatalf("prompt logprobs with the cache on differ from one chunk's scores")
+	}
+}

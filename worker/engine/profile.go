@@ -200,6 +200,19 @@ var Profiles = map[string]Profile{
 		HBMBytesPerSec: 3.35e12, DecodeRefContext: DecodeRefContext,
 		H2DBytesPerSec: 35e9, D2HBytesPerSec: 50e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second,
 		ColdDiskBytesPerSec: ColdDiskBytesPerSec, ColdEngineInit: ColdEngineInit},
+	// Qwen3-32B over two H100s, tensor parallel 2 (llm-d's prefix-cache
+	// benchmark pod, docs/calibration.md): the weights and the KV cache
+	// split over both GPUs, the bandwidth and the FLOP/s doubled. Decode
+	// reads half the weights per GPU, 65.5 GB / 6.7 TB/s = 9.8 ms, plus
+	// the one-GPU profile's 4.2 ms of overhead and 2 ms of all-reduces
+	// (two per layer); a row costs half the one-GPU row; prefill is two
+	// GPUs at 640 TFLOP/s over 2 × 32.8e9 FLOPs a token.
+	"qwen3-32b-2xh100": {Name: "qwen3-32b-2xh100", Model: "Qwen3-32B", GPU: "2 × NVIDIA H100 80GB HBM3 (TP 2)",
+		Layers: 64, KVHeads: 8, HeadDim: 128, WeightBytes: 65.5e9, GPUMemBytes: 160e9, MaxContext: 32768,
+		DecodeBaseMs: 16.0, DecodePerSeqMs: 0.0857, VerifyPerPosMs: 0.05, PrefillTokensPerSec: 19500,
+		HBMBytesPerSec: 6.7e12, DecodeRefContext: DecodeRefContext,
+		H2DBytesPerSec: 70e9, D2HBytesPerSec: 100e9, DiskBytesPerSec: 3.8e9, EngineInit: 15 * time.Second,
+		ColdDiskBytesPerSec: ColdDiskBytesPerSec, ColdEngineInit: ColdEngineInit},
 	// H200: decode is memory-bound, 4.8 / 3.35 TB/s ≈ 1.43× faster; prefill is
 	// compute-bound and unchanged.
 	"qwen3-14b-h200": {Name: "qwen3-14b-h200", Model: "Qwen3-14B", GPU: "NVIDIA H200 141GB HBM3e",

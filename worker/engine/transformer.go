@@ -33,6 +33,9 @@ type Transformer struct {
 	free []int32   // free page ids (a stack)
 	seqs map[SeqID]*sequence
 	buf  scratch
+	// shared counts, for each page more than one sequence holds, its
+	// holders (share.go); a page not in it has one.
+	shared map[int32]int32
 }
 
 type sequence struct {
@@ -123,6 +126,7 @@ func (t *Transformer) Unload() {
 	defer t.mu.Unlock()
 	t.w = nil
 	t.seqs = map[SeqID]*sequence{}
+	t.shared = nil
 	t.free = t.free[:0]
 	for p := t.cfg.Pages - 1; p >= 0; p-- {
 		t.free = append(t.free, int32(p))
@@ -158,7 +162,7 @@ func (t *Transformer) Release(seq SeqID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s := t.seqs[seq]; s != nil {
-		t.free = append(t.free, s.pages...)
+		t.drop(s.pages)
 		delete(t.seqs, seq)
 	}
 }
@@ -175,7 +179,15 @@ func (t *Transformer) Truncate(seq SeqID, n int) error {
 		return fmt.Errorf("%w: truncate sequence %d of %d positions to %d", ErrBadInput, seq, s.n, n)
 	}
 	keep := (n + PageTokens - 1) / PageTokens
-	t.free = append(t.free, s.pages[keep:]...)
+	if n%PageTokens != 0 && t.shared[s.pages[keep-1]] > 1 {
+		// The kept page is partial and shared: the positions the
+		// sequence writes next are its own (copy on write).
+		if len(t.free) == 0 {
+			return ErrOutOfPages
+		}
+		t.copyOnWrite(s, keep-1)
+	}
+	t.drop(s.pages[keep:])
 	s.pages, s.n = s.pages[:keep], n
 	return nil
 }

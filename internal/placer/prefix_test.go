@@ -1,0 +1,136 @@
+package placer
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/lumen-project/lumen/policy"
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+)
+
+func worker(id string, used uint64, running, waiting uint32) policy.Worker {
+	return policy.Worker{ID: id, Eligible: true, KVPagesTotal: 1000, KVPagesUsed: used, Running: running, Waiting: waiting}
+}
+
+// TestPrefixIndexOverlap: a worker's overlap is the run of the prompt's
+// hashes, from the first, its events stored and did not remove; a reset
+// forgets the worker.
+func TestPrefixIndexOverlap(t *testing.T) {
+	x := NewPrefixIndex()
+	ws := []policy.Worker{worker("a", 0, 0, 0), worker("b", 0, 0, 0), worker("c", 0, 0, 0)}
+	x.Apply("a", []uint64{1, 2, 3, 4}, nil)
+	x.Apply("b", []uint64{1, 2, 3}, []uint64{2})
+	x.Apply("c", []uint64{2, 3}, nil) // no first page: no overlap
+	got := x.Overlaps(ws, []uint64{1, 2, 3, 9}, nil)
+	if got[0] != 3 || got[1] != 1 || got[2] != 0 {
+		t.Fatalf("overlaps %v, want [3 1 0]", got)
+	}
+	x.Reset("a")
+	if got := x.Overlaps(ws, []uint64{1, 2, 3}, got); got[0] != 0 || x.Len("a") != 0 {
+		t.Fatalf("after a's reset: overlap %d, %d hashes", got[0], x.Len("a"))
+	}
+}
+
+// TestPickPrefixIsPickServingWithoutOverlap: with no overlap anywhere the
+// choice is exactly policy.PickServing's, on random views (seed printed).
+func TestPickPrefixIsPickServingWithoutOverlap(t *testing.T) {
+	seed := uint64(rand.Uint32())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for range 2000 {
+		ws := make([]policy.Worker, 1+rng.IntN(8))
+		for i := range ws {
+			ws[i] = worker(string(rune('a'+i)), uint64(rng.IntN(1000)), uint32(rng.IntN(40)), uint32(rng.IntN(5)))
+			ws[i].Eligible = rng.IntN(5) > 0
+			ws[i].PendingPages = uint64(rng.IntN(100))
+		}
+		if a, b := PickPrefix(ws, make([]int, len(ws))), policy.PickServing(ws); a != b {
+			t.Fatalf("views %+v: PickPrefix %d, PickServing %d", ws, a, b)
+		}
+	}
+}
+
+// TestPickPrefixIsContinuous: the affinity a cached prefix buys is worth
+// its pages, so a worker holding it wins against a freer one until the
+// other's freeness exceeds it by the overlap; and it shrinks as the
+// holder's queue grows, with no step: the score falls strictly with every
+// request waiting there, and the choice moves to the freer worker at the
+// queue where the discounted overlap no longer covers the gap.
+func TestPickPrefixIsContinuous(t *testing.T) {
+	// b is freer by 10 pages a request: (1000−500)/10 = 50 against
+	// (1000−400)/10 = 60.
+	ws := []policy.Worker{worker("a", 500, 10, 0), worker("b", 400, 10, 0)}
+	for _, c := range []struct{ overlap, want int }{{0, 1}, {9, 1}, {11, 0}, {300, 0}} {
+		if got := PickPrefix(ws, []int{c.overlap, 0}); got != c.want {
+			t.Errorf("a holds %d pages of the prompt: chose %d, want %d", c.overlap, got, c.want)
+		}
+	}
+	// a holds 100 pages; its queue grows: the score falls continuously.
+	prev := PrefixScore(&ws[0], 100)
+	switched := -1
+	for q := uint32(1); q <= 40; q++ {
+		ws[0].Waiting = q
+		s := PrefixScore(&ws[0], 100)
+		if s >= prev {
+			t.Fatalf("queue %d: score %g, not below %g at %d", q, s, prev, q-1)
+		}
+		prev = s
+		if switched < 0 && PickPrefix(ws, []int{100, 0}) == 1 {
+			switched = int(q)
+		}
+	}
+	// Freeness of a with q waiting: 500/(10+q); the hit 100/(1+q); b's 60.
+	want := -1
+	for q := 1; q <= 40; q++ {
+		if 500.0/float64(10+q)+100.0/float64(1+q) < 60 {
+			want = q
+			break
+		}
+	}
+	if switched != want || want < 0 {
+		t.Fatalf("the choice moved to b at a queue of %d, want %d", switched, want)
+	}
+	// An ineligible worker is never chosen, whatever it holds.
+	ws[0].Eligible = false
+	if got := PickPrefix(ws, []int{1000, 0}); got != 1 {
+		t.Fatalf("chose %d, an ineligible worker", got)
+	}
+	ws[1].Eligible = false
+	if got := PickPrefix(ws, []int{1000, 0}); got != -1 {
+		t.Fatalf("chose %d with no worker eligible", got)
+	}
+}
+
+// TestTakePrefix: a lone gateway's replica chooses the worker holding the
+// prompt's prefix when it is not much busier, counts the placement there
+// like Take, and with no overlap chooses what Take chooses.
+func TestTakePrefix(t *testing.T) {
+	tab := &pb.LoadTable{AppliedIndex: 5, Workers: []*pb.WorkerLoad{
+		row("w1", 1, full, 40, 2), row("w2", 3, full, 45, 3)}}
+	r, plain := New(), New()
+	r.Update(tab)
+	plain.Update(tab)
+	x := NewPrefixIndex()
+	hashes := []uint64{11, 12, 13, 14}
+	w, _, ok := r.TakePrefix("a", 64, hashes, x)
+	want, _, _ := plain.Take("a", 64)
+	if !ok || w != want || w != "w1" {
+		t.Fatalf("no overlap: took %s (%v), Take took %s", w, ok, want)
+	}
+	// Without the prefix w1 is still the freer, (100−40−4)/3 ≈ 18.7
+	// against (100−45)/3 ≈ 18.3; w2 holding the prompt's 4 pages adds 4.
+	if w, _, _ := plain.Take("b", 64); w != "w1" {
+		t.Fatalf("without the prefix Take took %s", w)
+	}
+	x.Apply("w2", hashes, nil)
+	if w, inc, ok := r.TakePrefix("b", 64, hashes, x); !ok || w != "w2" || inc != 3 {
+		t.Fatalf("w2 holds the prompt: took %s@%d (%v)", w, inc, ok)
+	}
+	if vs := r.Views(); vs[1].PendingRequests != 1 || vs[0].PendingRequests != 1 {
+		t.Fatalf("own placements not counted: %+v", vs)
+	}
+	// Excluded, w2 is not chosen whatever it holds.
+	if w, _, _ := r.TakePrefix("c", 64, hashes, x, "w2"); w != "w1" {
+		t.Fatalf("took %s, excluded", w)
+	}
+}
