@@ -58,6 +58,8 @@ type Options struct {
 	// prefix-aware placement (Config.PrefixCache, PrefixRouting).
 	PrefixRouting bool
 	GatewayChoice GatewayChoice
+	// Cells is every column's cells (Study.Cells).
+	Cells int
 	// Failure domains and replication (Study's fields of the same names).
 	GPUsPerNode, FailNodes, CheckpointReplicas int
 	DomainBlind                                bool
@@ -133,7 +135,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		}
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: s.LoadOr(o.Load), Lambda: o.Lambda, NoRestart: o.NoRestart,
 			Timing: timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
-			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, PrefixRouting: o.PrefixRouting,
+			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, PrefixRouting: o.PrefixRouting, Cells: o.Cells,
 			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns}
 		figs, err := st.Run()
 		if err != nil {
@@ -216,6 +218,9 @@ type Command struct {
 	Gateways      int
 	GatewayChoice string
 	GatewayBias   float64
+	// Cells (issue 26) splits the workers into that many cells, each its
+	// own controller quorum, behind the gateways (Config.Cells).
+	Cells int
 	// Migration is "on" or "off".
 	Migration string
 	// KVPages and CV apply to the burst figure.
@@ -261,7 +266,7 @@ type Command struct {
 
 // DefaultCommand is `lumen sim` without flags.
 func DefaultCommand() Command {
-	return Command{Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
+	return Command{Cells: 1, Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
 		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", LoadReports: "events", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
 		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", PrefixRouting: "off", CheckpointReplicas: 1, Domains: "aware", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
@@ -331,6 +336,9 @@ func (c *Command) Run() error {
 	if c.GPUsPerNode < 0 {
 		return fmt.Errorf("-gpus-per-node %d: must be >= 0 (0: no nodes)", c.GPUsPerNode)
 	}
+	if err := c.checkCells(); err != nil {
+		return err
+	}
 	if c.FailNodes < 0 || c.FailNodes > 0 && c.GPUsPerNode == 0 {
 		return fmt.Errorf("-fail-nodes %d: must be >= 0, and needs -gpus-per-node", c.FailNodes)
 	}
@@ -393,6 +401,8 @@ func (c *Command) Run() error {
 			return err
 		}
 		return c.writeJSON(f, false)
+	case c.Figure == CellsFigureName:
+		return c.runCells(timing, choice)
 	case c.Figure == "burst":
 		if given("migration") {
 			return fmt.Errorf("-figure burst runs migration off and on: -migration does not apply")
@@ -448,7 +458,7 @@ func (c *Command) Run() error {
 		}
 		return c.writeJSON(f, true)
 	}
-	o := Options{Gateways: c.Gateways, GatewayChoice: choice, PrefixRouting: c.PrefixRouting == "on", Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
+	o := Options{Gateways: c.Gateways, GatewayChoice: choice, PrefixRouting: c.PrefixRouting == "on", Cells: c.Cells, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
 		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
 		TracePath: c.TracePath, Spec: spec, Log: c.Out,
 		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind"}

@@ -38,6 +38,12 @@ import (
 type simGateway struct {
 	idx int
 	rep *placer.Replica
+	// With Config.Cells > 1 (cells.go): the gateway's replica of each
+	// cell (cells), each of them the replica of cell (best: the freeness
+	// of its freest worker, as of its last table or Take).
+	cells []*simGateway
+	cell  *simCell
+	best  float64
 	// tableAt is when the table the replica holds was read from the fsm.
 	tableAt time.Duration
 }
@@ -130,6 +136,10 @@ func (s *Sim) placerShares() bool { return s.cfg.GatewayChoice == ChoosePartitio
 // at once, then one every WatchInterval, gateway g's ticks offset by
 // g/G of it.
 func (s *Sim) startGateways() {
+	if len(s.cells) > 1 {
+		s.startCellGateways()
+		return
+	}
 	n := s.cfg.Gateways
 	iv := s.cfg.Timing.WatchInterval
 	for g := range n {
@@ -147,10 +157,11 @@ func (s *Sim) startGateways() {
 // sendTable reads the fsm's load table for gw and delivers it WatchDelay
 // later.
 func (s *Sim) sendTable(gw *simGateway) {
-	t := s.loadTable()
+	t := s.loadTable(gw)
 	at := s.now
 	s.at(s.now+s.cfg.Timing.WatchDelay, func() {
 		gw.rep.Update(t)
+		gw.rescore()
 		if idx, _ := gw.rep.Applied(); idx == t.AppliedIndex {
 			gw.tableAt = at
 		}
@@ -160,8 +171,12 @@ func (s *Sim) sendTable(gw *simGateway) {
 
 // loadTable is WatchLoad's table: the fsm's (fsm.LoadTable, shared and
 // read-only; the replica copies what it keeps).
-func (s *Sim) loadTable() *pb.LoadTable {
-	t, _ := s.fsm.LoadTable()
+func (s *Sim) loadTable(gw *simGateway) *pb.LoadTable {
+	f := s.fsm
+	if gw.cell != nil {
+		f = gw.cell.fsm
+	}
+	t, _ := f.LoadTable()
 	return t
 }
 
@@ -173,7 +188,14 @@ func (s *Sim) place(r *simRequest, exclude ...string) {
 	r.id = dispatchID(r)
 	s.byID[r.id] = r
 	prompt := uint32(r.w.PromptLen())
-	w, inc, ok := gw.rep.Take(r.id, prompt, exclude...)
+	var w string
+	var inc uint64
+	var ok bool
+	if len(gw.cells) > 0 {
+		gw, w, inc, ok = s.takeInCells(gw, r, prompt, exclude)
+	} else {
+		w, inc, ok = gw.rep.Take(r.id, prompt, exclude...)
+	}
 	if !ok {
 		s.res.Gateways.Fallback++
 		s.dispatchApply(r)

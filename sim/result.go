@@ -96,6 +96,9 @@ type Result struct {
 	// CacheQueries[k] and CacheHits[k] are the same counted in second k
 	// of the run.
 	CacheQueries, CacheHits []int
+	// Cells is, with Config.Cells > 1, each cell's part (cells.go); nil
+	// for one quorum.
+	Cells []CellStats
 }
 
 // RaftCount is one command type's part of the Raft write stream: its
@@ -107,7 +110,12 @@ type RaftCount struct {
 
 // finish builds the per-request records.
 func (s *Sim) finish() {
-	s.res.SameDomain, s.res.ShortReplicas = s.fsm.DomainCounts()
+	for _, c := range s.cells {
+		same, short := c.fsm.DomainCounts()
+		s.res.SameDomain += same
+		s.res.ShortReplicas += short
+	}
+	s.finishCells()
 	s.res.Records = make([]*servingstats.Record, len(s.reqs))
 	for i, r := range s.reqs {
 		if r == nil { // had not arrived when the run stopped
@@ -179,12 +187,14 @@ func (s *Sim) Check() error {
 		m := s.migs[0]
 		return fmt.Errorf("sim: conservation: %d migrations still under way (request %s, %s to %s)", len(s.migs), m.id, m.src.id, m.dst.id)
 	}
-	if _, n := s.fsm.Counts(); n != 0 {
-		return fmt.Errorf("sim: conservation: the fsm keeps %d placements", n)
-	}
-	for id, u := range s.fsm.HolderUsage() {
-		if u[0] != 0 {
-			return fmt.Errorf("sim: conservation: %d bytes still reserved on %s", u[0], id)
+	for _, c := range s.cells {
+		if _, n := c.fsm.Counts(); n != 0 {
+			return fmt.Errorf("sim: conservation: the fsm keeps %d placements%s", n, c.name())
+		}
+		for id, u := range c.fsm.HolderUsage() {
+			if u[0] != 0 {
+				return fmt.Errorf("sim: conservation: %d bytes still reserved on %s", u[0], id)
+			}
 		}
 	}
 	return nil

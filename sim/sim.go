@@ -132,6 +132,11 @@ type Config struct {
 	// MeasureApply times fsm.Apply of every Dispatch and MarkFailed on the
 	// wall clock (the only nondeterministic figures; off in tests).
 	MeasureApply bool
+	// Cells, when > 1, splits the cluster into that many cells (cells.go),
+	// each a controller quorum (its own fsm) over Workers/Cells workers;
+	// the gateways (Gateways > 0) choose the cell, then the worker. 0 and
+	// 1 are one quorum.
+	Cells int
 	// RaftFrom and RaftTo are the span whose Raft writes Result.Raft
 	// counts (RaftTo 0: to the end of the run).
 	RaftFrom, RaftTo time.Duration
@@ -343,6 +348,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("PrefixRouting places inside the dispatch: it does not run with Gateways (%d) or RoundRobin", c.Gateways))
 	}
 	errs = append(errs, c.validateSpec()...)
+	errs = append(errs, c.validateCells()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
@@ -385,8 +391,11 @@ type Sim struct {
 	seq   uint64
 	steps uint64 // events processed
 
-	fsm      *fsm.FSM
-	logIndex uint64
+	fsm *fsm.FSM // the one cell's; nil with Config.Cells > 1 (cells.go)
+	// cells are the controller quorums (cells.go); reqCell, with more
+	// than one, the cell of each dispatch id placed.
+	cells   []*simCell
+	reqCell map[string]*simCell
 
 	workers   []*simWorker
 	byWorker  map[string]*simWorker
@@ -438,7 +447,8 @@ type Sim struct {
 // simWorker is one worker process: its core, its store, its outgoing link.
 type simWorker struct {
 	id    string
-	node  string // Config.GPUsPerNode's node, "" for none
+	node  string   // Config.GPUsPerNode's node, "" for none
+	cell  *simCell // the quorum it registers with
 	inc   uint64
 	gen   uint64     // bumped on every kill: events of the old process are void
 	alive bool       // serving (registered and not killed)
@@ -486,6 +496,7 @@ type simRequest struct {
 	idx      int
 	w        *workload.Request // in Config.Arrivals
 	id       string            // dispatch id (changes on a re-dispatch)
+	cell     *simCell          // the cell of the attempt placed last (Config.Cells > 1)
 	attempt  int
 	arrival  time.Duration
 	out      int // output tokens delivered (the journal)
@@ -580,6 +591,7 @@ func New(cfg Config) (*Sim, error) {
 		marks:     map[time.Duration][]*pb.Command{},
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens, migByID: map[string]*simMigration{},
 		drainUntil: -1, nextProgress: 10 * time.Second}
+	s.initCells()
 	s.res.Requests = len(cfg.Arrivals)
 	s.res.Raft, s.res.LoadReports = map[string]RaftCount{}, map[loadreport.Reason]int{}
 	s.migProf = cfg.Profile
@@ -600,7 +612,7 @@ func New(cfg Config) (*Sim, error) {
 		s.draftProf, _ = s.draftProf.WithReload(cfg.Timing.Reload)
 	}
 	for i := range cfg.Workers {
-		w := &simWorker{id: fmt.Sprintf("worker-%d", i+1)}
+		w := &simWorker{id: fmt.Sprintf("worker-%d", i+1), cell: s.cellAt(i)}
 		if cfg.GPUsPerNode > 0 {
 			w.node = NodeName(i, cfg.GPUsPerNode)
 		}
@@ -767,31 +779,36 @@ func (s *Sim) applyEntry(cmds []*pb.Command) []fsm.Result {
 	if err != nil {
 		panic(err)
 	}
-	s.countRaft(cmds)
-	s.logIndex++
-	l := &raft.Log{Index: s.logIndex, Term: 1, Type: raft.LogCommand, Data: data}
-	var start time.Time
-	timed := s.cfg.MeasureApply
-	if timed {
-		start = time.Now()
-	}
-	res := s.fsm.Apply(l).([]fsm.Result)
-	if timed {
-		d := time.Since(start)
-		switch cmds[0].Body.(type) {
-		case *pb.Command_Dispatch:
-			s.res.ApplyDispatch = append(s.res.ApplyDispatch, d)
-		case *pb.Command_MarkFailed:
-			s.res.ApplyMarkFailed = append(s.res.ApplyMarkFailed, d)
+	cells := s.entryCells(cmds)
+	var res []fsm.Result
+	for _, cell := range cells { // one but for SetStrategy (every cell's)
+		s.countRaft(cell, cmds)
+		cell.logIndex++
+		l := &raft.Log{Index: cell.logIndex, Term: 1, Type: raft.LogCommand, Data: data}
+		var start time.Time
+		timed := s.cfg.MeasureApply
+		if timed {
+			start = time.Now()
+		}
+		res = cell.fsm.Apply(l).([]fsm.Result)
+		if timed {
+			d := time.Since(start)
+			switch cmds[0].Body.(type) {
+			case *pb.Command_Dispatch:
+				s.res.ApplyDispatch = append(s.res.ApplyDispatch, d)
+			case *pb.Command_MarkFailed:
+				s.res.ApplyMarkFailed = append(s.res.ApplyMarkFailed, d)
+			}
 		}
 	}
+	s.appliedIn(cells[0], cmds, res)
 	return res
 }
 
 // countRaft adds an entry's commands to the Raft write stream's counts
 // (Result.Raft), by command type: each command, and its bytes in the
 // entry (the LogEntry's field: tag, length and the command).
-func (s *Sim) countRaft(cmds []*pb.Command) {
+func (s *Sim) countRaft(cell *simCell, cmds []*pb.Command) {
 	if !s.raftWindow() {
 		return
 	}
@@ -800,8 +817,15 @@ func (s *Sim) countRaft(cmds []*pb.Command) {
 		n := proto.Size(c)
 		rc := s.res.Raft[typ]
 		rc.Commands++
-		rc.Bytes += int64(protowire.SizeTag(1) + protowire.SizeBytes(n))
+		b := int64(protowire.SizeTag(1) + protowire.SizeBytes(n))
+		rc.Bytes += b
 		s.res.Raft[typ] = rc
+		if cell.raft != nil {
+			cc := cell.raft[typ]
+			cc.Commands++
+			cc.Bytes += b
+			cell.raft[typ] = cc
+		}
 	}
 }
 
@@ -1083,7 +1107,7 @@ func (s *Sim) poll(r *simRequest) {
 		s.at(s.now+r.pollWait, func() { s.poll(r) })
 		return
 	}
-	pl, _ := s.fsm.Placement(r.id)
+	pl := s.placement(r.id)
 	switch {
 	case pl != nil && (pl.WorkerId != r.worker || pl.Epoch != r.epoch):
 		s.resume(r, pl)
@@ -1342,7 +1366,7 @@ func (s *Sim) flush(w *simWorker) {
 				// The source ends the stream with the new placement (the
 				// gateway, which follows the commit's event, has
 				// normally switched already).
-				if pl, _ := s.fsm.Placement(r.id); pl != nil {
+				if pl := s.placement(r.id); pl != nil {
 					s.switchStream(r, pl)
 				} else {
 					s.broke(r)
@@ -1418,6 +1442,10 @@ func (s *Sim) ship(from *simWorker, holder, req string, reserved uint64, first i
 	if h == nil {
 		return
 	}
+	if h.cell != from.cell {
+		s.fail("%s sends checkpoint pages of %s to %s, in another cell", from.id, req, holder)
+		return
+	}
 	gen := h.gen
 	s.at(max(from.linkFree, s.now), func() {
 		if h.gen != gen || !h.alive {
@@ -1444,7 +1472,7 @@ func (s *Sim) reconcile(w *simWorker) {
 		if w.store.reqs[id].oracle {
 			continue // the oracle's cache stays until its request is admitted
 		}
-		pl, _ := s.fsm.Placement(id)
+		pl, _ := w.cell.fsm.Placement(id) // a holder is in its request's cell
 		if pl == nil || !fsm.HoldsCopy(pl, w.id) && !core.KeepsPages(pl.HolderId, pl.WorkerId, pl.State != pb.PlacementState_PLACEMENT_STATE_RUNNING, w.id) {
 			w.store.release(id)
 		}
@@ -1478,7 +1506,7 @@ func (s *Sim) sample() {
 func (s *Sim) markFailed(at time.Duration) {
 	cmds := s.marks[at]
 	delete(s.marks, at)
-	res := s.applyEntry(cmds)
+	res := s.applyByCell(cmds)
 	s.relink() // a drafter whose target failed is paired again
 	if s.res.PlanAt == 0 {
 		s.res.PlanAt = s.now
@@ -1489,7 +1517,7 @@ func (s *Sim) markFailed(at time.Duration) {
 			failed[c.GetMarkFailed().WorkerId] = c.GetMarkFailed().Incarnation
 		}
 	}
-	for _, rp := range s.fsm.Recoveries() {
+	for _, rp := range s.recoveries() {
 		if inc, ok := failed[rp.FailedWorker]; ok && rp.FailedIncarnation == inc {
 			for _, a := range rp.Assignments {
 				if r := s.byID[a.RequestId]; r != nil {
@@ -1513,7 +1541,7 @@ func (s *Sim) oracleResume(r *simRequest) {
 	if r.ended > 0 || r.call != nil || r.committing {
 		return
 	}
-	pl, _ := s.fsm.Placement(r.id)
+	pl := s.placement(r.id)
 	if pl == nil || pl.WorkerId == r.worker && pl.Epoch == r.epoch {
 		return // not moved: the gateway's poll handles it as in any column
 	}

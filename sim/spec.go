@@ -244,7 +244,7 @@ func (s *Sim) relink() {
 // partner is the live target the fsm paired drafter w's incarnation with,
 // or nil.
 func (s *Sim) partner(w *simWorker) *simWorker {
-	row := s.fsm.Worker(w.id)
+	row := w.cell.fsm.Worker(w.id)
 	if row == nil || row.Incarnation != w.inc {
 		return nil
 	}
@@ -252,7 +252,7 @@ func (s *Sim) partner(w *simWorker) *simWorker {
 	if t == nil || !t.alive || t.phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
 		return nil
 	}
-	if tr := s.fsm.Worker(t.id); tr == nil || tr.Incarnation != t.inc || !core.Paired(row, tr) {
+	if tr := t.cell.fsm.Worker(t.id); tr == nil || tr.Incarnation != t.inc || !core.Paired(row, tr) {
 		return nil
 	}
 	return t

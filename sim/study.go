@@ -64,6 +64,9 @@ type Figures struct {
 	RaftEntriesPerS map[string]float64 `json:"raft_entries_per_s"`
 	RaftBytesPerS   map[string]float64 `json:"raft_bytes_per_s"`
 	LoadReportsPerS map[string]float64 `json:"load_reports_per_s"`
+	// Cells is, with -cells > 1, each cell's part of the Raft write
+	// stream over the same span (cells.go); absent for one quorum.
+	Cells []CellFigures `json:"cells,omitempty"`
 
 	// Issue 24. RestoredFraction is, of the requests the failure
 	// interrupted, those a call restored pages of from a checkpoint store
@@ -164,6 +167,9 @@ type Study struct {
 	// PrefixRouting turns on every column's prefix caches and
 	// prefix-aware placement (Config.PrefixCache, PrefixRouting).
 	PrefixRouting bool
+	// Cells is every column's cells (Config.Cells; not the
+	// calibration's, which is one quorum's).
+	Cells int
 	// Failure domains and replication (issue 24; Config.GPUsPerNode,
 	// DomainBlind, CheckpointReplicas): with GPUsPerNode > 0 the failure
 	// kills every worker of nodes 1 … FailNodes, and Setup.Failures more
@@ -333,6 +339,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		cfg.Oracle = col.Oracle
 		cfg.Migration = st.Migration
 		cfg.Gateways, cfg.GatewayChoice = st.Gateways, st.GatewayChoice
+		cfg.Cells = st.Cells
 		// The decode rates of the paired workers, with and without
 		// speculation, come from the token series.
 		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail
@@ -521,6 +528,7 @@ func (f *Figures) raftFigures(res *Result, span time.Duration) {
 	for r, n := range res.LoadReports {
 		f.LoadReportsPerS[string(r)] = float64(n) / sec
 	}
+	f.Cells = cellFigures(res, span)
 }
 
 // Attribution splits a failed run's mean TTFT excess over its failure-free
