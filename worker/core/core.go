@@ -124,6 +124,15 @@ type Request struct {
 	// with the TopLogprobs most likely tokens at its position.
 	Logprobs    bool
 	TopLogprobs int
+	// Priority orders the request against the others here (issue 23),
+	// vLLM's convention: a lower value is more urgent, 0 the default. The
+	// waiting queue is in priority order (within one priority, resumes
+	// first, then arrival), the running set too (within one priority, in
+	// admission order), so the most urgent are admitted and stepped first,
+	// the victims of a preemption are the newest of the least urgent, and
+	// a waiting request may take the place of less urgent running ones
+	// (makeRoom). Outputs do not depend on it.
+	Priority int32
 	// Holder is the checkpoint holder ("" for none) and Reserved the
 	// request's reserved footprint there.
 	Holder   string
@@ -484,16 +493,52 @@ func (c *Core) Submit(r *Request) {
 	c.byID[r.ID] = r
 	if r.outStart > 0 {
 		// A resumed request (its worker failed, or it moved) goes ahead of
-		// new ones, behind earlier resumes: its client is already waiting
-		// mid-stream, and a failure should cost it a delay, not a queue.
-		i := 0
-		for i < len(c.waiting) && c.waiting[i].outStart > 0 {
-			i++
-		}
-		c.waiting = slices.Insert(c.waiting, i, r)
+		// new ones of its priority, behind earlier resumes: its client is
+		// already waiting mid-stream, and a failure should cost it a
+		// delay, not a queue.
+		c.enqueue(r, true)
 	} else {
-		c.waiting = append(c.waiting, r)
+		c.enqueue(r, false)
 	}
+}
+
+// enqueue puts r in the waiting queue behind every more urgent request and
+// those of its priority that go first: the resumes when behindResumes is
+// set (r is a resume, or a new request displaced by one), every one
+// otherwise (r is new). With a single priority it is the queue's old
+// order: a resume behind the resumes, a new request at the end.
+func (c *Core) enqueue(r *Request, behindResumes bool) {
+	i := 0
+	for i < len(c.waiting) {
+		w := c.waiting[i]
+		if w.Priority > r.Priority || (w.Priority == r.Priority && behindResumes && w.outStart == 0) {
+			break
+		}
+		i++
+	}
+	c.waiting = slices.Insert(c.waiting, i, r)
+}
+
+// requeueFront puts r back at the head of the requests of its priority in
+// the waiting queue (a preemption's victim, a migration given up), behind
+// the more urgent ones.
+func (c *Core) requeueFront(r *Request) {
+	i := 0
+	for i < len(c.waiting) && c.waiting[i].Priority < r.Priority {
+		i++
+	}
+	c.waiting = slices.Insert(c.waiting, i, r)
+}
+
+// addRunning puts r in the running set behind every request of its
+// priority or a more urgent one (admission order within a priority), so
+// the set's last is the newest of the least urgent: the first victim.
+func (c *Core) addRunning(r *Request) {
+	i := len(c.running)
+	for i > 0 && c.running[i-1].Priority > r.Priority {
+		i--
+	}
+	c.running = slices.Insert(c.running, i, r)
 }
 
 // Cancel drops r when it is still the request under its id (a newer call
@@ -737,7 +782,7 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 			break
 		}
 		c.waiting = c.waiting[1:]
-		c.running = append(c.running, r)
+		c.addRunning(r)
 		if rs, ok := c.restore(r, pages, hashes); ok {
 			st.Restores = append(st.Restores, rs)
 		}
@@ -752,8 +797,9 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 	return st, false
 }
 
-// preempt sends the most recently admitted running request back to the
-// head of the waiting queue, its cache dropped, and returns the pages it
+// preempt sends the most recently admitted running request of the least
+// urgent priority (the running set's last) back to the head of its
+// priority's waiting requests, its cache dropped, and returns the pages it
 // held.
 func (c *Core) preempt() int {
 	victim := c.running[len(c.running)-1]
@@ -763,7 +809,7 @@ func (c *Core) preempt() int {
 	freed := PagesFor(victim.fed)
 	c.nextSeq++
 	victim.seq, victim.fed, victim.ckptSent, victim.hashes = c.nextSeq, 0, 0, nil
-	c.waiting = append([]*Request{victim}, c.waiting...)
+	c.requeueFront(victim)
 	c.out.Preemptions++
 	return freed
 }
@@ -774,11 +820,21 @@ func (c *Core) preempt() int {
 // elsewhere. Only a new request whose cache is no longer than the resumed
 // request's history is displaced (it waits again, behind the resumes, and
 // recomputes no more than the resume would have), so each resume displaces
-// a bounded set and no resume displaces another. It returns the free pages
-// after.
+// a bounded set and no resume displaces another.
+//
+// A head more urgent than running requests (Request.Priority) takes the
+// place of the less urgent ones, the newest of the least urgent first,
+// whatever their cache, as vLLM's priority scheduling preempts: they wait
+// again behind it. A request displaces only less urgent ones, so none is
+// displaced back. With a single priority it is the rule above alone. It
+// returns the free pages after.
 func (c *Core) makeRoom(free int) int {
-	for len(c.waiting) > 0 && c.waiting[0].outStart > 0 {
+	for len(c.waiting) > 0 {
 		r := c.waiting[0]
+		urgent := len(c.running) > 0 && c.running[len(c.running)-1].Priority > r.Priority
+		if r.outStart == 0 && !urgent {
+			return free
+		}
 		pages, _ := c.restorable(r)
 		need := PagesFor(min(len(r.History), len(pages)*engine.PageTokens+c.cfg.TokenBudget))
 		if need <= free-len(c.running) && c.slots() < c.cfg.MaxRunning {
@@ -786,7 +842,8 @@ func (c *Core) makeRoom(free int) int {
 		}
 		vi := -1
 		for i := len(c.running) - 1; i >= 0; i-- {
-			if v := c.running[i]; v.outStart == 0 && v.fed <= len(r.History) {
+			v := c.running[i]
+			if v.Priority > r.Priority || (v.Priority == r.Priority && r.outStart > 0 && v.outStart == 0 && v.fed <= len(r.History)) {
 				vi = i
 				break
 			}
@@ -802,18 +859,15 @@ func (c *Core) makeRoom(free int) int {
 }
 
 // requeue drops a running request's cache and puts it back in the queue
-// behind the resumed requests, to be recomputed; it returns the pages freed.
+// behind the more urgent requests and the resumed ones of its priority, to
+// be recomputed; it returns the pages freed.
 func (c *Core) requeue(v *Request) int {
 	c.endOut(v, "the request was preempted")
 	c.out.Release = append(c.out.Release, v.seq)
 	freed := PagesFor(v.fed)
 	c.nextSeq++
 	v.seq, v.fed, v.ckptSent, v.hashes = c.nextSeq, 0, 0, nil
-	i := 0
-	for i < len(c.waiting) && c.waiting[i].outStart > 0 {
-		i++
-	}
-	c.waiting = slices.Insert(c.waiting, i, v)
+	c.enqueue(v, true)
 	c.out.Preemptions++
 	return freed
 }
