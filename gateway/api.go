@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lumen-project/lumen/policy"
 )
 
 // apiError is an OpenAI-style error with its HTTP status.
@@ -178,6 +180,10 @@ type request struct {
 	// and a boolean for chat, which takes the count in TopLogprobs.
 	Logprobs    json.RawMessage `json:"logprobs"`
 	TopLogprobs *int64          `json:"top_logprobs"`
+	// Priority is vLLM's request priority: lower is served first, 0 the
+	// default, in [policy.MinPriority, policy.MaxPriority]; a negative
+	// one is high priority (policy.HighPriority).
+	Priority *int64 `json:"priority"`
 	// Unsupported holds the parameters lumen does not implement yet, so a
 	// request that sets one is refused by name instead of served as if it
 	// had not (see refuseUnsupported).
@@ -303,6 +309,8 @@ type params struct {
 	// n: the samples (choices) to return, each its own request to the
 	// cluster with the seed plus its index.
 	n int
+	// priority: the request's priority (request.Priority).
+	priority int32
 }
 
 // validate checks what both endpoints share. defMax is the default
@@ -368,6 +376,14 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 		}
 	}
 	p.stop = req.Stop
+	if req.Priority != nil {
+		v := *req.Priority
+		if v < policy.MinPriority || v > policy.MaxPriority {
+			return p, badRequest("priority", "priority must be between %d and %d (lower is served first, 0 the default; below 0 is high priority), got %d",
+				policy.MinPriority, policy.MaxPriority, v)
+		}
+		p.priority = int32(v)
+	}
 	if aerr := req.validateLogprobs(chat, &p); aerr != nil {
 		return p, aerr
 	}

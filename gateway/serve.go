@@ -566,7 +566,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 		RequestId: id, Prompt: e.prompt, Generated: generated, MaxTokens: uint32(e.maxToken),
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
 		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId,
-		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs),
+		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs), Priority: e.params.priority,
 	})
 	if err != nil {
 		return "", used, false, cut(err)

@@ -170,6 +170,9 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	if req.TopLogprobs > engine.MaxTopLogprobs {
 		return nil, bad("top_logprobs %d: at most %d", req.TopLogprobs, engine.MaxTopLogprobs)
 	}
+	if req.Priority < policy.MinPriority || req.Priority > policy.MaxPriority {
+		return nil, bad("priority %d: must be %d..%d (lower is more urgent, 0 the default)", req.Priority, policy.MinPriority, policy.MaxPriority)
+	}
 	if req.TopLogprobs > 0 && !req.Logprobs {
 		return nil, bad("top_logprobs %d needs logprobs set", req.TopLogprobs)
 	}
@@ -187,7 +190,7 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	}
 	r := &request{id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
 		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
-		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs)}
+		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs), priority: req.Priority}
 	if r.holder != "" {
 		// The footprint the controller reserved on the holder when it placed
 		// the request here: the same function of the same numbers (the

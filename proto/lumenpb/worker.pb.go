@@ -1167,8 +1167,11 @@ type GenerateRequest struct {
 	// Log probabilities: with logprobs each token comes with its own log
 	// probability, and with top_logprobs > 0 also the top_logprobs most
 	// likely tokens at its position (at most 20), as vLLM returns them.
-	Logprobs      bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
-	TopLogprobs   uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	Logprobs    bool   `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs uint32 `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// The request's priority (DispatchRequest.priority): the worker admits
+	// more urgent requests first and preempts the least urgent first.
+	Priority      int32 `protobuf:"varint,12,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1269,6 +1272,13 @@ func (x *GenerateRequest) GetLogprobs() bool {
 func (x *GenerateRequest) GetTopLogprobs() uint32 {
 	if x != nil {
 		return x.TopLogprobs
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
 	}
 	return 0
 }
@@ -1523,7 +1533,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xc9\x02\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xe5\x02\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1538,7 +1548,8 @@ const file_worker_proto_rawDesc = "" +
 	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\blogprobs\x18\n" +
 	" \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\">\n" +
+	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\x12\x1a\n" +
+	"\bpriority\x18\f \x01(\x05R\bpriority\">\n" +
 	"\fTokenLogprob\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\"\xb4\x02\n" +

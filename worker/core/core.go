@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lumen-project/lumen/internal/kvpage"
+	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -410,6 +411,21 @@ func (c *Core) AppendQueued(dst []string, max int) []string {
 		}
 	}
 	return dst
+}
+
+// HighPriority is the running and waiting requests of high priority
+// (policy.HighPriority): the load report's count, each of which reserves
+// headroom in the worker's freeness.
+func (c *Core) HighPriority() int {
+	n := 0
+	for _, q := range [][]*Request{c.running, c.waiting} {
+		for _, r := range q {
+			if policy.HighPriority(r.Priority) {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // Requests returns the requests running and waiting, running first.
