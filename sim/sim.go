@@ -118,6 +118,12 @@ type Config struct {
 	// (llumnixsim.go): MigrateAsPlanned (the zero value) applies it as the
 	// controller does.
 	MigrationFilter MigrationFilter
+	// Priorities: the requests carry their arrivals' priorities
+	// (workload.Request.Priority) in their Dispatch and Generate calls,
+	// as the API's priority field does; off, every request is of the
+	// default priority whatever its arrival says (a cluster without
+	// priorities, on the same arrivals).
+	Priorities bool
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
@@ -921,7 +927,7 @@ func (s *Sim) dispatch(r *simRequest) {
 func (s *Sim) dispatchApply(r *simRequest) {
 	r.id = dispatchID(r)
 	s.byID[r.id] = r
-	d := &pb.DispatchCmd{RequestId: r.id, PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output)}
+	d := &pb.DispatchCmd{RequestId: r.id, PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output), Priority: s.priority(r)}
 	if s.cfg.RoundRobin {
 		s.roundRobin(d)
 	}
@@ -932,6 +938,14 @@ func (s *Sim) dispatchApply(r *simRequest) {
 	}
 	pl := res.Dispatch.Placement
 	s.at(s.now+s.cfg.Timing.CommitDelay, func() { s.generate(r, pl) })
+}
+
+// priority is the request's priority in its calls (Config.Priorities).
+func (s *Sim) priority(r *simRequest) int32 {
+	if !s.cfg.Priorities {
+		return 0
+	}
+	return r.w.Priority
 }
 
 // token is the simulated engine's output: a fixed function of the request
@@ -982,7 +996,7 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 		}
 	}
 	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: r.w.PromptLen(), MaxTokens: r.w.Output,
-		Arrived: s.clock(), Sink: r}
+		Priority: s.priority(r), Arrived: s.clock(), Sink: r}
 	if pl.HolderId != "" {
 		// A call that names its holder (worker.newRequest): the caller
 		// fills the request before Submit.

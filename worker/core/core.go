@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"time"
 
@@ -670,8 +671,15 @@ func (c *Core) Next(now time.Time, free int) Step {
 	if admit {
 		free = c.makeRoom(free)
 	}
+	hold := true
 	for {
-		st, preempted := c.build(now, free, admit)
+		st, preempted := c.build(now, free, admit, hold)
+		if len(st.Batch) == 0 && hold && !preempted {
+			// Holding back the less urgent prefills left nothing to run:
+			// they run (the urgent request waits for pages or a slot).
+			hold = false
+			continue
+		}
 		if len(st.Batch) > 0 {
 			c.pending = st
 			return st
@@ -725,8 +733,27 @@ func (c *Core) Stalled() bool { return c.stalled && len(c.running) == 0 && len(c
 // step after it ran. At vLLM's batch cap it is 256 pages, 1.6% of
 // Qwen3-14B's 16,212 on an H100: the order of V0's watermark. makeRoom and
 // a migration in (AcceptStage) count the same headroom.
-func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bool) {
+//
+// Execution priority (Request.Priority): when hold is set and a request
+// has its prefill to run — a running one, or the queue's head when admit
+// is set — every less urgent request runs only its decode in the step, and
+// no less urgent one is admitted: the step is as long as the urgent
+// prefill and the decodes, not the prefill chunks of a burst of normal
+// requests (a step's time grows with its prefill tokens). With a single
+// priority nothing is held.
+func (c *Core) build(now time.Time, free int, admit, hold bool) (st Step, preempted bool) {
 	budget := c.cfg.TokenBudget
+	top := int32(math.MaxInt32) // prefills less urgent than top are held
+	if hold {
+		for _, r := range c.running {
+			if len(r.History)-r.fed > 1 {
+				top = min(top, r.Priority)
+			}
+		}
+		if admit && len(c.waiting) > 0 {
+			top = min(top, c.waiting[0].Priority)
+		}
+	}
 	// The step's slices are the Core's, reused: valid until the next Next.
 	st = Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
 	defer func() { c.batchBuf, c.reqsBuf, c.restoreBuf = st.Batch, st.Reqs, st.Restores }()
@@ -756,6 +783,9 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 		r := c.running[i]
 		if budget == 0 {
 			break
+		}
+		if r.Priority > top && len(r.History)-r.fed > 1 {
+			continue // a less urgent prefill, held
 		}
 		// A running request always has a token to feed; add fails only
 		// for want of a page.
@@ -793,6 +823,9 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 	// one stopped for its migration's commit until the commit.
 	for len(c.waiting) > 0 && budget > 0 && c.slots() < c.cfg.MaxRunning {
 		r := c.waiting[0]
+		if r.Priority > top {
+			break // less urgent than a prefill of the step
+		}
 		pages, hashes := c.restorable(r)
 		if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget)) > free {
 			break

@@ -66,28 +66,27 @@ func TestPriorityAdmitsAhead(t *testing.T) {
 	}
 }
 
-// TestPriorityVictimIsNormal: a high-priority request submitted after two
-// normal ones is admitted and stepped first; when a decode then needs a
-// page and none is free, the victim is the newest normal request, not the
-// high-priority one (the last to arrive, which was the victim before
-// priorities).
+// TestPriorityVictimIsNormal: the running set is in priority order, so a
+// high-priority request admitted after two normal ones is stepped first,
+// and the preemption victim (the set's last) is the newest normal request,
+// not the high-priority one, the newest of all, which was the victim
+// before priorities.
 func TestPriorityVictimIsNormal(t *testing.T) {
-	g := newPagedRig(t, 3, Config{})
-	g.submit("a", 15, 17) // its page is full after one decode
+	g := newPagedRig(t, 64, Config{})
+	g.submit("a", 15, 17)
 	g.submit("b", 8, 20)
+	g.steps("a:0+15/1 b:0+8/1")
 	g.submitPri("h", 8, 20, -1)
-	g.steps("h:0+8/1 a:0+15/1 b:0+8/1", "h:8+1/1 a:15+1/1 b:8+1/1") // 3 pages held, none free
-	st, got, o := g.next()                                          // a's position 16 needs a page
-	if o.Preemptions != 1 {
-		t.Fatalf("%d preemptions, want 1", o.Preemptions)
+	g.steps("a:15+1/1 b:8+1/1 h:0+8/1", "h:8+1/1 a:16+1/1 b:9+1/1")
+	if got := ids(g.c.Requests()); !slices.Equal(got, []string{"h", "a", "b"}) {
+		t.Fatalf("running %v, want [h a b]", got)
 	}
-	if got != "h:9+1/1 a:16+1/1" {
-		t.Fatalf("batch %q, want h's and a's decodes (b, the newest normal request, preempted)", got)
+	if freed := g.c.preempt(); freed != 1 {
+		t.Fatalf("the victim freed %d pages, want b's 1", freed)
 	}
 	if w := waitingIDs(g.c); !slices.Equal(w, []string{"b"}) {
-		t.Fatalf("waiting %v, want [b]", w)
+		t.Fatalf("waiting %v after a preemption, want [b]", w)
 	}
-	g.done(st)
 }
 
 // TestPriorityDisplacesNormal: a high-priority request that finds every
@@ -176,4 +175,20 @@ func TestPriorityOutputsUnchanged(t *testing.T) {
 			t.Errorf("%s: %v with priorities, %v without", id, got[id], toks)
 		}
 	}
+}
+
+// TestPriorityHoldsNormalPrefill: execution priority. While a
+// high-priority request prefills, a normal request that is prefilling in
+// chunks runs no chunk and no normal request is admitted: the step holds
+// the urgent prefill and the decodes only. Once it decodes, the normal
+// prefill goes on.
+func TestPriorityHoldsNormalPrefill(t *testing.T) {
+	g := newPagedRig(t, 64, Config{TokenBudget: 16})
+	g.submit("d", 4, 50)
+	g.steps("d:0+4/1")
+	g.submit("long", 40, 4) // prefills in chunks of what the budget leaves
+	g.steps("d:4+1/1 long:0+15/0")
+	g.submitPri("h", 20, 4, -1)
+	g.submit("n", 4, 4)
+	g.steps("d:5+1/1 h:0+15/0", "h:15+5/1 d:6+1/1", "h:20+1/1 d:7+1/1 long:15+14/0")
 }
