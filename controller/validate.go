@@ -15,6 +15,7 @@ import (
 
 	"github.com/lumen-project/lumen/fsm"
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -161,11 +162,15 @@ func validateDispatch(req *pb.DispatchRequest) error {
 	} else if req.WorkerIncarnation != 0 {
 		return status.Errorf(codes.InvalidArgument, "worker_incarnation %d without worker_id", req.WorkerIncarnation)
 	}
+	if req.Priority < policy.MinPriority || req.Priority > policy.MaxPriority {
+		return status.Errorf(codes.InvalidArgument, "priority %d out of range: must be %d..%d (lower is more urgent, 0 the default)",
+			req.Priority, policy.MinPriority, policy.MaxPriority)
+	}
 	return nil
 }
 
 func dispatchCmd(req *pb.DispatchRequest) *pb.Command {
 	return &pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{
 		RequestId: req.RequestId, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, SessionId: req.SessionId,
-		WorkerId: req.WorkerId, WorkerIncarnation: req.WorkerIncarnation}}}
+		WorkerId: req.WorkerId, WorkerIncarnation: req.WorkerIncarnation, Priority: req.Priority}}}
 }

@@ -65,7 +65,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 		rows[i] = &pb.WorkerLoad{WorkerId: id, Incarnation: w.Incarnation, Phase: w.Phase,
 			Load: &pb.LoadRecord{WorkerId: id, Incarnation: w.Incarnation, QueueWaitMs: v.QueueWaitMs,
 				KvPagesTotal: v.KVPagesTotal, KvPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages,
-				Running: v.Running, Waiting: v.Waiting},
+				Running: v.Running, Waiting: v.Waiting, HighPriority: v.HighPriority},
 			PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
 	}
 	c.sessions = sessions
@@ -80,7 +80,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 func loadFields(v policy.Worker) policy.Worker {
 	return policy.Worker{ID: v.ID, Eligible: v.Eligible, Draining: v.Draining, QueueWaitMs: v.QueueWaitMs,
 		KVPagesTotal: v.KVPagesTotal, KVPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages,
-		Running: v.Running, Waiting: v.Waiting, PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
+		Running: v.Running, Waiting: v.Waiting, HighPriority: v.HighPriority, PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
 }
 
 // LoadViews returns the FSM's views restricted to the load table's fields,

@@ -349,7 +349,7 @@ func (f *FSM) planMigrations(order func(a, b *policy.Placed) int, balance bool) 
 	ps := make([]policy.Placed, 0, len(s.placements))
 	for _, p := range s.placements {
 		pl := policy.Placed{RequestID: p.RequestId, Worker: p.WorkerId, PromptTokens: p.PromptTokens,
-			MaxTokens: p.MaxTokens, Epoch: p.Epoch, MigrationTarget: p.MigrationTarget}
+			MaxTokens: p.MaxTokens, Epoch: p.Epoch, MigrationTarget: p.MigrationTarget, High: policy.HighPriority(p.Priority)}
 		switch p.State {
 		case pb.PlacementState_PLACEMENT_STATE_RUNNING:
 			pl.State = policy.PlacedRunning

@@ -458,6 +458,7 @@ func (s *state) reportLoad(l *pb.LoadRecord) Result {
 	v.QueueHeadPages = l.QueueHeadPages
 	v.Running = l.Running
 	v.Waiting = l.Waiting
+	v.HighPriority = l.HighPriority
 	v.PendingRequests, v.PendingPages = 0, 0
 	s.touch(l.WorkerId)
 	return Result{}
@@ -704,7 +705,7 @@ func (s *state) dispatch(c *pb.DispatchCmd, idx uint64) Result {
 	p := &pb.Placement{
 		RequestId: c.RequestId, WorkerId: w.Id, WorkerIncarnation: w.Incarnation,
 		State: pb.PlacementState_PLACEMENT_STATE_RUNNING, PromptTokens: c.PromptTokens, MaxTokens: c.MaxTokens,
-		CreatedUnixNano: s.lastStamp, CreatedIndex: idx,
+		CreatedUnixNano: s.lastStamp, CreatedIndex: idx, Priority: c.Priority,
 	}
 	why := s.placeHolder(p, serving)
 	v := &s.views[serving]
@@ -1057,6 +1058,7 @@ func restoreState(snap *pb.Snapshot) (*state, error) {
 		v.QueueWaitMs, v.KVPagesTotal, v.KVPagesUsed = l.QueueWaitMs, l.KvPagesTotal, l.KvPagesUsed
 		s.touch(l.WorkerId)
 		v.QueueHeadPages, v.Running, v.Waiting = l.QueueHeadPages, l.Running, l.Waiting
+		v.HighPriority = l.HighPriority
 	}
 	for _, pd := range snap.Pending {
 		v := s.view(pd.WorkerId)

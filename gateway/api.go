@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strings"
 	"time"
+
+	"github.com/lumen-project/lumen/policy"
 )
 
 // apiError is an OpenAI-style error with its HTTP status.
@@ -179,6 +181,10 @@ type request struct {
 	// and a boolean for chat, which takes the count in TopLogprobs.
 	Logprobs    json.RawMessage `json:"logprobs"`
 	TopLogprobs *int64          `json:"top_logprobs"`
+	// Priority is vLLM's request priority: lower is served first, 0 the
+	// default, in [policy.MinPriority, policy.MaxPriority]; a negative
+	// one is high priority (policy.HighPriority).
+	Priority *int64 `json:"priority"`
 	// Unsupported holds the parameters lumen does not implement yet, so a
 	// request that sets one is refused by name instead of served as if it
 	// had not (see refuseUnsupported).
@@ -304,6 +310,8 @@ type params struct {
 	// echo: the prompt comes back before the completion, with its
 	// logprobs when logprobs are asked for (the first token's null).
 	echo bool
+	// priority: the request's priority (request.Priority).
+	priority int32
 }
 
 // validate checks what both endpoints share. defMax is the default
@@ -389,6 +397,14 @@ func (req *request) validate(chat bool, defMax int) (params, *apiError) {
 		}
 	}
 	p.stop = req.Stop
+	if req.Priority != nil {
+		v := *req.Priority
+		if v < policy.MinPriority || v > policy.MaxPriority {
+			return p, badRequest("priority", "priority must be between %d and %d (lower is served first, 0 the default; below 0 is high priority), got %d",
+				policy.MinPriority, policy.MaxPriority, v)
+		}
+		p.priority = int32(v)
+	}
 	if aerr := req.validateLogprobs(chat, &p); aerr != nil {
 		return p, aerr
 	}

@@ -112,13 +112,14 @@ func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok b
 	g.metrics.placements.WithLabelValues("replica").Inc()
 	e.viaController = false
 	return &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc,
-		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens}, true, nil
+		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Priority: req.Priority}, true, nil
 }
 
 // dispatchRequest is the Dispatch of the request's current attempt, with
 // no worker named.
 func dispatchRequest(e *entry) *pb.DispatchRequest {
-	return &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)), MaxTokens: uint32(e.maxToken)}
+	return &pb.DispatchRequest{RequestId: e.dispatchID(), PromptTokens: uint32(len(e.prompt)), MaxTokens: uint32(e.maxToken),
+		Priority: e.params.priority}
 }
 
 // placed takes the answer to a Dispatch that named worker: the request

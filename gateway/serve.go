@@ -593,6 +593,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 		Sampling:   &pb.SamplingParams{Temperature: e.params.temperature, TopP: e.params.topP, Seed: e.params.seed},
 		StopTokens: stopTokens, Epoch: pl.Epoch, Holder: pl.HolderId, ReplicaHolders: pl.ReplicaHolders,
 		Logprobs: e.params.logprobs, TopLogprobs: uint32(e.params.topLogprobs), PromptLogprobs: e.wantsPromptLogprobs(),
+		Priority: e.params.priority,
 	})
 	if err != nil {
 		return "", used, false, cut(err)

@@ -35,6 +35,9 @@ type Placed struct {
 	// (Migration.Redispatch), out of a draining worker or away from a
 	// blocked one, never as a balance migration of pages.
 	Queued bool
+	// High: the request is of high priority (HighPriority): it moves
+	// before the others of its worker (PlanMigrations).
+	High bool
 }
 
 // MigrationPages is the KV pages a migration of p is taken to move: its
@@ -195,6 +198,12 @@ func (m Migration) Reason(ws []Worker) string {
 //     a freer worker, and a small imbalance is left alone when moving one
 //     request would overshoot it.
 //
+// A worker's high-priority requests (Placed.High) come before its others
+// in every use of Order: re-dispatched first, sent first when its head is
+// not blocked (Llumnix's high priority, first to migrate), and the
+// headroom they reserve (Worker.Freeness) makes their worker a source
+// sooner and a destination later.
+//
 // Sources are taken least free first; each takes the freest destination
 // that passes. Ties go to the smaller id. Freeness is recomputed as moves
 // are planned; ws is not changed.
@@ -247,9 +256,19 @@ func PlanMigrations(ws []Worker, ps []Placed, p MigrationParams) []Migration {
 			}
 		}
 	}
+	// High priority moves first (Llumnix's priorities): then Order.
+	byOrder := func(a, b *Placed) int {
+		if a.High != b.High {
+			if a.High {
+				return -1
+			}
+			return 1
+		}
+		return order(a, b)
+	}
 	for s := range cands {
-		slices.SortFunc(cands[s], order)
-		slices.SortFunc(queued[s], order)
+		slices.SortFunc(cands[s], byOrder)
+		slices.SortFunc(queued[s], byOrder)
 	}
 	// fits says whether worker i's link takes pages more this round.
 	fits := func(i int, used []uint64, pages uint64) bool {

@@ -239,6 +239,11 @@ type Command struct {
 	// LlumnixLoads).
 	Rates    string
 	Requests int
+	// PriorityFraction, for the llumnix figure, is Llumnix's priority
+	// experiment (LlumnixOptions.PriorityFraction): that share of the
+	// requests of high priority, 128-128 at 26 req/s unless -trace-mix
+	// and -xs say.
+	PriorityFraction float64
 	// SpecAlpha and SpecK are lumen's speculation.
 	SpecAlpha float64
 	SpecK     int
@@ -301,8 +306,8 @@ func (c *Command) Run() error {
 	if given("cv", "kv-pages") && c.Figure != "burst" {
 		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
 	}
-	if given("trace-mix", "arrivals", "requests", "migration-plan", "rates", "migration-interval") && c.Figure != LlumnixFigureName {
-		return fmt.Errorf("-trace-mix, -arrivals, -requests, -rates, -migration-plan and -migration-interval apply to -figure %s only", LlumnixFigureName)
+	if given("trace-mix", "arrivals", "requests", "migration-plan", "rates", "migration-interval", "priority-fraction") && c.Figure != LlumnixFigureName {
+		return fmt.Errorf("-trace-mix, -arrivals, -requests, -rates, -migration-plan, -migration-interval and -priority-fraction apply to -figure %s only", LlumnixFigureName)
 	}
 	if c.PrefixRouting != "on" && c.PrefixRouting != "off" {
 		return fmt.Errorf("-prefix-routing %q: on or off", c.PrefixRouting)
@@ -765,6 +770,18 @@ func (c *Command) runLlumnix() error {
 		o.Traces = nil
 		for _, t := range strings.Split(c.TraceMix, ",") {
 			o.Traces = append(o.Traces, strings.TrimSpace(t))
+		}
+	}
+	if c.PriorityFraction != 0 {
+		if c.PriorityFraction < 0 || c.PriorityFraction >= 1 {
+			return fmt.Errorf("-priority-fraction %g: must be in [0, 1) (Llumnix's: %g)", c.PriorityFraction, LlumnixPriorityFraction)
+		}
+		if c.Rates != "llumnix" {
+			return fmt.Errorf("-priority-fraction runs at Llumnix's priority rate (or -xs): -rates %s does not apply", c.Rates)
+		}
+		o.PriorityFraction = c.PriorityFraction
+		if c.TraceMix == "" {
+			o.Traces = []string{"128-128"}
 		}
 	}
 	var err error

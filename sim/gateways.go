@@ -248,7 +248,7 @@ func (s *Sim) markApplied(w string, gateway int, at time.Duration) {
 func (s *Sim) committed(r *simRequest, gw *simGateway, id, w string, inc uint64) {
 	r.committing = false
 	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: &pb.DispatchCmd{RequestId: id,
-		PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output), WorkerId: w, WorkerIncarnation: inc}}})
+		PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output), WorkerId: w, WorkerIncarnation: inc, Priority: s.priority(r)}}})
 	s.markApplied(w, gw.idx, s.now-s.cfg.Timing.CommitDelay)
 	if res.Err != nil {
 		gw.rep.Forget(id)

@@ -53,12 +53,30 @@ const (
 	ColRoundRobin = "round-robin"
 	ColINFaaS     = "infaas++"
 	ColLumen      = "lumen"
+	// ColLumenPriority is lumen with the requests' priorities: in their
+	// calls (the workers' queue order and victims), the headroom of the
+	// high-priority ones in freeness, and first to migrate.
+	ColLumenPriority = "lumen+priority"
 )
 
 // LlumnixColumns are the columns: round-robin dispatch, INFaaS++ (the
 // freeness dispatch without migration) and lumen (the same with
 // Llumnix's migration).
 var LlumnixColumns = []string{ColRoundRobin, ColINFaaS, ColLumen}
+
+// LlumnixPriorityColumns are the columns with -priority-fraction
+// (Llumnix's priority experiment): INFaaS++ and lumen without priorities,
+// and lumen with them, on the same marked arrivals.
+var LlumnixPriorityColumns = []string{ColINFaaS, ColLumen, ColLumenPriority}
+
+// LlumnixPriorityRates are the rates of Llumnix's priority experiment
+// (docs/calibration.md, "Llumnix's setup": 128-128 at 26 req/s on 16
+// instances, Gamma CV 2-8, 10% high priority; arXiv 2406.03243).
+var LlumnixPriorityRates = map[string][]float64{"128-128": {26}}
+
+// LlumnixPriorityFraction is the share of high-priority requests in
+// Llumnix's priority experiment.
+const LlumnixPriorityFraction = 0.1
 
 // LlumnixOptions are the figure's parameters.
 type LlumnixOptions struct {
@@ -82,6 +100,12 @@ type LlumnixOptions struct {
 	Timing                  Timing
 	// Filter is how the lumen column's leader uses the migration plan.
 	Filter MigrationFilter
+	// PriorityFraction, when > 0, is Llumnix's priority experiment: that
+	// share of the requests is of high priority (workload.
+	// MarkHighPriority, from Seed), the columns are
+	// LlumnixPriorityColumns, the rates LlumnixPriorityRates unless Rates
+	// says, and the figures are given per class too.
+	PriorityFraction float64
 	// Log receives the table; Progress the progress meter (nil: none).
 	Log, Progress io.Writer
 }
@@ -152,7 +176,24 @@ type LlumnixFigures struct {
 	// PagesPerMigration is the KV pages the committed migrations' stages
 	// carried, per migration.
 	PagesPerMigration float64 `json:"pages_per_migration,omitempty"`
-	WallS             float64 `json:"wall_s"`
+	// Per class, with a priority fraction (LlumnixOptions.
+	// PriorityFraction): the figures above over the high-priority
+	// requests and over the normal ones (the rest), whatever the column
+	// does with priorities.
+	HighRequests        int     `json:"high_requests,omitempty"`
+	HighPrefillMeanMs   float64 `json:"high_prefill_mean_ms,omitempty"`
+	HighPrefillP99Ms    float64 `json:"high_prefill_p99_ms,omitempty"`
+	HighDecodeMeanMs    float64 `json:"high_decode_mean_ms,omitempty"`
+	HighDecodeP99Ms     float64 `json:"high_decode_p99_ms,omitempty"`
+	HighE2EMeanMs       float64 `json:"high_e2e_mean_ms,omitempty"`
+	HighE2EP99Ms        float64 `json:"high_e2e_p99_ms,omitempty"`
+	NormalPrefillMeanMs float64 `json:"normal_prefill_mean_ms,omitempty"`
+	NormalPrefillP99Ms  float64 `json:"normal_prefill_p99_ms,omitempty"`
+	NormalDecodeMeanMs  float64 `json:"normal_decode_mean_ms,omitempty"`
+	NormalDecodeP99Ms   float64 `json:"normal_decode_p99_ms,omitempty"`
+	NormalE2EMeanMs     float64 `json:"normal_e2e_mean_ms,omitempty"`
+	NormalE2EP99Ms      float64 `json:"normal_e2e_p99_ms,omitempty"`
+	WallS               float64 `json:"wall_s"`
 }
 
 // LlumnixPoint is one trace at one rate: every column on the same arrivals.
@@ -168,22 +209,27 @@ type LlumnixPoint struct {
 	// Gains are INFaaS++'s figure over lumen's (× lower with migration),
 	// ThroughputPct lumen's throughput against INFaaS++'s.
 	Gains map[string]float64 `json:"gains_vs_infaas"`
+	// PriorityGains, with a priority fraction: lumen+priority against
+	// INFaaS++ and against lumen without priorities (llumnixPriorityGains).
+	PriorityGains map[string]float64 `json:"priority_gains,omitempty"`
 }
 
 // LlumnixFigure is the figure's result.
 type LlumnixFigure struct {
-	Name        string         `json:"name"`
-	Profile     string         `json:"profile"`
-	Workers     int            `json:"workers"`
-	KVPages     int            `json:"kv_pages"`
-	MaxRunning  int            `json:"max_running"`
-	TokenBudget int            `json:"token_budget"`
-	Preemption  string         `json:"preemption"`
-	Arrivals    string         `json:"arrivals"`
-	Filter      string         `json:"migration_filter"`
-	Rates       string         `json:"rates"`
-	Seed        uint64         `json:"seed"`
-	Points      []LlumnixPoint `json:"points"`
+	Name        string `json:"name"`
+	Profile     string `json:"profile"`
+	Workers     int    `json:"workers"`
+	KVPages     int    `json:"kv_pages"`
+	MaxRunning  int    `json:"max_running"`
+	TokenBudget int    `json:"token_budget"`
+	Preemption  string `json:"preemption"`
+	Arrivals    string `json:"arrivals"`
+	Filter      string `json:"migration_filter"`
+	Rates       string `json:"rates"`
+	Seed        uint64 `json:"seed"`
+	// PriorityFraction: LlumnixOptions.PriorityFraction (0: none).
+	PriorityFraction float64        `json:"priority_fraction,omitempty"`
+	Points           []LlumnixPoint `json:"points"`
 }
 
 // ParseArrivals reads -arrivals: poisson, or gamma:CV with CV in (0, 20].
@@ -215,10 +261,17 @@ func RunLlumnix(o LlumnixOptions) (*LlumnixFigure, error) {
 		return nil, fmt.Errorf("%w: the llumnix figure needs traces (%v), requests >= 1 (%d), workers >= 2 (%d), a batch cap (%d) and a token budget (%d)",
 			ErrInvalid, o.Traces, o.Requests, o.Workers, o.MaxRunning, o.TokenBudget)
 	}
+	if o.PriorityFraction < 0 || o.PriorityFraction >= 1 {
+		return nil, fmt.Errorf("%w: a priority fraction of %g: must be in [0, 1) (Llumnix's: %g)", ErrInvalid, o.PriorityFraction, LlumnixPriorityFraction)
+	}
 	rates := o.Rates
 	if rates == nil {
 		rates = LlumnixRates
+		if o.PriorityFraction > 0 {
+			rates = LlumnixPriorityRates
+		}
 	}
+	columns := o.columns()
 	runs := 0
 	for _, name := range o.Traces {
 		if _, err := workload.LlumnixTrace(name); err != nil {
@@ -226,11 +279,11 @@ func RunLlumnix(o LlumnixOptions) (*LlumnixFigure, error) {
 		}
 		switch {
 		case len(o.Loads) > 0:
-			runs += len(o.Loads)*len(LlumnixColumns) + 1
+			runs += len(o.Loads)*len(columns) + 1
 		case len(rates[name]) == 0:
 			return nil, fmt.Errorf("%w: trace %s has no request rates", ErrInvalid, name)
 		default:
-			runs += len(rates[name]) * len(LlumnixColumns)
+			runs += len(rates[name]) * len(columns)
 		}
 	}
 	p := LlamaA10
@@ -240,6 +293,7 @@ func RunLlumnix(o LlumnixOptions) (*LlumnixFigure, error) {
 	if len(o.Loads) > 0 {
 		f.Rates = "saturation"
 	}
+	f.PriorityFraction = o.PriorityFraction
 	meter := newMeter(o.Progress, "sim -figure llumnix", float64(runs))
 	defer meter.Finish("")
 	for _, name := range o.Traces {
@@ -262,22 +316,31 @@ func RunLlumnix(o LlumnixOptions) (*LlumnixFigure, error) {
 			if err != nil {
 				return nil, err
 			}
+			if o.PriorityFraction > 0 {
+				workload.MarkHighPriority(reqs, o.PriorityFraction, o.Seed)
+			}
 			pt := LlumnixPoint{Trace: name, Rate: rate, Requests: len(reqs), Columns: map[string]*LlumnixFigures{}, SaturatedPerSec: sat}
 			if sat > 0 {
 				pt.Load = o.Loads[k]
 			}
-			for _, col := range LlumnixColumns {
+			for _, col := range columns {
 				start := time.Now()
 				res, err := Run(o.config(col, reqs))
 				if err != nil {
 					return nil, fmt.Errorf("llumnix %s at %g/s, %s: %w", name, rate, col, err)
 				}
 				lf := llumnixFigures(res)
+				if o.PriorityFraction > 0 {
+					classFigures(lf, res, reqs)
+				}
 				lf.WallS = math.Round(time.Since(start).Seconds()*100) / 100
 				pt.Columns[col] = lf
 				meter.Add(1, fmt.Sprintf("%s at %g/s, %s: p99 prefill %.0f ms", name, rate, col, lf.PrefillP99Ms))
 			}
 			pt.Gains = llumnixGains(pt.Columns[ColINFaaS], pt.Columns[ColLumen])
+			if o.PriorityFraction > 0 {
+				pt.PriorityGains = llumnixPriorityGains(pt.Columns[ColINFaaS], pt.Columns[ColLumen], pt.Columns[ColLumenPriority])
+			}
 			f.Points = append(f.Points, pt)
 		}
 	}
@@ -287,11 +350,20 @@ func RunLlumnix(o LlumnixOptions) (*LlumnixFigure, error) {
 	return f, nil
 }
 
+// columns are the columns the options run.
+func (o LlumnixOptions) columns() []string {
+	if o.PriorityFraction > 0 {
+		return LlumnixPriorityColumns
+	}
+	return LlumnixColumns
+}
+
 // config is one column's run of the figure on reqs.
 func (o LlumnixOptions) config(col string, reqs []workload.Request) Config {
 	return Config{Workers: o.Workers, Profile: LlamaA10, Strategy: policy.RecomputeHistory, TokenBudget: o.TokenBudget,
 		MaxRunning: o.MaxRunning, MaxWaiting: max(o.Requests+1, 4096), Arrivals: reqs, Timing: o.Timing,
-		RoundRobin: col == ColRoundRobin, Migration: col == ColLumen, MigrationFilter: o.Filter}
+		RoundRobin: col == ColRoundRobin, Migration: col == ColLumen || col == ColLumenPriority, MigrationFilter: o.Filter,
+		Priorities: col == ColLumenPriority}
 }
 
 // CalibrateLlumnix measures the cluster's saturated rate on a trace, as
@@ -407,6 +479,83 @@ func llumnixFigures(res *Result) *LlumnixFigures {
 	return f
 }
 
+// classFigures fills f's per-class figures from res, whose Records[i] is
+// reqs[i]: the high-priority requests (workload.Request.Priority below 0)
+// and the rest.
+func classFigures(f *LlumnixFigures, res *Result, reqs []workload.Request) {
+	var prefill, decode, e2e [2][]time.Duration // [0] normal, [1] high
+	for i, r := range res.Records {
+		if i >= len(reqs) || r.Err != nil {
+			continue
+		}
+		k := 0
+		if policy.HighPriority(reqs[i].Priority) {
+			k = 1
+			f.HighRequests++
+		}
+		if d, ok := r.TTFT(); ok {
+			prefill[k] = append(prefill[k], d)
+			e2e[k] = append(e2e[k], r.Chunks[len(r.Chunks)-1]-r.Arrival)
+		}
+		if d, ok := r.TPOT(); ok {
+			decode[k] = append(decode[k], d)
+		}
+	}
+	p99 := func(d []time.Duration) float64 { return servingstats.Percentile(d, 0.99) }
+	f.NormalPrefillMeanMs, f.NormalPrefillP99Ms = servingstats.Mean(prefill[0]), p99(prefill[0])
+	f.NormalDecodeMeanMs, f.NormalDecodeP99Ms = servingstats.Mean(decode[0]), p99(decode[0])
+	f.NormalE2EMeanMs, f.NormalE2EP99Ms = servingstats.Mean(e2e[0]), p99(e2e[0])
+	f.HighPrefillMeanMs, f.HighPrefillP99Ms = servingstats.Mean(prefill[1]), p99(prefill[1])
+	f.HighDecodeMeanMs, f.HighDecodeP99Ms = servingstats.Mean(decode[1]), p99(decode[1])
+	f.HighE2EMeanMs, f.HighE2EP99Ms = servingstats.Mean(e2e[1]), p99(e2e[1])
+}
+
+// llumnixPriorityGains compare lumen+priority (pri) with INFaaS++ (base)
+// and with lumen without priorities (nopri): the high-priority requests'
+// figures as × lower (high_*_x, against INFaaS++; high_*_x_vs_lumen), the
+// normal ones' as lumen+priority's change in percent (normal_*_pct,
+// against INFaaS++; normal_*_pct_vs_lumen): the issue's goals are
+// high_prefill_p99_x >= 3.6 and normal_*_mean_pct <= 13.
+func llumnixPriorityGains(base, nopri, pri *LlumnixFigures) map[string]float64 {
+	ratio := func(a, b float64) float64 {
+		if b > 0 {
+			return a / b
+		}
+		return 0 // JSON has no infinity: 0 says "no figure"
+	}
+	pct := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return 100 * (a - b) / b
+	}
+	g := map[string]float64{}
+	for _, c := range []struct {
+		suffix string
+		ref    *LlumnixFigures
+	}{{"", base}, {"_vs_lumen", nopri}} {
+		if c.ref == nil || pri == nil {
+			continue
+		}
+		g["high_prefill_p99_x"+c.suffix] = ratio(c.ref.HighPrefillP99Ms, pri.HighPrefillP99Ms)
+		g["high_prefill_mean_x"+c.suffix] = ratio(c.ref.HighPrefillMeanMs, pri.HighPrefillMeanMs)
+		g["high_decode_p99_x"+c.suffix] = ratio(c.ref.HighDecodeP99Ms, pri.HighDecodeP99Ms)
+		g["high_e2e_mean_x"+c.suffix] = ratio(c.ref.HighE2EMeanMs, pri.HighE2EMeanMs)
+		g["normal_prefill_mean_pct"+c.suffix] = pct(pri.NormalPrefillMeanMs, c.ref.NormalPrefillMeanMs)
+		g["normal_decode_mean_pct"+c.suffix] = pct(pri.NormalDecodeMeanMs, c.ref.NormalDecodeMeanMs)
+		g["normal_e2e_mean_pct"+c.suffix] = pct(pri.NormalE2EMeanMs, c.ref.NormalE2EMeanMs)
+	}
+	return g
+}
+
+// LlumnixPriorityGoals are the issue's goals for the priority experiment
+// (Llumnix's: high-priority P99 prefill 3.6-10× lower; normal requests'
+// mean latencies at most 13% higher).
+const (
+	LlumnixPriorityP99Goal    = 3.6
+	LlumnixPriorityNormalGoal = 13.0
+)
+
 // llumnixGains are INFaaS++'s figures over lumen's (× lower with
 // migration; Inf where lumen's is 0 and INFaaS++'s is not), the
 // preemption loss as lumen's change in percent, and lumen's throughput
@@ -464,13 +613,13 @@ func (f *LlumnixFigure) Print(out io.Writer) {
 	fmt.Fprintf(out, "%-8s %6s %-12s %11s %11s %10s %10s %10s %9s %8s %8s %10s %11s\n", "trace", "req/s", "column",
 		"prefill ms", "p99 prefill", "p99 decode", "e2e ms", "p99 e2e", "preempted", "loss ms", "frag %", "tok/s", "migrations")
 	for _, p := range f.Points {
-		for _, col := range LlumnixColumns {
+		for _, col := range append(slices.Clone(LlumnixColumns), ColLumenPriority) {
 			c := p.Columns[col]
 			if c == nil {
 				continue
 			}
 			mig := ""
-			if col == ColLumen {
+			if col == ColLumen || col == ColLumenPriority {
 				mig = fmt.Sprintf("%d/%d", c.MigrationsCommitted, c.MigrationsStarted)
 			}
 			fmt.Fprintf(out, "%-8s %6g %-12s %11.0f %11.0f %10.1f %10.0f %10.0f %9d %8.0f %8.2f %10.0f %11s\n", p.Trace, p.Rate, col,
@@ -504,7 +653,7 @@ func (f *LlumnixFigure) Print(out io.Writer) {
 	worst := math.Inf(1)
 	n := 0
 	for _, p := range f.Points {
-		if p.Columns[ColINFaaS].PreemptedRequests > 0 {
+		if c := p.Columns[ColINFaaS]; c != nil && c.PreemptedRequests > 0 {
 			loss += p.Gains["preemption_loss_per_req_pct"]
 			n++
 		}
@@ -515,8 +664,46 @@ func (f *LlumnixFigure) Print(out io.Writer) {
 	}
 	fmt.Fprintf(out, "preemption loss per request: %+.1f%% on average over %d points with preemptions; goal -70%%: %s\n", loss, n, verdict(n > 0 && loss <= -70))
 	fmt.Fprintf(out, "throughput: worst %+.2f%% against infaas++; goal within 1%%: %s\n\n", worst, verdict(worst >= -1))
+	if f.PriorityFraction > 0 {
+		f.printPriorities(out)
+	}
 }
 
 // LlumnixLoads are -rates saturation's fractions of the measured
 // saturated rate.
 var LlumnixLoads = []float64{0.85, 0.9, 0.95, 1}
+
+// printPriorities writes the priority experiment's per-class table and
+// its goals' verdicts.
+func (f *LlumnixFigure) printPriorities(out io.Writer) {
+	fmt.Fprintf(out, "priorities: %.0f%% of the requests high priority\n", 100*f.PriorityFraction)
+	fmt.Fprintf(out, "%-8s %6s %-15s %6s %12s %12s %12s %12s %12s %12s\n", "trace", "req/s", "column", "high",
+		"hi pre ms", "hi p99 pre", "hi e2e ms", "no pre ms", "no dec ms", "no e2e ms")
+	for _, p := range f.Points {
+		for _, col := range LlumnixPriorityColumns {
+			c := p.Columns[col]
+			if c == nil {
+				continue
+			}
+			fmt.Fprintf(out, "%-8s %6g %-15s %6d %12.0f %12.0f %12.0f %12.0f %12.1f %12.0f\n", p.Trace, p.Rate, col, c.HighRequests,
+				c.HighPrefillMeanMs, c.HighPrefillP99Ms, c.HighE2EMeanMs, c.NormalPrefillMeanMs, c.NormalDecodeMeanMs, c.NormalE2EMeanMs)
+		}
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "MISSED"
+	}
+	for _, p := range f.Points {
+		g := p.PriorityGains
+		worst := max(g["normal_prefill_mean_pct"], g["normal_decode_mean_pct"], g["normal_e2e_mean_pct"])
+		fmt.Fprintf(out, "%s at %g/s: high-priority P99 prefill %.2f× lower than infaas++ (%.2f× than lumen), goal >= %g: %s; "+
+			"normal means %+.1f%% prefill, %+.1f%% decode, %+.1f%% e2e against infaas++ (%+.1f%%, %+.1f%%, %+.1f%% against lumen), goal <= +%g%%: %s\n",
+			p.Trace, p.Rate, g["high_prefill_p99_x"], g["high_prefill_p99_x_vs_lumen"], LlumnixPriorityP99Goal, verdict(g["high_prefill_p99_x"] >= LlumnixPriorityP99Goal),
+			g["normal_prefill_mean_pct"], g["normal_decode_mean_pct"], g["normal_e2e_mean_pct"],
+			g["normal_prefill_mean_pct_vs_lumen"], g["normal_decode_mean_pct_vs_lumen"], g["normal_e2e_mean_pct_vs_lumen"],
+			LlumnixPriorityNormalGoal, verdict(worst <= LlumnixPriorityNormalGoal))
+	}
+	fmt.Fprintln(out)
+}

@@ -125,6 +125,12 @@ type Config struct {
 	// by their KV events (prefix.go), naming the worker in the Dispatch
 	// as a gateway does, instead of Apply's freeness choice.
 	PrefixCache, PrefixRouting bool
+	// Priorities: the requests carry their arrivals' priorities
+	// (workload.Request.Priority) in their Dispatch and Generate calls,
+	// as the API's priority field does; off, every request is of the
+	// default priority whatever its arrival says (a cluster without
+	// priorities, on the same arrivals).
+	Priorities bool
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
@@ -880,7 +886,7 @@ func (s *Sim) loadRecord(w *simWorker, qw float64) *pb.LoadRecord {
 	w.rec = pb.LoadRecord{WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: qw,
 		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
 		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
-		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages())}
+		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), HighPriority: uint32(c.HighPriority())}
 	return &w.rec
 }
 
@@ -959,7 +965,7 @@ func (s *Sim) dispatch(r *simRequest) {
 func (s *Sim) dispatchApply(r *simRequest) {
 	r.id = dispatchID(r)
 	s.byID[r.id] = r
-	d := &pb.DispatchCmd{RequestId: r.id, PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output)}
+	d := &pb.DispatchCmd{RequestId: r.id, PromptTokens: uint32(r.w.PromptLen()), MaxTokens: uint32(r.w.Output), Priority: s.priority(r)}
 	if s.cfg.RoundRobin {
 		s.roundRobin(d)
 	}
@@ -973,6 +979,14 @@ func (s *Sim) dispatchApply(r *simRequest) {
 	}
 	pl := res.Dispatch.Placement
 	s.at(s.now+s.cfg.Timing.CommitDelay, func() { s.generate(r, pl) })
+}
+
+// priority is the request's priority in its calls (Config.Priorities).
+func (s *Sim) priority(r *simRequest) int32 {
+	if !s.cfg.Priorities {
+		return 0
+	}
+	return r.w.Priority
 }
 
 // token is the simulated engine's output: a fixed function of the request
@@ -1023,7 +1037,7 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 		}
 	}
 	cr := &core.Request{ID: r.id, Epoch: pl.Epoch, History: hist, Prompt: r.w.PromptLen(), MaxTokens: r.w.Output,
-		Arrived: s.clock(), Sink: r}
+		Priority: s.priority(r), Arrived: s.clock(), Sink: r}
 	if pl.HolderId != "" {
 		// A call that names its holder (worker.newRequest): the caller
 		// fills the request before Submit.

@@ -171,6 +171,9 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	if req.TopLogprobs > engine.MaxTopLogprobs {
 		return nil, bad("top_logprobs %d: at most %d", req.TopLogprobs, engine.MaxTopLogprobs)
 	}
+	if req.Priority < policy.MinPriority || req.Priority > policy.MaxPriority {
+		return nil, bad("priority %d: must be %d..%d (lower is more urgent, 0 the default)", req.Priority, policy.MinPriority, policy.MaxPriority)
+	}
 	if req.TopLogprobs > 0 && !req.Logprobs && !req.PromptLogprobs {
 		return nil, bad("top_logprobs %d needs logprobs or prompt_logprobs set", req.TopLogprobs)
 	}
@@ -192,7 +195,7 @@ func (w *Worker) newRequest(req *pb.GenerateRequest) (*request, error) {
 	}
 	r := &request{replicas: replicas, id: req.RequestId, history: history, prompt: len(req.Prompt), outStart: len(req.Generated),
 		maxTokens: int(req.MaxTokens), params: p, stop: stop, arrived: now, lastToken: now, box: newMailbox(),
-		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs), promptLogprobs: req.PromptLogprobs}
+		holder: req.Holder, epoch: req.Epoch, logprobs: req.Logprobs, topLogprobs: int(req.TopLogprobs), promptLogprobs: req.PromptLogprobs, priority: req.Priority}
 	if r.holder != "" {
 		// The footprint the controller reserved on the holder when it placed
 		// the request here: the same function of the same numbers (the

@@ -66,9 +66,10 @@ type request struct {
 	// promptLogprobs: the first token goes out with the prompt's
 	// logprobs (echo), topLogprobs alternatives each.
 	promptLogprobs bool
+	priority       int32 // core.Request.Priority
 	arrived        time.Time
-	lastToken   time.Time
-	box         *mailbox
+	lastToken      time.Time
+	box            *mailbox
 
 	holder   string
 	reserved uint64 // the request's reserved footprint on the holder
@@ -128,6 +129,8 @@ type schedStats struct {
 	// pre-allocations of migrations in.
 	stopped, incoming int
 	queueHeadPages    int
+	// highPriority: the running and waiting requests of high priority.
+	highPriority int
 	// queued: the waiting requests with no KV cache (core.AppendQueued).
 	queued []string
 	waits  core.WaitWindow // prefill-start waits
@@ -226,7 +229,7 @@ func (s *scheduler) drainIntake() {
 
 func (s *scheduler) admit(r *request) {
 	r.cr = &core.Request{ID: r.id, Epoch: r.epoch, History: r.history, Prompt: r.prompt, MaxTokens: r.maxTokens,
-		Params: r.params, Stop: r.stop, Logprobs: r.logprobs, TopLogprobs: r.topLogprobs, PromptLogprobs: r.promptLogprobs, Holder: r.holder, Reserved: r.reserved, Arrived: r.arrived, Sink: r}
+		Params: r.params, Stop: r.stop, Logprobs: r.logprobs, TopLogprobs: r.topLogprobs, PromptLogprobs: r.promptLogprobs, Priority: r.priority, Holder: r.holder, Reserved: r.reserved, Arrived: r.arrived, Sink: r}
 	s.core.Submit(r.cr)
 	s.apply()
 	s.w.metrics.waiting.Set(float64(s.core.Waiting()))
@@ -530,6 +533,7 @@ func (s *scheduler) publishStats() {
 	s.statsMu.Lock()
 	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, head
 	s.stats.stopped, s.stats.incoming = s.core.Stopped(), s.core.Incoming()
+	s.stats.highPriority = s.core.HighPriority()
 	s.stats.queued = s.core.AppendQueued(s.stats.queued[:0], maxQueuedReported)
 	s.statsMu.Unlock()
 	s.w.metrics.migrationsLive.WithLabelValues("in").Set(float64(s.core.Incoming()))
@@ -544,6 +548,14 @@ func (s *scheduler) publishStats() {
 
 // maxQueuedReported caps LoadRecord.queued.
 const maxQueuedReported = 512
+
+// highPriority is the running and waiting requests of high priority as of
+// the last publishStats (LoadRecord.high_priority).
+func (s *scheduler) highPriority() int {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	return s.stats.highPriority
+}
 
 // snapshot returns the load figures, q_w over the window and a copy of the
 // queued ids.

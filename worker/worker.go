@@ -480,7 +480,8 @@ func (w *Worker) Load() *pb.LoadRecord {
 	ckUsed, ckBudget, _ := w.store.usage()
 	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(), QueueWaitMs: qw,
 		FreeCheckpointBytes: ckBudget - ckUsed, StoredCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
-		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head), Queued: queued}
+		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head), Queued: queued,
+		HighPriority: uint32(w.sched.highPriority())}
 }
 
 func (w *Worker) isDraining() bool {

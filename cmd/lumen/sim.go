@@ -63,6 +63,7 @@ func runSim(args []string) error {
 	fs.IntVar(&c.KVPages, "kv-pages", 0, "with -figure burst: a worker's KV cache in 16-token pages (0: the profile's GPU); smaller puts the workers under memory pressure")
 	fs.Float64Var(&c.CV, "cv", c.CV, "with -figure burst: the arrivals' coefficient of variation (Gamma gaps; 0 or 1 is Poisson)")
 	fs.StringVar(&c.TraceMix, "trace-mix", "", "with -figure llumnix: Llumnix's generated traces to run, IN-OUT mean lengths, comma-separated (default: all five, 128-128,256-256,512-512,128-512,512-128), each at Llumnix's request rates (-xs: the rates, for one trace)")
+	fs.Float64Var(&c.PriorityFraction, "priority-fraction", 0, "with -figure llumnix: Llumnix's priority experiment, this share of the requests of high priority (Llumnix's: 0.1); the columns are infaas++, lumen and lumen+priority, the trace 128-128 at 26 req/s unless -trace-mix and -xs, with per-class figures (high_*, normal_*) and priority_gains")
 	fs.StringVar(&c.Arrivals, "arrivals", c.Arrivals, "with -figure llumnix: poisson or gamma:CV (Llumnix's CVs: 2, 4, 6, 8)")
 	fs.StringVar(&c.Rates, "rates", c.Rates, "with -figure llumnix: llumnix (each trace at Llumnix's request rates) or saturation (at 0.85, 0.9, 0.95 and 1 of the simulated cluster's saturated rate, measured per trace; -xs: the fractions)")
 	fs.DurationVar(&c.MigrationInterval, "migration-interval", 0, "with -figure llumnix: the leader's migration round period (default the controller's, 500ms)")

@@ -121,6 +121,7 @@ func View(w *pb.WorkerLoad) policy.Worker {
 		QueueHeadPages:  l.GetQueueHeadPages(),
 		Running:         l.GetRunning(),
 		Waiting:         l.GetWaiting(),
+		HighPriority:    l.GetHighPriority(),
 		PendingRequests: w.PendingRequests,
 		PendingPages:    w.PendingPages,
 	}

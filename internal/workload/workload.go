@@ -111,6 +111,9 @@ type Request struct {
 	At     time.Duration // offset from the start of the run
 	Prompt []int32       // token ids; nil for a lazy request (PromptLen, AppendPrompt)
 	Output int           // tokens to generate (max_tokens)
+	// Priority is the request's priority (the API's priority: lower is
+	// more urgent, 0 the default); MarkHighPriority sets it.
+	Priority int32
 
 	// A lazy request (Lazy, GenerateLazy) keeps its prompt's length and
 	// the generator's state before its first token instead of the ids.
@@ -264,6 +267,26 @@ func Gamma(r *rand.Rand, shape float64) float64 {
 		u := r.Float64()
 		if u < 1-0.0331*x*x*x*x || math.Log(u) < 0.5*x*x+d*(1-v+math.Log(v)) {
 			return d * v
+		}
+	}
+}
+
+// HighPriorityValue is the priority MarkHighPriority gives a request: the
+// API's priority -1, more urgent than the default 0.
+const HighPriorityValue = -1
+
+// MarkHighPriority gives each request, independently with probability
+// fraction, priority HighPriorityValue (Llumnix's priority experiment:
+// 10% of the requests), and the rest priority 0. The draws come from a
+// stream of their own (seed, and a constant of this function's), so the
+// arrivals and lengths are those of the unmarked run whatever the fraction,
+// and the same seed marks the same requests.
+func MarkHighPriority(reqs []Request, fraction float64, seed uint64) {
+	src := rand.New(rand.NewPCG(seed, 0x7072696f72697479))
+	for i := range reqs {
+		reqs[i].Priority = 0
+		if src.Float64() < fraction {
+			reqs[i].Priority = HighPriorityValue
 		}
 	}
 }

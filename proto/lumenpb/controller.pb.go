@@ -334,8 +334,12 @@ type DispatchRequest struct {
 	// chooses (policy.PickServing), as before.
 	WorkerId          string `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	WorkerIncarnation uint64 `protobuf:"varint,6,opt,name=worker_incarnation,json=workerIncarnation,proto3" json:"worker_incarnation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The request's priority (issue 23), vLLM's convention: lower is more
+	// urgent, 0 the default, in [-100, 100]; a negative priority is high
+	// priority (headroom in its worker's freeness, first to migrate).
+	Priority      int32 `protobuf:"varint,7,opt,name=priority,proto3" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DispatchRequest) Reset() {
@@ -406,6 +410,13 @@ func (x *DispatchRequest) GetWorkerId() string {
 func (x *DispatchRequest) GetWorkerIncarnation() uint64 {
 	if x != nil {
 		return x.WorkerIncarnation
+	}
+	return 0
+}
+
+func (x *DispatchRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
 	}
 	return 0
 }
@@ -3062,7 +3073,7 @@ const file_controller_proto_rawDesc = "" +
 	"\tto_worker\x18\x02 \x01(\tR\btoWorker\"Z\n" +
 	"\x0fMigrateResponse\x121\n" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\xdf\x01\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\xfb\x01\n" +
 	"\x0fDispatchRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -3072,7 +3083,8 @@ const file_controller_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x1b\n" +
 	"\tworker_id\x18\x05 \x01(\tR\bworkerId\x12-\n" +
-	"\x12worker_incarnation\x18\x06 \x01(\x04R\x11workerIncarnation\"\xa2\x01\n" +
+	"\x12worker_incarnation\x18\x06 \x01(\x04R\x11workerIncarnation\x12\x1a\n" +
+	"\bpriority\x18\a \x01(\x05R\bpriority\"\xa2\x01\n" +
 	"\x10DispatchResponse\x121\n" +
 	"\tplacement\x18\x01 \x01(\v2\x13.lumen.v1.PlacementR\tplacement\x12\x1b\n" +
 	"\tno_holder\x18\x02 \x01(\bR\bnoHolder\x12(\n" +

@@ -584,8 +584,10 @@ type DispatchCmd struct {
 	// Apply chooses.
 	WorkerId          string `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	WorkerIncarnation uint64 `protobuf:"varint,6,opt,name=worker_incarnation,json=workerIncarnation,proto3" json:"worker_incarnation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// DispatchRequest.priority.
+	Priority      int32 `protobuf:"varint,7,opt,name=priority,proto3" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DispatchCmd) Reset() {
@@ -656,6 +658,13 @@ func (x *DispatchCmd) GetWorkerId() string {
 func (x *DispatchCmd) GetWorkerIncarnation() uint64 {
 	if x != nil {
 		return x.WorkerIncarnation
+	}
+	return 0
+}
+
+func (x *DispatchCmd) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
 	}
 	return 0
 }
@@ -1647,7 +1656,7 @@ const file_fsm_proto_rawDesc = "" +
 	"\tto_worker\x18\x05 \x01(\tR\btoWorker\x12%\n" +
 	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\"=\n" +
 	"\x11RegisterWorkerCmd\x12(\n" +
-	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"\xdb\x01\n" +
+	"\x06worker\x18\x01 \x01(\v2\x10.lumen.v1.WorkerR\x06worker\"\xf7\x01\n" +
 	"\vDispatchCmd\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1657,7 +1666,8 @@ const file_fsm_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x1b\n" +
 	"\tworker_id\x18\x05 \x01(\tR\bworkerId\x12-\n" +
-	"\x12worker_incarnation\x18\x06 \x01(\x04R\x11workerIncarnation\".\n" +
+	"\x12worker_incarnation\x18\x06 \x01(\x04R\x11workerIncarnation\x12\x1a\n" +
+	"\bpriority\x18\a \x01(\x05R\bpriority\".\n" +
 	"\vCompleteCmd\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
 	"requestIds\"9\n" +

@@ -621,7 +621,10 @@ type LoadRecord struct {
 	// preempted), queue order, at most 512: the migration policy moves a
 	// request whose cache it would copy only when it is not among them
 	// (policy.Placed.Queued), and a drain re-dispatches those that are.
-	Queued        []string `protobuf:"bytes,12,rep,name=queued,proto3" json:"queued,omitempty"`
+	Queued []string `protobuf:"bytes,12,rep,name=queued,proto3" json:"queued,omitempty"`
+	// The running and waiting requests of high priority (priority < 0):
+	// each takes headroom off the worker's freeness (policy.Worker.Freeness).
+	HighPriority  uint32 `protobuf:"varint,13,opt,name=high_priority,json=highPriority,proto3" json:"high_priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -740,6 +743,13 @@ func (x *LoadRecord) GetQueued() []string {
 	return nil
 }
 
+func (x *LoadRecord) GetHighPriority() uint32 {
+	if x != nil {
+		return x.HighPriority
+	}
+	return 0
+}
+
 type Placement struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -768,8 +778,11 @@ type Placement struct {
 	// none on the serving worker's; each reserves reserved_bytes on its
 	// holder. When holder_id fails the first of them takes its place.
 	ReplicaHolders []string `protobuf:"bytes,15,rep,name=replica_holders,json=replicaHolders,proto3" json:"replica_holders,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// DispatchRequest.priority, for the migration policy (high priority
+	// migrates first); Generate calls carry it to the worker.
+	Priority      int32 `protobuf:"varint,16,opt,name=priority,proto3" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Placement) Reset() {
@@ -905,6 +918,13 @@ func (x *Placement) GetReplicaHolders() []string {
 		return x.ReplicaHolders
 	}
 	return nil
+}
+
+func (x *Placement) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
 }
 
 type RecoveryAssignment struct {
@@ -1668,7 +1688,7 @@ const file_types_proto_rawDesc = "" +
 	" \x01(\x03R\x12registeredUnixNano\x125\n" +
 	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\x12\x12\n" +
 	"\x04node\x18\f \x01(\tR\x04node\x12\x12\n" +
-	"\x04rack\x18\r \x01(\tR\x04rack\"\xc5\x03\n" +
+	"\x04rack\x18\r \x01(\tR\x04rack\"\xea\x03\n" +
 	"\n" +
 	"LoadRecord\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
@@ -1683,7 +1703,8 @@ const file_types_proto_rawDesc = "" +
 	"\x10queue_head_pages\x18\n" +
 	" \x01(\x04R\x0equeueHeadPages\x12(\n" +
 	"\x10report_unix_nano\x18\v \x01(\x03R\x0ereportUnixNano\x12\x16\n" +
-	"\x06queued\x18\f \x03(\tR\x06queued\"\xea\x04\n" +
+	"\x06queued\x18\f \x03(\tR\x06queued\x12#\n" +
+	"\rhigh_priority\x18\r \x01(\rR\fhighPriority\"\x86\x05\n" +
 	"\tPlacement\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
@@ -1702,7 +1723,8 @@ const file_types_proto_rawDesc = "" +
 	"\x10migration_target\x18\f \x01(\tR\x0fmigrationTarget\x12@\n" +
 	"\x1cmigration_target_incarnation\x18\r \x01(\x04R\x1amigrationTargetIncarnation\x12=\n" +
 	"\x1bmigration_started_unix_nano\x18\x0e \x01(\x03R\x18migrationStartedUnixNano\x12'\n" +
-	"\x0freplica_holders\x18\x0f \x03(\tR\x0ereplicaHolders\"\xba\x02\n" +
+	"\x0freplica_holders\x18\x0f \x03(\tR\x0ereplicaHolders\x12\x1a\n" +
+	"\bpriority\x18\x10 \x01(\x05R\bpriority\"\xba\x02\n" +
 	"\x12RecoveryAssignment\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +

@@ -1190,8 +1190,11 @@ type GenerateRequest struct {
 	// full for them: no checkpoint restore, no cached prefix, no migration
 	// before the first token.
 	PromptLogprobs bool `protobuf:"varint,13,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The request's priority (DispatchRequest.priority): the worker admits
+	// more urgent requests first and preempts the least urgent first.
+	Priority      int32 `protobuf:"varint,14,opt,name=priority,proto3" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -1306,6 +1309,13 @@ func (x *GenerateRequest) GetPromptLogprobs() bool {
 		return x.PromptLogprobs
 	}
 	return false
+}
+
+func (x *GenerateRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
 }
 
 type TokenLogprob struct {
@@ -1623,7 +1633,7 @@ const file_worker_proto_rawDesc = "" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\x9b\x03\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\"\xb7\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1640,7 +1650,8 @@ const file_worker_proto_rawDesc = "" +
 	" \x01(\bR\blogprobs\x12!\n" +
 	"\ftop_logprobs\x18\v \x01(\rR\vtopLogprobs\x12'\n" +
 	"\x0freplica_holders\x18\f \x03(\tR\x0ereplicaHolders\x12'\n" +
-	"\x0fprompt_logprobs\x18\r \x01(\bR\x0epromptLogprobs\">\n" +
+	"\x0fprompt_logprobs\x18\r \x01(\bR\x0epromptLogprobs\x12\x1a\n" +
+	"\bpriority\x18\x0e \x01(\x05R\bpriority\">\n" +
 	"\fTokenLogprob\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\"d\n" +

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"time"
 
 	"github.com/lumen-project/lumen/internal/kvpage"
+	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -139,6 +141,15 @@ type Request struct {
 	// prompt is then prefilled in full by this call: no restore from a
 	// checkpoint, and no migration out before its first token.
 	PromptLogprobs bool
+	// Priority orders the request against the others here (issue 23),
+	// vLLM's convention: a lower value is more urgent, 0 the default. The
+	// waiting queue is in priority order (within one priority, resumes
+	// first, then arrival), the running set too (within one priority, in
+	// admission order), so the most urgent are admitted and stepped first,
+	// the victims of a preemption are the newest of the least urgent, and
+	// a waiting request may take the place of less urgent running ones
+	// (makeRoom). Outputs do not depend on it.
+	Priority int32
 	// Holder is the checkpoint holder ("" for none) and Reserved the
 	// request's reserved footprint there.
 	Holder   string
@@ -167,7 +178,7 @@ type Request struct {
 	// scored from the first on: the targets of positions 0 … scoredTo−1.
 	promptLPs []engine.Logprobs
 	scoredTo  int
-	out       *outgoing         // its migration out (migrate.go), or nil
+	out       *outgoing // its migration out (migrate.go), or nil
 	// A destination's held pre-step (migrate.go): holding is the
 	// pre-allocation whose request this is, until its call adopts it or
 	// the pre-step ends; held marks such a request for good.
@@ -451,6 +462,21 @@ func (c *Core) AppendQueued(dst []string, max int) []string {
 	return dst
 }
 
+// HighPriority is the running and waiting requests of high priority
+// (policy.HighPriority): the load report's count, each of which reserves
+// headroom in the worker's freeness.
+func (c *Core) HighPriority() int {
+	n := 0
+	for _, q := range [][]*Request{c.running, c.waiting} {
+		for _, r := range q {
+			if policy.HighPriority(r.Priority) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // Requests returns the requests running and waiting, running first.
 func (c *Core) Requests() []*Request {
 	return append(slices.Clone(c.running), c.waiting...)
@@ -533,16 +559,52 @@ func (c *Core) Submit(r *Request) {
 	c.byID[r.ID] = r
 	if r.outStart > 0 {
 		// A resumed request (its worker failed, or it moved) goes ahead of
-		// new ones, behind earlier resumes: its client is already waiting
-		// mid-stream, and a failure should cost it a delay, not a queue.
-		i := 0
-		for i < len(c.waiting) && c.waiting[i].outStart > 0 {
-			i++
-		}
-		c.waiting = slices.Insert(c.waiting, i, r)
+		// new ones of its priority, behind earlier resumes: its client is
+		// already waiting mid-stream, and a failure should cost it a
+		// delay, not a queue.
+		c.enqueue(r, true)
 	} else {
-		c.waiting = append(c.waiting, r)
+		c.enqueue(r, false)
 	}
+}
+
+// enqueue puts r in the waiting queue behind every more urgent request and
+// those of its priority that go first: the resumes when behindResumes is
+// set (r is a resume, or a new request displaced by one), every one
+// otherwise (r is new). With a single priority it is the queue's old
+// order: a resume behind the resumes, a new request at the end.
+func (c *Core) enqueue(r *Request, behindResumes bool) {
+	i := 0
+	for i < len(c.waiting) {
+		w := c.waiting[i]
+		if w.Priority > r.Priority || (w.Priority == r.Priority && behindResumes && w.outStart == 0) {
+			break
+		}
+		i++
+	}
+	c.waiting = slices.Insert(c.waiting, i, r)
+}
+
+// requeueFront puts r back at the head of the requests of its priority in
+// the waiting queue (a preemption's victim, a migration given up), behind
+// the more urgent ones.
+func (c *Core) requeueFront(r *Request) {
+	i := 0
+	for i < len(c.waiting) && c.waiting[i].Priority < r.Priority {
+		i++
+	}
+	c.waiting = slices.Insert(c.waiting, i, r)
+}
+
+// addRunning puts r in the running set behind every request of its
+// priority or a more urgent one (admission order within a priority), so
+// the set's last is the newest of the least urgent: the first victim.
+func (c *Core) addRunning(r *Request) {
+	i := len(c.running)
+	for i > 0 && c.running[i-1].Priority > r.Priority {
+		i--
+	}
+	c.running = slices.Insert(c.running, i, r)
 }
 
 // Cancel drops r when it is still the request under its id (a newer call
@@ -664,8 +726,15 @@ func (c *Core) Next(now time.Time, free int) Step {
 	if admit {
 		free = c.makeRoom(free)
 	}
+	hold := true
 	for {
-		st, preempted := c.build(now, free, admit)
+		st, preempted := c.build(now, free, admit, hold)
+		if len(st.Batch) == 0 && hold && !preempted {
+			// Holding back the less urgent prefills left nothing to run:
+			// they run (the urgent request waits for pages or a slot).
+			hold = false
+			continue
+		}
 		if len(st.Batch) > 0 {
 			if c.pc != nil {
 				c.evictFor(stepDemand(st), engineFree+c.released)
@@ -722,8 +791,27 @@ func (c *Core) Stalled() bool { return c.stalled && len(c.running) == 0 && len(c
 // step after it ran. At vLLM's batch cap it is 256 pages, 1.6% of
 // Qwen3-14B's 16,212 on an H100: the order of V0's watermark. makeRoom and
 // a migration in (AcceptStage) count the same headroom.
-func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bool) {
+//
+// Execution priority (Request.Priority): when hold is set and a request
+// has its prefill to run — a running one, or the queue's head when admit
+// is set — every less urgent request runs only its decode in the step, and
+// no less urgent one is admitted: the step is as long as the urgent
+// prefill and the decodes, not the prefill chunks of a burst of normal
+// requests (a step's time grows with its prefill tokens). With a single
+// priority nothing is held.
+func (c *Core) build(now time.Time, free int, admit, hold bool) (st Step, preempted bool) {
 	budget := c.cfg.TokenBudget
+	top := int32(math.MaxInt32) // prefills less urgent than top are held
+	if hold {
+		for _, r := range c.running {
+			if len(r.History)-r.fed > 1 {
+				top = min(top, r.Priority)
+			}
+		}
+		if admit && len(c.waiting) > 0 {
+			top = min(top, c.waiting[0].Priority)
+		}
+	}
 	// The step's slices are the Core's, reused: valid until the next Next.
 	st = Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
 	defer func() { c.batchBuf, c.reqsBuf, c.restoreBuf = st.Batch, st.Reqs, st.Restores }()
@@ -764,6 +852,9 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 		if budget == 0 {
 			break
 		}
+		if r.Priority > top && len(r.History)-r.fed > 1 {
+			continue // a less urgent prefill, held
+		}
 		// A running request always has a token to feed; add fails only
 		// for want of a page.
 		for r.fed < len(r.History) && !add(r, budget) {
@@ -800,6 +891,9 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 	// one stopped for its migration's commit until the commit.
 	for len(c.waiting) > 0 && budget > 0 && c.slots() < c.cfg.MaxRunning {
 		r := c.waiting[0]
+		if r.Priority > top {
+			break // less urgent than a prefill of the step
+		}
 		pages, hashes := c.restorable(r)
 		// A prefix the cache holds is taken over a checkpoint no longer
 		// than it: it is in the KV cache already.
@@ -813,7 +907,7 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 			break
 		}
 		c.waiting = c.waiting[1:]
-		c.running = append(c.running, r)
+		c.addRunning(r)
 		if useHit {
 			c.takeHit(r, hit)
 			free -= idle
@@ -836,8 +930,9 @@ func (c *Core) build(now time.Time, free int, admit bool) (st Step, preempted bo
 	return st, false
 }
 
-// preempt sends the most recently admitted running request back to the
-// head of the waiting queue, its cache dropped, and returns the pages it
+// preempt sends the most recently admitted running request of the least
+// urgent priority (the running set's last) back to the head of its
+// priority's waiting requests, its cache dropped, and returns the pages it
 // held.
 func (c *Core) preempt() int {
 	victim := c.running[len(c.running)-1]
@@ -847,7 +942,7 @@ func (c *Core) preempt() int {
 	freed := c.freed(victim)
 	c.nextSeq++
 	victim.seq, victim.fed, victim.ckptSent, victim.hashes = c.nextSeq, 0, 0, nil
-	c.waiting = append([]*Request{victim}, c.waiting...)
+	c.requeueFront(victim)
 	c.out.Preemptions++
 	return freed
 }
@@ -858,11 +953,21 @@ func (c *Core) preempt() int {
 // elsewhere. Only a new request whose cache is no longer than the resumed
 // request's history is displaced (it waits again, behind the resumes, and
 // recomputes no more than the resume would have), so each resume displaces
-// a bounded set and no resume displaces another. It returns the free pages
-// after.
+// a bounded set and no resume displaces another.
+//
+// A head more urgent than running requests (Request.Priority) takes the
+// place of the less urgent ones, the newest of the least urgent first,
+// whatever their cache, as vLLM's priority scheduling preempts: they wait
+// again behind it. A request displaces only less urgent ones, so none is
+// displaced back. With a single priority it is the rule above alone. It
+// returns the free pages after.
 func (c *Core) makeRoom(free int) int {
-	for len(c.waiting) > 0 && c.waiting[0].outStart > 0 {
+	for len(c.waiting) > 0 {
 		r := c.waiting[0]
+		urgent := len(c.running) > 0 && c.running[len(c.running)-1].Priority > r.Priority
+		if r.outStart == 0 && !urgent {
+			return free
+		}
 		pages, _ := c.restorable(r)
 		need := PagesFor(min(len(r.History), len(pages)*engine.PageTokens+c.cfg.TokenBudget))
 		if need <= free-len(c.running) && c.slots() < c.cfg.MaxRunning {
@@ -870,7 +975,8 @@ func (c *Core) makeRoom(free int) int {
 		}
 		vi := -1
 		for i := len(c.running) - 1; i >= 0; i-- {
-			if v := c.running[i]; v.outStart == 0 && v.fed <= len(r.History) {
+			v := c.running[i]
+			if v.Priority > r.Priority || (v.Priority == r.Priority && r.outStart > 0 && v.outStart == 0 && v.fed <= len(r.History)) {
 				vi = i
 				break
 			}
@@ -886,18 +992,15 @@ func (c *Core) makeRoom(free int) int {
 }
 
 // requeue drops a running request's cache and puts it back in the queue
-// behind the resumed requests, to be recomputed; it returns the pages freed.
+// behind the more urgent requests and the resumed ones of its priority, to
+// be recomputed; it returns the pages freed.
 func (c *Core) requeue(v *Request) int {
 	c.endOut(v, "the request was preempted")
 	c.out.Release = append(c.out.Release, v.seq)
 	freed := c.freed(v)
 	c.nextSeq++
 	v.seq, v.fed, v.ckptSent, v.hashes = c.nextSeq, 0, 0, nil
-	i := 0
-	for i < len(c.waiting) && c.waiting[i].outStart > 0 {
-		i++
-	}
-	c.waiting = slices.Insert(c.waiting, i, v)
+	c.enqueue(v, true)
 	c.out.Preemptions++
 	return freed
 }

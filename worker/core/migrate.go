@@ -268,9 +268,9 @@ func (c *Core) AbortOut(id string, epoch uint64) bool {
 	if r.out.stopped {
 		c.stopped = remove(c.stopped, r)
 		if r.out.waited {
-			c.waiting = slices.Insert(c.waiting, 0, r)
+			c.requeueFront(r)
 		} else {
-			c.running = append(c.running, r)
+			c.addRunning(r)
 		}
 	}
 	r.out = nil
@@ -617,7 +617,7 @@ func (c *Core) adopt(r *Request, i int, in *incoming) bool {
 		}
 		r.started = r.Arrived
 		c.out.MigratedIn++
-		c.running = append(c.running, r)
+		c.addRunning(r)
 		for _, tok := range lacking {
 			if c.commit(r.Arrived, r, tok, nil) {
 				return true // the held pre-step decoded the request to its end
@@ -650,6 +650,6 @@ func (c *Core) adopt(r *Request, i int, in *incoming) bool {
 	r.started = r.Arrived
 	c.out.RestoredPages += k
 	c.out.RecomputedTokens += len(h) - fed
-	c.running = append(c.running, r)
+	c.addRunning(r)
 	return true
 }

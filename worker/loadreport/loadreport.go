@@ -218,6 +218,12 @@ func (r *Reporter) Due(now time.Time, cur *pb.LoadRecord) (Reason, bool) {
 	if rule.QueueForms && (last.Waiting > 0) != (cur.Waiting > 0) {
 		return ReasonQueue, true
 	}
+	if last.HighPriority != cur.HighPriority {
+		// The headroom high-priority requests reserve (policy.Worker.
+		// Freeness) counts at once: dispatch must see it to keep normal
+		// requests off the worker. Without priorities it never changes.
+		return ReasonQueue, true
+	}
 	if rule.QueueWaitMinMs > 0 || rule.QueueWaitFrac > 0 {
 		if moved(last.QueueWaitMs, cur.QueueWaitMs, rule.QueueWaitMinMs, rule.QueueWaitFrac*last.QueueWaitMs) {
 			return ReasonQueueWait, true
