@@ -785,3 +785,80 @@ func degradationPanels(data []byte) ([]*plot.Plot, error) {
 	}
 	return out, nil
 }
+
+// prefixPanels: `lumen sim -figure prefix` (issue 25), per workload the
+// TTFT p90 and the output tokens/s against the offered rate, freeness
+// alone against prefix-aware placement.
+func prefixPanels(data []byte) ([]*plot.Plot, error) {
+	var f struct {
+		Runs []struct {
+			Workload string `json:"workload"`
+			Points   []struct {
+				Rate    float64                       `json:"rate"`
+				Columns map[string]map[string]float64 `json:"columns"`
+			} `json:"points"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	cols := []string{"freeness", "prefix-aware"}
+	var out []*plot.Plot
+	for _, r := range f.Runs {
+		for _, m := range []struct{ key, title string }{
+			{"ttft_p90_ms", "TTFT p90 (s)"}, {"output_tokens_s", "output tokens/s"}, {"cache_hit_pct", "cache hits (%)"},
+		} {
+			p := newPlot(fmt.Sprintf("prefix caching, %s: %s", r.Workload, m.title), "offered requests/s", m.title)
+			scale := 1.0
+			if strings.HasSuffix(m.title, "(s)") {
+				scale = 1e-3
+			}
+			var lines []line
+			for _, c := range cols {
+				l := line{name: c}
+				for _, pt := range r.Points {
+					if v, ok := pt.Columns[c][m.key]; ok {
+						l.xy = append(l.xy, plotter.XY{X: pt.Rate, Y: v * scale})
+					}
+				}
+				lines = append(lines, l)
+			}
+			if err := addLines(p, lines, true); err != nil {
+				return nil, err
+			}
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: a prefix figure with no runs", ErrUnknown)
+	}
+	return out, nil
+}
+
+// llumnixBenchPanels: `lumen bench migration -phases llumnix` (issue 23),
+// the real processes beside the simulator on the same arrivals: each
+// latency for INFaaS++ (migration off) and lumen.
+func llumnixBenchPanels(data []byte) ([]*plot.Plot, error) {
+	var f map[string]float64
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	series := []string{"infaas++ (real)", "lumen (real)", "infaas++ (sim)", "lumen (sim)"}
+	keys := []string{"prefill_p99_ms_infaas", "prefill_p99_ms_lumen", "sim_prefill_p99_ms_infaas", "sim_prefill_p99_ms_lumen"}
+	var out []*plot.Plot
+	for _, m := range []struct{ key, title string }{
+		{"prefill_p99_ms", "P99 prefill (s)"}, {"prefill_mean_ms", "mean prefill (s)"}, {"e2e_mean_ms", "mean end-to-end (s)"}, {"decode_p99_ms", "P99 decode (s)"},
+	} {
+		p := newPlot(fmt.Sprintf("llumnix phase, %g workers at %g req/s: %s", f["llumnix_workers"], f["llumnix_rate_per_s"], m.title), "", m.title)
+		vals := make([][]float64, len(series))
+		for i, k := range keys {
+			k = strings.Replace(k, "prefill_p99_ms", m.key, 1)
+			vals[i] = []float64{f[k] / 1e3}
+		}
+		if err := addBars(p, []string{m.key}, series, vals); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}

@@ -85,6 +85,10 @@ func TestCommittedResults(t *testing.T) {
 				strings.HasPrefix(base, "sim-failures"), strings.HasPrefix(base, "sim-proportional"), strings.HasPrefix(base, "sim-load"),
 				strings.HasPrefix(base, "sim-issue24"):
 				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint"}
+			case strings.HasPrefix(base, "migration-llumnix"):
+				want = []string{"infaas++ (real)", "lumen (real)", "infaas++ (sim)", "lumen (sim)"}
+			case strings.HasPrefix(base, "sim-prefix"):
+				want = []string{"freeness", "prefix-aware", "prefix caching, llm-d: TTFT p90 (s)"}
 			case strings.HasPrefix(base, "migration-"):
 				want = []string{"client-visible gap", "one decode step", "off", "on", "8192"}
 			case strings.HasPrefix(base, "sim-burst"):
