@@ -862,3 +862,45 @@ func llumnixBenchPanels(data []byte) ([]*plot.Plot, error) {
 	}
 	return out, nil
 }
+
+// cellsPanels: `lumen sim -figure cells` (issue 26), per cell count the
+// TTFT and the busiest cell's Raft writes against one quorum's measured
+// placements a second.
+func cellsPanels(data []byte) ([]*plot.Plot, error) {
+	var f struct {
+		Workers int     `json:"workers"`
+		Quiet   float64 `json:"quorum_placements_per_s"`
+		Loaded  float64 `json:"loaded_quorum_placements_per_s"`
+		Runs    []struct {
+			Cells    int     `json:"cells"`
+			Mean     float64 `json:"ttft_mean_ms"`
+			P99      float64 `json:"ttft_p99_ms"`
+			Dispatch float64 `json:"max_cell_dispatch_per_s"`
+			Commands float64 `json:"max_cell_commands_per_s"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	if len(f.Runs) == 0 {
+		return nil, fmt.Errorf("%w: a cells figure with no runs", ErrUnknown)
+	}
+	var groups []string
+	var mean, p99, disp, cmds, quiet, loaded []float64
+	for _, r := range f.Runs {
+		groups = append(groups, fmt.Sprintf("%d cells", r.Cells))
+		mean, p99 = append(mean, r.Mean), append(p99, r.P99)
+		disp, cmds = append(disp, r.Dispatch), append(cmds, r.Commands)
+		quiet, loaded = append(quiet, f.Quiet), append(loaded, f.Loaded)
+	}
+	ttft := newPlot(fmt.Sprintf("cells, %d workers: TTFT", f.Workers), "", "ms")
+	if err := addBars(ttft, groups, []string{"TTFT mean", "TTFT p99"}, [][]float64{mean, p99}); err != nil {
+		return nil, err
+	}
+	raft := newPlot(fmt.Sprintf("cells, %d workers: the busiest cell's writes", f.Workers), "", "per second")
+	if err := addBars(raft, groups, []string{"Dispatch", "all commands", "one quorum's placements (quiet)", "one quorum's placements (loaded)"},
+		[][]float64{disp, cmds, quiet, loaded}); err != nil {
+		return nil, err
+	}
+	return []*plot.Plot{ttft, raft}, nil
+}

@@ -110,6 +110,8 @@ func RenderWith(data []byte, o Options) ([]byte, error) {
 		panels, err = burstPanels(trimmed)
 	case name == "llumnix":
 		panels, err = llumnixPanels(trimmed)
+	case name == "cells":
+		panels, err = cellsPanels(trimmed)
 	case name == "prefix":
 		panels, err = prefixPanels(trimmed)
 	case raw["llumnix_prefill_p99_x"] != nil:

@@ -87,6 +87,8 @@ func TestCommittedResults(t *testing.T) {
 				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint"}
 			case strings.HasPrefix(base, "migration-llumnix"):
 				want = []string{"infaas++ (real)", "lumen (real)", "infaas++ (sim)", "lumen (sim)"}
+			case strings.HasPrefix(base, "sim-cells"):
+				want = []string{"TTFT mean", "TTFT p99", "Dispatch", "one quorum's placements (quiet)"}
 			case strings.HasPrefix(base, "sim-prefix"):
 				want = []string{"freeness", "prefix-aware", "prefix caching, llm-d: TTFT p90 (s)"}
 			case strings.HasPrefix(base, "migration-"):
