@@ -11,7 +11,7 @@ package gateway
 //
 // The cell of a request: among the cells whose quorum answers (the cell
 // gateway's last session renewal went through), the one whose freest
-// eligible worker is the freest (placer.Replica.Best, own placements
+// eligible worker is the freest (placer.Replica.BestFreeness, own placements
 // counted). That is the worker a single quorum over every cell's workers
 // would choose — policy.PickServing over the union — so cells cost only
 // what the tables' staleness costs, as several gateways do. A cell whose
@@ -222,7 +222,7 @@ func (cs *Cells) pick() (*cellGateway, string) {
 			continue
 		}
 		up = append(up, c)
-		f, ok := c.g.replica.Best()
+		f, ok := c.g.replica.BestFreeness()
 		switch {
 		case !ok:
 		case len(best) == 0 || f > bestF:

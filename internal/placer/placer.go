@@ -15,7 +15,6 @@
 package placer
 
 import (
-	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -188,30 +187,6 @@ func (r *Replica) viewsLocked() []policy.Worker {
 func (r *Replica) find(id string) (int, bool) {
 	i := sort.Search(len(r.views), func(i int) bool { return r.views[i].ID >= id })
 	return i, i < len(r.views) && r.views[i].ID == id
-}
-
-// Best returns the highest freeness among the eligible workers of the view
-// (this gateway's own placements counted), and false when none is
-// eligible or no table came yet. A gateway over several cells
-// (gateway.Cells) places a request in the cell whose freest worker is the
-// freest: the worker one quorum over all of them would choose.
-func (r *Replica) Best() (freeness float64, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	best := math.Inf(-1)
-	for _, v := range r.views {
-		if !v.Eligible {
-			continue
-		}
-		if s, found := r.ownBy[v.ID]; found {
-			v.PendingRequests += s.requests
-			v.PendingPages += s.pages
-		}
-		if f := v.Freeness(); f > best || !ok {
-			best, ok = f, true
-		}
-	}
-	return best, ok
 }
 
 // Take chooses the serving worker of a new request — the freest eligible

@@ -123,12 +123,12 @@ func TestShares(t *testing.T) {
 	}
 }
 
-// TestBestIsTheFreenessTakeChooses: Best is the freeness of the worker a
+// TestBestFreenessIsTheFreenessTakeChooses: Best is the freeness of the worker a
 // lone gateway's Take would choose, own placements counted, and false with
 // no eligible worker; it takes nothing.
-func TestBestIsTheFreenessTakeChooses(t *testing.T) {
+func TestBestFreenessIsTheFreenessTakeChooses(t *testing.T) {
 	r := New()
-	if _, ok := r.Best(); ok {
+	if _, ok := r.BestFreeness(); ok {
 		t.Fatal("an empty replica has a best worker")
 	}
 	r.Update(&pb.LoadTable{AppliedIndex: 3, Workers: []*pb.WorkerLoad{
@@ -142,7 +142,7 @@ func TestBestIsTheFreenessTakeChooses(t *testing.T) {
 		t.Fatalf("no view of %s", id)
 		return 0
 	}
-	if f, ok := r.Best(); !ok || f != free("w2") {
+	if f, ok := r.BestFreeness(); !ok || f != free("w2") {
 		t.Fatalf("best %v (%v), want w2's %v", f, ok, free("w2"))
 	}
 	if r.Pending() != 0 {
@@ -154,7 +154,7 @@ func TestBestIsTheFreenessTakeChooses(t *testing.T) {
 		r.Take(string(rune('a'+i)), 320)
 		vs := r.Views()
 		want := vs[policy.PickServing(vs)].Freeness()
-		if f, _ := r.Best(); f != want {
+		if f, _ := r.BestFreeness(); f != want {
 			t.Fatalf("after %d placements best %v, want %v", i+1, f, want)
 		}
 	}
@@ -162,7 +162,7 @@ func TestBestIsTheFreenessTakeChooses(t *testing.T) {
 		t.Fatalf("%d pending, want the 6 Takes", r.Pending())
 	}
 	r.Update(&pb.LoadTable{AppliedIndex: 4, Workers: []*pb.WorkerLoad{row("w3", 1, pb.WorkerPhase_WORKER_PHASE_FAILED, 0, 0)}})
-	if _, ok := r.Best(); ok {
+	if _, ok := r.BestFreeness(); ok {
 		t.Fatal("a table with no eligible worker has a best one")
 	}
 }
