@@ -139,7 +139,6 @@ func NewCells(cfg Config, cells []Cell) (*Cells, error) {
 		placed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_cell_requests_total",
 			Help: "Completion requests a gateway over several cells sent to each cell, by why: freest (the cell of the freest worker), round_robin (no cell had a table with an eligible worker)."},
 			[]string{"cell", "choice"})}
-	up := prometheus.NewGaugeFunc
 	cs.reg.MustRegister(cs.placed)
 	for _, c := range cells {
 		cc := cfg
@@ -155,7 +154,7 @@ func NewCells(cfg Config, cells []Cell) (*Cells, error) {
 		}
 		cg := &cellGateway{name: c.Name, g: g, h: g.Handler()}
 		cs.cells = append(cs.cells, cg)
-		cs.reg.MustRegister(up(prometheus.GaugeOpts{Name: "lumen_gateway_cell_up", ConstLabels: prometheus.Labels{"cell": c.Name},
+		cs.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lumen_gateway_cell_up", ConstLabels: prometheus.Labels{"cell": c.Name},
 			Help: "1 while the cell's quorum answers this gateway (its last session renewal went through), else 0: a cell at 0 gets no new requests while another answers."},
 			func() float64 {
 				if g.session.up.Load() {
@@ -267,24 +266,19 @@ func (cs *Cells) Handler() http.Handler {
 // worker in full service answers); the body names each cell's state.
 func (cs *Cells) readyz(w http.ResponseWriter, r *http.Request) {
 	lines := make([]string, len(cs.cells))
-	ready := false
+	errs := make([]error, len(cs.cells))
 	var wg sync.WaitGroup
 	for i, c := range cs.cells {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := c.g.readiness(r.Context()); err != nil {
-				lines[i] = fmt.Sprintf("cell %s: not ready: %v", c.name, err)
-				return
-			}
-			lines[i] = fmt.Sprintf("cell %s: ready", c.name)
-		}()
+		wg.Go(func() { errs[i] = c.g.readiness(r.Context()) })
 	}
 	wg.Wait()
-	for _, l := range lines {
-		if strings.HasSuffix(l, ": ready") {
-			ready = true
+	ready := false
+	for i, c := range cs.cells {
+		if errs[i] != nil {
+			lines[i] = fmt.Sprintf("cell %s: not ready: %v", c.name, errs[i])
+			continue
 		}
+		ready, lines[i] = true, fmt.Sprintf("cell %s: ready", c.name)
 	}
 	if !ready {
 		http.Error(w, strings.Join(lines, "\n"), http.StatusServiceUnavailable)

@@ -268,7 +268,7 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 			return err
 		}
 		if p.maxTokens == 0 {
-			finish, e.out = "length", nil // the one token run stays the worker's
+			finish = "length" // the prompt alone: the one token run is the worker's
 		}
 		out.delta(i, text.flush(), nil)
 		out.finishChoice(i, finish)
@@ -312,9 +312,11 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	g.metrics.e2e.Observe(time.Since(arrived).Seconds())
 	u := usage{PromptTokens: len(prompt), TotalTokens: len(prompt)}
-	for _, e := range samples {
-		u.CompletionTokens += len(e.out)
-		u.TotalTokens += len(e.out)
+	if p.maxTokens > 0 { // max_tokens 0 (echo alone): no completion token is the client's
+		for _, e := range samples {
+			u.CompletionTokens += len(e.out)
+			u.TotalTokens += len(e.out)
+		}
 	}
 	if p.bestOf > p.n {
 		out.keep(bestSamples(samples, p.n))
