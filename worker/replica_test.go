@@ -59,10 +59,15 @@ func (c *cluster) dispatchReplicated(id string, prompt, maxTokens uint32) *pb.Pl
 }
 
 // crash stops a worker as a SIGKILL would, as far as the others can tell:
-// its gRPC server goes (every stream to it breaks, no call is answered) and
-// it can no longer reach the controller (no report, no rejoin).
+// it can no longer reach the controller (no report, no rejoin) nor any
+// other worker (no page, no release), and then its gRPC server goes (every
+// stream to it breaks, no call is answered). The order matters: stopping
+// the server cancels the worker's Generate calls, and a cancelled call
+// releases its checkpoint at every copy, which a killed process never
+// gets to send.
 func (h *harness) crash() {
 	h.w.ctl.Close()
+	h.w.peers.Close()
 	h.w.grpc.Stop()
 }
 
