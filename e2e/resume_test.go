@@ -82,17 +82,25 @@ func TestStreamsSurviveWorkerKill(t *testing.T) {
 				params.Logprobs = openai.Int(2)
 			}
 			s := client.Completions.NewStreaming(ctx, params)
+			// A stream signals once its text passes 32 bytes: the prompt
+			// and those tokens fill full pages, which the checkpoint holders
+			// have by the kill. (Signalled at the first token, a loaded
+			// machine could kill a worker whose requests had no full page
+			// yet, and nothing would be there to reuse.)
 			var sb strings.Builder
-			first := true
+			signalled := false
 			for s.Next() {
 				if ch := s.Current(); len(ch.Choices) > 0 {
 					sb.WriteString(ch.Choices[0].Text)
 					gotLPs[i] = append(gotLPs[i], ch.Choices[0].Logprobs.TokenLogprobs...)
-					if first && ch.Choices[0].Text != "" {
-						first = false
+					if !signalled && sb.Len() > 32 {
+						signalled = true
 						started <- struct{}{}
 					}
 				}
+			}
+			if !signalled {
+				started <- struct{}{}
 			}
 			got[i], errs[i] = sb.String(), s.Err()
 		})
