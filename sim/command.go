@@ -780,6 +780,7 @@ func (c *Command) runLlumnix() error {
 			return fmt.Errorf("-priority-fraction runs at Llumnix's priority rate (or -xs): -rates %s does not apply", c.Rates)
 		}
 		o.PriorityFraction = c.PriorityFraction
+		o.TokenBudget = LlumnixPriorityTokenBudget
 		if c.TraceMix == "" {
 			o.Traces = []string{"128-128"}
 		}

@@ -78,6 +78,13 @@ var LlumnixPriorityRates = map[string][]float64{"128-128": {26}}
 // Llumnix's priority experiment.
 const LlumnixPriorityFraction = 0.1
 
+// LlumnixPriorityTokenBudget is the step token budget of Llumnix's
+// priority experiment: its artifact's max_batch_total_tokens there is
+// 12,000, where its serving experiments take 12,800 (Llumnix's OSDI'24
+// artifact, 64_support_for_priorities/config/serving_exp;
+// docs/calibration.md).
+const LlumnixPriorityTokenBudget = 12000
+
 // LlumnixOptions are the figure's parameters.
 type LlumnixOptions struct {
 	// Traces are names of workload.LlumnixTraces; Rates each trace's
@@ -193,7 +200,13 @@ type LlumnixFigures struct {
 	NormalDecodeP99Ms   float64 `json:"normal_decode_p99_ms,omitempty"`
 	NormalE2EMeanMs     float64 `json:"normal_e2e_mean_ms,omitempty"`
 	NormalE2EP99Ms      float64 `json:"normal_e2e_p99_ms,omitempty"`
-	WallS               float64 `json:"wall_s"`
+	// HighPrefillFloorP99Ms, with a priority fraction: the P99 over the
+	// high-priority requests of the step that prefills each one's prompt
+	// alone (Profile.Step of its prompt and no decode): no schedule gives
+	// the class a lower P99 prefill (every request's TTFT is at least its
+	// own, so every order statistic is too). The same in every column.
+	HighPrefillFloorP99Ms float64 `json:"high_prefill_p99_floor_ms,omitempty"`
+	WallS                 float64 `json:"wall_s"`
 }
 
 // LlumnixPoint is one trace at one rate: every column on the same arrivals.
@@ -508,6 +521,13 @@ func classFigures(f *LlumnixFigures, res *Result, reqs []workload.Request) {
 	f.HighPrefillMeanMs, f.HighPrefillP99Ms = servingstats.Mean(prefill[1]), p99(prefill[1])
 	f.HighDecodeMeanMs, f.HighDecodeP99Ms = servingstats.Mean(decode[1]), p99(decode[1])
 	f.HighE2EMeanMs, f.HighE2EP99Ms = servingstats.Mean(e2e[1]), p99(e2e[1])
+	var floor []time.Duration
+	for i := range reqs {
+		if policy.HighPriority(reqs[i].Priority) {
+			floor = append(floor, LlamaA10.Step(engine.StepShape{Prefill: reqs[i].PromptLen()}))
+		}
+	}
+	f.HighPrefillFloorP99Ms = p99(floor)
 }
 
 // llumnixPriorityGains compare lumen+priority (pri) with INFaaS++ (base)
@@ -515,7 +535,12 @@ func classFigures(f *LlumnixFigures, res *Result, reqs []workload.Request) {
 // figures as × lower (high_*_x, against INFaaS++; high_*_x_vs_lumen), the
 // normal ones' as lumen+priority's change in percent (normal_*_pct,
 // against INFaaS++; normal_*_pct_vs_lumen): the issue's goals are
-// high_prefill_p99_x >= 3.6 and normal_*_mean_pct <= 13.
+// high_prefill_p99_x >= 3.6 and normal_*_mean_pct <= 13. Llumnix's own
+// baseline in that experiment is Llumnix without priorities (its
+// artifact's "Llumnix-base": migration on, priorities off), lumen here:
+// the _vs_lumen figures. high_prefill_p99_x_ceiling(_vs_lumen) is the
+// most any priority policy could gain: the reference's high-class P99
+// over the class's floor (LlumnixFigures.HighPrefillFloorP99Ms).
 func llumnixPriorityGains(base, nopri, pri *LlumnixFigures) map[string]float64 {
 	ratio := func(a, b float64) float64 {
 		if b > 0 {
@@ -544,6 +569,7 @@ func llumnixPriorityGains(base, nopri, pri *LlumnixFigures) map[string]float64 {
 		g["normal_prefill_mean_pct"+c.suffix] = pct(pri.NormalPrefillMeanMs, c.ref.NormalPrefillMeanMs)
 		g["normal_decode_mean_pct"+c.suffix] = pct(pri.NormalDecodeMeanMs, c.ref.NormalDecodeMeanMs)
 		g["normal_e2e_mean_pct"+c.suffix] = pct(pri.NormalE2EMeanMs, c.ref.NormalE2EMeanMs)
+		g["high_prefill_p99_x_ceiling"+c.suffix] = ratio(c.ref.HighPrefillP99Ms, c.ref.HighPrefillFloorP99Ms)
 	}
 	return g
 }
@@ -698,9 +724,11 @@ func (f *LlumnixFigure) printPriorities(out io.Writer) {
 	for _, p := range f.Points {
 		g := p.PriorityGains
 		worst := max(g["normal_prefill_mean_pct"], g["normal_decode_mean_pct"], g["normal_e2e_mean_pct"])
-		fmt.Fprintf(out, "%s at %g/s: high-priority P99 prefill %.2f× lower than infaas++ (%.2f× than lumen), goal >= %g: %s; "+
+		fmt.Fprintf(out, "%s at %g/s: high-priority P99 prefill %.2f× lower than lumen without priorities (Llumnix's baseline; at most %.2f× "+
+			"over the class's floor of %.0f ms), %.2f× than infaas++, goal >= %g: %s; "+
 			"normal means %+.1f%% prefill, %+.1f%% decode, %+.1f%% e2e against infaas++ (%+.1f%%, %+.1f%%, %+.1f%% against lumen), goal <= +%g%%: %s\n",
-			p.Trace, p.Rate, g["high_prefill_p99_x"], g["high_prefill_p99_x_vs_lumen"], LlumnixPriorityP99Goal, verdict(g["high_prefill_p99_x"] >= LlumnixPriorityP99Goal),
+			p.Trace, p.Rate, g["high_prefill_p99_x_vs_lumen"], g["high_prefill_p99_x_ceiling_vs_lumen"], p.Columns[ColLumen].HighPrefillFloorP99Ms,
+			g["high_prefill_p99_x"], LlumnixPriorityP99Goal, verdict(g["high_prefill_p99_x_vs_lumen"] >= LlumnixPriorityP99Goal),
 			g["normal_prefill_mean_pct"], g["normal_decode_mean_pct"], g["normal_e2e_mean_pct"],
 			g["normal_prefill_mean_pct_vs_lumen"], g["normal_decode_mean_pct_vs_lumen"], g["normal_e2e_mean_pct_vs_lumen"],
 			LlumnixPriorityNormalGoal, verdict(worst <= LlumnixPriorityNormalGoal))

@@ -320,3 +320,48 @@ func TestLlumnixFlags(t *testing.T) {
 		t.Errorf("-trace-mix without the figure: %v", err)
 	}
 }
+
+// TestPriorityServedAhead (issue 23): Llumnix's priority experiment at a
+// small scale where queues form (4 workers, 128-128 at 11 req/s, Gamma
+// CV 4, seed pinned): on the same arrivals, lumen+priority serves the
+// high-priority class ahead — its mean and P99 prefill below the normal
+// class's and below its own P99 in lumen without priorities — while in
+// infaas++ (priorities ignored) the queues are real: the normal class's
+// P99 prefill is many times the high class's floor.
+func TestPriorityServedAhead(t *testing.T) {
+	const seed = 1
+	t.Logf("seed %d", seed)
+	o := DefaultLlumnixOptions()
+	o.Workers, o.Requests, o.Traces, o.CV, o.Seed = 4, 3000, []string{"128-128"}, 4, seed
+	o.Rates = map[string][]float64{"128-128": {11}}
+	o.PriorityFraction = LlumnixPriorityFraction
+	f, err := RunLlumnix(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt := f.Points[0]
+	base, nopri, pri := pt.Columns[ColINFaaS], pt.Columns[ColLumen], pt.Columns[ColLumenPriority]
+	for _, col := range LlumnixPriorityColumns {
+		c := pt.Columns[col]
+		t.Logf("%-15s high %d: prefill mean %.0f ms, P99 %.0f ms (floor %.0f); normal: mean %.0f ms, P99 %.0f ms", col, c.HighRequests,
+			c.HighPrefillMeanMs, c.HighPrefillP99Ms, c.HighPrefillFloorP99Ms, c.NormalPrefillMeanMs, c.NormalPrefillP99Ms)
+	}
+	if pri.HighRequests < 200 || pri.HighRequests != base.HighRequests || pri.HighPrefillFloorP99Ms != base.HighPrefillFloorP99Ms {
+		t.Fatalf("high-priority requests: %d (infaas++ %d), floors %g / %g: the columns should share the arrivals", pri.HighRequests,
+			base.HighRequests, pri.HighPrefillFloorP99Ms, base.HighPrefillFloorP99Ms)
+	}
+	if base.NormalPrefillP99Ms < 5*base.HighPrefillFloorP99Ms {
+		t.Fatalf("infaas++'s normal P99 prefill %.0f ms is under 5× the floor %.0f ms: no queue formed, the setup tests nothing",
+			base.NormalPrefillP99Ms, base.HighPrefillFloorP99Ms)
+	}
+	if pri.HighPrefillMeanMs >= pri.NormalPrefillMeanMs || pri.HighPrefillP99Ms >= pri.NormalPrefillP99Ms {
+		t.Errorf("lumen+priority: high prefill mean %.0f / P99 %.0f ms, normal %.0f / %.0f ms: the high class is not served ahead",
+			pri.HighPrefillMeanMs, pri.HighPrefillP99Ms, pri.NormalPrefillMeanMs, pri.NormalPrefillP99Ms)
+	}
+	if pri.HighPrefillP99Ms >= nopri.HighPrefillP99Ms {
+		t.Errorf("high-priority P99 prefill %.0f ms with priorities, %.0f ms without", pri.HighPrefillP99Ms, nopri.HighPrefillP99Ms)
+	}
+	if g := pt.PriorityGains["high_prefill_p99_x_vs_lumen"]; g != nopri.HighPrefillP99Ms/pri.HighPrefillP99Ms {
+		t.Errorf("priority_gains high_prefill_p99_x_vs_lumen %g, want %g", g, nopri.HighPrefillP99Ms/pri.HighPrefillP99Ms)
+	}
+}

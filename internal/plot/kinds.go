@@ -8,6 +8,7 @@ import (
 	"image/color"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -522,6 +523,65 @@ func llumnixPanels(data []byte) ([]*plot.Plot, error) {
 			// Many groups: their names stand upright under the bars.
 			p.X.Tick.Label.Rotation = math.Pi / 2
 			p.X.Tick.Label.XAlign, p.X.Tick.Label.YAlign = -1, -0.5
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// llumnixPriorityPanels: `lumen sim -figure llumnix -priority-fraction`
+// (issue 23, Llumnix's priority experiment), one group of bars per trace
+// and rate, one bar per column (infaas++, lumen, lumen+priority): the
+// high-priority class's prefill P99 (beside the floor no schedule can
+// beat: its prompts prefilled alone) and mean, the normal class's mean
+// prefill and end-to-end.
+func llumnixPriorityPanels(data []byte) ([]*plot.Plot, error) {
+	var f struct {
+		Arrivals string  `json:"arrivals"`
+		Fraction float64 `json:"priority_fraction"`
+		Points   []struct {
+			Trace   string                                `json:"trace"`
+			Rate    float64                               `json:"rate_per_s"`
+			Columns map[string]map[string]json.RawMessage `json:"columns"`
+		} `json:"points"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	cols := []string{"infaas++", "lumen", "lumen+priority"}
+	var groups []string
+	for _, p := range f.Points {
+		groups = append(groups, fmt.Sprintf("%s@%g", p.Trace, p.Rate))
+	}
+	const floor = "high-priority floor"
+	var out []*plot.Plot
+	for _, m := range []struct{ key, title string }{
+		{"high_prefill_p99_ms", "high-priority P99 prefill (ms)"}, {"high_prefill_mean_ms", "high-priority mean prefill (ms)"},
+		{"normal_prefill_mean_ms", "normal mean prefill (ms)"}, {"normal_e2e_mean_ms", "normal mean end-to-end (s)"},
+	} {
+		p := newPlot(fmt.Sprintf("llumnix priorities (%.0f%% high, %s arrivals): %s", 100*f.Fraction, f.Arrivals, m.title), "trace @ req/s", m.title)
+		scale := 1.0
+		if strings.HasSuffix(m.title, "(s)") {
+			scale = 1e-3
+		}
+		names := cols
+		if m.key == "high_prefill_p99_ms" {
+			names = append(slices.Clone(cols), floor)
+		}
+		vals := make([][]float64, len(names))
+		for i, c := range names {
+			for _, pt := range f.Points {
+				key, col := m.key, c
+				if c == floor {
+					key, col = "high_prefill_p99_floor_ms", "lumen"
+				}
+				var v float64
+				_ = json.Unmarshal(pt.Columns[col][key], &v)
+				vals[i] = append(vals[i], v*scale)
+			}
+		}
+		if err := addBars(p, groups, names, vals); err != nil {
+			return nil, err
 		}
 		out = append(out, p)
 	}

@@ -108,6 +108,8 @@ func RenderWith(data []byte, o Options) ([]byte, error) {
 		panels, err = figurePanels(trimmed)
 	case name == "burst":
 		panels, err = burstPanels(trimmed)
+	case name == "llumnix" && raw["priority_fraction"] != nil:
+		panels, err = llumnixPriorityPanels(trimmed)
 	case name == "llumnix":
 		panels, err = llumnixPanels(trimmed)
 	case name == "cells":

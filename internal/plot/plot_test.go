@@ -95,6 +95,8 @@ func TestCommittedResults(t *testing.T) {
 				want = []string{"client-visible gap", "one decode step", "off", "on", "8192"}
 			case strings.HasPrefix(base, "sim-burst"):
 				want = []string{"off", "on"}
+			case strings.HasPrefix(base, "sim-llumnix-priority"):
+				want = []string{"infaas++", "lumen", "lumen+priority", "high-priority floor"}
 			case strings.HasPrefix(base, "sim-llumnix"):
 				want = []string{"round-robin", "infaas++", "lumen"}
 			case strings.HasPrefix(base, "sim-degradation"):
