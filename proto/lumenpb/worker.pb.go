@@ -144,6 +144,139 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_worker_proto_rawDescGZIP(), []int{1}
 }
 
+type WatchKVRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchKVRequest) Reset() {
+	*x = WatchKVRequest{}
+	mi := &file_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchKVRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchKVRequest) ProtoMessage() {}
+
+func (x *WatchKVRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchKVRequest.ProtoReflect.Descriptor instead.
+func (*WatchKVRequest) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
+type KVEvents struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId    string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// seq numbers the messages of one incarnation from 1 (the snapshot).
+	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// reset: stored holds every hash cached now; forget the rest.
+	Reset_ bool `protobuf:"varint,4,opt,name=reset,proto3" json:"reset,omitempty"`
+	// Hashes of full KV pages (their prefix hash, core.PageHashes) that
+	// entered and left the cache since the previous message.
+	Stored  []uint64 `protobuf:"varint,5,rep,packed,name=stored,proto3" json:"stored,omitempty"`
+	Removed []uint64 `protobuf:"varint,6,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	// The page size in tokens the hashes are over.
+	PageTokens    uint32 `protobuf:"varint,7,opt,name=page_tokens,json=pageTokens,proto3" json:"page_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVEvents) Reset() {
+	*x = KVEvents{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVEvents) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVEvents) ProtoMessage() {}
+
+func (x *KVEvents) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVEvents.ProtoReflect.Descriptor instead.
+func (*KVEvents) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *KVEvents) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *KVEvents) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *KVEvents) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *KVEvents) GetReset_() bool {
+	if x != nil {
+		return x.Reset_
+	}
+	return false
+}
+
+func (x *KVEvents) GetStored() []uint64 {
+	if x != nil {
+		return x.Stored
+	}
+	return nil
+}
+
+func (x *KVEvents) GetRemoved() []uint64 {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *KVEvents) GetPageTokens() uint32 {
+	if x != nil {
+		return x.PageTokens
+	}
+	return 0
+}
+
 type SetHolderRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -158,7 +291,7 @@ type SetHolderRequest struct {
 
 func (x *SetHolderRequest) Reset() {
 	*x = SetHolderRequest{}
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -170,7 +303,7 @@ func (x *SetHolderRequest) String() string {
 func (*SetHolderRequest) ProtoMessage() {}
 
 func (x *SetHolderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -183,7 +316,7 @@ func (x *SetHolderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHolderRequest.ProtoReflect.Descriptor instead.
 func (*SetHolderRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SetHolderRequest) GetRequestId() string {
@@ -223,7 +356,7 @@ type SetHolderResponse struct {
 
 func (x *SetHolderResponse) Reset() {
 	*x = SetHolderResponse{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -235,7 +368,7 @@ func (x *SetHolderResponse) String() string {
 func (*SetHolderResponse) ProtoMessage() {}
 
 func (x *SetHolderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -248,7 +381,7 @@ func (x *SetHolderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHolderResponse.ProtoReflect.Descriptor instead.
 func (*SetHolderResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SetHolderResponse) GetApplied() bool {
@@ -273,7 +406,7 @@ type MigrateMessage struct {
 
 func (x *MigrateMessage) Reset() {
 	*x = MigrateMessage{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -285,7 +418,7 @@ func (x *MigrateMessage) String() string {
 func (*MigrateMessage) ProtoMessage() {}
 
 func (x *MigrateMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -298,7 +431,7 @@ func (x *MigrateMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateMessage.ProtoReflect.Descriptor instead.
 func (*MigrateMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MigrateMessage) GetBody() isMigrateMessage_Body {
@@ -394,7 +527,7 @@ type MigrationStage struct {
 
 func (x *MigrationStage) Reset() {
 	*x = MigrationStage{}
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +539,7 @@ func (x *MigrationStage) String() string {
 func (*MigrationStage) ProtoMessage() {}
 
 func (x *MigrationStage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +552,7 @@ func (x *MigrationStage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationStage.ProtoReflect.Descriptor instead.
 func (*MigrationStage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MigrationStage) GetRequestId() string {
@@ -588,7 +721,7 @@ type MigrationEnd struct {
 
 func (x *MigrationEnd) Reset() {
 	*x = MigrationEnd{}
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +733,7 @@ func (x *MigrationEnd) String() string {
 func (*MigrationEnd) ProtoMessage() {}
 
 func (x *MigrationEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +746,7 @@ func (x *MigrationEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationEnd.ProtoReflect.Descriptor instead.
 func (*MigrationEnd) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MigrationEnd) GetCommitted() bool {
@@ -645,7 +778,7 @@ type MigrateAck struct {
 
 func (x *MigrateAck) Reset() {
 	*x = MigrateAck{}
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +790,7 @@ func (x *MigrateAck) String() string {
 func (*MigrateAck) ProtoMessage() {}
 
 func (x *MigrateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +803,7 @@ func (x *MigrateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateAck.ProtoReflect.Descriptor instead.
 func (*MigrateAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{5}
+	return file_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MigrateAck) GetStage() uint32 {
@@ -714,7 +847,7 @@ type DraftBatch struct {
 
 func (x *DraftBatch) Reset() {
 	*x = DraftBatch{}
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +859,7 @@ func (x *DraftBatch) String() string {
 func (*DraftBatch) ProtoMessage() {}
 
 func (x *DraftBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +872,7 @@ func (x *DraftBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftBatch.ProtoReflect.Descriptor instead.
 func (*DraftBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{6}
+	return file_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DraftBatch) GetDrafterId() string {
@@ -777,7 +910,7 @@ type DraftTokens struct {
 
 func (x *DraftTokens) Reset() {
 	*x = DraftTokens{}
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +922,7 @@ func (x *DraftTokens) String() string {
 func (*DraftTokens) ProtoMessage() {}
 
 func (x *DraftTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +935,7 @@ func (x *DraftTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftTokens.ProtoReflect.Descriptor instead.
 func (*DraftTokens) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{7}
+	return file_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DraftTokens) GetRequestId() string {
@@ -839,7 +972,7 @@ type MirrorBatch struct {
 
 func (x *MirrorBatch) Reset() {
 	*x = MirrorBatch{}
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +984,7 @@ func (x *MirrorBatch) String() string {
 func (*MirrorBatch) ProtoMessage() {}
 
 func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +997,7 @@ func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorBatch.ProtoReflect.Descriptor instead.
 func (*MirrorBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{8}
+	return file_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MirrorBatch) GetUpdates() []*MirrorUpdate {
@@ -896,7 +1029,7 @@ type MirrorUpdate struct {
 
 func (x *MirrorUpdate) Reset() {
 	*x = MirrorUpdate{}
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1041,7 @@ func (x *MirrorUpdate) String() string {
 func (*MirrorUpdate) ProtoMessage() {}
 
 func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1054,7 @@ func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorUpdate.ProtoReflect.Descriptor instead.
 func (*MirrorUpdate) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{9}
+	return file_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MirrorUpdate) GetRequestId() string {
@@ -972,7 +1105,7 @@ type CheckpointMessage struct {
 
 func (x *CheckpointMessage) Reset() {
 	*x = CheckpointMessage{}
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1117,7 @@ func (x *CheckpointMessage) String() string {
 func (*CheckpointMessage) ProtoMessage() {}
 
 func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1130,7 @@ func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointMessage.ProtoReflect.Descriptor instead.
 func (*CheckpointMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{10}
+	return file_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CheckpointMessage) GetRequestId() string {
@@ -1052,7 +1185,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1197,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1210,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{11}
+	return file_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckpointAck) GetStored() uint32 {
@@ -1107,7 +1240,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1252,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1265,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{12}
+	return file_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -1199,7 +1332,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_worker_proto_msgTypes[13]
+	mi := &file_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1344,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[13]
+	mi := &file_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1357,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{13}
+	return file_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GenerateRequest) GetRequestId() string {
@@ -1328,7 +1461,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_worker_proto_msgTypes[14]
+	mi := &file_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1473,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[14]
+	mi := &file_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1486,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{14}
+	return file_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TokenLogprob) GetToken() int32 {
@@ -1382,7 +1515,7 @@ type PromptLogprob struct {
 
 func (x *PromptLogprob) Reset() {
 	*x = PromptLogprob{}
-	mi := &file_worker_proto_msgTypes[15]
+	mi := &file_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1527,7 @@ func (x *PromptLogprob) String() string {
 func (*PromptLogprob) ProtoMessage() {}
 
 func (x *PromptLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[15]
+	mi := &file_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1540,7 @@ func (x *PromptLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptLogprob.ProtoReflect.Descriptor instead.
 func (*PromptLogprob) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{15}
+	return file_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PromptLogprob) GetLogprob() float32 {
@@ -1451,7 +1584,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_worker_proto_msgTypes[16]
+	mi := &file_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1596,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[16]
+	mi := &file_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1609,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{16}
+	return file_worker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GenerateResponse) GetToken() int32 {
@@ -1546,7 +1679,17 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"\x88\x01\n" +
+	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"\x10\n" +
+	"\x0eWatchKVRequest\"\xc4\x01\n" +
+	"\bKVEvents\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05reset\x18\x04 \x01(\bR\x05reset\x12\x16\n" +
+	"\x06stored\x18\x05 \x03(\x04R\x06stored\x12\x18\n" +
+	"\aremoved\x18\x06 \x03(\x04R\aremoved\x12\x1f\n" +
+	"\vpage_tokens\x18\a \x01(\rR\n" +
+	"pageTokens\"\x88\x01\n" +
 	"\x10SetHolderRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1678,14 +1821,15 @@ const file_worker_proto_rawDesc = "" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
-	"\x14FINISH_REASON_LENGTH\x10\x022\xd6\x02\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x022\x91\x03\n" +
 	"\tInference\x12C\n" +
 	"\bGenerate\x12\x19.lumen.v1.GenerateRequest\x1a\x1a.lumen.v1.GenerateResponse0\x01\x12D\n" +
 	"\n" +
 	"Checkpoint\x12\x1b.lumen.v1.CheckpointMessage\x1a\x17.lumen.v1.CheckpointAck(\x01\x129\n" +
 	"\x06Assist\x12\x14.lumen.v1.DraftBatch\x1a\x15.lumen.v1.MirrorBatch(\x010\x01\x12=\n" +
 	"\aMigrate\x12\x18.lumen.v1.MigrateMessage\x1a\x14.lumen.v1.MigrateAck(\x010\x01\x12D\n" +
-	"\tSetHolder\x12\x1a.lumen.v1.SetHolderRequest\x1a\x1b.lumen.v1.SetHolderResponseB.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
+	"\tSetHolder\x12\x1a.lumen.v1.SetHolderRequest\x1a\x1b.lumen.v1.SetHolderResponse\x129\n" +
+	"\aWatchKV\x12\x18.lumen.v1.WatchKVRequest\x1a\x12.lumen.v1.KVEvents0\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
 
 var (
 	file_worker_proto_rawDescOnce sync.Once
@@ -1700,53 +1844,57 @@ func file_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_worker_proto_goTypes = []any{
 	(MigrateRefusal)(0),       // 0: lumen.v1.MigrateRefusal
 	(FinishReason)(0),         // 1: lumen.v1.FinishReason
-	(*SetHolderRequest)(nil),  // 2: lumen.v1.SetHolderRequest
-	(*SetHolderResponse)(nil), // 3: lumen.v1.SetHolderResponse
-	(*MigrateMessage)(nil),    // 4: lumen.v1.MigrateMessage
-	(*MigrationStage)(nil),    // 5: lumen.v1.MigrationStage
-	(*MigrationEnd)(nil),      // 6: lumen.v1.MigrationEnd
-	(*MigrateAck)(nil),        // 7: lumen.v1.MigrateAck
-	(*DraftBatch)(nil),        // 8: lumen.v1.DraftBatch
-	(*DraftTokens)(nil),       // 9: lumen.v1.DraftTokens
-	(*MirrorBatch)(nil),       // 10: lumen.v1.MirrorBatch
-	(*MirrorUpdate)(nil),      // 11: lumen.v1.MirrorUpdate
-	(*CheckpointMessage)(nil), // 12: lumen.v1.CheckpointMessage
-	(*CheckpointAck)(nil),     // 13: lumen.v1.CheckpointAck
-	(*SamplingParams)(nil),    // 14: lumen.v1.SamplingParams
-	(*GenerateRequest)(nil),   // 15: lumen.v1.GenerateRequest
-	(*TokenLogprob)(nil),      // 16: lumen.v1.TokenLogprob
-	(*PromptLogprob)(nil),     // 17: lumen.v1.PromptLogprob
-	(*GenerateResponse)(nil),  // 18: lumen.v1.GenerateResponse
-	(*Placement)(nil),         // 19: lumen.v1.Placement
+	(*WatchKVRequest)(nil),    // 2: lumen.v1.WatchKVRequest
+	(*KVEvents)(nil),          // 3: lumen.v1.KVEvents
+	(*SetHolderRequest)(nil),  // 4: lumen.v1.SetHolderRequest
+	(*SetHolderResponse)(nil), // 5: lumen.v1.SetHolderResponse
+	(*MigrateMessage)(nil),    // 6: lumen.v1.MigrateMessage
+	(*MigrationStage)(nil),    // 7: lumen.v1.MigrationStage
+	(*MigrationEnd)(nil),      // 8: lumen.v1.MigrationEnd
+	(*MigrateAck)(nil),        // 9: lumen.v1.MigrateAck
+	(*DraftBatch)(nil),        // 10: lumen.v1.DraftBatch
+	(*DraftTokens)(nil),       // 11: lumen.v1.DraftTokens
+	(*MirrorBatch)(nil),       // 12: lumen.v1.MirrorBatch
+	(*MirrorUpdate)(nil),      // 13: lumen.v1.MirrorUpdate
+	(*CheckpointMessage)(nil), // 14: lumen.v1.CheckpointMessage
+	(*CheckpointAck)(nil),     // 15: lumen.v1.CheckpointAck
+	(*SamplingParams)(nil),    // 16: lumen.v1.SamplingParams
+	(*GenerateRequest)(nil),   // 17: lumen.v1.GenerateRequest
+	(*TokenLogprob)(nil),      // 18: lumen.v1.TokenLogprob
+	(*PromptLogprob)(nil),     // 19: lumen.v1.PromptLogprob
+	(*GenerateResponse)(nil),  // 20: lumen.v1.GenerateResponse
+	(*Placement)(nil),         // 21: lumen.v1.Placement
 }
 var file_worker_proto_depIdxs = []int32{
-	5,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
-	6,  // 1: lumen.v1.MigrateMessage.end:type_name -> lumen.v1.MigrationEnd
+	7,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
+	8,  // 1: lumen.v1.MigrateMessage.end:type_name -> lumen.v1.MigrationEnd
 	0,  // 2: lumen.v1.MigrateAck.refusal:type_name -> lumen.v1.MigrateRefusal
-	9,  // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
-	11, // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
-	14, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
-	16, // 6: lumen.v1.PromptLogprob.top_logprobs:type_name -> lumen.v1.TokenLogprob
+	11, // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
+	13, // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
+	16, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
+	18, // 6: lumen.v1.PromptLogprob.top_logprobs:type_name -> lumen.v1.TokenLogprob
 	1,  // 7: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
-	19, // 8: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
-	16, // 9: lumen.v1.GenerateResponse.top_logprobs:type_name -> lumen.v1.TokenLogprob
-	17, // 10: lumen.v1.GenerateResponse.prompt_logprobs:type_name -> lumen.v1.PromptLogprob
-	15, // 11: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
-	12, // 12: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
-	8,  // 13: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
-	4,  // 14: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
-	2,  // 15: lumen.v1.Inference.SetHolder:input_type -> lumen.v1.SetHolderRequest
-	18, // 16: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
-	13, // 17: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
-	10, // 18: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
-	7,  // 19: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
-	3,  // 20: lumen.v1.Inference.SetHolder:output_type -> lumen.v1.SetHolderResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
+	21, // 8: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
+	18, // 9: lumen.v1.GenerateResponse.top_logprobs:type_name -> lumen.v1.TokenLogprob
+	19, // 10: lumen.v1.GenerateResponse.prompt_logprobs:type_name -> lumen.v1.PromptLogprob
+	17, // 11: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
+	14, // 12: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
+	10, // 13: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
+	6,  // 14: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
+	4,  // 15: lumen.v1.Inference.SetHolder:input_type -> lumen.v1.SetHolderRequest
+	2,  // 16: lumen.v1.Inference.WatchKV:input_type -> lumen.v1.WatchKVRequest
+	20, // 17: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
+	15, // 18: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
+	12, // 19: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
+	9,  // 20: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
+	5,  // 21: lumen.v1.Inference.SetHolder:output_type -> lumen.v1.SetHolderResponse
+	3,  // 22: lumen.v1.Inference.WatchKV:output_type -> lumen.v1.KVEvents
+	17, // [17:23] is the sub-list for method output_type
+	11, // [11:17] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1758,7 +1906,7 @@ func file_worker_proto_init() {
 		return
 	}
 	file_types_proto_init()
-	file_worker_proto_msgTypes[2].OneofWrappers = []any{
+	file_worker_proto_msgTypes[4].OneofWrappers = []any{
 		(*MigrateMessage_Stage)(nil),
 		(*MigrateMessage_End)(nil),
 	}
@@ -1768,7 +1916,7 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	Inference_Assist_FullMethodName     = "/lumen.v1.Inference/Assist"
 	Inference_Migrate_FullMethodName    = "/lumen.v1.Inference/Migrate"
 	Inference_SetHolder_FullMethodName  = "/lumen.v1.Inference/SetHolder"
+	Inference_WatchKV_FullMethodName    = "/lumen.v1.Inference/WatchKV"
 )
 
 // InferenceClient is the client API for Inference service.
@@ -65,6 +66,14 @@ type InferenceClient interface {
 	// request the worker does not run, or under another epoch, is answered
 	// with applied = false.
 	SetHolder(ctx context.Context, in *SetHolderRequest, opts ...grpc.CallOption) (*SetHolderResponse, error)
+	// WatchKV streams the worker's prefix-cache events (issue 25), off the
+	// consensus path: the first message is a snapshot (reset = true, every
+	// page hash cached now), then stored/removed deltas in order, each with
+	// the next sequence number. A gateway that sees a gap in seq, a new
+	// incarnation or a reset replaces its index of this worker with the
+	// message's stored hashes. A worker with its cache off sends one empty
+	// snapshot and keeps the stream open.
+	WatchKV(ctx context.Context, in *WatchKVRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[KVEvents], error)
 }
 
 type inferenceClient struct {
@@ -143,6 +152,25 @@ func (c *inferenceClient) SetHolder(ctx context.Context, in *SetHolderRequest, o
 	return out, nil
 }
 
+func (c *inferenceClient) WatchKV(ctx context.Context, in *WatchKVRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[KVEvents], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Inference_ServiceDesc.Streams[4], Inference_WatchKV_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchKVRequest, KVEvents]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_WatchKVClient = grpc.ServerStreamingClient[KVEvents]
+
 // InferenceServer is the server API for Inference service.
 // All implementations must embed UnimplementedInferenceServer
 // for forward compatibility.
@@ -180,6 +208,14 @@ type InferenceServer interface {
 	// request the worker does not run, or under another epoch, is answered
 	// with applied = false.
 	SetHolder(context.Context, *SetHolderRequest) (*SetHolderResponse, error)
+	// WatchKV streams the worker's prefix-cache events (issue 25), off the
+	// consensus path: the first message is a snapshot (reset = true, every
+	// page hash cached now), then stored/removed deltas in order, each with
+	// the next sequence number. A gateway that sees a gap in seq, a new
+	// incarnation or a reset replaces its index of this worker with the
+	// message's stored hashes. A worker with its cache off sends one empty
+	// snapshot and keeps the stream open.
+	WatchKV(*WatchKVRequest, grpc.ServerStreamingServer[KVEvents]) error
 	mustEmbedUnimplementedInferenceServer()
 }
 
@@ -204,6 +240,9 @@ func (UnimplementedInferenceServer) Migrate(grpc.BidiStreamingServer[MigrateMess
 }
 func (UnimplementedInferenceServer) SetHolder(context.Context, *SetHolderRequest) (*SetHolderResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetHolder not implemented")
+}
+func (UnimplementedInferenceServer) WatchKV(*WatchKVRequest, grpc.ServerStreamingServer[KVEvents]) error {
+	return status.Error(codes.Unimplemented, "method WatchKV not implemented")
 }
 func (UnimplementedInferenceServer) mustEmbedUnimplementedInferenceServer() {}
 func (UnimplementedInferenceServer) testEmbeddedByValue()                   {}
@@ -276,6 +315,17 @@ func _Inference_SetHolder_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Inference_WatchKV_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchKVRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(InferenceServer).WatchKV(m, &grpc.GenericServerStream[WatchKVRequest, KVEvents]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Inference_WatchKVServer = grpc.ServerStreamingServer[KVEvents]
+
 // Inference_ServiceDesc is the grpc.ServiceDesc for Inference service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -310,6 +360,11 @@ var Inference_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _Inference_Migrate_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "WatchKV",
+			Handler:       _Inference_WatchKV_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "worker.proto",
