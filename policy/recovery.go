@@ -14,10 +14,26 @@ type Interrupted struct {
 	Replicas     []string
 	PromptTokens uint32
 	MaxTokens    uint32
+	// Checkpointed is the prefix, in tokens, each copy holds: [0] at
+	// Holder, [1+k] at Replicas[k] (a copy without an entry holds none).
+	// nil when not known: every copy then counts as holding the same
+	// prefix. The fsm does not know it (what each holder stored is not
+	// replicated) and passes nil.
+	Checkpointed []uint32
 	// MigrationTarget is the destination of a live migration that was in
 	// flight when the worker failed, "" for none: it holds a copy of the
 	// request's prefix, the pages copied so far.
 	MigrationTarget string
+}
+
+// copyPrefix is the checkpointed prefix of copy c (0: Holder, 1+k:
+// Replicas[k]) for the plan's comparisons: 0 for every copy when
+// Checkpointed is not known.
+func (r *Interrupted) copyPrefix(c int) uint32 {
+	if c < len(r.Checkpointed) {
+		return r.Checkpointed[c]
+	}
+	return 0
 }
 
 // Mode says how a recovered request resumes.
@@ -48,8 +64,8 @@ type Assignment struct {
 //     (Llumnix restarts it instead): they are already in the destination's
 //     KV cache, so no room check, and rebalancing leaves it there;
 //  1. a request with an eligible holder resumes there, reusing its pages
-//     (of its copies' holders, the one with the KV room and then the
-//     freest: live, above)
+//     (of its copies' holders, the one with the longest checkpointed
+//     prefix, then the KV room and then the freest: live, below)
 //     (not under stop-and-restart or recompute, which keep no
 //     checkpoints) — under
 //     lumen, only when the holder has the KV pages for it, or no worker
@@ -138,27 +154,29 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		return int64(w.KVPagesTotal) - int64(w.KVPagesUsed) - int64(w.QueueHeadPages) - int64(w.PendingPages)
 	}
 	// live is the eligible copy a request restores from: of its holder
-	// and replicas, the one with the KV room for the prefix and then the
-	// highest freeness (the lowest cost of a restore there); -1 for none.
-	// Every copy has the same prefix up to what the serving worker's
-	// queues to each had sent, which Apply does not know (the prefix is
-	// not replicated), so the fastest restore is the choice.
+	// and replicas, the one with the longest checkpointed prefix
+	// (Interrupted.Checkpointed: the least to recompute), then the KV room
+	// for the prefix and then the highest freeness (the lowest cost of a
+	// restore there); -1 for none. Where the prefixes are not known
+	// (the fsm: what each holder stored is not replicated) every copy
+	// has the same prefix up to what the serving worker's queues to each
+	// had sent, so the fastest restore is the choice.
 	live := func(r Interrupted) int {
-		best, bestRoom, bestF := -1, false, 0.0
+		best, bestRoom, bestF, bestP := -1, false, 0.0, uint32(0)
 		need := int64(Pages(uint64(r.PromptTokens) + 1))
-		consider := func(id string) {
+		consider := func(id string, p uint32) {
 			h, ok := byID(id)
 			if !ok || id == "" || !ws[h].Eligible {
 				return
 			}
 			hasRoom, f := room(h) >= need, ws[h].Freeness()
-			if best < 0 || hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF {
-				best, bestRoom, bestF = h, hasRoom, f
+			if best < 0 || p > bestP || p == bestP && (hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF) {
+				best, bestRoom, bestF, bestP = h, hasRoom, f, p
 			}
 		}
-		consider(r.Holder)
-		for _, id := range r.Replicas {
-			consider(id)
+		consider(r.Holder, r.copyPrefix(0))
+		for k, id := range r.Replicas {
+			consider(id, r.copyPrefix(1+k))
 		}
 		return best
 	}
@@ -211,15 +229,16 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		src := a.Target
 		unassign(src, reqs[k])
 		// Another live copy's holder below the average takes it, reusing
-		// its pages there (issue 24: R > 1), the freest of them.
-		dst, dstF := -1, 0.0
-		for _, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
+		// its pages there (issue 24: R > 1): of them the longest prefix,
+		// then the freest.
+		dst, dstF, dstP := -1, 0.0, uint32(0)
+		for c, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
 			i, ok := byID(id)
 			if !ok || id == "" || i == src || !ws[i].Eligible || count[i] >= avg {
 				continue
 			}
-			if f := ws[i].Freeness(); dst < 0 || f > dstF {
-				dst, dstF = i, f
+			if f, p := ws[i].Freeness(), reqs[k].copyPrefix(c); dst < 0 || p > dstP || p == dstP && f > dstF {
+				dst, dstF, dstP = i, f, p
 			}
 		}
 		if dst >= 0 {
