@@ -3,6 +3,7 @@ package policy
 import (
 	"math"
 	"sort"
+	"sync"
 )
 
 // Interrupted is a request that was running on a failed worker.
@@ -135,17 +136,40 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		i := sort.Search(len(ws), func(i int) bool { return ws[i].ID >= id })
 		return i, i < len(ws) && ws[i].ID == id
 	}
-	// free answers PickServing as the plan changes the freeness.
-	free := newFreeTree(ws, func(i int) bool { return ws[i].Eligible })
+	// free answers PickServing as the plan changes the freeness. It is
+	// built when first asked (best), from the workers as the plan has
+	// changed them by then, which is the tree built at the start and
+	// updated since: a node's plan that restores every request at its
+	// holder never builds one (two trees of 1,024 workers were half of
+	// PlanRecovery's time in a node's MarkFailed). freeOK is what it
+	// admits.
+	var free *freeTree
+	var freeOK func(i int) bool
+	sc := scratchPool.Get().(*planScratch) // the tree's and counts' arrays
+	defer func() {
+		sc.tree.ws, sc.tree.ok = nil, nil // keep no caller's workers alive
+		scratchPool.Put(sc)
+	}()
+	best := func() int {
+		if free == nil {
+			free = sc.tree.reset(ws, freeOK)
+		}
+		return free.best()
+	}
+	freeOK = func(i int) bool { return ws[i].Eligible }
 	assign := func(i int, r Interrupted) {
 		ws[i].PendingRequests++
 		ws[i].PendingPages += Pages(uint64(r.PromptTokens) + 1)
-		free.update(i)
+		if free != nil {
+			free.update(i)
+		}
 	}
 	unassign := func(i int, r Interrupted) {
 		ws[i].PendingRequests--
 		ws[i].PendingPages -= Pages(uint64(r.PromptTokens) + 1)
-		free.update(i)
+		if free != nil {
+			free.update(i)
+		}
 	}
 
 	// room is the KV pages a worker can give a resumed request now.
@@ -181,7 +205,7 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		return best
 	}
 	plan := make([]Assignment, len(reqs))
-	count := make([]int, len(ws))
+	count := sc.ints(&sc.count, len(ws))
 	for k, r := range reqs {
 		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
 		if m, ok := byID(r.MigrationTarget); ok && s == Lumen && r.MigrationTarget != "" && ws[m].Eligible {
@@ -194,12 +218,12 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 			// freest worker instead when that one has the room.
 			need := int64(Pages(uint64(r.PromptTokens) + 1))
 			if s == Lumen && room(h) < need {
-				if alt := free.best(); alt >= 0 && alt != h && room(alt) >= need {
+				if alt := best(); alt >= 0 && alt != h && room(alt) >= need {
 					a.Target, a.Mode, a.Rebalanced = alt, Recompute, true
 				}
 			}
 		} else {
-			a.Target, a.Mode = free.best(), Recompute
+			a.Target, a.Mode = best(), Recompute
 		}
 		assign(a.Target, r)
 		count[a.Target]++
@@ -212,9 +236,10 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	// Rebalance the holders that took more than their share and more
 	// than they can start at once.
 	avg := (len(reqs) + eligible - 1) / eligible
-	// From here free answers "the least-loaded worker below the average".
-	free = newFreeTree(ws, func(i int) bool { return ws[i].Eligible && count[i] < avg })
-	order := make([]int, len(reqs)) // reuse assignments, smallest prefix first
+	// From here free answers "the least-loaded worker below the average"
+	// (built when first asked, as above).
+	free, freeOK = nil, func(i int) bool { return ws[i].Eligible && count[i] < avg }
+	order := sc.ints(&sc.order, len(reqs)) // reuse assignments, smallest prefix first
 	for k := range order {
 		order[k] = k
 	}
@@ -250,7 +275,7 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		}
 		// The least-loaded worker still below the average (src is not:
 		// it had more than the average).
-		if dst = free.best(); dst < 0 {
+		if dst = best(); dst < 0 {
 			assign(src, reqs[k])
 			continue
 		}
@@ -260,6 +285,27 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		a.Target, a.Mode, a.Rebalanced = dst, Recompute, true
 	}
 	return plan
+}
+
+// planScratch is what a PlanRecovery call needs only while it runs, kept
+// in scratchPool between calls: a node's MarkFailed plans 8 times over
+// 1,024 workers, and allocating these anew each time was a quarter of its
+// garbage.
+type planScratch struct {
+	tree         freeTree
+	count, order []int
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(planScratch) }}
+
+// ints returns *buf resized to n and zeroed, growing it when short.
+func (*planScratch) ints(buf *[]int, n int) []int {
+	if cap(*buf) < n {
+		*buf = make([]int, n)
+	}
+	*buf = (*buf)[:n]
+	clear(*buf)
+	return *buf
 }
 
 // freeTree is a max segment tree of the workers' freeness over those ok
@@ -275,14 +321,18 @@ type freeTree struct {
 	arg  []int     // per node: its index, -1 for none
 }
 
-func newFreeTree(ws []Worker, ok func(i int) bool) *freeTree {
-	t := &freeTree{ws: ws, ok: ok, size: 1}
+// reset builds t over ws and ok anew, reusing its arrays, and returns t.
+func (t *freeTree) reset(ws []Worker, ok func(i int) bool) *freeTree {
+	t.ws, t.ok, t.size = ws, ok, 1
 	for t.size < len(ws) {
 		t.size *= 2
 	}
-	t.val = make([]float64, 2*t.size)
-	t.arg = make([]int, 2*t.size)
-	for v := range t.val {
+	if cap(t.val) < 2*t.size {
+		t.val = make([]float64, 2*t.size)
+		t.arg = make([]int, 2*t.size)
+	}
+	t.val, t.arg = t.val[:2*t.size], t.arg[:2*t.size]
+	for v := t.size; v < 2*t.size; v++ {
 		t.val[v], t.arg[v] = math.Inf(-1), -1
 	}
 	for i := range ws {
