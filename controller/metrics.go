@@ -120,6 +120,7 @@ type workerTable struct {
 	f                           *fsm.FSM
 	budget, reserved, queueWait *prometheus.Desc
 	sameDomain, shortReplicas   *prometheus.Desc
+	replicas                    *prometheus.Desc
 	// The autoscaling signal (Llumnix's): each worker's freeness and the
 	// mean over the workers in full service, with their number.
 	freeness, freenessMean, freenessWorkers *prometheus.Desc
@@ -137,6 +138,8 @@ func newWorkerTable(f *fsm.FSM) *workerTable {
 			"Placements whose checkpoint went to a worker of the serving worker's own node: no worker outside it had budget for the footprint (issue 24; counted over this replica's applies since it started or restored a snapshot).", nil, nil),
 		shortReplicas: prometheus.NewDesc("lumen_controller_checkpoint_replicas_short_total",
 			"Placements that got fewer checkpoint copies than the cluster's replication factor, for want of budget in distinct nodes.", nil, nil),
+		replicas: prometheus.NewDesc("lumen_controller_checkpoint_replicas",
+			"The strategy's replication factor: the checkpoint copies each new placement asks for (SetStrategy's checkpoint_replicas, 1 by default).", nil, nil),
 		freeness: prometheus.NewDesc("lumen_controller_worker_freeness",
 			"A worker's freeness (policy.Worker.Freeness, Llumnix's): its free KV pages less its queue head's and those dispatched since its last load report, per request it has to serve.", []string{"worker"}, nil),
 		freenessMean: prometheus.NewDesc("lumen_cluster_freeness_mean",
@@ -151,6 +154,7 @@ func (t *workerTable) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.queueWait
 	ch <- t.sameDomain
 	ch <- t.shortReplicas
+	ch <- t.replicas
 	ch <- t.freeness
 	ch <- t.freenessMean
 	ch <- t.freenessWorkers
@@ -168,6 +172,7 @@ func (t *workerTable) Collect(ch chan<- prometheus.Metric) {
 	same, short := t.f.DomainCounts()
 	ch <- prometheus.MustNewConstMetric(t.sameDomain, prometheus.CounterValue, float64(same))
 	ch <- prometheus.MustNewConstMetric(t.shortReplicas, prometheus.CounterValue, float64(short))
+	ch <- prometheus.MustNewConstMetric(t.replicas, prometheus.GaugeValue, float64(t.f.CheckpointReplicas()))
 	views, _ := t.f.LoadViews()
 	mean, n := meanFreeness(views)
 	for i := range views {

@@ -321,3 +321,56 @@ func TestDevCells(t *testing.T) {
 		}
 	}
 }
+
+// TestDevCheckpointReplicas: `lumen dev -checkpoint-replicas 2` sets the
+// strategy's replication factor at the start, so every controller's
+// replicated state has R = 2 (read back from each controller's
+// lumen_controller_checkpoint_replicas), and an R out of 1 … 4 is refused
+// before anything starts.
+func TestDevCheckpointReplicas(t *testing.T) {
+	out, err := exec.Command(lumenBin, "dev", "-dir", t.TempDir(), "-checkpoint-replicas", "5").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "-checkpoint-replicas 5: must be between 1 and 4") {
+		t.Fatalf("R = 5: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	port, err := devcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDev(t, "-dir", dir, "-engine", "synthetic", "-workers", "3", "-nodes", "3", "-checkpoint-replicas", "2",
+		"-http", fmt.Sprintf("127.0.0.1:%d", port))
+	d.waitLine(t, "Ctrl-C stops everything", 90*time.Second)
+	if !strings.Contains(d.out.String(), "2 copies of each request's checkpoint, none on the serving worker's node") {
+		t.Fatalf("no checkpoints line:\n%s", d.out.String())
+	}
+	// The dashboard line names every controller's HTTP address.
+	var urls []string
+	for _, l := range strings.Split(d.out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "dashboard" {
+			for _, w := range f {
+				if u, ok := strings.CutPrefix(strings.TrimSuffix(w, ","), "http://"); ok {
+					urls = append(urls, "http://"+strings.TrimSuffix(strings.TrimSuffix(u, ")"), "/ui")+"/metrics")
+				}
+			}
+		}
+	}
+	if len(urls) != 3 {
+		t.Fatalf("want 3 controllers' addresses on the dashboard line, got %v:\n%s", urls, d.out.String())
+	}
+	for _, u := range urls {
+		// A follower applies the entry after the leader answered.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			v, err := devcluster.ScrapeMetric(t.Context(), u, "lumen_controller_checkpoint_replicas")
+			if err == nil && v == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: lumen_controller_checkpoint_replicas = %v (%v), want 2", u, v, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	complete(t, fmt.Sprintf("127.0.0.1:%d", port))
+	d.interrupt(t, 60*time.Second)
+}

@@ -88,7 +88,7 @@ func migrating(p *pb.Placement) bool { return p.State == pb.PlacementState_PLACE
 // clearMigration returns a copy of p, RUNNING or in state st, without a
 // migration target.
 func clearMigration(p *pb.Placement, st pb.PlacementState) *pb.Placement {
-	np := proto.Clone(p).(*pb.Placement)
+	np := clonePlacement(p)
 	np.State = st
 	np.MigrationTarget, np.MigrationTargetIncarnation, np.MigrationStartedUnixNano = "", 0, 0
 	return np

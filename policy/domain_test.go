@@ -172,3 +172,37 @@ func TestRebalanceToReplica(t *testing.T) {
 		t.Fatalf("plan %v, want %v", got, want)
 	}
 }
+
+// TestPlanRecoveryLongestLiveCopy: among a request's live copies the plan
+// restores from the one with the longest checkpointed prefix, and among
+// copies of equal prefix from the cheapest (the KV room, then the
+// freest), whatever the holder order; a dead holder's longer copy counts
+// for nothing.
+func TestPlanRecoveryLongestLiveCopy(t *testing.T) {
+	dead := onNode("a1", "A", 0)
+	dead.Eligible = false
+	busy := onNode("b1", "B", 0)
+	busy.KVPagesUsed, busy.Running = 400, 10 // room for the prefix, but less free
+	ws := []Worker{dead, busy, onNode("c1", "C", 0), onNode("d1", "D", 0)}
+	for i := range ws {
+		ws[i].Running = max(ws[i].Running, 10) // no rebalancing
+	}
+	reqs := []Interrupted{
+		// The primary died with the longest copy; of the live ones b1's is
+		// longer than the freer c1's.
+		{RequestID: "r1", Holder: "a1", Replicas: []string{"c1", "b1"}, PromptTokens: 600, Checkpointed: []uint32{600, 160, 592}},
+		// Equal prefixes: the freer copy.
+		{RequestID: "r2", Holder: "a1", Replicas: []string{"b1", "c1"}, PromptTokens: 600, Checkpointed: []uint32{600, 320, 320}},
+		// A replica without an entry holds nothing: the busy primary's 48
+		// tokens win over the freer c1.
+		{RequestID: "r3", Holder: "b1", Replicas: []string{"c1"}, PromptTokens: 600, Checkpointed: []uint32{48}},
+		// Not known: the cheapest, as before.
+		{RequestID: "r4", Holder: "a1", Replicas: []string{"b1", "c1"}, PromptTokens: 600},
+	}
+	want := []string{"b1", "c1", "b1", "c1"}
+	for k, a := range PlanRecovery(Lumen, append([]Worker(nil), ws...), reqs) {
+		if a.Mode != Reuse || ws[a.Target].ID != want[k] || a.Holder != want[k] {
+			t.Errorf("%s: target %s mode %d holder %s, want reuse at %s", a.RequestID, ws[a.Target].ID, a.Mode, a.Holder, want[k])
+		}
+	}
+}

@@ -3,6 +3,7 @@ package policy
 import (
 	"math"
 	"sort"
+	"sync"
 )
 
 // Interrupted is a request that was running on a failed worker.
@@ -14,10 +15,26 @@ type Interrupted struct {
 	Replicas     []string
 	PromptTokens uint32
 	MaxTokens    uint32
+	// Checkpointed is the prefix, in tokens, each copy holds: [0] at
+	// Holder, [1+k] at Replicas[k] (a copy without an entry holds none).
+	// nil when not known: every copy then counts as holding the same
+	// prefix. The fsm does not know it (what each holder stored is not
+	// replicated) and passes nil.
+	Checkpointed []uint32
 	// MigrationTarget is the destination of a live migration that was in
 	// flight when the worker failed, "" for none: it holds a copy of the
 	// request's prefix, the pages copied so far.
 	MigrationTarget string
+}
+
+// copyPrefix is the checkpointed prefix of copy c (0: Holder, 1+k:
+// Replicas[k]) for the plan's comparisons: 0 for every copy when
+// Checkpointed is not known.
+func (r *Interrupted) copyPrefix(c int) uint32 {
+	if c < len(r.Checkpointed) {
+		return r.Checkpointed[c]
+	}
+	return 0
 }
 
 // Mode says how a recovered request resumes.
@@ -48,8 +65,8 @@ type Assignment struct {
 //     (Llumnix restarts it instead): they are already in the destination's
 //     KV cache, so no room check, and rebalancing leaves it there;
 //  1. a request with an eligible holder resumes there, reusing its pages
-//     (of its copies' holders, the one with the KV room and then the
-//     freest: live, above)
+//     (of its copies' holders, the one with the longest checkpointed
+//     prefix, then the KV room and then the freest: live, below)
 //     (not under stop-and-restart or recompute, which keep no
 //     checkpoints) — under
 //     lumen, only when the holder has the KV pages for it, or no worker
@@ -119,17 +136,40 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		i := sort.Search(len(ws), func(i int) bool { return ws[i].ID >= id })
 		return i, i < len(ws) && ws[i].ID == id
 	}
-	// free answers PickServing as the plan changes the freeness.
-	free := newFreeTree(ws, func(i int) bool { return ws[i].Eligible })
+	// free answers PickServing as the plan changes the freeness. It is
+	// built when first asked (best), from the workers as the plan has
+	// changed them by then, which is the tree built at the start and
+	// updated since: a node's plan that restores every request at its
+	// holder never builds one (two trees of 1,024 workers were half of
+	// PlanRecovery's time in a node's MarkFailed). freeOK is what it
+	// admits.
+	var free *freeTree
+	var freeOK func(i int) bool
+	sc := scratchPool.Get().(*planScratch) // the tree's and counts' arrays
+	defer func() {
+		sc.tree.ws, sc.tree.ok = nil, nil // keep no caller's workers alive
+		scratchPool.Put(sc)
+	}()
+	best := func() int {
+		if free == nil {
+			free = sc.tree.reset(ws, freeOK)
+		}
+		return free.best()
+	}
+	freeOK = func(i int) bool { return ws[i].Eligible }
 	assign := func(i int, r Interrupted) {
 		ws[i].PendingRequests++
 		ws[i].PendingPages += Pages(uint64(r.PromptTokens) + 1)
-		free.update(i)
+		if free != nil {
+			free.update(i)
+		}
 	}
 	unassign := func(i int, r Interrupted) {
 		ws[i].PendingRequests--
 		ws[i].PendingPages -= Pages(uint64(r.PromptTokens) + 1)
-		free.update(i)
+		if free != nil {
+			free.update(i)
+		}
 	}
 
 	// room is the KV pages a worker can give a resumed request now.
@@ -138,32 +178,34 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		return int64(w.KVPagesTotal) - int64(w.KVPagesUsed) - int64(w.QueueHeadPages) - int64(w.PendingPages)
 	}
 	// live is the eligible copy a request restores from: of its holder
-	// and replicas, the one with the KV room for the prefix and then the
-	// highest freeness (the lowest cost of a restore there); -1 for none.
-	// Every copy has the same prefix up to what the serving worker's
-	// queues to each had sent, which Apply does not know (the prefix is
-	// not replicated), so the fastest restore is the choice.
+	// and replicas, the one with the longest checkpointed prefix
+	// (Interrupted.Checkpointed: the least to recompute), then the KV room
+	// for the prefix and then the highest freeness (the lowest cost of a
+	// restore there); -1 for none. Where the prefixes are not known
+	// (the fsm: what each holder stored is not replicated) every copy
+	// has the same prefix up to what the serving worker's queues to each
+	// had sent, so the fastest restore is the choice.
 	live := func(r Interrupted) int {
-		best, bestRoom, bestF := -1, false, 0.0
+		best, bestRoom, bestF, bestP := -1, false, 0.0, uint32(0)
 		need := int64(Pages(uint64(r.PromptTokens) + 1))
-		consider := func(id string) {
+		consider := func(id string, p uint32) {
 			h, ok := byID(id)
 			if !ok || id == "" || !ws[h].Eligible {
 				return
 			}
 			hasRoom, f := room(h) >= need, ws[h].Freeness()
-			if best < 0 || hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF {
-				best, bestRoom, bestF = h, hasRoom, f
+			if best < 0 || p > bestP || p == bestP && (hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF) {
+				best, bestRoom, bestF, bestP = h, hasRoom, f, p
 			}
 		}
-		consider(r.Holder)
-		for _, id := range r.Replicas {
-			consider(id)
+		consider(r.Holder, r.copyPrefix(0))
+		for k, id := range r.Replicas {
+			consider(id, r.copyPrefix(1+k))
 		}
 		return best
 	}
 	plan := make([]Assignment, len(reqs))
-	count := make([]int, len(ws))
+	count := sc.ints(&sc.count, len(ws))
 	for k, r := range reqs {
 		a := Assignment{RequestID: r.RequestID, Holder: r.Holder, Target: -1}
 		if m, ok := byID(r.MigrationTarget); ok && s == Lumen && r.MigrationTarget != "" && ws[m].Eligible {
@@ -176,12 +218,12 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 			// freest worker instead when that one has the room.
 			need := int64(Pages(uint64(r.PromptTokens) + 1))
 			if s == Lumen && room(h) < need {
-				if alt := free.best(); alt >= 0 && alt != h && room(alt) >= need {
+				if alt := best(); alt >= 0 && alt != h && room(alt) >= need {
 					a.Target, a.Mode, a.Rebalanced = alt, Recompute, true
 				}
 			}
 		} else {
-			a.Target, a.Mode = free.best(), Recompute
+			a.Target, a.Mode = best(), Recompute
 		}
 		assign(a.Target, r)
 		count[a.Target]++
@@ -194,9 +236,10 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	// Rebalance the holders that took more than their share and more
 	// than they can start at once.
 	avg := (len(reqs) + eligible - 1) / eligible
-	// From here free answers "the least-loaded worker below the average".
-	free = newFreeTree(ws, func(i int) bool { return ws[i].Eligible && count[i] < avg })
-	order := make([]int, len(reqs)) // reuse assignments, smallest prefix first
+	// From here free answers "the least-loaded worker below the average"
+	// (built when first asked, as above).
+	free, freeOK = nil, func(i int) bool { return ws[i].Eligible && count[i] < avg }
+	order := sc.ints(&sc.order, len(reqs)) // reuse assignments, smallest prefix first
 	for k := range order {
 		order[k] = k
 	}
@@ -211,15 +254,16 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		src := a.Target
 		unassign(src, reqs[k])
 		// Another live copy's holder below the average takes it, reusing
-		// its pages there (issue 24: R > 1), the freest of them.
-		dst, dstF := -1, 0.0
-		for _, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
+		// its pages there (issue 24: R > 1): of them the longest prefix,
+		// then the freest.
+		dst, dstF, dstP := -1, 0.0, uint32(0)
+		for c, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
 			i, ok := byID(id)
 			if !ok || id == "" || i == src || !ws[i].Eligible || count[i] >= avg {
 				continue
 			}
-			if f := ws[i].Freeness(); dst < 0 || f > dstF {
-				dst, dstF = i, f
+			if f, p := ws[i].Freeness(), reqs[k].copyPrefix(c); dst < 0 || p > dstP || p == dstP && f > dstF {
+				dst, dstF, dstP = i, f, p
 			}
 		}
 		if dst >= 0 {
@@ -231,7 +275,7 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		}
 		// The least-loaded worker still below the average (src is not:
 		// it had more than the average).
-		if dst = free.best(); dst < 0 {
+		if dst = best(); dst < 0 {
 			assign(src, reqs[k])
 			continue
 		}
@@ -241,6 +285,27 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 		a.Target, a.Mode, a.Rebalanced = dst, Recompute, true
 	}
 	return plan
+}
+
+// planScratch is what a PlanRecovery call needs only while it runs, kept
+// in scratchPool between calls: a node's MarkFailed plans 8 times over
+// 1,024 workers, and allocating these anew each time was a quarter of its
+// garbage.
+type planScratch struct {
+	tree         freeTree
+	count, order []int
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(planScratch) }}
+
+// ints returns *buf resized to n and zeroed, growing it when short.
+func (*planScratch) ints(buf *[]int, n int) []int {
+	if cap(*buf) < n {
+		*buf = make([]int, n)
+	}
+	*buf = (*buf)[:n]
+	clear(*buf)
+	return *buf
 }
 
 // freeTree is a max segment tree of the workers' freeness over those ok
@@ -256,14 +321,18 @@ type freeTree struct {
 	arg  []int     // per node: its index, -1 for none
 }
 
-func newFreeTree(ws []Worker, ok func(i int) bool) *freeTree {
-	t := &freeTree{ws: ws, ok: ok, size: 1}
+// reset builds t over ws and ok anew, reusing its arrays, and returns t.
+func (t *freeTree) reset(ws []Worker, ok func(i int) bool) *freeTree {
+	t.ws, t.ok, t.size = ws, ok, 1
 	for t.size < len(ws) {
 		t.size *= 2
 	}
-	t.val = make([]float64, 2*t.size)
-	t.arg = make([]int, 2*t.size)
-	for v := range t.val {
+	if cap(t.val) < 2*t.size {
+		t.val = make([]float64, 2*t.size)
+		t.arg = make([]int, 2*t.size)
+	}
+	t.val, t.arg = t.val[:2*t.size], t.arg[:2*t.size]
+	for v := t.size; v < 2*t.size; v++ {
 		t.val[v], t.arg[v] = math.Inf(-1), -1
 	}
 	for i := range ws {

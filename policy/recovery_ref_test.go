@@ -38,27 +38,29 @@ func planRecoveryScan(s Strategy, ws []Worker, reqs []Interrupted) []Assignment 
 		return int64(w.KVPagesTotal) - int64(w.KVPagesUsed) - int64(w.QueueHeadPages) - int64(w.PendingPages)
 	}
 	// live is the eligible copy a request restores from: of its holder
-	// and replicas, the one with the KV room for the prefix and then the
-	// highest freeness (the lowest cost of a restore there); -1 for none.
-	// Every copy has the same prefix up to what the serving worker's
-	// queues to each had sent, which Apply does not know (the prefix is
-	// not replicated), so the fastest restore is the choice.
+	// and replicas, the one with the longest checkpointed prefix
+	// (Interrupted.Checkpointed: the least to recompute), then the KV room
+	// for the prefix and then the highest freeness (the lowest cost of a
+	// restore there); -1 for none. Where the prefixes are not known
+	// (the fsm: what each holder stored is not replicated) every copy
+	// has the same prefix up to what the serving worker's queues to each
+	// had sent, so the fastest restore is the choice.
 	live := func(r Interrupted) int {
-		best, bestRoom, bestF := -1, false, 0.0
+		best, bestRoom, bestF, bestP := -1, false, 0.0, uint32(0)
 		need := int64(Pages(uint64(r.PromptTokens) + 1))
-		consider := func(id string) {
+		consider := func(id string, p uint32) {
 			h, ok := byID[id]
 			if !ok || id == "" || !ws[h].Eligible {
 				return
 			}
 			hasRoom, f := room(h) >= need, ws[h].Freeness()
-			if best < 0 || hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF {
-				best, bestRoom, bestF = h, hasRoom, f
+			if best < 0 || p > bestP || p == bestP && (hasRoom && !bestRoom || hasRoom == bestRoom && f > bestF) {
+				best, bestRoom, bestF, bestP = h, hasRoom, f, p
 			}
 		}
-		consider(r.Holder)
-		for _, id := range r.Replicas {
-			consider(id)
+		consider(r.Holder, r.copyPrefix(0))
+		for k, id := range r.Replicas {
+			consider(id, r.copyPrefix(1+k))
 		}
 		return best
 	}
@@ -109,15 +111,16 @@ func planRecoveryScan(s Strategy, ws []Worker, reqs []Interrupted) []Assignment 
 		src := a.Target
 		unassign(src, reqs[k])
 		// Another live copy's holder below the average takes it, reusing
-		// its pages there (issue 24: R > 1), the freest of them.
-		dst, dstF := -1, 0.0
-		for _, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
+		// its pages there (issue 24: R > 1): of them the longest prefix,
+		// then the freest.
+		dst, dstF, dstP := -1, 0.0, uint32(0)
+		for c, id := range append([]string{reqs[k].Holder}, reqs[k].Replicas...) {
 			i, ok := byID[id]
 			if !ok || id == "" || i == src || !ws[i].Eligible || count[i] >= avg {
 				continue
 			}
-			if f := ws[i].Freeness(); dst < 0 || f > dstF {
-				dst, dstF = i, f
+			if f, p := ws[i].Freeness(), reqs[k].copyPrefix(c); dst < 0 || p > dstP || p == dstP && f > dstF {
+				dst, dstF, dstP = i, f, p
 			}
 		}
 		if dst >= 0 {
@@ -180,6 +183,12 @@ func TestPlanRecoveryMatchesScan(t *testing.T) {
 			}
 			if rng.Intn(8) == 0 {
 				reqs[k].MigrationTarget = id()
+			}
+			if rng.Intn(2) == 0 { // the copies' prefixes known, some ties
+				reqs[k].Checkpointed = make([]uint32, rng.Intn(len(reqs[k].Replicas)+2))
+				for c := range reqs[k].Checkpointed {
+					reqs[k].Checkpointed[c] = uint32(16 * rng.Intn(4))
+				}
 			}
 		}
 		for _, s := range Strategies {

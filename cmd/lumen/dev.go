@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/lumen-project/lumen/internal/devcluster"
+	"github.com/lumen-project/lumen/policy"
 	"github.com/lumen-project/lumen/worker/engine"
 )
 
@@ -27,12 +29,16 @@ func runDev(args []string) error {
 	gateways := fs.Int("gateways", 1, "gateways, each with its own view of the load table (the first on -http, the others on free ports)")
 	nodes := fs.Int("nodes", 0, "put the workers on this many simulated hosts, in order (failure domains: no checkpoint on its serving worker's node); 0: none")
 	cells := fs.Int("cells", 1, "cells: each a quorum of 3 controllers over its share of the workers (in order), the gateways placing across them (issue 26); at most 4")
+	replicas := fs.Int("checkpoint-replicas", 1, "`R` copies of each request's checkpoint (1 … "+strconv.Itoa(policy.MaxCheckpointReplicas)+"), set at the start as lumen strategy set -checkpoint-replicas does: each on a node of its own, none on the serving worker's, so it needs -nodes to mean failure domains (without -nodes each worker is a domain of its own); with fewer than R other nodes a request gets one copy per other node, the shortfall counted in lumen_controller_checkpoint_replicas_short_total")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *nodes < 0 || *nodes > *workers {
 		return fmt.Errorf("-nodes %d: must be in 0 … -workers (%d)", *nodes, *workers)
+	}
+	if err := devcluster.CheckReplicas(*replicas); err != nil {
+		return err
 	}
 	// Ctrl-C ends every wait, the start's included.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -44,5 +50,6 @@ func runDev(args []string) error {
 		}
 	}
 	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
-		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Cells: *cells, Out: os.Stdout})
+		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Cells: *cells,
+		CheckpointReplicas: *replicas, Out: os.Stdout})
 }

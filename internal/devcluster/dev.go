@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lumen-project/lumen/internal/progress"
+	"github.com/lumen-project/lumen/policy"
 )
 
 // DevStateFile, in a dev cluster's directory, records the controllers'
@@ -67,6 +68,15 @@ type DevConfig struct {
 	// its data under Dir/cell-N, and the gateways place across them
 	// (gateway -cell). 0 or 1: one cell, in Dir itself.
 	Cells int
+	// CheckpointReplicas is the strategy's replication factor, set at the
+	// start (SetStrategy's checkpoint_replicas, as `lumen strategy set
+	// -checkpoint-replicas` does), on every cell's quorum: 1 …
+	// policy.MaxCheckpointReplicas; 0 means 1. Each copy goes to a node of
+	// its own, none to the serving worker's (Nodes; without Nodes, each
+	// worker is a domain of its own): a request gets at most as many copies
+	// as there are other nodes with budget, the rest counted in
+	// lumen_controller_checkpoint_replicas_short_total.
+	CheckpointReplicas int
 	// Out receives what the user reads.
 	Out io.Writer
 }
@@ -108,6 +118,12 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	}
 	if cells > 1 && cfg.Nodes > 0 {
 		return fmt.Errorf("-nodes with -cells: not supported (a node's workers would have to stay in one cell); use one of them")
+	}
+	if cfg.CheckpointReplicas == 0 {
+		cfg.CheckpointReplicas = 1
+	}
+	if err := CheckReplicas(cfg.CheckpointReplicas); err != nil {
+		return err
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 2 * time.Minute
@@ -182,6 +198,12 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 		if err := saveDevState(dirs[k], devState{Controllers: cl.ControllerAddrs()}); err != nil {
 			return err
 		}
+		// Before any worker registers, so that every placement has the
+		// factor (a kept state's earlier value included is replaced).
+		if err := cl.SetCheckpointReplicas(startCtx, cfg.CheckpointReplicas); err != nil {
+			meter.Finish("failed")
+			return interrupted(ctx, err)
+		}
 	}
 	per := (cfg.Workers + cells - 1) / cells
 	for i := 1; i <= cfg.Workers; i++ {
@@ -255,11 +277,48 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	if cells > 1 {
 		logs = cfg.Dir + "/cell-*/*.log"
 	}
+	fmt.Fprintf(out, "  checkpoints  %s\n", ReplicasLine(cfg.CheckpointReplicas, cfg.Workers, cfg.Nodes))
 	fmt.Fprintf(out, "  logs         %s\n\n", logs)
 	fmt.Fprintf(out, "try:\n  curl -s http://%s/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"lumen-tiny\",\"prompt\":\"Hello\",\"max_tokens\":16,\"temperature\":0}'\n", gw.Addr)
 	fmt.Fprintf(out, "  LUMEN_ADDR=%s lumen workers\n\nCtrl-C stops everything.\n", strings.Join(all, ","))
 	<-ctx.Done()
 	return nil
+}
+
+// CheckReplicas validates a replication factor for -checkpoint-replicas.
+func CheckReplicas(r int) error {
+	if r < 1 || r > policy.MaxCheckpointReplicas {
+		return fmt.Errorf("-checkpoint-replicas %d: must be between 1 and %d (policy.MaxCheckpointReplicas: each copy is a request's whole footprint in another worker's host memory)", r, policy.MaxCheckpointReplicas)
+	}
+	return nil
+}
+
+// ReplicasLine says how many checkpoint copies a request gets in a dev
+// cluster of workers on nodes hosts at replication factor r: each copy in a
+// domain of its own other than the serving worker's (policy.ChooseHolders),
+// so at most the other nodes' number, each worker a domain of its own
+// without nodes; where the serving worker's node is the only one, one copy
+// falls back to another worker of it.
+func ReplicasLine(r, workers, nodes int) string {
+	copies := "copy"
+	if r > 1 {
+		copies = "copies"
+	}
+	line := fmt.Sprintf("%d %s of each request's checkpoint", r, copies)
+	domains, what := workers, "workers"
+	if nodes > 0 {
+		domains, what = nodes, "nodes"
+		line += ", none on the serving worker's node"
+	}
+	switch others := domains - 1; {
+	case workers < 2:
+		line += "; with 1 worker, none (no other worker to hold it)"
+	case others < 1:
+		line += "; with 1 node, one copy, on another worker of that node (it survives the serving worker, not the node)"
+	case others < r:
+		line += fmt.Sprintf("; with %d %s, at most %d (placements short of %d counted in lumen_controller_checkpoint_replicas_short_total)", domains, what, others, r)
+	}
+	return line
 }
 
 // maxDevGateways caps -gateways: each is a process on this machine.

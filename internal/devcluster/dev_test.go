@@ -1,7 +1,9 @@
 package devcluster
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -9,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/lumen-project/lumen/policy"
 )
 
 func touch(t *testing.T, path string) {
@@ -124,5 +128,47 @@ func TestDevNode(t *testing.T) {
 	}
 	if DevNode(1, 4, 0) != "" {
 		t.Fatal("no nodes: a label")
+	}
+}
+
+// TestCheckReplicas: -checkpoint-replicas takes 1 … policy.MaxCheckpointReplicas,
+// and the error names the value and the limit.
+func TestCheckReplicas(t *testing.T) {
+	for r := 1; r <= policy.MaxCheckpointReplicas; r++ {
+		if err := CheckReplicas(r); err != nil {
+			t.Fatalf("R = %d refused: %v", r, err)
+		}
+	}
+	for _, r := range []int{0, -1, policy.MaxCheckpointReplicas + 1} {
+		err := CheckReplicas(r)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("-checkpoint-replicas %d:", r)) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("between 1 and %d", policy.MaxCheckpointReplicas)) {
+			t.Fatalf("R = %d: %v", r, err)
+		}
+	}
+	if err := RunDev(context.Background(), DevConfig{Dir: t.TempDir(), Workers: 2, CheckpointReplicas: 9}); err == nil ||
+		!strings.Contains(err.Error(), "-checkpoint-replicas 9") {
+		t.Fatalf("RunDev with R = 9 started: %v", err)
+	}
+}
+
+// TestReplicasLine: what `lumen dev` prints of the copies a request gets,
+// with fewer other domains than R.
+func TestReplicasLine(t *testing.T) {
+	for _, c := range []struct {
+		r, workers, nodes int
+		want, not         string
+	}{
+		{1, 2, 0, "1 copy of each request's checkpoint", ";"},
+		{2, 6, 3, "2 copies of each request's checkpoint, none on the serving worker's node", ";"},
+		{3, 6, 3, "with 3 nodes, at most 2 (placements short of 3 counted in lumen_controller_checkpoint_replicas_short_total)", ""},
+		{2, 2, 0, "with 2 workers, at most 1", ""},
+		{2, 4, 1, "with 1 node, one copy, on another worker of that node", ""},
+		{1, 1, 0, "with 1 worker, none", ""},
+	} {
+		got := ReplicasLine(c.r, c.workers, c.nodes)
+		if !strings.Contains(got, c.want) || c.not != "" && strings.Contains(got, c.not) {
+			t.Errorf("R %d, %d workers, %d nodes: %q, want %q", c.r, c.workers, c.nodes, got, c.want)
+		}
 	}
 }

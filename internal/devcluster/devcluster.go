@@ -435,6 +435,24 @@ func (c *Cluster) Status(ctx context.Context, i int) (*pb.ClusterStatusResponse,
 	return cl.ClusterStatus(ctx)
 }
 
+// SetCheckpointReplicas sets the strategy's replication factor r (1 …
+// policy.MaxCheckpointReplicas) through the quorum, as `lumen strategy set
+// -checkpoint-replicas r` does.
+func (c *Cluster) SetCheckpointReplicas(ctx context.Context, r int) error {
+	cl, err := ctlclient.New(c.GRPCAddrs(), nil)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := cl.Operator(ctx, func(ctx context.Context, op pb.OperatorClient) error {
+		_, err := op.SetStrategy(ctx, &pb.SetStrategyRequest{CheckpointReplicas: uint32(r)})
+		return err
+	}); err != nil {
+		return fmt.Errorf("devcluster: set checkpoint replicas %d: %w", r, err)
+	}
+	return nil
+}
+
 // WaitLeader waits until a running controller reports itself the leader and
 // every running controller names it, and returns the leader's index.
 func (c *Cluster) WaitLeader(ctx context.Context) (int, error) {

@@ -124,6 +124,8 @@ func RenderWith(data []byte, o Options) ([]byte, error) {
 		panels, err = degradationPanels(trimmed)
 	case raw["downtime_client_ms_256"] != nil || hasPrefixKey(raw, "downtime_client_ms_"):
 		panels, err = migrationPanels(trimmed)
+	case isReplicas(raw):
+		panels, err = replicasPanels(trimmed)
 	case isSetups(raw):
 		panels, err = setupsPanels(trimmed)
 	default:

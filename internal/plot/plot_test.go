@@ -82,9 +82,10 @@ func TestCommittedResults(t *testing.T) {
 			base := filepath.Base(f)
 			switch {
 			case strings.HasPrefix(base, "recovery-"), strings.HasPrefix(base, "sim-setups"),
-				strings.HasPrefix(base, "sim-failures"), strings.HasPrefix(base, "sim-proportional"), strings.HasPrefix(base, "sim-load"),
-				strings.HasPrefix(base, "sim-issue24"):
+				strings.HasPrefix(base, "sim-failures"), strings.HasPrefix(base, "sim-proportional"), strings.HasPrefix(base, "sim-load"):
 				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint"}
+			case strings.HasPrefix(base, "sim-issue24"):
+				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint", "restored fraction", "node R=1", "node+1 R=2", "2 workers R=2"}
 			case strings.HasPrefix(base, "migration-llumnix"):
 				want = []string{"infaas++ (real)", "lumen (real)", "infaas++ (sim)", "lumen (sim)"}
 			case strings.HasPrefix(base, "sim-cells"):
