@@ -27,6 +27,8 @@ func runDev(args []string) error {
 	gateways := fs.Int("gateways", 1, "gateways, each with its own view of the load table (the first on -http, the others on free ports)")
 	nodes := fs.Int("nodes", 0, "put the workers on this many simulated hosts, in order (failure domains: no checkpoint on its serving worker's node); 0: none")
 	cells := fs.Int("cells", 1, "cells: each a quorum of 3 controllers over its share of the workers (in order), the gateways placing across them (issue 26); at most 4")
+	var prefix bool
+	fs.Var(onOff{&prefix}, "prefix-routing", "on or off (issue 25): on starts the workers with -prefix-cache on and the gateways with -prefix-routing on (placement by cached prefix); off: no prefix cache, freeness alone")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -44,5 +46,6 @@ func runDev(args []string) error {
 		}
 	}
 	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
-		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Cells: *cells, Out: os.Stdout})
+		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Cells: *cells,
+		PrefixRouting: prefix, Out: os.Stdout})
 }
