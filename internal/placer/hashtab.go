@@ -3,19 +3,24 @@ package placer
 import "math/bits"
 
 // hashTab maps uint64 keys to uint32 values: open addressing with linear
-// probing over two flat arrays, no pointers. PrefixIndex keeps millions of
-// page hashes in them (1,024 workers, 30,000 requests in flight), where a
-// Go map's lookup cost two to three cache misses and a call each; here one
-// probe is mostly one miss, and a loop of independent lookups lets the
-// processor overlap them. Key 0 is held aside (the arrays use it for
-// empty).
+// probing over one flat array of entries, no pointers. PrefixIndex keeps
+// millions of page hashes in them (1,024 workers, 30,000 requests in
+// flight), where a Go map's lookup cost two to three cache misses and a
+// call each; here a probe is mostly one cache line (key and value side by
+// side), and a loop of independent lookups (touch) lets the processor
+// overlap the misses. Key 0 is held aside (the array uses it for empty).
+// The table grows past three quarters full.
 type hashTab struct {
-	keys    []uint64
-	vals    []uint32
+	ents    []hashEnt
 	n       int
-	shift   uint // 64 − log2(len(keys))
+	shift   uint // 64 − log2(len(ents))
 	zero    bool
 	zeroVal uint32
+}
+
+type hashEnt struct {
+	k uint64
+	v uint32
 }
 
 func (t *hashTab) slot(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> t.shift }
@@ -32,14 +37,14 @@ func (t *hashTab) get(k uint64) (uint32, bool) {
 	if k == 0 {
 		return t.zeroVal, t.zero
 	}
-	if t.keys == nil {
+	if t.ents == nil {
 		return 0, false
 	}
-	mask := uint64(len(t.keys) - 1)
+	mask := uint64(len(t.ents) - 1)
 	for i := t.slot(k); ; i = (i + 1) & mask {
-		switch t.keys[i] {
+		switch e := &t.ents[i]; e.k {
 		case k:
-			return t.vals[i], true
+			return e.v, true
 		case 0:
 			return 0, false
 		}
@@ -51,17 +56,17 @@ func (t *hashTab) put(k uint64, v uint32) {
 		t.zero, t.zeroVal = true, v
 		return
 	}
-	if 2*(t.n+1) > len(t.keys) {
+	if 4*(t.n+1) > 3*len(t.ents) {
 		t.grow()
 	}
-	mask := uint64(len(t.keys) - 1)
+	mask := uint64(len(t.ents) - 1)
 	for i := t.slot(k); ; i = (i + 1) & mask {
-		switch t.keys[i] {
+		switch e := &t.ents[i]; e.k {
 		case k:
-			t.vals[i] = v
+			e.v = v
 			return
 		case 0:
-			t.keys[i], t.vals[i] = k, v
+			e.k, e.v = k, v
 			t.n++
 			return
 		}
@@ -69,13 +74,13 @@ func (t *hashTab) put(k uint64, v uint32) {
 }
 
 func (t *hashTab) grow() {
-	old, oldV := t.keys, t.vals
+	old := t.ents
 	size := max(16, 2*len(old))
-	t.keys, t.vals, t.n = make([]uint64, size), make([]uint32, size), 0
+	t.ents, t.n = make([]hashEnt, size), 0
 	t.shift = uint(64 - bits.Len(uint(size-1)))
-	for i, k := range old {
-		if k != 0 {
-			t.put(k, oldV[i])
+	for _, e := range old {
+		if e.k != 0 {
+			t.put(e.k, e.v)
 		}
 	}
 }
@@ -86,25 +91,25 @@ func (t *hashTab) del(k uint64) {
 		t.zero, t.zeroVal = false, 0
 		return
 	}
-	if t.keys == nil {
+	if t.ents == nil {
 		return
 	}
-	mask := uint64(len(t.keys) - 1)
+	mask := uint64(len(t.ents) - 1)
 	i := t.slot(k)
-	for ; t.keys[i] != k; i = (i + 1) & mask {
-		if t.keys[i] == 0 {
+	for ; t.ents[i].k != k; i = (i + 1) & mask {
+		if t.ents[i].k == 0 {
 			return
 		}
 	}
-	for j := (i + 1) & mask; t.keys[j] != 0; j = (j + 1) & mask {
-		h := t.slot(t.keys[j])
-		// keys[j] stays unless its home h lies cyclically outside (i, j].
+	for j := (i + 1) & mask; t.ents[j].k != 0; j = (j + 1) & mask {
+		h := t.slot(t.ents[j].k)
+		// ents[j] stays unless its home h lies cyclically outside (i, j].
 		if (i < j && (h <= i || h > j)) || (i > j && h <= i && h > j) {
-			t.keys[i], t.vals[i] = t.keys[j], t.vals[j]
+			t.ents[i] = t.ents[j]
 			i = j
 		}
 	}
-	t.keys[i] = 0
+	t.ents[i] = hashEnt{}
 	t.n--
 }
 
@@ -113,12 +118,12 @@ func (t *hashTab) del(k uint64) {
 // processor overlaps their misses. It returns a value made of them, so
 // that they are not left out.
 func (t *hashTab) touch(ks []uint64) uint64 {
-	if t.keys == nil {
+	if t.ents == nil {
 		return 0
 	}
 	var sum uint64
 	for _, k := range ks {
-		sum += t.keys[t.slot(k)]
+		sum += t.ents[t.slot(k)].k
 	}
 	return sum
 }
@@ -128,9 +133,9 @@ func (t *hashTab) each(f func(k uint64, v uint32)) {
 	if t.zero {
 		f(0, t.zeroVal)
 	}
-	for i, k := range t.keys {
-		if k != 0 {
-			f(k, t.vals[i])
+	for _, e := range t.ents {
+		if e.k != 0 {
+			f(e.k, e.v)
 		}
 	}
 }

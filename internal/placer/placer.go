@@ -73,7 +73,8 @@ type Replica struct {
 	self     string
 	sessions []string
 
-	scratch []policy.Worker // scratchViews' buffer
+	scratch  []policy.Worker // scratchViews' buffer
+	overlaps []int           // TakePrefix's buffer
 }
 
 type ownSum struct {

@@ -3,6 +3,7 @@ package placer
 import (
 	"math"
 	"math/bits"
+	"slices"
 	"sort"
 	"sync"
 
@@ -206,7 +207,8 @@ func (x *PrefixIndex) Workers() int {
 func (x *PrefixIndex) Overlaps(ws []policy.Worker, hashes []uint64, dst []int) []int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	dst = append(dst[:0], make([]int, len(ws))...)
+	dst = slices.Grow(dst[:0], len(ws))[:len(ws)]
+	clear(dst)
 	if len(hashes) == 0 || len(ws) == 0 {
 		return dst
 	}
@@ -373,7 +375,8 @@ func (r *Replica) TakePrefix(requestID string, promptTokens uint32, hashes []uin
 			}
 		}
 	}
-	i := PickPrefix(vs, idx.Overlaps(vs, hashes, nil))
+	r.overlaps = idx.Overlaps(vs, hashes, r.overlaps)
+	i := PickPrefix(vs, r.overlaps)
 	if i < 0 {
 		return "", 0, false
 	}

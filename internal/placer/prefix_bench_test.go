@@ -134,6 +134,8 @@ func BenchmarkPrefixRouting1024(b *testing.B) {
 	q := func(p float64) float64 { return float64(times[int(p*float64(len(times)-1))].Nanoseconds()) / 1e3 }
 	b.ReportMetric(q(0.5), "p50-µs")
 	b.ReportMetric(q(0.99), "p99-µs")
+	b.ReportMetric(q(0.9), "p90-µs")
+	b.ReportMetric(q(0.999), "p99.9-µs")
 	b.ReportMetric(float64(x.idx.Hashes()), "hashes")
 }
 
