@@ -315,6 +315,9 @@ type fakeWorker struct {
 	breakAll atomic.Bool
 	// fast, when set, records SetHolder calls (fastpath_test.go).
 	fast *fastState
+	// kv, when set, serves WatchKV streams the test scripts
+	// (kvwatch_test.go).
+	kv *kvFake
 }
 
 // call is one Generate call in progress.
@@ -477,8 +480,13 @@ type sse struct {
 // complete posts a streaming completion of n tokens and reads it to its
 // end on the returned channel.
 func (r *rig) complete(t *testing.T, n int) <-chan *sse {
+	return r.completePrompt(t, "x", n)
+}
+
+// completePrompt is complete with the prompt's text.
+func (r *rig) completePrompt(t *testing.T, prompt string, n int) <-chan *sse {
 	out := make(chan *sse, 1)
-	body := fmt.Sprintf(`{"model":"lumen-tiny","prompt":"x","max_tokens":%d,"stream":true}`, n)
+	body := fmt.Sprintf(`{"model":"lumen-tiny","prompt":%q,"max_tokens":%d,"stream":true}`, prompt, n)
 	go func() {
 		res := &sse{}
 		defer func() { out <- res }()

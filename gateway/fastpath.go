@@ -53,6 +53,9 @@ func (g *Gateway) watchLoad() {
 		// the replica its id when it changes (session.changed).
 		g.replica.Update(t)
 		g.tableAt.Store(time.Now().UnixNano())
+		if g.kv != nil {
+			g.kv.sync(t)
+		}
 	})
 }
 
@@ -91,7 +94,16 @@ func (g *Gateway) place(ctx context.Context, e *entry, viaController bool, exclu
 func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok bool, aerr *apiError) {
 	req := dispatchRequest(e)
 	id := req.RequestId
-	w, inc, ok := g.replica.Take(id, req.PromptTokens, exclude...)
+	var w string
+	var inc uint64
+	if g.kv != nil && len(e.out) == 0 {
+		// A placement, not a resume: by the prompt's cached prefix
+		// (kvwatch.go). A request that streamed tokens is placed as
+		// before.
+		w, inc, ok = g.replica.TakePrefix(id, req.PromptTokens, e.promptHashes(), g.kv.idx, exclude...)
+	} else {
+		w, inc, ok = g.replica.Take(id, req.PromptTokens, exclude...)
+	}
 	if !ok {
 		return nil, false, nil
 	}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -30,6 +31,9 @@ import (
 type fastState struct {
 	mu    sync.Mutex
 	table *pb.LoadTable
+	// tableChanged is closed and replaced when setTable changes the
+	// table: WatchLoad sends the new one.
+	tableChanged chan struct{}
 	// holder is the checkpoint holder Dispatch names, replicas its
 	// further copies (issue 24).
 	holder   string
@@ -70,7 +74,7 @@ func (r *rig) enableFastPath(t *testing.T, holder string, eligible ...string) *f
 		tbl.Workers = append(tbl.Workers, &pb.WorkerLoad{WorkerId: id, Incarnation: 1, Phase: ph,
 			Load: &pb.LoadRecord{KvPagesTotal: 1000}})
 	}
-	st := &fastState{table: tbl, holder: holder, placedOn: map[string]string{}}
+	st := &fastState{table: tbl, holder: holder, placedOn: map[string]string{}, tableChanged: make(chan struct{})}
 	fastMu.Lock()
 	fast[r.fc] = st
 	fastMu.Unlock()
@@ -86,14 +90,32 @@ func (r *replica) WatchLoad(_ *pb.WatchLoadRequest, stream grpc.ServerStreamingS
 	if st == nil {
 		return status.Error(codes.Unimplemented, "fake: no load table")
 	}
-	st.mu.Lock()
-	tbl := st.table
-	st.mu.Unlock()
-	if err := stream.Send(tbl); err != nil {
-		return err
+	for {
+		st.mu.Lock()
+		tbl, changed := st.table, st.tableChanged
+		st.mu.Unlock()
+		if err := stream.Send(tbl); err != nil {
+			return err
+		}
+		select {
+		case <-changed:
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		}
 	}
-	<-stream.Context().Done()
-	return stream.Context().Err()
+}
+
+// setTable changes the load table (a copy, edited by f, at the next
+// applied index) and sends it on the open WatchLoad streams.
+func (st *fastState) setTable(f func(*pb.LoadTable)) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	tbl := proto.Clone(st.table).(*pb.LoadTable)
+	tbl.AppliedIndex++
+	f(tbl)
+	st.table = tbl
+	close(st.tableChanged)
+	st.tableChanged = make(chan struct{})
 }
 
 // Place answers each batch in order: its dispatches as the unary Dispatch

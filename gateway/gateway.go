@@ -99,6 +99,12 @@ type Config struct {
 	// failed one within a second. Shorter frees a dead gateway's
 	// reservations sooner; longer rides out longer controller outages.
 	SessionTTL time.Duration
+	// PrefixRouting (issue 25) follows every live worker's prefix-cache
+	// events (WatchKV) into an index, and places each new request by
+	// placer's prefix-aware score: the worker's freeness plus the pages of
+	// the prompt its cache holds, discounted by its queue (kvwatch.go).
+	// Off: freeness alone, no streams.
+	PrefixRouting bool
 	// Pprof serves Go's profiles under /debug/pprof/ (benchmarks).
 	Pprof  bool
 	Logger hclog.Logger
@@ -188,6 +194,9 @@ type Gateway struct {
 	replica *placer.Replica
 	tableAt atomic.Int64
 	link    *placeLink
+	// kv is prefix routing's index of the workers' caches, nil when
+	// Config.PrefixRouting is off.
+	kv *kvWatch
 
 	mu         sync.Mutex // guards maxContext, readyAt, ready, reporting, flights, closing, draining
 	maxContext int
@@ -241,6 +250,9 @@ func New(cfg Config) (*Gateway, error) {
 		maxContext: cfg.MaxContext, stop: make(chan struct{}), closeGrace: 5 * time.Second,
 		flights: map[string]*flight{}, replica: placer.New()}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
+	if cfg.PrefixRouting {
+		g.kv = newKVWatch(g)
+	}
 	for _, addr := range ctl.Addrs() {
 		cc, err := grpc.NewClient(addr, creds, liveness.DialOption(cfg.KeepaliveTime, cfg.KeepaliveTimeout))
 		if err != nil {

@@ -15,10 +15,13 @@ var errGap = errors.New("gateway: token index gap")
 // token so far, in index order. It is what a resume sends. The request's
 // handler owns it; nothing else reads it.
 type entry struct {
-	id       string
-	attempt  int // re-dispatches: before the first token, or after the placement was lost
-	prompt   []int32
-	out      []int32
+	id      string
+	attempt int // re-dispatches: before the first token, or after the placement was lost
+	prompt  []int32
+	out     []int32
+	// hashes are the prompt's page hashes, for prefix routing
+	// (promptHashes, kvwatch.go).
+	hashes   []uint64
 	params   params
 	maxToken int
 	// unsettled are closed when the Dispatches sent for attempts started

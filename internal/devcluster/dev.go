@@ -77,8 +77,31 @@ type DevConfig struct {
 	// as there are other nodes with budget, the rest counted in
 	// lumen_controller_checkpoint_replicas_short_total.
 	CheckpointReplicas int
+	// PrefixRouting (issue 25) starts every worker with -prefix-cache on
+	// and every gateway with -prefix-routing on.
+	PrefixRouting bool
 	// Out receives what the user reads.
 	Out io.Writer
+}
+
+// workerArgs are the flags of worker i (1-based) of cfg's workers.
+func (cfg *DevConfig) workerArgs(i int) []string {
+	args := []string{"-engine", cfg.Engine, "-model-dir", cfg.ModelDir, "-profile", cfg.Profile, "-time-scale", cfg.TimeScale}
+	if node := DevNode(i, cfg.Workers, cfg.Nodes); node != "" {
+		args = append(args, "-node", node)
+	}
+	if cfg.PrefixRouting {
+		args = append(args, "-prefix-cache", "on")
+	}
+	return args
+}
+
+// gatewayArgs are the flags every gateway of cfg adds to its own.
+func (cfg *DevConfig) gatewayArgs() []string {
+	if cfg.PrefixRouting {
+		return []string{"-prefix-routing", "on"}
+	}
+	return nil
 }
 
 // maxDevCells caps -cells: each cell is 3 controller processes here.
@@ -208,11 +231,7 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	per := (cfg.Workers + cells - 1) / cells
 	for i := 1; i <= cfg.Workers; i++ {
 		meter.Set(float64(cells+i-1), fmt.Sprintf("a leader; worker-%d of %d starting", i, cfg.Workers))
-		args := []string{"-engine", cfg.Engine, "-model-dir", cfg.ModelDir, "-profile", cfg.Profile, "-time-scale", cfg.TimeScale}
-		if node := DevNode(i, cfg.Workers, cfg.Nodes); node != "" {
-			args = append(args, "-node", node)
-		}
-		if _, err := cls[min((i-1)/per, cells-1)].AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), args...); err != nil {
+		if _, err := cls[min((i-1)/per, cells-1)].AddWorkerContext(startCtx, fmt.Sprintf("worker-%d", i), cfg.workerArgs(i)...); err != nil {
 			meter.Finish("failed")
 			return interrupted(ctx, err)
 		}
@@ -230,7 +249,7 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 		if i > 0 {
 			addr = ""
 		}
-		gw, err := cls[0].startGateway(startCtx, addr, cellFlags, nil)
+		gw, err := cls[0].startGateway(startCtx, addr, cellFlags, cfg.gatewayArgs())
 		if err != nil {
 			meter.Finish("failed")
 			return interrupted(ctx, err)

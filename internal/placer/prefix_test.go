@@ -1,6 +1,7 @@
 package placer
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -132,5 +133,92 @@ func TestTakePrefix(t *testing.T) {
 	// Excluded, w2 is not chosen whatever it holds.
 	if w, _, _ := r.TakePrefix("c", 64, hashes, x, "w2"); w != "w1" {
 		t.Fatalf("took %s, excluded", w)
+	}
+}
+
+// TestPrefixIndexMatchesReference: the inverted index answers Overlaps as
+// the per-worker walk does (each worker's hashes from the first, until one
+// is missing), through random stores, removals, resets and replacements
+// over shared and private prefixes, with ws sorted and shuffled (seed
+// printed).
+func TestPrefixIndexMatchesReference(t *testing.T) {
+	seed := uint64(rand.Uint32())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	const workers = 70 // more than one word of slots
+	x := NewPrefixIndex()
+	ref := map[string]map[uint64]bool{}
+	ids := make([]string, workers)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("w%03d", i)
+	}
+	// Prompts: chains over a small alphabet, so prefixes are shared.
+	chain := func() []uint64 {
+		h := make([]uint64, 1+rng.IntN(12))
+		for i := range h {
+			h[i] = uint64(rng.IntN(4))<<8 | uint64(i)
+			if i > 0 {
+				h[i] ^= h[i-1] << 16
+			}
+		}
+		return h
+	}
+	for step := range 4000 {
+		w := ids[rng.IntN(workers)]
+		if ref[w] == nil {
+			ref[w] = map[uint64]bool{}
+		}
+		switch op := rng.IntN(20); {
+		case op < 12:
+			st := chain()
+			var rm []uint64
+			if rng.IntN(3) == 0 {
+				rm = chain()
+			}
+			x.Apply(w, st, rm)
+			for _, h := range st {
+				ref[w][h] = true
+			}
+			for _, h := range rm {
+				delete(ref[w], h)
+			}
+		case op < 14:
+			x.Reset(w)
+			delete(ref, w)
+		case op < 15:
+			st := chain()
+			x.Replace(w, st)
+			ref[w] = map[uint64]bool{}
+			for _, h := range st {
+				ref[w][h] = true
+			}
+		default:
+			ws := make([]policy.Worker, 0, workers)
+			for _, id := range ids {
+				if rng.IntN(4) > 0 {
+					ws = append(ws, worker(id, 0, 0, 0))
+				}
+			}
+			if rng.IntN(2) == 0 {
+				rng.Shuffle(len(ws), func(i, j int) { ws[i], ws[j] = ws[j], ws[i] })
+			}
+			q := chain()
+			got := x.Overlaps(ws, q, nil)
+			for i := range ws {
+				want := 0
+				for _, h := range q {
+					if !ref[ws[i].ID][h] {
+						break
+					}
+					want++
+				}
+				if got[i] != want {
+					t.Fatalf("step %d: %s overlaps %d of %v, want %d", step, ws[i].ID, got[i], q, want)
+				}
+			}
+		}
+		if n := x.Len(w); n != len(ref[w]) {
+			t.Fatalf("step %d: %s holds %d hashes, want %d", step, w, n, len(ref[w]))
+		}
 	}
 }
