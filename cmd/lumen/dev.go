@@ -31,7 +31,7 @@ func runDev(args []string) error {
 	cells := fs.Int("cells", 1, "cells: each a quorum of 3 controllers over its share of the workers (in order), the gateways placing across them (issue 26); at most 4")
 	replicas := fs.Int("checkpoint-replicas", 1, "`R` copies of each request's checkpoint (1 … "+strconv.Itoa(policy.MaxCheckpointReplicas)+"), set at the start as lumen strategy set -checkpoint-replicas does: each on a node of its own, none on the serving worker's, so it needs -nodes to mean failure domains (without -nodes each worker is a domain of its own); with fewer than R other nodes a request gets one copy per other node, the shortfall counted in lumen_controller_checkpoint_replicas_short_total")
 	var prefix bool
-	fs.Var(onOff{&prefix}, "prefix-routing", "on or off (issue 25): on starts the gateways with -prefix-routing on (placement by the workers' cached prefixes, from their KV events); the worker daemon has no prefix cache yet, so placement stays freeness until it has; off: freeness alone")
+	fs.Var(onOff{&prefix}, "prefix-routing", "on or off (issue 25): on starts the workers with -prefix-cache on and the gateways with -prefix-routing on (placement by cached prefix); off: no prefix cache, freeness alone")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -35,7 +35,7 @@ func runGateway(args []string) error {
 	fs.StringVar(&cfg.Name, "name", "", "the name of the gateway's controller session, for operators (default host@listen-address)")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long the controller keeps this gateway's placements after it stops renewing its session (1s..1h)")
 	fs.DurationVar(&cfg.ResumeTimeout, "resume-timeout", cfg.ResumeTimeout, "how long a request whose worker stream broke may take to resume (finding where it continues, the calls there, each further break) before the client gets a resume_timeout error; wall time, so raise it for recoveries that take longer (a cold restart of a large model, or a slowed emulation: lumen bench recovery gives its gateways the run's scaled length)")
-	fs.Var(onOff{&cfg.PrefixRouting}, "prefix-routing", "on or off (issue 25): on follows every worker's prefix-cache events (WatchKV; today's worker daemon reports an empty cache: only lumen sim runs the prefix cache) and places each new request by its cached prefix against the worker's freeness (internal/placer's prefix score); off: freeness alone")
+	fs.Var(onOff{&cfg.PrefixRouting}, "prefix-routing", "on or off (issue 25): on follows every worker's prefix-cache events (WatchKV; the workers run -prefix-cache on) and places each new request by its cached prefix against the worker's freeness (internal/placer's prefix score); off: freeness alone")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles under /debug/pprof/ on the HTTP address")
 	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	var cells []gateway.Cell

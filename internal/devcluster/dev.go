@@ -77,11 +77,8 @@ type DevConfig struct {
 	// as there are other nodes with budget, the rest counted in
 	// lumen_controller_checkpoint_replicas_short_total.
 	CheckpointReplicas int
-	// PrefixRouting (issue 25) starts every gateway with -prefix-routing
-	// on: it follows each worker's KV events (WatchKV) and places by cached
-	// prefix. The worker daemon has no prefix cache yet (only lumen sim
-	// runs the core's), so its workers report an empty one and placement
-	// stays freeness; `lumen dev` says so when it starts.
+	// PrefixRouting (issue 25) starts every worker with -prefix-cache on
+	// and every gateway with -prefix-routing on.
 	PrefixRouting bool
 	// Out receives what the user reads.
 	Out io.Writer
@@ -92,6 +89,9 @@ func (cfg *DevConfig) workerArgs(i int) []string {
 	args := []string{"-engine", cfg.Engine, "-model-dir", cfg.ModelDir, "-profile", cfg.Profile, "-time-scale", cfg.TimeScale}
 	if node := DevNode(i, cfg.Workers, cfg.Nodes); node != "" {
 		args = append(args, "-node", node)
+	}
+	if cfg.PrefixRouting {
+		args = append(args, "-prefix-cache", "on")
 	}
 	return args
 }
@@ -297,9 +297,6 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 		logs = cfg.Dir + "/cell-*/*.log"
 	}
 	fmt.Fprintf(out, "  checkpoints  %s\n", ReplicasLine(cfg.CheckpointReplicas, cfg.Workers, cfg.Nodes))
-	if cfg.PrefixRouting {
-		fmt.Fprintf(out, "  prefixes     %s\n", PrefixLine)
-	}
 	fmt.Fprintf(out, "  logs         %s\n\n", logs)
 	fmt.Fprintf(out, "try:\n  curl -s http://%s/v1/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"lumen-tiny\",\"prompt\":\"Hello\",\"max_tokens\":16,\"temperature\":0}'\n", gw.Addr)
 	fmt.Fprintf(out, "  LUMEN_ADDR=%s lumen workers\n\nCtrl-C stops everything.\n", strings.Join(all, ","))
@@ -314,9 +311,6 @@ func CheckReplicas(r int) error {
 	}
 	return nil
 }
-
-// PrefixLine is what `lumen dev -prefix-routing on` prints of it.
-const PrefixLine = "the gateways route by cached prefix (-prefix-routing on); the worker daemon has no prefix cache yet (only lumen sim runs it), so every worker reports an empty cache and placement is by freeness"
 
 // ReplicasLine says how many checkpoint copies a request gets in a dev
 // cluster of workers on nodes hosts at replication factor r: each copy in a

@@ -173,18 +173,17 @@ func TestReplicasLine(t *testing.T) {
 	}
 }
 
-// TestDevPrefixRoutingArgs: -prefix-routing on starts the gateways with
-// -prefix-routing on and the workers as they are (the daemon has no
-// prefix cache flag to pass); off adds nothing.
+// TestDevPrefixRoutingArgs: -prefix-routing on starts the workers with
+// -prefix-cache on and the gateways with -prefix-routing on; off adds
+// neither.
 func TestDevPrefixRoutingArgs(t *testing.T) {
 	cfg := DevConfig{Workers: 2, Engine: "synthetic", Profile: "none", TimeScale: "1", ModelDir: "m"}
-	off := strings.Join(cfg.workerArgs(1), " ")
-	if a, g := off, cfg.gatewayArgs(); strings.Contains(a, "prefix") || g != nil {
+	if a, g := strings.Join(cfg.workerArgs(1), " "), cfg.gatewayArgs(); strings.Contains(a, "prefix") || g != nil {
 		t.Fatalf("off: worker flags %q, gateway flags %q", a, g)
 	}
 	cfg.PrefixRouting = true
-	if a := strings.Join(cfg.workerArgs(1), " "); a != off {
-		t.Fatalf("on: worker flags %q, want the same as off (%q)", a, off)
+	if a := strings.Join(cfg.workerArgs(2), " "); !strings.HasSuffix(a, "-prefix-cache on") {
+		t.Fatalf("on: worker flags %q, want -prefix-cache on", a)
 	}
 	if g := strings.Join(cfg.gatewayArgs(), " "); g != "-prefix-routing on" {
 		t.Fatalf("on: gateway flags %q, want -prefix-routing on", g)
