@@ -152,6 +152,7 @@ func (c *Core) takeHit(r *Request, hit int) {
 	}
 	r.fed = hit * engine.PageTokens
 	r.hashes = slices.Clone(r.lookup[:hit])
+	c.out.Shares = append(c.out.Shares, Share{Seq: r.seq, Last: r.lookup[hit-1], Pages: hit})
 	r.cached = hit
 	r.restoreTried = true
 	c.out.CacheHitTokens += r.fed
@@ -175,6 +176,7 @@ func (c *Core) register(r *Request) {
 		}
 		c.pc.pages[h] = &cpage{hash: h, refs: 1}
 		c.out.KVStored = append(c.out.KVStored, h)
+		c.out.KVStoredAt = append(c.out.KVStoredAt, PageAt{Seq: r.seq, Page: r.cached})
 	}
 }
 
