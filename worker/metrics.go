@@ -28,10 +28,10 @@ type metrics struct {
 	// The prefix cache (Config.PrefixCache): history tokens of the
 	// requests admitted with an empty cache, and how many the cache held.
 	cacheQueries, cacheHits prometheus.Counter
-	completed   prometheus.Counter
-	rejected    *prometheus.CounterVec
-	rejoins     prometheus.Counter
-	loadReports *prometheus.CounterVec
+	completed               prometheus.Counter
+	rejected                *prometheus.CounterVec
+	rejoins                 prometheus.Counter
+	loadReports             *prometheus.CounterVec
 	// preemptionLoss: per preemption, the time until the request's cache
 	// holds again what it held (scheduler.refilled).
 	preemptionLoss prometheus.Histogram
