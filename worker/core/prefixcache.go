@@ -42,9 +42,12 @@ import (
 // that entered and left the cache (the KV events a gateway's index of each
 // worker's cache is built from).
 //
-// The real engines (worker/engine) do not share pages between sequences:
-// the worker daemon runs with the cache off, and only the simulator turns
-// it on (docs/architecture.md).
+// The simulator turns it on (a page is an account there), and so does the
+// worker daemon with -prefix-cache on: the engines share full pages by
+// reference (engine.PageSharer), and the daemon keeps each cached page by
+// a holder sequence, made from KVStoredAt, shared into a hit's sequence
+// by Shares, released on KVRemoved (worker/prefixcache.go;
+// docs/architecture.md).
 
 // cpage is one cached page.
 type cpage struct {
