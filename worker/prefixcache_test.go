@@ -239,3 +239,73 @@ func TestPrefixCacheNeedsASharingEngine(t *testing.T) {
 type noShare struct{ engine.Engine }
 
 func (noShare) Info() engine.Info { return engine.Info{Backend: "none", TotalPages: 1} }
+
+// TestPrefixCacheMigrationOfSharedPages: with the cache on at both workers,
+// a request whose first 16 pages are shared with an earlier request's
+// cached ones (a hit at the source) migrates while it decodes: the source
+// ships its shared pages like any others, the destination adopts them, and
+// the output and its logprobs are the reference's bit for bit. At the end
+// every page either worker holds is one its cache reports.
+func TestPrefixCacheMigrationOfSharedPages(t *testing.T) {
+	c := startCluster(t, func(wc *Config) {
+		wc.PrefixCache = true
+		wc.Engine = engine.NewPaced(wc.Engine, engine.Profiles["qwen3-14b-h100"], 5)
+	})
+	rng := rand.New(rand.NewSource(53))
+	shared := randomPrompt(rng, 16*engine.PageTokens)
+	warm := append(slices.Clip(shared), randomPrompt(rng, 7)...)
+	prompt := append(slices.Clip(shared), randomPrompt(rng, 24)...)
+	const maxTokens = 40
+	wantc := make(chan []*pb.GenerateResponse, 1)
+	go func() { wantc <- referenceLogprobs(t, prompt, maxTokens, 5) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	src := c.workers["w1"]
+	if _, _, err := c.follow(ctx, c.dispatchTo("warm", "w1", len(warm), 4), warm, 4, nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	pl := c.dispatchTo("m1", "w1", len(prompt), maxTokens)
+	got := make(chan int32, maxTokens)
+	type result struct {
+		out  []int32
+		used []*pb.Placement
+		err  error
+	}
+	done := make(chan result, 1)
+	var lps []*pb.GenerateResponse
+	go func() {
+		out, used, err := c.follow(ctx, pl, prompt, maxTokens, got, nil, &lps)
+		done <- result{out, used, err}
+	}()
+	for range 5 {
+		<-got
+	}
+	if _, err := c.migrate("m1", "w2"); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	want := <-wantc
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if !slices.Equal(res.out, tokens(want)) {
+		t.Fatalf("output differs from the reference:\n got %v\nwant %v", res.out, tokens(want))
+	}
+	if err := sameLogprobs(lps, want); err != nil {
+		t.Fatalf("logprobs across the migration: %v", err)
+	}
+	if len(res.used) != 2 || res.used[1].WorkerId != "w2" {
+		t.Fatalf("served from %v; want w1, then w2", res.used)
+	}
+	if hits := counterValue(src.w.metrics.cacheHits); hits < 16*engine.PageTokens {
+		t.Errorf("%v tokens hit at the source, want at least the 16 shared pages' %d", hits, 16*engine.PageTokens)
+	}
+	if n := counterValue(c.workers["w2"].w.metrics.recomputed); n != 0 {
+		t.Errorf("%v tokens recomputed at the destination", n)
+	}
+	for id, h := range c.workers {
+		waitUntil(t, 10*time.Second, id+"'s pages all free or cached", func() bool {
+			return h.w.sched.busy() == 0 && h.eng.FreePages() == 256-len(h.w.kv.snapshot())
+		})
+	}
+}
