@@ -309,3 +309,45 @@ func TestPrefixCacheMigrationOfSharedPages(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheSyntheticEngine: the daemon's cache on the synthetic
+// engine gives the outputs of the cache off, and hits.
+func TestPrefixCacheSyntheticEngine(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	shared := randomPrompt(rng, 5*engine.PageTokens)
+	prompts := [][]int32{append(slices.Clip(shared), randomPrompt(rng, 3)...), append(slices.Clip(shared), randomPrompt(rng, 20)...)}
+	run := func(on bool) ([][]int32, *harness) {
+		h := start(t, 16, func(c *Config) {
+			e, err := engine.NewSynthetic(engine.SyntheticConfig{Pages: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Engine, c.PrefixCache = e, on
+		})
+		var outs [][]int32
+		for i, p := range prompts {
+			out, _, err := h.generate(context.Background(), &pb.GenerateRequest{RequestId: fmt.Sprintf("r%d", i), Prompt: p, MaxTokens: 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, out)
+		}
+		return outs, h
+	}
+	off, _ := run(false)
+	on, h := run(true)
+	for i := range off {
+		if !slices.Equal(on[i], off[i]) {
+			t.Fatalf("request %d: %v with the cache, %v without", i, on[i], off[i])
+		}
+	}
+	if hits := counterValue(h.w.metrics.cacheHits); hits != 5*engine.PageTokens {
+		t.Errorf("%v tokens hit, want %d", hits, 5*engine.PageTokens)
+	}
+	waitUntil(t, 10*time.Second, "the cache to settle", func() bool { return h.w.sched.busy() == 0 })
+	if cached, free := len(h.w.kv.snapshot()), h.w.cfg.Engine.FreePages(); free != 16-cached {
+		t.Errorf("%d pages free with %d cached, want %d", free, cached, 16-cached)
+	}
+}
