@@ -126,8 +126,14 @@ func TestPrefixCacheUnderPressure(t *testing.T) {
 		t.Error("no request hit the cache")
 	}
 	waitUntil(t, 10*time.Second, "the cache to settle", func() bool { return h.w.sched.busy() == 0 })
-	if cached, free := len(h.w.kv.snapshot()), h.eng.FreePages(); free != pages-cached {
-		t.Errorf("%d pages free with %d cached, want %d", free, cached, pages-cached)
+	// The engine holds at least the cached pages; under eviction it may
+	// hold a few more (docs/architecture.md: a page filled twice keeps both
+	// copies while a holder pins each; an evicted page stays while a cached
+	// descendant's holder shares it).
+	cached, free := len(h.w.kv.snapshot()), h.eng.FreePages()
+	t.Logf("%d pages cached, %d held beyond them", cached, pages-cached-free)
+	if free > pages-cached {
+		t.Errorf("%d pages free with %d cached: the engine dropped a cached page", free, cached)
 	}
 }
 
