@@ -86,6 +86,11 @@ type Config struct {
 	// Preemption is what a running request short of a KV page does
 	// (core.Config.Preemption; default core.PreemptWait).
 	Preemption core.Preemption
+	// PrefixCache turns on automatic prefix caching (core.Config.PrefixCache;
+	// worker/prefixcache.go): full KV pages kept under their prefix hash
+	// and shared by later requests whose history starts with them. The
+	// engine must share pages (engine.PageSharer).
+	PrefixCache bool
 
 	// LoadInterval is how often the reporter checks the load against
 	// LoadRule (default 250 ms); it checks at once too when a request
@@ -155,6 +160,8 @@ func (c *Config) Validate() error {
 	}
 	if c.Engine == nil {
 		errs = append(errs, errors.New("an Engine is required"))
+	} else if _, ok := c.Engine.(engine.PageSharer); c.PrefixCache && !ok {
+		errs = append(errs, fmt.Errorf("the prefix cache needs an engine that shares KV pages; engine %s does not", c.Engine.Info().Backend))
 	}
 	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
 		errs = append(errs, fmt.Errorf("GossipKey is %d bytes; it must be 16, 24 or 32", n))

@@ -25,10 +25,13 @@ type metrics struct {
 	running     prometheus.Gauge
 	waiting     prometheus.Gauge
 	preemptions prometheus.Counter
-	completed   prometheus.Counter
-	rejected    *prometheus.CounterVec
-	rejoins     prometheus.Counter
-	loadReports *prometheus.CounterVec
+	// The prefix cache (Config.PrefixCache): history tokens of the
+	// requests admitted with an empty cache, and how many the cache held.
+	cacheQueries, cacheHits prometheus.Counter
+	completed               prometheus.Counter
+	rejected                *prometheus.CounterVec
+	rejoins                 prometheus.Counter
+	loadReports             *prometheus.CounterVec
 	// preemptionLoss: per preemption, the time until the request's cache
 	// holds again what it held (scheduler.refilled).
 	preemptionLoss prometheus.Histogram
@@ -97,6 +100,10 @@ func newMetrics(model string) *metrics {
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_num_requests_waiting", Help: "Requests waiting to start.", ConstLabels: vl}),
 		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_num_preemptions_total",
 			Help: "Requests preempted (cache dropped, recomputed later) when KV pages ran out.", ConstLabels: vl}),
+		cacheQueries: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_prefix_cache_queries_total",
+			Help: "Prompt tokens looked up in the prefix cache (the history of each request admitted with an empty KV cache).", ConstLabels: vl}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_prefix_cache_hits_total",
+			Help: "Of lumen_worker_prefix_cache_queries_total, the tokens the prefix cache held (not prefilled).", ConstLabels: vl}),
 		kvUsage: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_kv_cache_usage_perc",
 			Help: "KV cache in use, 0 to 1 (lumen_worker_kv_pages_used over lumen_worker_kv_pages_total).", ConstLabels: vl}),
 		queueWait: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_worker_queue_wait_seconds",
@@ -194,7 +201,7 @@ func newMetrics(model string) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
 	m.reg.MustRegister(m.preemptionLoss)
 	m.reg.MustRegister(m.ttft, m.tpot, m.queueDelay, m.stepSeconds, m.batchRows, m.kvUsed, m.kvTotal,
-		m.running, m.waiting, m.preemptions, m.completed, m.rejected, m.rejoins, m.kvUsage, m.queueWait, m.ckptBudget,
+		m.running, m.waiting, m.preemptions, m.cacheQueries, m.cacheHits, m.completed, m.rejected, m.rejoins, m.kvUsage, m.queueWait, m.ckptBudget,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -25,7 +25,8 @@ func TestVLLMNames(t *testing.T) {
 	}
 	for _, name := range []string{"lumen_worker_time_to_first_token_seconds", "lumen_worker_inter_token_latency_seconds",
 		"lumen_worker_request_queue_time_seconds", "lumen_worker_num_requests_running", "lumen_worker_num_requests_waiting",
-		"lumen_worker_kv_cache_usage_perc", "lumen_worker_num_preemptions_total"} {
+		"lumen_worker_kv_cache_usage_perc", "lumen_worker_num_preemptions_total",
+		"lumen_worker_prefix_cache_queries_total", "lumen_worker_prefix_cache_hits_total"} {
 		if model[name] != "Qwen3-14B" {
 			t.Errorf("%s: model_name %q, want Qwen3-14B (exported: %v)", name, model[name], model)
 		}

@@ -117,6 +117,9 @@ type scheduler struct {
 	core   *core.Core
 	sess   *assistSession // the drafter assisting, or nil
 	mirror core.Mirror    // what sess has been sent
+	// holders keeps the prefix cache's pages (prefixcache.go); nil with
+	// the cache off.
+	holders *prefixHolders
 
 	// stats is read by the load reporter.
 	statsMu sync.Mutex // guards stats
@@ -144,11 +147,16 @@ func (v storeView) Prefix(hashes []uint64) [][]byte { return v.s.prefix(hashes) 
 func newScheduler(w *Worker) *scheduler {
 	c := core.New(core.Config{Self: w.cfg.ID, TokenBudget: w.cfg.TokenBudget, MaxRunning: w.cfg.MaxRunning,
 		MaxWaiting: w.cfg.MaxWaiting, TotalPages: w.cfg.Engine.Info().TotalPages, MigrationTimeout: w.cfg.MigrationTimeout,
-		Preemption: w.cfg.Preemption},
+		Preemption: w.cfg.Preemption, PrefixCache: w.cfg.PrefixCache},
 		storeView{w.store})
-	return &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan *request, 256),
+	s := &scheduler{w: w, eng: w.cfg.Engine, cfg: &w.cfg, submit: make(chan *request, 256), cancel: make(chan *request, 256),
 		reset: make(chan error), stop: make(chan struct{}), done: make(chan struct{}), assist: make(chan assistCtl),
 		drafts: make(chan draftOffer, 64), calls: make(chan func(), 16), core: c}
+	if w.cfg.PrefixCache {
+		// Validate checked that the engine shares pages.
+		s.holders = &prefixHolders{sharer: w.cfg.Engine.(engine.PageSharer), seqs: map[uint64]engine.SeqID{}}
+	}
+	return s
 }
 
 func (s *scheduler) run() {
@@ -424,6 +432,7 @@ func rows(b []engine.Chunk) int {
 // apply carries out what the core's last calls asked for.
 func (s *scheduler) apply() {
 	o := s.core.Output()
+	s.applyCache(o)
 	for _, seq := range o.Release {
 		s.eng.Release(seq)
 	}

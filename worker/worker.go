@@ -39,6 +39,7 @@ type Worker struct {
 	incarnation atomic.Uint64 // bumped when the controller marked this one failed
 	metrics     *metrics
 	sched       *scheduler
+	kv          *kvHub // the prefix cache's hashes, for WatchKV
 
 	grpc    *grpc.Server
 	lis     net.Listener
@@ -117,7 +118,7 @@ func New(cfg Config) (w *Worker, err error) {
 	w = &Worker{cfg: cfg, log: cfg.Logger.With("worker", cfg.ID), metrics: newMetrics(cfg.Engine.Info().Model),
 		loadKick: make(chan struct{}, 1), reporter: loadreport.New(cfg.LoadRule), stop: make(chan struct{}), store: newCkptStore(cfg.CheckpointBudget),
 		senders: map[string]*ckptSender{}, registered: make(chan struct{}), outgoing: map[string]*migrationOut{},
-		migDone: map[string]uint64{}, exited: make(chan struct{})}
+		migDone: map[string]uint64{}, exited: make(chan struct{}), kv: newKVHub()}
 	w.stopCtx, w.cancelStop = context.WithCancel(context.Background())
 	w.recoverCtx, w.cancelRecover = context.WithCancel(context.Background())
 	w.metrics.watchPacing(cfg.Engine)

@@ -63,6 +63,17 @@ func runWorker(args []string) error {
 		cfg.Preemption, err = core.ParsePreemption(v)
 		return err
 	})
+	fs.Func("prefix-cache", "on or off (the default): keep full KV pages under their prefix hash after their request ends and share them, read-only, with later requests whose history starts with them (automatic prefix caching; LRU eviction of unreferenced pages; events on Inference.WatchKV)", func(v string) error {
+		switch v {
+		case "on":
+			cfg.PrefixCache = true
+		case "off":
+			cfg.PrefixCache = false
+		default:
+			return fmt.Errorf("%q: use on or off", v)
+		}
+		return nil
+	})
 	decodeContext := fs.Bool("decode-context", false, "with a profile, a decode step grows with the context its rows read (engine.Profile.DecodeContext; docs/calibration.md)")
 	reloadFlag := fs.String("reload", "warm", "with a profile, the emulated model load: warm (weights in the page cache), cold (a replacement node: cold storage, cold compile caches) or a duration for the whole load")
 	interconnect := fs.String("interconnect", "", "with a profile, the KV copy bandwidth to another worker per second (live migration), e.g. 25GB (default: the profile's)")

@@ -331,6 +331,30 @@ type Output struct {
 	// queries and hits).
 	KVStored, KVRemoved              []uint64
 	CacheQueryTokens, CacheHitTokens int
+	// For an engine that keeps cached pages itself (the daemon):
+	// KVStoredAt[i] is the sequence and page index KVStored[i] was filled
+	// in (the sequence is alive until this Output's Release is applied),
+	// and Shares are the requests admitted with a hit, whose new, empty
+	// sequences must start with the cached pages by reference before the
+	// step runs. Apply the stores, then the shares, then the removals,
+	// then Release.
+	KVStoredAt []PageAt
+	Shares     []Share
+}
+
+// PageAt is page Page of sequence Seq.
+type PageAt struct {
+	Seq  engine.SeqID
+	Page int
+}
+
+// Share asks that the new sequence Seq start with the Pages cached pages
+// whose last one is cached under Last (the hashes of the pages before it
+// are its prefix's).
+type Share struct {
+	Seq   engine.SeqID
+	Last  uint64
+	Pages int
 }
 
 // Truncate cuts sequence Seq back to its first Len positions.
@@ -492,7 +516,7 @@ func (c *Core) Output() Output {
 	o := c.out
 	c.out = Output{Release: o.Release[:0], Truncates: o.Truncates[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
 		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0], MigrationsEnded: o.MigrationsEnded[:0],
-		KVStored: o.KVStored[:0], KVRemoved: o.KVRemoved[:0]}
+		KVStored: o.KVStored[:0], KVRemoved: o.KVRemoved[:0], KVStoredAt: o.KVStoredAt[:0], Shares: o.Shares[:0]}
 	return o
 }
 

@@ -42,9 +42,12 @@ import (
 // that entered and left the cache (the KV events a gateway's index of each
 // worker's cache is built from).
 //
-// The real engines (worker/engine) do not share pages between sequences:
-// the worker daemon runs with the cache off, and only the simulator turns
-// it on (docs/architecture.md).
+// The simulator turns it on (a page is an account there), and so does the
+// worker daemon with -prefix-cache on: the engines share full pages by
+// reference (engine.PageSharer), and the daemon keeps each cached page by
+// a holder sequence, made from KVStoredAt, shared into a hit's sequence
+// by Shares, released on KVRemoved (worker/prefixcache.go;
+// docs/architecture.md).
 
 // cpage is one cached page.
 type cpage struct {
@@ -152,6 +155,7 @@ func (c *Core) takeHit(r *Request, hit int) {
 	}
 	r.fed = hit * engine.PageTokens
 	r.hashes = slices.Clone(r.lookup[:hit])
+	c.out.Shares = append(c.out.Shares, Share{Seq: r.seq, Last: r.lookup[hit-1], Pages: hit})
 	r.cached = hit
 	r.restoreTried = true
 	c.out.CacheHitTokens += r.fed
@@ -175,6 +179,7 @@ func (c *Core) register(r *Request) {
 		}
 		c.pc.pages[h] = &cpage{hash: h, refs: 1}
 		c.out.KVStored = append(c.out.KVStored, h)
+		c.out.KVStoredAt = append(c.out.KVStoredAt, PageAt{Seq: r.seq, Page: r.cached})
 	}
 }
 

@@ -7,8 +7,9 @@ import "fmt"
 // shared page is never written: a sequence writes only past its cached
 // positions, sharing takes only full pages, and a truncation into a shared
 // page copies it first. A page is freed when its last holder releases it.
-// The worker daemon does not call it yet (its core runs with the prefix
-// cache off: docs/architecture.md).
+// The worker daemon calls it with -prefix-cache on (worker/prefixcache.go).
+// Both engines implement it: the transformer by page id, the synthetic
+// engine by the page's prefix hash.
 
 // PageSharer is an engine whose sequences can share full KV pages.
 type PageSharer interface {

@@ -40,12 +40,68 @@ type Synthetic struct {
 	loaded bool
 	free   int
 	seqs   map[SeqID]*synthSeq
+	// refs counts the holders of shared pages (SharePrefix), by the hash
+	// of the prefix through the page's end, as the transformer's shared
+	// does by page id: present only with two holders or more. A
+	// synthetic page's content is its prefix, so pages with one hash are
+	// interchangeable and the count is what decides when one is freed.
+	refs map[uint64]int
 }
 
 type synthSeq struct {
 	tokens []int32
 	hashes []uint64 // hashes[p] = hash of tokens[0..p]
 	pages  int
+	shared int // the first pages that may be shared (released by refs)
+}
+
+// dropPage gives up q's page i: freed unless another holder shares it.
+func (s *Synthetic) dropPage(q *synthSeq, i int) {
+	if i >= q.shared {
+		s.free++
+		return
+	}
+	k := q.hashes[(i+1)*PageTokens-1]
+	switch c := s.refs[k]; {
+	case c > 2:
+		s.refs[k] = c - 1
+	case c == 2:
+		delete(s.refs, k)
+	default:
+		s.free++
+	}
+}
+
+// SharePrefix implements PageSharer: dst starts with src's first n full
+// pages by reference, allocating none.
+func (s *Synthetic) SharePrefix(dst, src SeqID, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d := s.seqs[dst]; d != nil && len(d.tokens) > 0 {
+		return fmt.Errorf("%w: share into sequence %d, which already holds %d positions", ErrBadInput, dst, len(d.tokens))
+	}
+	q := s.seqs[src]
+	if q == nil || n < 0 || n*PageTokens > len(q.tokens) {
+		have := 0
+		if q != nil {
+			have = len(q.tokens) / PageTokens
+		}
+		return fmt.Errorf("%w: sequence %d has %d full pages, %d asked to share", ErrBadInput, src, have, n)
+	}
+	if dst == src {
+		return fmt.Errorf("%w: sequence %d shared with itself", ErrBadInput, src)
+	}
+	if s.refs == nil {
+		s.refs = map[uint64]int{}
+	}
+	m := n * PageTokens
+	for i := 0; i < n; i++ {
+		k := q.hashes[(i+1)*PageTokens-1]
+		s.refs[k] = max(s.refs[k], 1) + 1
+	}
+	q.shared = max(q.shared, n)
+	s.seqs[dst] = &synthSeq{tokens: slices.Clone(q.tokens[:m]), hashes: slices.Clone(q.hashes[:m]), pages: n, shared: n}
+	return nil
 }
 
 // NewSynthetic returns a loaded synthetic engine.
@@ -83,7 +139,7 @@ func (s *Synthetic) Load(context.Context) error {
 func (s *Synthetic) Unload() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.loaded, s.free, s.seqs = false, s.cfg.Pages, map[SeqID]*synthSeq{}
+	s.loaded, s.free, s.seqs, s.refs = false, s.cfg.Pages, map[SeqID]*synthSeq{}, nil
 }
 
 // Loaded implements Engine.
@@ -115,7 +171,9 @@ func (s *Synthetic) Release(seq SeqID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q := s.seqs[seq]; q != nil {
-		s.free += q.pages
+		for i := q.pages - 1; i >= 0; i-- {
+			s.dropPage(q, i)
+		}
 		delete(s.seqs, seq)
 	}
 }
@@ -128,9 +186,21 @@ func (s *Synthetic) Truncate(seq SeqID, n int) error {
 	if q == nil || n < 0 || n > len(q.tokens) {
 		return fmt.Errorf("%w: truncate sequence %d to %d", ErrBadInput, seq, n)
 	}
-	q.tokens, q.hashes = q.tokens[:n], q.hashes[:n]
 	keep := (n + PageTokens - 1) / PageTokens
-	s.free += q.pages - keep
+	if n%PageTokens != 0 && keep-1 < q.shared && s.free == 0 && s.refs[q.hashes[keep*PageTokens-1]] >= 2 {
+		// The cut page is shared and will be written: it needs a copy.
+		return ErrOutOfPages
+	}
+	for i := q.pages - 1; i >= keep; i-- {
+		s.dropPage(q, i)
+	}
+	if n%PageTokens != 0 && keep-1 < q.shared {
+		// Copy on write: drop the shared page, take one of q's own.
+		s.dropPage(q, keep-1)
+		s.free--
+	}
+	q.shared = min(q.shared, n/PageTokens)
+	q.tokens, q.hashes = q.tokens[:n], q.hashes[:n]
 	q.pages = keep
 	return nil
 }
@@ -337,7 +407,7 @@ func (s *Synthetic) AppendPages(seq SeqID, pages [][]byte, tail []byte, n int) e
 	if need > s.free {
 		return ErrOutOfPages
 	}
-	q := &synthSeq{tokens: slices.Clone(old.tokens), hashes: slices.Clone(old.hashes), pages: old.pages}
+	q := &synthSeq{tokens: slices.Clone(old.tokens), hashes: slices.Clone(old.hashes), pages: old.pages, shared: old.shared}
 	for i, p := range pages {
 		if err := decodeSynthPage(q, p, PageTokens, i); err != nil {
 			return err
