@@ -320,7 +320,7 @@ lumen_controller_proposed_commands_total{command="noop"} 0
 	if !reflect.DeepEqual(out, want) {
 		t.Fatalf("figures %v\nwant %v", out, want)
 	}
-	if len(rows) != 3 || rows[1].name != "    complete: commands, bytes, fsyncs (pro rata) per s" || rows[2].value != "3000, 90000, 76.5" {
+	if len(rows) != 3 || rows[1].name != "    complete: commands, bytes, fsyncs/s" || rows[2].value != "3000, 90000, 76.5" {
 		t.Fatalf("rows %+v", rows)
 	}
 	// No fsync in the phase (the counters unreadable): no keys.

@@ -110,7 +110,9 @@ func raftWriteFigures(out map[string]float64, callers int, l0, l1, f0, f1 raftWr
 	sort.Strings(types)
 	out[key("raft_commands_per_s")] = cmds / sec
 	out[key("raft_commands_per_fsync")] = cmds / sec / fsyncs
-	rows := []controllerRow{{"  raft.db commits (fsync) per s: leader, follower",
+	// fsyncs: bbolt commits (each two fdatasyncs); a type's fsyncs are
+	// its share of the commands' (pro rata).
+	rows := []controllerRow{{"  raft.db fsyncs/s: leader, follower",
 		fmt.Sprintf("%.0f, %.0f; %.2f entries and %.1f commands each", fsyncs, out[key("raft_fsyncs_per_s_follower")],
 			entries/fsyncs, cmds/sec/fsyncs), ""}}
 	for _, typ := range types {
@@ -119,7 +121,7 @@ func raftWriteFigures(out map[string]float64, callers int, l0, l1, f0, f1 raftWr
 		out[key("raft_commands_per_s")+"_"+typ] = c
 		out[key("raft_bytes_per_s")+"_"+typ] = b
 		out[key("raft_fsyncs_per_s")+"_"+typ] = fsyncs * c / (cmds / sec)
-		rows = append(rows, controllerRow{"    " + typ + ": commands, bytes, fsyncs (pro rata) per s",
+		rows = append(rows, controllerRow{"    " + typ + ": commands, bytes, fsyncs/s",
 			fmt.Sprintf("%.0f, %.0f, %.1f", c, b, out[key("raft_fsyncs_per_s")+"_"+typ]), ""})
 	}
 	return rows
