@@ -281,3 +281,51 @@ func TestOwnQuantile(t *testing.T) {
 		t.Errorf("no observations: %v, want NaN", got)
 	}
 }
+
+// The Raft write stream's keys come from the replicas' counters: fsyncs
+// (all ops), entries and bytes written, commands and bytes proposed by
+// type, each a difference over the phase.
+func TestRaftWriteFigures(t *testing.T) {
+	l0 := parseRaftWrites(`# HELP lumen_controller_raft_fsyncs_total x
+lumen_controller_raft_fsyncs_total{op="delete"} 0
+lumen_controller_raft_fsyncs_total{op="logs"} 100
+lumen_controller_raft_fsyncs_total{op="stable"} 4
+lumen_controller_raft_log_entries_total 200
+lumen_controller_raft_log_bytes_total 1000
+lumen_controller_proposed_commands_total{command="dispatch"} 50
+lumen_controller_proposed_bytes_total{command="dispatch"} 1500
+`)
+	l1 := parseRaftWrites(`lumen_controller_raft_fsyncs_total{op="delete"} 1
+lumen_controller_raft_fsyncs_total{op="logs"} 303
+lumen_controller_raft_fsyncs_total{op="stable"} 4
+lumen_controller_raft_log_entries_total 1000
+lumen_controller_raft_log_bytes_total 41000
+lumen_controller_proposed_commands_total{command="dispatch"} 6050
+lumen_controller_proposed_bytes_total{command="dispatch"} 181500
+lumen_controller_proposed_commands_total{command="complete"} 2000
+lumen_controller_proposed_bytes_total{command="complete"} 40000
+lumen_controller_proposed_commands_total{command="noop"} 0
+`)
+	f0 := parseRaftWrites(`lumen_controller_raft_fsyncs_total{op="logs"} 10`)
+	f1 := parseRaftWrites(`lumen_controller_raft_fsyncs_total{op="logs"} 210`)
+	out := map[string]float64{}
+	rows := raftWriteFigures(out, 64, l0, l1, f0, f1, 2*time.Second)
+	want := map[string]float64{
+		"raft_fsyncs_per_s_64": 102, "raft_fsyncs_per_s_follower_64": 100,
+		"raft_log_entries_per_s_64": 400, "raft_log_bytes_per_s_64": 20000, "raft_entries_per_fsync_64": 400.0 / 102,
+		"raft_commands_per_s_64": 4000, "raft_commands_per_fsync_64": 4000.0 / 102,
+		"raft_commands_per_s_64_dispatch": 3000, "raft_bytes_per_s_64_dispatch": 90000, "raft_fsyncs_per_s_64_dispatch": 102 * 0.75,
+		"raft_commands_per_s_64_complete": 1000, "raft_bytes_per_s_64_complete": 20000, "raft_fsyncs_per_s_64_complete": 102 * 0.25,
+	}
+	if !reflect.DeepEqual(out, want) {
+		t.Fatalf("figures %v\nwant %v", out, want)
+	}
+	if len(rows) != 3 || rows[1].name != "    complete: commands, bytes, fsyncs/s" || rows[2].value != "3000, 90000, 76.5" {
+		t.Fatalf("rows %+v", rows)
+	}
+	// No fsync in the phase (the counters unreadable): no keys.
+	out = map[string]float64{}
+	if rows := raftWriteFigures(out, 64, l0, l0, f0, f0, time.Second); rows != nil || len(out) != 0 {
+		t.Fatalf("no writes gave %v, %v", rows, out)
+	}
+}

@@ -258,8 +258,11 @@ func Controller(cfg ControllerConfig) error {
 				}
 			}
 		}
+		follower := cl.Controllers[(leader+1)%3].HTTPAddr
 		entries0, cmds0 := batchCounts(cl.Controllers[leader].HTTPAddr)
+		lw0, fw0 := readRaftWrites(cl.Controllers[leader].HTTPAddr), readRaftWrites(follower)
 		r := b.placeLoad(gws, callers, d)
+		lw1, fw1 := readRaftWrites(cl.Controllers[leader].HTTPAddr), readRaftWrites(follower)
 		entries1, cmds1 := batchCounts(cl.Controllers[leader].HTTPAddr)
 		profiles.Wait()
 		if entries1 > entries0 {
@@ -287,6 +290,7 @@ func Controller(cfg ControllerConfig) error {
 			fmt.Sprintf("%.0f/s  p50 %.2f ms  p99 %.2f ms  (%d errors)", r.perSec(), r.pct(0.5), r.pct(0.99), r.errors), goal})
 		rows = append(rows, controllerRow{"  log entries committed, commands per entry",
 			fmt.Sprintf("%.0f/s, %.1f", out[fmt.Sprintf("entries_per_s_%d", callers)], out[fmt.Sprintf("commands_per_entry_%d", callers)]), ""})
+		rows = append(rows, raftWriteFigures(out, callers, lw0, lw1, fw0, fw1, r.elapsed)...)
 	}
 	rows = append(rows, controllerRow{fmt.Sprintf("elections in the %s run at 256 callers", stable), fmt.Sprintf("%.0f", out["elections_without_faults"]), "0"})
 

@@ -621,10 +621,23 @@ func TestConcurrentWritesCoalesce(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	_, placements := c.waitLeader().FSM().Counts()
+	leader := c.waitLeader()
+	_, placements := leader.FSM().Counts()
 	if placements != 64*20 {
 		t.Fatalf("%d placements, want %d", placements, 64*20)
 	}
+	// raft.db's commits: at least one, at most one per entry written, and
+	// every dispatch counted among the commands proposed.
+	fsyncs := counterValue(t, leader.metrics.raftFsyncs.WithLabelValues("logs"))
+	entries := counterValue(t, leader.metrics.raftLogEntries)
+	var dispatched float64 // by whichever replica led (a lost proposal is retried: at least)
+	for _, n := range c.nodes {
+		dispatched += counterValue(t, n.metrics.proposedCommands.WithLabelValues("dispatch"))
+	}
+	if fsyncs < 1 || fsyncs > entries || dispatched < 64*20 {
+		t.Fatalf("leader: %v log fsyncs for %v entries, %v dispatches proposed (want %d)", fsyncs, entries, dispatched, 64*20)
+	}
+	t.Logf("leader: %v log fsyncs, %v entries, %v dispatches", fsyncs, entries, dispatched)
 	waitFor(t, 5*time.Second, "the follower to apply everything", func() bool {
 		_, p := f.FSM().Counts()
 		return p == 64*20

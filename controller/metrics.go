@@ -41,6 +41,14 @@ type metrics struct {
 	watchLoadStreams prometheus.Gauge
 	watchLoadTables  prometheus.Counter
 	getPlacementsIDs prometheus.Histogram
+
+	// raft.db's durable writes (raftstore.go) and the commands this
+	// replica proposed as leader, by type (proposer.go).
+	raftFsyncs       *prometheus.CounterVec
+	raftLogEntries   prometheus.Counter
+	raftLogBytes     prometheus.Counter
+	proposedCommands *prometheus.CounterVec
+	proposedBytes    *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -103,6 +111,21 @@ func newMetrics() *metrics {
 		Help: "Request ids per GetPlacements call.", Buckets: prometheus.ExponentialBuckets(1, 2, 13)})
 	m.reg.MustRegister(m.placeStreams, m.placeBatches, m.placeDispatches, m.placeCompletes, m.placeBatchTime,
 		m.watchLoadStreams, m.watchLoadTables, m.getPlacementsIDs)
+	m.raftFsyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_raft_fsyncs_total",
+		Help: "Durable writes of raft.db, each one bbolt commit (two fdatasyncs), by op: logs (a batch of log entries), delete (compaction), stable (term, vote)."},
+		[]string{"op"})
+	for _, op := range []string{"logs", "delete", "stable"} {
+		m.raftFsyncs.WithLabelValues(op)
+	}
+	m.raftLogEntries = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_raft_log_entries_total",
+		Help: "Raft log entries written to raft.db by this replica."})
+	m.raftLogBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_controller_raft_log_bytes_total",
+		Help: "Bytes of the Raft log entries' data written to raft.db by this replica."})
+	m.proposedCommands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_proposed_commands_total",
+		Help: "Commands this replica proposed as leader, by command type (fsm.CommandType)."}, []string{"command"})
+	m.proposedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_controller_proposed_bytes_total",
+		Help: "Encoded bytes of the commands this replica proposed as leader, by command type."}, []string{"command"})
+	m.reg.MustRegister(m.raftFsyncs, m.raftLogEntries, m.raftLogBytes, m.proposedCommands, m.proposedBytes)
 	m.reg.MustRegister(m.raftState, m.applied, m.commit, m.elections, m.batchSize, m.commitTime, m.readRound, m.forwarded, m.panics, m.applyTime, m.migrations,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

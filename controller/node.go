@@ -186,7 +186,8 @@ func (n *Node) setupRaft(serverTLS, clientTLS *tls.Config) error {
 		return fmt.Errorf("controller: open raft.db: %w", err)
 	}
 	n.store = store
-	logs, err := raft.NewLogCache(512, store)
+	counted := newCountingStore(store, n.metrics)
+	logs, err := raft.NewLogCache(512, counted)
 	if err != nil {
 		return err
 	}
@@ -209,12 +210,12 @@ func (n *Node) setupRaft(serverTLS, clientTLS *tls.Config) error {
 	if err := raft.ValidateConfig(conf); err != nil {
 		return fmt.Errorf("controller: raft config: %w", err)
 	}
-	r, err := raft.NewRaft(conf, n.fsm, logs, store, snaps, n.trans)
+	r, err := raft.NewRaft(conf, n.fsm, logs, counted, snaps, n.trans)
 	if err != nil {
 		return fmt.Errorf("controller: start raft: %w", err)
 	}
 	n.raft = r
-	existing, err := raft.HasExistingState(logs, store, snaps)
+	existing, err := raft.HasExistingState(logs, counted, snaps)
 	if err != nil {
 		return err
 	}

@@ -146,6 +146,11 @@ func (p *proposer) submit(batch []*proposal, waiters *sync.WaitGroup) {
 		return
 	}
 	p.metrics.batchSize.Observe(float64(len(batch)))
+	for _, c := range entry.Commands {
+		typ := fsm.CommandType(c)
+		p.metrics.proposedCommands.WithLabelValues(typ).Inc()
+		p.metrics.proposedBytes.WithLabelValues(typ).Add(float64(proto.Size(c)))
+	}
 	start := time.Now()
 	fut := p.raft.Apply(data, 0)
 	waiters.Go(func() {

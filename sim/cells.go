@@ -42,9 +42,10 @@ import (
 // them in — and not a coarser rule; a sum (free pages over requests of the
 // whole cell) would send a request to a cell with more room on average
 // even where the other cell has the one idle worker. It costs the gateway
-// O(cells) a placement, plus one pass over the chosen cell's rows after its
-// Take (the cell's new best), and one pass over a cell's rows when its
-// table arrives — never a pass over every cell's rows per request. A
+// O(cells) a placement, plus the chosen cell's Take and its new best
+// (the replica's share trees, internal/placer/tree.go: O(G × pending ×
+// log n) and O(G)), and one pass over a cell's rows when its table
+// arrives — never a pass over every cell's rows per request. A
 // request whose Take finds no eligible worker in the chosen cell (every
 // one refused it) tries the next cell by the same order; with no table
 // from any cell yet, the Dispatch goes without a worker to cell idx mod

@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -78,6 +80,7 @@ func runSim(args []string) error {
 	fs.StringVar(&c.PrefixRouting, "prefix-routing", c.PrefixRouting, "issue 25: on turns on the workers' prefix caches and places each request by internal/placer's prefix-aware score (its cached prefix against the worker's freeness); off: freeness alone, no cache. With -figure prefix: run only that column (default both)")
 	fs.IntVar(&c.Cells, "cells", c.Cells, "issue 26: split the workers (-workers is the total) into this many cells, each its own controller quorum (fsm) over workers/cells of them (whole -gpus-per-node nodes), a request and its checkpoint holders in one cell; needs -gateways >= 1, which choose the cell, then the worker (sim/cells.go). 1 = one quorum. With -figure cells: the cell count run beside 1 (default 4; -xs: the counts)")
 	fs.StringVar(&c.Columns, "columns", "", "comma-separated columns to run (default: all); a failed column needs its reference, lumen needs lumen-no-spec")
+	cpuprofile := fs.String("cpuprofile", "", "write the run's CPU profile (runtime/pprof) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -87,5 +90,16 @@ func runSim(args []string) error {
 		return fmt.Errorf("-checkpoint-budget: %w", err)
 	}
 	c.Budget = b
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	return c.Run()
 }

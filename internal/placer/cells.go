@@ -12,19 +12,14 @@ import "math"
 func (r *Replica) BestFreeness() (float64, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	best, ok := math.Inf(-1), false
-	for i := range r.views {
-		if !r.views[i].Eligible {
-			continue
-		}
-		v := r.views[i]
-		if s, has := r.ownBy[v.ID]; has {
-			v.PendingRequests += s.requests
-			v.PendingPages += s.pages
-		}
-		if f := v.Freeness(); f > best {
-			best, ok = f, true
+	// The greatest key of the share trees (tree.go): the freest eligible
+	// worker of cur, what a scan of viewsLocked() finds.
+	r.ensureTree()
+	best := math.Inf(-1)
+	for h := range r.trees {
+		if f, _ := r.trees[h].max(); f > best {
+			best = f
 		}
 	}
-	return best, ok
+	return best, !math.IsInf(best, -1)
 }

@@ -75,6 +75,16 @@ type Replica struct {
 
 	scratch  []policy.Worker // scratchViews' buffer
 	overlaps []int           // TakePrefix's buffer
+	// The choice's index (tree.go): cur is viewsLocked() kept up to date
+	// while curOK, trees a tournament tree per share over cur's freeness
+	// (built for treeG shares), vreq and vpages a Take's virtual
+	// placements by worker (zero between Takes).
+	cur    []policy.Worker
+	trees  []freeTree
+	treeG  int
+	curOK  bool
+	vreq   []uint32
+	vpages []uint64
 }
 
 type ownSum struct {
@@ -91,6 +101,7 @@ func (r *Replica) addOwn(id string, o own) {
 	s.requests++
 	s.pages += o.pages
 	r.ownBy[o.worker] = s
+	r.curOwn(o, +1)
 }
 
 func (r *Replica) dropOwn(id string, o own) {
@@ -103,6 +114,7 @@ func (r *Replica) dropOwn(id string, o own) {
 	} else {
 		r.ownBy[o.worker] = s
 	}
+	r.curOwn(o, -1)
 }
 
 // New returns an empty replica: Choose finds no worker until the first
@@ -138,6 +150,7 @@ func (r *Replica) Update(t *pb.LoadTable) {
 	if t.AppliedIndex < r.applied {
 		return
 	}
+	r.curOK = false
 	ws := slices.Clone(t.Workers)
 	sort.Slice(ws, func(i, j int) bool { return ws[i].WorkerId < ws[j].WorkerId })
 	r.views = r.views[:0]
@@ -212,26 +225,21 @@ func (r *Replica) find(id string) (int, bool) {
 func (r *Replica) Take(requestID string, promptTokens uint32, exclude ...string) (worker string, incarnation uint64, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	vs := r.scratchViews()
-	for _, x := range exclude {
-		if i, found := r.find(x); found {
-			vs[i].Eligible = false
-		}
-	}
-	var i int
-	if r.G > 1 {
-		i = PickShared(vs, r.g, r.G, len(r.own), policy.Pages(uint64(promptTokens)), ShareBias)
-	} else {
-		i = policy.PickServing(vs)
-	}
+	// What PickShared (several gateways) or policy.PickServing (one)
+	// chooses over viewsLocked() with exclude made ineligible, from the
+	// trees (tree.go) instead of scans.
+	r.ensureTree()
+	pages := policy.Pages(uint64(promptTokens))
+	i := r.pickLocked(pages, exclude, ShareBias)
 	if i < 0 {
 		return "", 0, false
 	}
+	id, inc := r.cur[i].ID, r.incs[i]
 	r.seq++
-	r.addOwn(requestID, own{worker: vs[i].ID, pages: policy.Pages(uint64(promptTokens)), seq: r.seq})
+	r.addOwn(requestID, own{worker: id, pages: pages, seq: r.seq})
 	r.order = append(r.order, ownRef{id: requestID, seq: r.seq})
 	r.capOwnLocked()
-	return vs[i].ID, r.incs[i], true
+	return id, inc, true
 }
 
 // capOwnLocked drops the oldest own placements past MaxOwn, and compacts

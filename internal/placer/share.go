@@ -38,6 +38,7 @@ func (r *Replica) SetShare(g, G int) {
 		g, G = 0, 1
 	}
 	r.g, r.G = g, G
+	r.curOK = false
 }
 
 // SetSelf names this gateway's controller session: each table's gateway
@@ -50,6 +51,7 @@ func (r *Replica) SetSelf(session string) {
 	defer r.mu.Unlock()
 	r.self = session
 	r.shareFromSessions()
+	r.curOK = false
 }
 
 // Share returns the replica's share: gateway g of G.
@@ -107,11 +109,7 @@ func SharePick(vs []policy.Worker, g, G int, bias float64) int {
 		}
 		f := vs[i].Freeness()
 		if mine && !only {
-			if f > 0 {
-				f *= 1 + bias
-			} else {
-				f /= 1 + bias
-			}
+			f = biased(f, bias)
 		}
 		if f > bestF {
 			best, bestF = i, f
