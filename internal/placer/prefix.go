@@ -1,7 +1,6 @@
 package placer
 
 import (
-	"math"
 	"math/bits"
 	"slices"
 	"sort"
@@ -352,29 +351,20 @@ func PickPrefix(ws []policy.Worker, overlaps []int) int {
 func (r *Replica) TakePrefix(requestID string, promptTokens uint32, hashes []uint64, idx *PrefixIndex, exclude ...string) (worker string, incarnation uint64, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	vs := r.scratchViews()
-	for _, x := range exclude {
-		if i, found := r.find(x); found {
-			vs[i].Eligible = false
-		}
-	}
+	// The other gateways' virtual placements come from the share trees
+	// (tree.go), as Take's do, not from a scan per placement.
 	pages := policy.Pages(uint64(promptTokens))
-	if r.G > 1 {
-		pending := min(len(r.own), len(vs))
-		for h := range r.G {
-			if h == r.g {
-				continue
-			}
-			for range pending {
-				j := SharePick(vs, h, r.G, math.Inf(1))
-				if j < 0 {
-					break
-				}
-				vs[j].PendingRequests++
-				vs[j].PendingPages += pages
-			}
-		}
+	r.ensureTree()
+	excl, touched := r.virtualLocked(pages, exclude)
+	vs := r.scratchViews()
+	for _, i := range excl {
+		vs[i].Eligible = false
 	}
+	for _, j := range touched {
+		vs[j].PendingRequests += r.vreq[j]
+		vs[j].PendingPages += r.vpages[j]
+	}
+	r.undoVirtualLocked(excl, touched)
 	r.overlaps = idx.Overlaps(vs, hashes, r.overlaps)
 	i := PickPrefix(vs, r.overlaps)
 	if i < 0 {

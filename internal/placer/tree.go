@@ -173,19 +173,28 @@ func (r *Replica) curOwn(o own, sign int) {
 // exclude made ineligible, or -1. It leaves the trees as it found them.
 // r.mu must be held and ensureTree called.
 func (r *Replica) pickLocked(pages uint64, exclude []string, bias float64) int {
+	excl, touched := r.virtualLocked(pages, exclude)
+	best := chooseFromTrees(r.trees, r.g, r.G, bias)
+	r.undoVirtualLocked(excl, touched)
+	return best
+}
+
+// virtualLocked makes exclude's workers ineligible in the trees and, with
+// several gateways, places the other gateways' virtual requests (pending
+// of them each, of pages pages), each on the freest worker of its share,
+// as PickShared places them: vreq and vpages hold them by worker. It
+// returns the excluded workers and those given virtual placements, for
+// undoVirtualLocked. r.mu must be held and ensureTree called.
+func (r *Replica) virtualLocked(pages uint64, exclude []string) (excl, touched []int) {
 	G, g := r.G, r.g
 	inf := math.Inf(-1)
-	var excl []int
 	for _, x := range exclude {
 		if i, ok := r.find(x); ok {
 			excl = append(excl, i)
 			r.trees[i%G].set(i/G, inf)
 		}
 	}
-	var touched []int
 	if G > 1 {
-		// The other gateways' virtual placements, each on the freest
-		// worker of its share, as PickShared places them.
 		pending := min(len(r.own), len(r.cur))
 		for h := range G {
 			if h == g {
@@ -207,7 +216,11 @@ func (r *Replica) pickLocked(pages uint64, exclude []string, bias float64) int {
 			}
 		}
 	}
-	best := chooseFromTrees(r.trees, g, G, bias)
+	return excl, touched
+}
+
+// undoVirtualLocked leaves the trees as they were before virtualLocked.
+func (r *Replica) undoVirtualLocked(excl, touched []int) {
 	for _, j := range touched {
 		r.vreq[j], r.vpages[j] = 0, 0
 		r.setLeaf(j)
@@ -215,7 +228,6 @@ func (r *Replica) pickLocked(pages uint64, exclude []string, bias float64) int {
 	for _, i := range excl {
 		r.setLeaf(i)
 	}
-	return best
 }
 
 // chooseFromTrees is SharePick(vs, g, G, bias) (G > 1) or PickServing

@@ -106,6 +106,41 @@ func refTake(r *Replica, promptTokens uint32, exclude []string) (string, bool) {
 	return vs[i].ID, true
 }
 
+// refTakePrefix is TakePrefix's choice by scans: the other gateways'
+// virtual placements by SharePick, one at a time, then PickPrefix.
+func refTakePrefix(r *Replica, promptTokens uint32, hashes []uint64, idx *PrefixIndex, exclude []string) (string, bool) {
+	vs := r.Views()
+	r.mu.Lock()
+	g, G, pending := r.g, r.G, min(len(r.own), len(vs))
+	for _, x := range exclude {
+		if i, ok := r.find(x); ok {
+			vs[i].Eligible = false
+		}
+	}
+	r.mu.Unlock()
+	pages := policy.Pages(uint64(promptTokens))
+	if G > 1 {
+		for h := range G {
+			if h == g {
+				continue
+			}
+			for range pending {
+				j := SharePick(vs, h, G, math.Inf(1))
+				if j < 0 {
+					break
+				}
+				vs[j].PendingRequests++
+				vs[j].PendingPages += pages
+			}
+		}
+	}
+	i := PickPrefix(vs, idx.Overlaps(vs, hashes, nil))
+	if i < 0 {
+		return "", false
+	}
+	return vs[i].ID, true
+}
+
 func refBest(r *Replica) (float64, bool) {
 	best, ok := math.Inf(-1), false
 	for _, v := range r.Views() {
@@ -126,6 +161,7 @@ func TestTreeMatchesScan(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 2))
 	for run := range 40 {
 		r := New()
+		idx := NewPrefixIndex()
 		nw := 1 + rng.IntN(60)
 		ids := make([]string, nw)
 		for i := range ids {
@@ -176,12 +212,38 @@ func TestTreeMatchesScan(t *testing.T) {
 				}
 				prompt := uint32(rng.IntN(200))
 				id := fmt.Sprintf("r%d-%d", run, op)
-				want, wantOK := refTake(r, prompt, exclude)
-				got, _, ok := r.Take(id, prompt, exclude...)
-				if got != want || ok != wantOK {
-					g, G := r.Share()
-					t.Fatalf("seed %d run %d op %d (gateway %d of %d, %d pending): Take chose %q %v, the scan %q %v",
-						seed, run, op, g, G, r.Pending(), got, ok, want, wantOK)
+				var ok bool
+				if k%2 == 0 {
+					// TakePrefix: the same virtual placements, then the
+					// prefix score over an index of random holdings.
+					hashes := make([]uint64, 1+rng.IntN(6))
+					for i := range hashes {
+						hashes[i] = uint64(i + 1)
+					}
+					for _, w := range ids {
+						if n := rng.IntN(len(hashes) + 1); n > 0 {
+							idx.Replace(w, hashes[:n])
+						} else {
+							idx.Reset(w)
+						}
+					}
+					want, wantOK := refTakePrefix(r, prompt, hashes, idx, exclude)
+					var got string
+					got, _, ok = r.TakePrefix(id, prompt, hashes, idx, exclude...)
+					if got != want || ok != wantOK {
+						g, G := r.Share()
+						t.Fatalf("seed %d run %d op %d (gateway %d of %d, %d pending): TakePrefix chose %q %v, the scans %q %v",
+							seed, run, op, g, G, r.Pending(), got, ok, want, wantOK)
+					}
+				} else {
+					want, wantOK := refTake(r, prompt, exclude)
+					var got string
+					got, _, ok = r.Take(id, prompt, exclude...)
+					if got != want || ok != wantOK {
+						g, G := r.Share()
+						t.Fatalf("seed %d run %d op %d (gateway %d of %d, %d pending): Take chose %q %v, the scan %q %v",
+							seed, run, op, g, G, r.Pending(), got, ok, want, wantOK)
+					}
 				}
 				if ok {
 					taken = append(taken, id)
