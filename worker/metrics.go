@@ -25,6 +25,9 @@ type metrics struct {
 	running     prometheus.Gauge
 	waiting     prometheus.Gauge
 	preemptions prometheus.Counter
+	// stepOutOfPages: steps the engine refused for want of KV pages the
+	// core had counted as free (0 while the two agree).
+	stepOutOfPages prometheus.Counter
 	// The prefix cache (Config.PrefixCache): history tokens of the
 	// requests admitted with an empty cache, and how many the cache held.
 	cacheQueries, cacheHits prometheus.Counter
@@ -195,6 +198,10 @@ func newMetrics(model string) *metrics {
 		Help: "Load reports committed, by why they were sent (worker/loadreport: first, queue, queue_wait, kv_pages, checkpoint, heartbeat; " +
 			"marked_failed when the event watch saw this incarnation marked failed): each one is a Raft entry."}, []string{"reason"})
 	m.reg.MustRegister(m.loadReports)
+	m.stepOutOfPages = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_step_out_of_pages_total",
+		Help: "Engine steps refused for want of KV pages the scheduler had counted as free (a request is preempted and the step rebuilt; " +
+			"0 while the scheduler's page accounting matches the engine's)."})
+	m.reg.MustRegister(m.stepOutOfPages)
 	m.preemptionLoss = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_preemption_loss_seconds",
 		Help: "Per preemption (the request's KV cache dropped, recomputed later), the time until its cache holds again what it held: " +
 			"the wait for its re-prefill plus the recompute (Llumnix's preemption loss).",

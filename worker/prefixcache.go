@@ -16,12 +16,14 @@ import (
 // full pages enter the cache under their prefix hash, which requests start
 // with cached pages, which unreferenced pages are evicted. The scheduler
 // carries it out on the engine (engine.PageSharer): each cached page is
-// kept by a holder sequence of its own that shares, by reference, the
-// pages of the prefix through it, taken from the request's sequence the
-// page was filled in (Output.KVStoredAt) before that sequence is
-// released; a hit shares the holder's pages into the request's new, empty
-// sequence (Output.Shares), which computes only the rest; an eviction
-// releases the holder, freeing the page once nothing else holds it. No KV
+// kept by a holder sequence of its own that holds that one page by
+// reference, taken from the request's sequence the page was filled in
+// (Output.KVStoredAt) before that sequence is released; a request that
+// filled a copy of a page cached meanwhile gives its copy up for the
+// cached one (Output.Adopts); a hit shares the holders' pages into the
+// request's new, empty sequence (Output.Shares), which computes only the
+// rest; an eviction releases the holder, freeing the page once nothing
+// else holds it. No KV
 // is copied or recomputed, so a hit's tokens and logprobs are those of a
 // request computed from scratch, bit for bit (the engines' attention reads
 // the same KV in the same order).
@@ -37,13 +39,20 @@ const holderBase engine.SeqID = 1 << 62
 // the scheduler goroutine.
 type prefixHolders struct {
 	sharer engine.PageSharer
-	seqs   map[uint64]engine.SeqID
+	seqs   map[uint64]engine.SeqID // the holder of each cached page: a sequence of that one page
 	next   engine.SeqID
+	from   []engine.PageRef // scratch for a share's pages
 }
 
 // applyCache carries out o's prefix-cache changes on the engine: the
-// stores (while the sequences they were filled in are alive), then the
-// shares, then the removals. The caller applies o.Release after it.
+// stores (while the sequences they were filled in are alive), the adopts,
+// then the shares, then the removals. The caller applies o.Release after
+// it.
+//
+// Each holder keeps exactly its one page, so the engine's pages are the
+// core's account: a cached page is one engine page whoever filled it, and
+// an eviction frees it (unless a request still reads it, which the core
+// never evicts).
 func (s *scheduler) applyCache(o core.Output) {
 	if s.holders == nil {
 		return
@@ -56,20 +65,37 @@ func (s *scheduler) applyCache(o core.Output) {
 		}
 		h.next++
 		id := holderBase + h.next
-		if err := h.sharer.SharePrefix(id, at.Seq, at.Page+1); err != nil {
+		if err := h.sharer.SharePages(id, []engine.PageRef{{Seq: at.Seq, Page: at.Page}}); err != nil {
 			s.w.log.Error("could not keep a cached page", "hash", hash, "seq", at.Seq, "page", at.Page, "error", err)
 			continue
 		}
 		h.seqs[hash] = id
 	}
-	for _, sh := range o.Shares {
-		src, ok := h.seqs[sh.Last]
+	for _, a := range o.Adopts {
+		src, ok := h.seqs[a.Hash]
 		if !ok {
-			s.w.log.Error("a cache hit's page has no holder", "hash", sh.Last, "seq", sh.Seq)
+			s.w.log.Error("a page filled twice has no holder", "hash", a.Hash, "seq", a.Seq, "page", a.Page)
 			continue
 		}
-		if err := h.sharer.SharePrefix(sh.Seq, src, sh.Pages); err != nil {
-			s.w.log.Error("could not share cached pages", "seq", sh.Seq, "pages", sh.Pages, "error", err)
+		if err := h.sharer.AdoptPage(a.Seq, a.Page, engine.PageRef{Seq: src}); err != nil {
+			s.w.log.Error("could not give up a page filled twice", "hash", a.Hash, "seq", a.Seq, "page", a.Page, "error", err)
+		}
+	}
+	for _, sh := range o.Shares {
+		h.from = h.from[:0]
+		for _, hash := range sh.Hashes {
+			src, ok := h.seqs[hash]
+			if !ok {
+				s.w.log.Error("a cache hit's page has no holder", "hash", hash, "seq", sh.Seq)
+				break
+			}
+			h.from = append(h.from, engine.PageRef{Seq: src})
+		}
+		if len(h.from) < len(sh.Hashes) {
+			continue
+		}
+		if err := h.sharer.SharePages(sh.Seq, h.from); err != nil {
+			s.w.log.Error("could not share cached pages", "seq", sh.Seq, "pages", len(sh.Hashes), "error", err)
 		}
 	}
 	for _, hash := range o.KVRemoved {

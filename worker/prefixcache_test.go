@@ -126,14 +126,15 @@ func TestPrefixCacheUnderPressure(t *testing.T) {
 		t.Error("no request hit the cache")
 	}
 	waitUntil(t, 10*time.Second, "the cache to settle", func() bool { return h.w.sched.busy() == 0 })
-	// The engine holds at least the cached pages; under eviction it may
-	// hold a few more (docs/architecture.md: a page filled twice keeps both
-	// copies while a holder pins each; an evicted page stays while a cached
-	// descendant's holder shares it).
+	// The engine holds exactly the cached pages (each holder keeps its one
+	// page; a page two requests filled at once is kept once), and no step
+	// found fewer free pages than the core had counted.
 	cached, free := len(h.w.kv.snapshot()), h.eng.FreePages()
-	t.Logf("%d pages cached, %d held beyond them", cached, pages-cached-free)
-	if free > pages-cached {
-		t.Errorf("%d pages free with %d cached: the engine dropped a cached page", free, cached)
+	if free != pages-cached {
+		t.Errorf("%d pages free with %d cached on %d, want %d: the engine's pages drifted from the cache's", free, cached, pages, pages-cached)
+	}
+	if n := counterValue(h.w.metrics.stepOutOfPages); n != 0 {
+		t.Errorf("%v steps refused for want of pages the core counted as free", n)
 	}
 }
 
@@ -355,5 +356,88 @@ func TestPrefixCacheSyntheticEngine(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the cache to settle", func() bool { return h.w.sched.busy() == 0 })
 	if cached, free := len(h.w.kv.snapshot()), h.w.cfg.Engine.FreePages(); free != 16-cached {
 		t.Errorf("%d pages free with %d cached, want %d", free, cached, 16-cached)
+	}
+}
+
+// gatedEngine holds its first Forward until open is closed.
+type gatedEngine struct {
+	*engine.Transformer
+	once sync.Once
+	open chan struct{}
+}
+
+func (g *gatedEngine) Forward(ctx context.Context, batch []engine.Chunk) ([][]int32, error) {
+	g.once.Do(func() { <-g.open })
+	return g.Transformer.Forward(ctx, batch)
+}
+
+// TestPrefixCacheFilledTwice: two requests with a 3-page prefix in common
+// and different fourth pages are prefilled in one step, so both fill the
+// prefix's pages before either is cached. The second gives its copies up
+// for the first's (core.Output.Adopts), so once both end the engine holds
+// exactly the pages the cache reports (before the fix a holder of the
+// second's fourth page kept its three prefix copies as well), no step ran
+// out of pages, and both outputs are the requests computed alone.
+func TestPrefixCacheFilledTwice(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	const pages = 64
+	tr, err := engine.NewTransformer(engine.TransformerConfig{Path: modelPath, Pages: pages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &gatedEngine{Transformer: tr, open: make(chan struct{})}
+	h := start(t, pages, func(c *Config) { c.PrefixCache, c.Engine = true, gate })
+	h.eng = gate
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// A one-token request holds the engine's first step while the two
+	// others queue behind it; they are admitted, and prefilled, together.
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "hold", Prompt: randomPrompt(rng, 5), MaxTokens: 1}); err != nil {
+			t.Error(err)
+		}
+	})
+	waitUntil(t, 10*time.Second, "the holding request to start", func() bool { return h.w.sched.busy() == 1 })
+	shared := randomPrompt(rng, 3*engine.PageTokens)
+	prompts := [][]int32{
+		append(slices.Clip(shared), randomPrompt(rng, engine.PageTokens+4)...),
+		append(slices.Clip(shared), randomPrompt(rng, engine.PageTokens+4)...),
+	}
+	const n = 6
+	got := make([][]int32, len(prompts))
+	for i, p := range prompts {
+		wg.Go(func() {
+			var err error
+			if got[i], _, err = h.generate(ctx, &pb.GenerateRequest{RequestId: fmt.Sprintf("r%d", i), Prompt: p, MaxTokens: n}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitUntil(t, 10*time.Second, "both requests to queue", func() bool { return len(h.w.sched.submit) == len(prompts) })
+	close(gate.open)
+	wg.Wait()
+	for i, p := range prompts {
+		if want := reference(t, p, n); !slices.Equal(got[i], want) {
+			t.Fatalf("request %d: %v, alone %v", i, got[i], want)
+		}
+	}
+	waitUntil(t, 10*time.Second, "the cache to settle", func() bool { return h.w.sched.busy() == 0 })
+	if hits := counterValue(h.w.metrics.cacheHits); hits != 0 {
+		t.Fatalf("%v tokens hit: the two requests were not prefilled together", hits)
+	}
+	cached, free := len(h.w.kv.snapshot()), h.eng.FreePages()
+	// 3 shared pages, then each request's fourth (its prompt's) and none
+	// past it (4 pages + 4 + 6 tokens).
+	if cached != 5 {
+		t.Errorf("%d pages cached, want 5", cached)
+	}
+	if free != pages-cached {
+		t.Errorf("%d pages free with %d cached on %d, want %d: the engine's pages drifted from the cache's", free, cached, pages, pages-cached)
+	}
+	if n := counterValue(h.w.metrics.stepOutOfPages); n != 0 {
+		t.Errorf("%v steps refused for want of pages the core counted as free", n)
 	}
 }

@@ -351,6 +351,9 @@ func (s *scheduler) step(ctx context.Context) {
 		start := time.Now()
 		out, err := s.eng.Forward(ctx, st.Batch)
 		if err != nil {
+			if errors.Is(err, engine.ErrOutOfPages) {
+				s.w.metrics.stepOutOfPages.Inc()
+			}
 			retry := s.core.StepFailed(err)
 			s.apply()
 			if retry {

@@ -334,12 +334,24 @@ type Output struct {
 	// For an engine that keeps cached pages itself (the daemon):
 	// KVStoredAt[i] is the sequence and page index KVStored[i] was filled
 	// in (the sequence is alive until this Output's Release is applied),
-	// and Shares are the requests admitted with a hit, whose new, empty
+	// Adopts are pages a request filled while another's copy entered the
+	// cache first (both prefilled the same prefix at once): the request
+	// gives its copy up for the cached one, which the accounting counts
+	// once. Shares are the requests admitted with a hit, whose new, empty
 	// sequences must start with the cached pages by reference before the
-	// step runs. Apply the stores, then the shares, then the removals,
-	// then Release.
+	// step runs. Apply the stores, then the adopts, then the shares, then
+	// the removals, then Release.
 	KVStoredAt []PageAt
+	Adopts     []Adopt
 	Shares     []Share
+}
+
+// Adopt asks that page Page of sequence Seq, filled with the prefix the
+// page cached under Hash holds, be replaced by the cached page.
+type Adopt struct {
+	Seq  engine.SeqID
+	Page int
+	Hash uint64
 }
 
 // PageAt is page Page of sequence Seq.
@@ -348,13 +360,11 @@ type PageAt struct {
 	Page int
 }
 
-// Share asks that the new sequence Seq start with the Pages cached pages
-// whose last one is cached under Last (the hashes of the pages before it
-// are its prefix's).
+// Share asks that the new sequence Seq start with the cached pages whose
+// hashes are Hashes, in order (its history's first len(Hashes) pages).
 type Share struct {
-	Seq   engine.SeqID
-	Last  uint64
-	Pages int
+	Seq    engine.SeqID
+	Hashes []uint64
 }
 
 // Truncate cuts sequence Seq back to its first Len positions.
@@ -516,7 +526,7 @@ func (c *Core) Output() Output {
 	o := c.out
 	c.out = Output{Release: o.Release[:0], Truncates: o.Truncates[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
 		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0], MigrationsEnded: o.MigrationsEnded[:0],
-		KVStored: o.KVStored[:0], KVRemoved: o.KVRemoved[:0], KVStoredAt: o.KVStoredAt[:0], Shares: o.Shares[:0]}
+		KVStored: o.KVStored[:0], KVRemoved: o.KVRemoved[:0], KVStoredAt: o.KVStoredAt[:0], Adopts: o.Adopts[:0], Shares: o.Shares[:0]}
 	return o
 }
 

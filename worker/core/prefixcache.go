@@ -45,7 +45,8 @@ import (
 // The simulator turns it on (a page is an account there), and so does the
 // worker daemon with -prefix-cache on: the engines share full pages by
 // reference (engine.PageSharer), and the daemon keeps each cached page by
-// a holder sequence, made from KVStoredAt, shared into a hit's sequence
+// a holder sequence of that one page, made from KVStoredAt, adopted by a
+// request that filled a copy of it (Adopts), shared into a hit's sequence
 // by Shares, released on KVRemoved (worker/prefixcache.go;
 // docs/architecture.md).
 
@@ -155,7 +156,7 @@ func (c *Core) takeHit(r *Request, hit int) {
 	}
 	r.fed = hit * engine.PageTokens
 	r.hashes = slices.Clone(r.lookup[:hit])
-	c.out.Shares = append(c.out.Shares, Share{Seq: r.seq, Last: r.lookup[hit-1], Pages: hit})
+	c.out.Shares = append(c.out.Shares, Share{Seq: r.seq, Hashes: r.hashes[:hit:hit]})
 	r.cached = hit
 	r.restoreTried = true
 	c.out.CacheHitTokens += r.fed
@@ -174,7 +175,10 @@ func (c *Core) register(r *Request) {
 	for ; r.cached < len(r.hashes); r.cached++ {
 		h := r.hashes[r.cached]
 		if p := c.pc.pages[h]; p != nil {
-			c.pc.ref(p) // its copy is freed: the cached one serves
+			// Another request's copy entered the cache first: r gives
+			// its own up for that one (Adopts), so the page counts once.
+			c.pc.ref(p)
+			c.out.Adopts = append(c.out.Adopts, Adopt{Seq: r.seq, Page: r.cached, Hash: h})
 			continue
 		}
 		c.pc.pages[h] = &cpage{hash: h, refs: 1}

@@ -40,7 +40,7 @@ type Synthetic struct {
 	loaded bool
 	free   int
 	seqs   map[SeqID]*synthSeq
-	// refs counts the holders of shared pages (SharePrefix), by the hash
+	// refs counts the holders of shared pages (SharePages), by the hash
 	// of the prefix through the page's end, as the transformer's shared
 	// does by page id: present only with two holders or more. A
 	// synthetic page's content is its prefix, so pages with one hash are
@@ -52,12 +52,23 @@ type synthSeq struct {
 	tokens []int32
 	hashes []uint64 // hashes[p] = hash of tokens[0..p]
 	pages  int
-	shared int // the first pages that may be shared (released by refs)
+	shared []bool // shared[i]: page i may be shared (released by refs); absent past its end
+}
+
+// isShared reports whether q's page i may be shared.
+func (q *synthSeq) isShared(i int) bool { return i < len(q.shared) && q.shared[i] }
+
+// setShared marks q's page i as one that may be shared.
+func (q *synthSeq) setShared(i int) {
+	for len(q.shared) <= i {
+		q.shared = append(q.shared, false)
+	}
+	q.shared[i] = true
 }
 
 // dropPage gives up q's page i: freed unless another holder shares it.
 func (s *Synthetic) dropPage(q *synthSeq, i int) {
-	if i >= q.shared {
+	if !q.isShared(i) {
 		s.free++
 		return
 	}
@@ -75,32 +86,93 @@ func (s *Synthetic) dropPage(q *synthSeq, i int) {
 // SharePrefix implements PageSharer: dst starts with src's first n full
 // pages by reference, allocating none.
 func (s *Synthetic) SharePrefix(dst, src SeqID, n int) error {
+	if n < 0 {
+		return fmt.Errorf("%w: %d pages asked to share", ErrBadInput, n)
+	}
+	from := make([]PageRef, n)
+	for i := range from {
+		from[i] = PageRef{Seq: src, Page: i}
+	}
+	return s.SharePages(dst, from)
+}
+
+// SharePages implements PageSharer: dst holds the listed full pages, in
+// order, by reference, allocating none. A synthetic page's content is its
+// tokens and their prefix hashes, which dst takes over.
+func (s *Synthetic) SharePages(dst SeqID, from []PageRef) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if d := s.seqs[dst]; d != nil && len(d.tokens) > 0 {
 		return fmt.Errorf("%w: share into sequence %d, which already holds %d positions", ErrBadInput, dst, len(d.tokens))
 	}
-	q := s.seqs[src]
-	if q == nil || n < 0 || n*PageTokens > len(q.tokens) {
-		have := 0
-		if q != nil {
-			have = len(q.tokens) / PageTokens
+	for _, f := range from {
+		if err := s.checkFullPage(f); err != nil {
+			return err
 		}
-		return fmt.Errorf("%w: sequence %d has %d full pages, %d asked to share", ErrBadInput, src, have, n)
-	}
-	if dst == src {
-		return fmt.Errorf("%w: sequence %d shared with itself", ErrBadInput, src)
+		if f.Seq == dst {
+			return fmt.Errorf("%w: sequence %d shared with itself", ErrBadInput, dst)
+		}
 	}
 	if s.refs == nil {
 		s.refs = map[uint64]int{}
 	}
-	m := n * PageTokens
-	for i := 0; i < n; i++ {
-		k := q.hashes[(i+1)*PageTokens-1]
+	m := len(from) * PageTokens
+	d := &synthSeq{tokens: make([]int32, 0, m), hashes: make([]uint64, 0, m), pages: len(from)}
+	for i, f := range from {
+		q := s.seqs[f.Seq]
+		lo, hi := f.Page*PageTokens, (f.Page+1)*PageTokens
+		k := q.hashes[hi-1]
 		s.refs[k] = max(s.refs[k], 1) + 1
+		q.setShared(f.Page)
+		d.tokens = append(d.tokens, q.tokens[lo:hi]...)
+		d.hashes = append(d.hashes, q.hashes[lo:hi]...)
+		d.setShared(i)
 	}
-	q.shared = max(q.shared, n)
-	s.seqs[dst] = &synthSeq{tokens: slices.Clone(q.tokens[:m]), hashes: slices.Clone(q.hashes[:m]), pages: n, shared: n}
+	s.seqs[dst] = d
+	return nil
+}
+
+// AdoptPage implements PageSharer: seq's page i, filled with the same
+// prefix as from's page, is given up for a reference to from's.
+func (s *Synthetic) AdoptPage(seq SeqID, i int, from PageRef) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkFullPage(PageRef{Seq: seq, Page: i}); err != nil {
+		return err
+	}
+	if err := s.checkFullPage(from); err != nil {
+		return err
+	}
+	q, f := s.seqs[seq], s.seqs[from.Seq]
+	k := q.hashes[(i+1)*PageTokens-1]
+	if fk := f.hashes[(from.Page+1)*PageTokens-1]; fk != k {
+		return fmt.Errorf("%w: page %d of sequence %d (prefix hash %x) cannot take page %d of sequence %d (prefix hash %x): their prefixes differ",
+			ErrBadInput, i, seq, k, from.Page, from.Seq, fk)
+	}
+	if seq == from.Seq || q.isShared(i) && f.isShared(from.Page) {
+		return nil // one page already (pages with one hash are one here)
+	}
+	if s.refs == nil {
+		s.refs = map[uint64]int{}
+	}
+	// Give up q's copy, then hold the other by reference.
+	s.dropPage(q, i)
+	s.refs[k] = max(s.refs[k], 1) + 1
+	f.setShared(from.Page)
+	q.setShared(i)
+	return nil
+}
+
+// checkFullPage reports an error unless f names a full page of a sequence.
+func (s *Synthetic) checkFullPage(f PageRef) error {
+	q := s.seqs[f.Seq]
+	if q == nil || f.Page < 0 || (f.Page+1)*PageTokens > len(q.tokens) {
+		have := 0
+		if q != nil {
+			have = len(q.tokens) / PageTokens
+		}
+		return fmt.Errorf("%w: sequence %d has %d full pages, page %d asked for", ErrBadInput, f.Seq, have, f.Page)
+	}
 	return nil
 }
 
@@ -187,19 +259,22 @@ func (s *Synthetic) Truncate(seq SeqID, n int) error {
 		return fmt.Errorf("%w: truncate sequence %d to %d", ErrBadInput, seq, n)
 	}
 	keep := (n + PageTokens - 1) / PageTokens
-	if n%PageTokens != 0 && keep-1 < q.shared && s.free == 0 && s.refs[q.hashes[keep*PageTokens-1]] >= 2 {
+	if n%PageTokens != 0 && q.isShared(keep-1) && s.free == 0 && s.refs[q.hashes[keep*PageTokens-1]] >= 2 {
 		// The cut page is shared and will be written: it needs a copy.
 		return ErrOutOfPages
 	}
 	for i := q.pages - 1; i >= keep; i-- {
 		s.dropPage(q, i)
 	}
-	if n%PageTokens != 0 && keep-1 < q.shared {
+	if n%PageTokens != 0 && q.isShared(keep-1) {
 		// Copy on write: drop the shared page, take one of q's own.
 		s.dropPage(q, keep-1)
 		s.free--
+		q.shared[keep-1] = false
 	}
-	q.shared = min(q.shared, n/PageTokens)
+	if len(q.shared) > keep {
+		q.shared = q.shared[:keep]
+	}
 	q.tokens, q.hashes = q.tokens[:n], q.hashes[:n]
 	q.pages = keep
 	return nil
@@ -407,7 +482,7 @@ func (s *Synthetic) AppendPages(seq SeqID, pages [][]byte, tail []byte, n int) e
 	if need > s.free {
 		return ErrOutOfPages
 	}
-	q := &synthSeq{tokens: slices.Clone(old.tokens), hashes: slices.Clone(old.hashes), pages: old.pages, shared: old.shared}
+	q := &synthSeq{tokens: slices.Clone(old.tokens), hashes: slices.Clone(old.hashes), pages: old.pages, shared: slices.Clone(old.shared)}
 	for i, p := range pages {
 		if err := decodeSynthPage(q, p, PageTokens, i); err != nil {
 			return err
