@@ -23,8 +23,9 @@ type Result struct {
 	// waiting on the workers just before it.
 	FailAt, PlanAt time.Duration
 	InFlightAtFail int
-	// Summed over the workers' cores.
-	RestoredPages, RecomputedTokens, Preemptions int
+	// Summed over the workers' cores (ResumeCachedPages: pages resumed
+	// requests found in the prefix cache, core.Output.ResumeCachedPages).
+	RestoredPages, RecomputedTokens, Preemptions, ResumeCachedPages int
 	// Issue 24: the interrupted requests a call restored pages of from a
 	// checkpoint store after the failure (of Interrupted); the checkpoint
 	// bytes the serving workers sent, every copy counted; the checkpoint

@@ -1352,6 +1352,7 @@ func (s *Sim) flush(w *simWorker) {
 	o := w.core.Output()
 	s.cacheEvents(w, &o)
 	s.res.RestoredPages += o.RestoredPages
+	s.res.ResumeCachedPages += o.ResumeCachedPages
 	s.res.RecomputedTokens += o.RecomputedTokens
 	s.res.Preemptions += o.Preemptions
 	if o.Preemptions > 0 {

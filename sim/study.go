@@ -387,7 +387,9 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		f.Latencies(res.Records, tm.Warmup, tm.FailAt)
 		f.Resumes(res.Resumes)
 		f.Interrupted = res.Interrupted
-		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages), float64(res.RecomputedTokens)
+		// Pages a resume found in the target's prefix cache are reused
+		// too (0 with the cache off).
+		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages+res.ResumeCachedPages), float64(res.RecomputedTokens)
 		f.Preemptions = res.Preemptions
 		f.RestoredFraction, f.CheckpointLiveFraction = 1, 1
 		if res.Interrupted > 0 {

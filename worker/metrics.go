@@ -45,6 +45,7 @@ type metrics struct {
 	ckptFreed     prometheus.Counter
 	ckptPasses    prometheus.Counter
 	restoredPages prometheus.Counter
+	resumeCached  prometheus.Counter
 	// restoredReqs: resumed requests that imported at least one page.
 	restoredReqs prometheus.Counter
 	recomputed   prometheus.Counter
@@ -131,6 +132,9 @@ func newMetrics(model string) *metrics {
 		Help: "Passes of this holder over its checkpoint store against the placement table."})
 	m.restoredPages = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_restored_pages_total",
 		Help: "KV pages imported from the checkpoint store when a request resumed here."})
+	m.resumeCached = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_resume_cached_pages_total",
+		Help: "KV pages a request resumed here found in the prefix cache (reused like restored pages, and not imported)."})
+	m.reg.MustRegister(m.resumeCached)
 	m.restoredReqs = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_restored_requests_total",
 		Help: "Resumed requests that imported pages from the checkpoint store here (at least one)."})
 	m.recomputed = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_resume_recomputed_tokens_total",

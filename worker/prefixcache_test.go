@@ -441,3 +441,65 @@ func TestPrefixCacheFilledTwice(t *testing.T) {
 		t.Errorf("%v steps refused for want of pages the core counted as free", n)
 	}
 }
+
+// TestRestoreHitsTheCache: a request resumed at a worker whose prefix cache
+// holds the first pages of its history, and whose checkpoint store holds
+// more of them, takes the cached pages from the cache and imports only the
+// checkpoint's pages past them (lumen_worker_resume_cached_pages_total,
+// lumen_worker_restored_pages_total), and its tokens are the failure-free
+// reference's, bit for bit.
+func TestRestoreHitsTheCache(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	const pages = 64
+	h := start(t, pages, prefixOn)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	shared := randomPrompt(rng, 2*engine.PageTokens)
+	// An earlier request leaves the shared prefix's 2 pages cached.
+	if _, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "earlier", Prompt: append(slices.Clip(shared), randomPrompt(rng, 5)...), MaxTokens: 3}); err != nil {
+		t.Fatal(err)
+	}
+	prompt := append(slices.Clip(shared), randomPrompt(rng, 3*engine.PageTokens+7)...)
+	const maxTokens = 40
+	want := reference(t, prompt, maxTokens)
+	// The request had streamed 20 tokens elsewhere before its worker
+	// failed; its holder (this worker) holds the first 6 pages of that
+	// history, exported from an engine that computed it.
+	gen := want[:20]
+	hist := append(slices.Clone(prompt), gen...)
+	src, err := engine.NewTransformer(engine.TransformerConfig{Path: modelPath, Pages: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Forward(ctx, []engine.Chunk{{Seq: 1, Tokens: hist}}); err != nil {
+		t.Fatal(err)
+	}
+	hashes := pageHashes(hist, nil)[:6]
+	for i, hash := range hashes {
+		data, err := src.ExportPage(1, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.w.store.put("r", 1<<30, hash, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rest, _, err := h.generate(ctx, &pb.GenerateRequest{RequestId: "r", Prompt: prompt, Generated: gen, MaxTokens: maxTokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := append(slices.Clone(gen), rest...); !slices.Equal(got, want) {
+		t.Fatalf("resumed with the cache and the checkpoint: %v, the reference %v", got, want)
+	}
+	if n := counterValue(h.w.metrics.resumeCached); n != 2 {
+		t.Errorf("%v pages of the resume came from the cache, want 2 (the shared prefix)", n)
+	}
+	if n := counterValue(h.w.metrics.restoredPages); n != 4 {
+		t.Errorf("%v pages imported from the checkpoint, want 4 (its 6 past the 2 cached)", n)
+	}
+	if n := counterValue(h.w.metrics.restoredReqs); n != 1 {
+		t.Errorf("%v restored requests, want 1", n)
+	}
+}

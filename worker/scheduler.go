@@ -413,7 +413,15 @@ func (s *scheduler) refilled(st core.Step) {
 // (the core recomputes that request; the step is rebuilt).
 func (s *scheduler) restore(st core.Step) bool {
 	for _, rs := range st.Restores {
-		if err := s.eng.ImportPages(rs.Seq, rs.Pages); err != nil {
+		var err error
+		if rs.Cached > 0 {
+			// The sequence starts with the cached pages (shared in
+			// apply): the checkpoint's follow them.
+			err = s.eng.AppendPages(rs.Seq, rs.Pages, nil, 0)
+		} else {
+			err = s.eng.ImportPages(rs.Seq, rs.Pages)
+		}
+		if err != nil {
 			s.core.RestoreFailed(rs.Req)
 			s.apply()
 			return false
@@ -485,6 +493,7 @@ func (s *scheduler) apply() {
 	}
 	s.w.metrics.completed.Add(float64(o.Completed))
 	s.w.metrics.restoredPages.Add(float64(o.RestoredPages))
+	s.w.metrics.resumeCached.Add(float64(o.ResumeCachedPages))
 	s.w.metrics.recomputed.Add(float64(o.RecomputedTokens))
 	if o.Verifications > 0 {
 		s.w.metrics.specDrafts.Add(float64(o.DraftTokens))

@@ -277,6 +277,9 @@ type Restore struct {
 	Seq    engine.SeqID
 	Pages  [][]byte // as the Store returned them
 	Hashes []uint64
+	// Cached is the pages Seq starts with from the prefix cache (its
+	// Output's Shares): Pages follow them (engine.AppendPages).
+	Cached int
 }
 
 // Step is one engine call: Batch[i] is Reqs[i]'s chunk. Its slices are
@@ -311,8 +314,10 @@ type Output struct {
 	CheckpointReleases []CheckpointRelease
 	// Waits are the prefill-start waits recorded (for q_w).
 	Waits []Wait
-	// Counters since the last Output.
-	Preemptions, Completed, RestoredPages, RecomputedTokens int
+	// Counters since the last Output. ResumeCachedPages: pages a resumed
+	// request found in the prefix cache (reused as restored pages are,
+	// and not imported).
+	Preemptions, Completed, RestoredPages, RecomputedTokens, ResumeCachedPages int
 	// Speculation: drafts verified and accepted, verification rows.
 	DraftTokens, AcceptedTokens, Verifications int
 	// MigrationsEnded are migrations out the Core ended (the request left):
@@ -929,15 +934,16 @@ func (c *Core) build(now time.Time, free int, admit, hold bool) (st Step, preemp
 			break // less urgent than a prefill of the step
 		}
 		pages, hashes := c.restorable(r)
-		// A prefix the cache holds is taken over a checkpoint no longer
-		// than it: it is in the KV cache already.
+		// A prefix the cache holds is in the KV cache already: a
+		// checkpoint no longer than it is dropped, a longer one imports
+		// only its pages past it.
 		hit, idle := c.lookupHit(r)
 		useHit := hit > 0 && hit >= len(pages)
 		if useHit {
 			if PagesFor(min(len(r.History), hit*engine.PageTokens+budget))-hit > free-idle {
 				break
 			}
-		} else if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget)) > free {
+		} else if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget))-hit > free-idle {
 			break
 		}
 		c.waiting = c.waiting[1:]
@@ -947,12 +953,12 @@ func (c *Core) build(now time.Time, free int, admit, hold bool) (st Step, preemp
 			free -= idle
 		} else {
 			if c.pc != nil {
-				c.takeHit(r, 0)
+				c.takeHit(r, hit)
 			}
 			if rs, ok := c.restore(r, pages, hashes); ok {
 				st.Restores = append(st.Restores, rs)
 			}
-			free -= PagesFor(r.fed)
+			free -= PagesFor(r.fed) - hit + idle
 		}
 		if r.started.IsZero() {
 			r.started = now
@@ -1056,7 +1062,7 @@ func (c *Core) restorable(r *Request) ([][]byte, []uint64) {
 // rest of the request's history is prefilled; the caller imports them
 // before the step runs.
 func (c *Core) restore(r *Request, pages [][]byte, hashes []uint64) (Restore, bool) {
-	if r.restoreTried || r.fed > 0 {
+	if r.restoreTried && r.fed == 0 || r.fed > 0 && r.fed != r.cached*engine.PageTokens {
 		return Restore{}, false
 	}
 	r.restoreTried = true
@@ -1064,14 +1070,21 @@ func (c *Core) restore(r *Request, pages [][]byte, hashes []uint64) (Restore, bo
 		return Restore{}, false
 	}
 	var rs Restore
-	ok := len(pages) > 0
+	// Pages the cache gave r (takeHit) are not imported again.
+	cached := r.fed / engine.PageTokens
+	ok := len(pages) > cached
 	if ok {
 		r.fed = len(pages) * engine.PageTokens
 		r.hashes = hashes
-		c.out.RestoredPages += len(pages)
-		rs = Restore{Req: r, Seq: r.seq, Pages: pages, Hashes: hashes}
+		c.out.RestoredPages += len(pages) - cached
+		rs = Restore{Req: r, Seq: r.seq, Pages: pages[cached:], Hashes: hashes[cached:], Cached: cached}
 	}
-	c.out.RecomputedTokens += len(r.History) - r.fed
+	if cached > 0 {
+		// takeHit counted the tokens past the cache as recomputed.
+		c.out.RecomputedTokens -= r.fed - cached*engine.PageTokens
+	} else {
+		c.out.RecomputedTokens += len(r.History) - r.fed
+	}
 	return rs, ok
 }
 
@@ -1083,9 +1096,15 @@ func (c *Core) RestoreFailed(r *Request) {
 		return
 	}
 	c.endOut(r, "its checkpoint could not be restored")
-	c.out.RestoredPages -= len(r.hashes)
+	c.out.RestoredPages -= len(r.hashes) - r.cached
 	c.out.RecomputedTokens += r.fed
 	c.out.Release = append(c.out.Release, r.seq)
+	if r.cached > 0 {
+		// The pages the cache gave it are let go with the sequence
+		// (none of the imported ones entered the cache).
+		r.fed = r.cached * engine.PageTokens
+		c.unref(r)
+	}
 	c.nextSeq++
 	r.seq, r.fed, r.hashes, r.ckptSent = c.nextSeq, 0, nil, 0
 	c.pending = Step{}

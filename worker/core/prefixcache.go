@@ -30,8 +30,8 @@ import (
 // drops a request's references, not the pages: a preempted request usually
 // hits its own pages when it is admitted again. Checkpointing is by request
 // (a shared page is shipped once per request holding it, to that
-// request's holder), and restore prefers the cache when the cache holds at
-// least as long a prefix as the holder's store.
+// request's holder), and a restore takes the pages the cache holds from the
+// cache and imports only the holder's pages past them (Restore.Cached).
 //
 // The cache's accounting: CachedPages is the pages requests hold (a shared
 // page once), EvictablePages the unreferenced ones; what the engine has
@@ -162,6 +162,7 @@ func (c *Core) takeHit(r *Request, hit int) {
 	c.out.CacheHitTokens += r.fed
 	if r.outStart > 0 {
 		c.out.RecomputedTokens += len(r.History) - r.fed
+		c.out.ResumeCachedPages += hit
 	}
 }
 
