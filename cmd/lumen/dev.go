@@ -31,7 +31,8 @@ func runDev(args []string) error {
 	cells := fs.Int("cells", 1, "cells: each a quorum of 3 controllers over its share of the workers (in order), the gateways placing across them (issue 26); at most 4")
 	replicas := fs.Int("checkpoint-replicas", 1, "`R` copies of each request's checkpoint (1 … "+strconv.Itoa(policy.MaxCheckpointReplicas)+"), set at the start as lumen strategy set -checkpoint-replicas does: each on a node of its own, none on the serving worker's, so it needs -nodes to mean failure domains (without -nodes each worker is a domain of its own); with fewer than R other nodes a request gets one copy per other node, the shortfall counted in lumen_controller_checkpoint_replicas_short_total")
 	var prefix bool
-	fs.Var(onOff{&prefix}, "prefix-routing", "on or off (issue 25): on starts the workers with -prefix-cache on and the gateways with -prefix-routing on (placement by cached prefix); off: no prefix cache, freeness alone")
+	fs.Var(onOff{&prefix}, "prefix-routing", "on or off (issue 25): on starts the workers with -prefix-cache on and the gateways with -prefix-routing on (placement by cached prefix); off: freeness alone")
+	cache := fs.String("prefix-cache", "auto", "on, off or auto (issue 25): the workers' automatic prefix caching (worker -prefix-cache); auto: on exactly when -prefix-routing is on. on with -prefix-routing off measures the cache without the routing")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -41,6 +42,19 @@ func runDev(args []string) error {
 	}
 	if err := devcluster.CheckReplicas(*replicas); err != nil {
 		return err
+	}
+	var prefixCache bool
+	switch *cache {
+	case "auto":
+		prefixCache = prefix
+	case "on":
+		prefixCache = true
+	case "off":
+		if prefix {
+			return fmt.Errorf("-prefix-cache off with -prefix-routing on: routing by cached prefix needs the workers' prefix caches")
+		}
+	default:
+		return fmt.Errorf("-prefix-cache %q: want on, off or auto", *cache)
 	}
 	// Ctrl-C ends every wait, the start's included.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -53,5 +67,5 @@ func runDev(args []string) error {
 	}
 	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
 		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Cells: *cells,
-		CheckpointReplicas: *replicas, PrefixRouting: prefix, Out: os.Stdout})
+		CheckpointReplicas: *replicas, PrefixRouting: prefix, PrefixCache: prefixCache, Out: os.Stdout})
 }

@@ -77,9 +77,10 @@ type DevConfig struct {
 	// as there are other nodes with budget, the rest counted in
 	// lumen_controller_checkpoint_replicas_short_total.
 	CheckpointReplicas int
-	// PrefixRouting (issue 25) starts every worker with -prefix-cache on
-	// and every gateway with -prefix-routing on.
-	PrefixRouting bool
+	// PrefixRouting (issue 25) starts every gateway with -prefix-routing
+	// on; PrefixCache every worker with -prefix-cache on (routing by
+	// prefix needs it: RunDev refuses routing without the cache).
+	PrefixRouting, PrefixCache bool
 	// Out receives what the user reads.
 	Out io.Writer
 }
@@ -90,7 +91,7 @@ func (cfg *DevConfig) workerArgs(i int) []string {
 	if node := DevNode(i, cfg.Workers, cfg.Nodes); node != "" {
 		args = append(args, "-node", node)
 	}
-	if cfg.PrefixRouting {
+	if cfg.PrefixCache {
 		args = append(args, "-prefix-cache", "on")
 	}
 	return args
@@ -134,6 +135,9 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 	}
 	if cfg.Gateways < 1 || cfg.Gateways > maxDevGateways {
 		return fmt.Errorf("-gateways %d: must be between 1 and %d", cfg.Gateways, maxDevGateways)
+	}
+	if cfg.PrefixRouting && !cfg.PrefixCache {
+		return fmt.Errorf("-prefix-routing on needs the workers' prefix caches (-prefix-cache on)")
 	}
 	cells := max(cfg.Cells, 1)
 	if cells > maxDevCells || cells > cfg.Workers {

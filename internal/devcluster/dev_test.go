@@ -173,13 +173,17 @@ func TestReplicasLine(t *testing.T) {
 	}
 }
 
-// TestDevPrefixRoutingArgs: -prefix-routing on starts the workers with
-// -prefix-cache on and the gateways with -prefix-routing on; off adds
-// neither.
+// TestDevPrefixRoutingArgs: the prefix cache starts the workers with
+// -prefix-cache on (alone: the gateways route by freeness), routing the
+// gateways with -prefix-routing on; off adds neither.
 func TestDevPrefixRoutingArgs(t *testing.T) {
 	cfg := DevConfig{Workers: 2, Engine: "synthetic", Profile: "none", TimeScale: "1", ModelDir: "m"}
 	if a, g := strings.Join(cfg.workerArgs(1), " "), cfg.gatewayArgs(); strings.Contains(a, "prefix") || g != nil {
 		t.Fatalf("off: worker flags %q, gateway flags %q", a, g)
+	}
+	cfg.PrefixCache = true
+	if a, g := strings.Join(cfg.workerArgs(2), " "), cfg.gatewayArgs(); !strings.HasSuffix(a, "-prefix-cache on") || g != nil {
+		t.Fatalf("cache on, routing off: worker flags %q, gateway flags %q", a, g)
 	}
 	cfg.PrefixRouting = true
 	if a := strings.Join(cfg.workerArgs(2), " "); !strings.HasSuffix(a, "-prefix-cache on") {
