@@ -33,12 +33,16 @@ func runDev(args []string) error {
 	var prefix bool
 	fs.Var(onOff{&prefix}, "prefix-routing", "on or off (issue 25): on starts the workers with -prefix-cache on and the gateways with -prefix-routing on (placement by cached prefix); off: freeness alone")
 	cache := fs.String("prefix-cache", "auto", "on, off or auto (issue 25): the workers' automatic prefix caching (worker -prefix-cache); auto: on exactly when -prefix-routing is on. on with -prefix-routing off measures the cache without the routing")
+	kvPages := fs.Int("kv-pages", 0, "KV cache pages of 16 tokens per worker (worker -kv-pages); 0: the worker's default (the profile's GPU, or 4096 for the transformer)")
 	keep := fs.Bool("keep-state", false, "restart from the last run's data in -dir, on its recorded ports (default: start fresh)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *nodes < 0 || *nodes > *workers {
 		return fmt.Errorf("-nodes %d: must be in 0 … -workers (%d)", *nodes, *workers)
+	}
+	if *kvPages < 0 {
+		return fmt.Errorf("-kv-pages %d: must be at least 0 (0: the worker's default)", *kvPages)
 	}
 	if err := devcluster.CheckReplicas(*replicas); err != nil {
 		return err
@@ -67,5 +71,5 @@ func runDev(args []string) error {
 	}
 	return devcluster.RunDev(ctx, devcluster.DevConfig{Dir: *dir, Workers: *workers, Engine: *backend, Profile: *profile,
 		TimeScale: *scale, ModelDir: modelDir, HTTPAddr: *httpAddr, Gateways: *gateways, KeepState: *keep, Nodes: *nodes, Cells: *cells,
-		CheckpointReplicas: *replicas, PrefixRouting: prefix, PrefixCache: prefixCache, Out: os.Stdout})
+		CheckpointReplicas: *replicas, PrefixRouting: prefix, PrefixCache: prefixCache, KVPages: *kvPages, Out: os.Stdout})
 }

@@ -1,11 +1,14 @@
 import json, sys, time, http.client, random, concurrent.futures as cf
+# usage: prefix-run.py PORT OUT.json [GROUPS [USERS]]  (defaults 4 groups, 6 users)
 port=int(sys.argv[1]); out=sys.argv[2]
+ngroups=int(sys.argv[3]) if len(sys.argv)>3 else 4
+nusers=int(sys.argv[4]) if len(sys.argv)>4 else 6
 random.seed(25)
 words="alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon".split()
-groups=[" ".join(random.choice(words) for _ in range(110)) for g in range(4)]
+groups=[" ".join(random.choice(words) for _ in range(110)) for g in range(ngroups)]
 reqs=[]
-for u in range(6):
-    for g in range(4):
+for u in range(nusers):
+    for g in range(ngroups):
         q=" ".join(random.choice(words) for _ in range(8))
         reqs.append((g,u,"Context %d: %s\nQuestion %d: %s?"%(g,groups[g],u,q)))
 def run(p):
@@ -23,9 +26,9 @@ def run(p):
     return ttft,text
 res=[]
 # first turn of each group sequentially (warms caches), then the rest 4 at a time
-for g,u,p in reqs[:4]: res.append(run(p))
+for g,u,p in reqs[:ngroups]: res.append(run(p))
 with cf.ThreadPoolExecutor(4) as ex:
-    res+=list(ex.map(run,[p for _,_,p in reqs[4:]]))
+    res+=list(ex.map(run,[p for _,_,p in reqs[ngroups:]]))
 json.dump({"ttft":[r[0] for r in res],"text":[r[1] for r in res],"prompt_chars":[len(p) for _,_,p in reqs]},open(out,"w"))
 import statistics as st
 print("requests",len(res),"ttft mean %.1f ms p50 %.1f ms"%(1000*st.mean(r[0] for r in res),1000*st.median(r[0] for r in res)))

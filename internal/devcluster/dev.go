@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -81,6 +82,8 @@ type DevConfig struct {
 	// on; PrefixCache every worker with -prefix-cache on (routing by
 	// prefix needs it: RunDev refuses routing without the cache).
 	PrefixRouting, PrefixCache bool
+	// KVPages is each worker's -kv-pages (0: the worker's default).
+	KVPages int
 	// Out receives what the user reads.
 	Out io.Writer
 }
@@ -93,6 +96,9 @@ func (cfg *DevConfig) workerArgs(i int) []string {
 	}
 	if cfg.PrefixCache {
 		args = append(args, "-prefix-cache", "on")
+	}
+	if cfg.KVPages > 0 {
+		args = append(args, "-kv-pages", strconv.Itoa(cfg.KVPages))
 	}
 	return args
 }

@@ -192,4 +192,8 @@ func TestDevPrefixRoutingArgs(t *testing.T) {
 	if g := strings.Join(cfg.gatewayArgs(), " "); g != "-prefix-routing on" {
 		t.Fatalf("on: gateway flags %q, want -prefix-routing on", g)
 	}
+	cfg.KVPages = 400
+	if a := strings.Join(cfg.workerArgs(1), " "); !strings.HasSuffix(a, "-prefix-cache on -kv-pages 400") {
+		t.Fatalf("-kv-pages 400: worker flags %q", a)
+	}
 }
