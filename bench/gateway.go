@@ -51,6 +51,9 @@ type streamResult struct {
 	tokens int64
 	errors int64
 	wall   time.Duration
+	// classes counts the errors by their text (ids and addresses cut, so
+	// one cause is one line).
+	classes map[string]int64
 }
 
 func (r *streamResult) pct(p float64) float64 { return percentileMs(r.ttft, p) }
@@ -61,14 +64,25 @@ func (r *streamResult) add(o *streamResult) {
 	r.tokens += o.tokens
 	r.errors += o.errors
 	r.wall += o.wall
+	for k, v := range o.classes {
+		if r.classes == nil {
+			r.classes = map[string]int64{}
+		}
+		r.classes[k] += v
+	}
 }
 
 func (r *streamResult) tps() float64 { return float64(r.tokens) / r.wall.Seconds() }
 
+// requestTimeout bounds one request of a load: at 5,000 streams a request
+// waits tens of seconds for a place in the batch (TTFT p99 37 s), and the
+// last of a phase ends near a minute.
+const requestTimeout = 3 * time.Minute
+
 // load runs `streams` clients, each sending requests back to back for d.
 func load(streams int, d time.Duration, one func(ctx context.Context, c, i int) (time.Duration, int, error)) *streamResult {
 	var mu sync.Mutex
-	res := &streamResult{}
+	res := &streamResult{classes: map[string]int64{}}
 	var tokens, errs atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -76,11 +90,14 @@ func load(streams int, d time.Duration, one func(ctx context.Context, c, i int) 
 		wg.Go(func() {
 			var local []time.Duration
 			for i := 0; time.Since(start) < d; i++ {
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 				ttft, n, err := one(ctx, c, i)
 				cancel()
 				if err != nil {
 					errs.Add(1)
+					mu.Lock()
+					res.classes[errorClass(err)]++
+					mu.Unlock()
 					continue
 				}
 				local = append(local, ttft)
@@ -116,8 +133,14 @@ func Gateway(cfg GatewayConfig) error {
 	}
 	defer cl.Stop()
 	most := slices.Max(cfg.Streams)
+	// Every client starts its stream at once, so the worker's waiting
+	// queue must hold all the streams not yet running: at its default
+	// (4,096) a 5,000-stream load had hundreds refused at every phase's
+	// start (ResourceExhausted, 429 through the gateway), and each refused
+	// client tried again at once until a place freed, thousands of errors.
 	w, err := cl.AddWorker("bench-worker", "-engine", "synthetic", "-profile", cfg.Profile, "-time-scale", "1",
-		"-max-running", strconv.Itoa(max(1024, most)), "-token-budget", "8192", "-emulate-load=false")
+		"-max-running", strconv.Itoa(max(1024, most)), "-max-waiting", strconv.Itoa(max(4096, most)),
+		"-token-budget", "8192", "-emulate-load=false")
 	if err != nil {
 		return err
 	}
@@ -230,6 +253,8 @@ func Gateway(cfg GatewayConfig) error {
 		owns = append(owns, ownFigures(out, n, after.minus(before)))
 		if a.errors > 0 || b.errors > 0 {
 			fmt.Printf("  errors: direct %d, gateway %d\n", a.errors, b.errors)
+			printClasses(os.Stdout, "direct", a.classes)
+			printClasses(os.Stdout, "gateway", b.classes)
 		}
 		rows = append(rows, gatewayFigures(out, n, a, b))
 	}
@@ -410,4 +435,36 @@ func printOwnTable(w io.Writer, rows []ownRow) {
 			fmt.Sprintf("%.3f / %.3f ms", r.acceptP50, r.acceptP99), fmt.Sprintf("%.3f / %.3f ms", r.tokP50, r.tokP99), r.cpuMsPerRequest)
 	}
 	fmt.Fprintf(w, "(goal, issue 26: p99 <= 1 ms of the gateway's own time)\n")
+}
+
+// errorClass is err's text with the digits cut (request ids, ports,
+// durations), so errors of one cause count as one class.
+func errorClass(err error) string {
+	s := err.Error()
+	var b []byte
+	digits := false
+	for i := 0; i < len(s) && len(b) < 200; i++ {
+		if s[i] >= '0' && s[i] <= '9' {
+			if !digits {
+				b = append(b, '#')
+			}
+			digits = true
+			continue
+		}
+		digits = false
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+// printClasses prints a path's error classes, most frequent first.
+func printClasses(w io.Writer, path string, classes map[string]int64) {
+	keys := make([]string, 0, len(classes))
+	for k := range classes {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(x, y string) int { return int(classes[y] - classes[x]) })
+	for _, k := range keys {
+		fmt.Fprintf(w, "    %s %6d  %s\n", path, classes[k], k)
+	}
 }

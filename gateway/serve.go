@@ -385,9 +385,14 @@ const retryAfter = time.Second
 
 // allFullError answers a request that streamed nothing when every worker
 // the gateway could place it on has a full queue.
-func allFullError(workers []string) *apiError {
-	return &apiError{Status: 429, Type: "rate_limit_error", Code: "queue_full", RetryAfter: retryAfter,
-		Message: fmt.Sprintf("every worker's queue is full (tried %s); retry after %s", strings.Join(workers, ", "), retryAfter)}
+// last is the last refusal's text (its worker's, naming the queue's
+// limit), "" when there was none.
+func allFullError(workers []string, last string) *apiError {
+	msg := fmt.Sprintf("every worker's queue is full (tried %s); retry after %s", strings.Join(workers, ", "), retryAfter)
+	if last != "" {
+		msg = fmt.Sprintf("every worker's queue is full (tried %s; last answer %s); retry after %s", strings.Join(workers, ", "), last, retryAfter)
+	}
+	return &apiError{Status: 429, Type: "rate_limit_error", Code: "queue_full", RetryAfter: retryAfter, Message: msg}
 }
 
 // fullAnswers are the full-queue refusals a request met since its last
@@ -396,6 +401,7 @@ type fullAnswers struct {
 	workers []string  // those that refused, each once; cleared after a wait
 	since   time.Time // the first refusal
 	n       int       // refusals, from the same worker included
+	last    string    // the last refusal's text, as its worker gave it
 	// pause is the wait before the next round over every worker; it
 	// doubles each round, so that a request waiting for a queue costs a
 	// Dispatch per round, not a stream of them.
@@ -462,6 +468,7 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 				full.since = time.Now()
 			}
 			full.n++
+			full.last = qf.worker + ": " + qf.msg
 			if !slices.Contains(full.workers, qf.worker) {
 				full.workers = append(full.workers, qf.worker)
 			}
@@ -709,7 +716,7 @@ func (g *Gateway) placeAfterFull(ctx context.Context, e *entry, full *fullAnswer
 			return pl, nilIfNone(aerr)
 		}
 		if len(e.out) == 0 {
-			return nil, allFullError(full.workers)
+			return nil, allFullError(full.workers, full.last)
 		}
 		if time.Since(full.since) >= g.cfg.ResumeTimeout {
 			return nil, fmt.Errorf("%w: request %s found every worker's queue full for %s (%d tokens streamed; tried %s)",
