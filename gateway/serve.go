@@ -816,6 +816,9 @@ type responder struct {
 	// With logprobs: how many alternatives each token lists.
 	lp    bool
 	lpTop int
+	// tail is every chunk's end after its choices (chunkTail), buf the
+	// event being written (writeChunk).
+	tail, buf []byte
 }
 
 // choiceOut is one choice's part of a response.
@@ -897,6 +900,15 @@ func (o *responder) object() string {
 }
 
 func (o *responder) event(v any) {
+	b, _ := json.Marshal(v)
+	ev := make([]byte, 0, len(b)+8)
+	ev = append(append(append(ev, "data: "...), b...), "\n\n"...)
+	o.writeEvent(ev)
+}
+
+// writeEvent writes one whole event (`data: …\n\n`) and flushes it,
+// starting the stream first when it has not started.
+func (o *responder) writeEvent(ev []byte) {
 	if !o.started {
 		h := o.w.Header()
 		h.Set("Content-Type", "text/event-stream")
@@ -904,8 +916,7 @@ func (o *responder) event(v any) {
 		o.w.WriteHeader(200)
 		o.started = true
 	}
-	b, _ := json.Marshal(v)
-	fmt.Fprintf(o.w, "data: %s\n\n", b)
+	_, _ = o.w.Write(ev)
 	if f, ok := o.w.(http.Flusher); ok {
 		f.Flush()
 	}
@@ -948,7 +959,7 @@ func (o *responder) delta(i int, text string, lp *pb.GenerateResponse) {
 		c.text = append(c.text, text...)
 		return
 	}
-	o.event(o.chunk(i, text, nil))
+	o.writeChunk(i, text, nil)
 }
 
 // bestSamples returns the indices of the n samples with the highest
@@ -987,7 +998,7 @@ func (o *responder) finishChoice(i int, reason string) {
 		o.choices[i].finish = reason
 		return
 	}
-	o.event(o.chunk(i, "", &reason))
+	o.writeChunk(i, "", &reason)
 }
 
 // end writes the response's end, every choice finished: the whole JSON
