@@ -235,7 +235,9 @@ func Gateway(cfg GatewayConfig) error {
 		a.add(load(n, half, direct))
 		var profiled sync.WaitGroup
 		if n == 500 && cfg.CPUProfile != "" {
-			profiled.Go(func() { saveProfile(gw.Addr, max(half-time.Second, time.Second), cfg.CPUProfile) })
+			// Over both gateway halves (each runs past its half while its
+			// last requests end), whole seconds.
+			profiled.Go(func() { saveProfile(gw.Addr, max(2*half-time.Second, time.Second), cfg.CPUProfile) })
 		}
 		// The gateway's own histograms and CPU, over its two half phases.
 		before, err := scrapeOwn(httpc, gw.Addr)
@@ -243,8 +245,8 @@ func Gateway(cfg GatewayConfig) error {
 			return fmt.Errorf("reading the gateway's metrics: %w", err)
 		}
 		b.add(load(n, half, viaGateway))
-		profiled.Wait()
 		b.add(load(n, half, viaGateway))
+		profiled.Wait()
 		after, err := scrapeOwn(httpc, gw.Addr)
 		if err != nil {
 			return fmt.Errorf("reading the gateway's metrics: %w", err)
@@ -348,6 +350,16 @@ func scrapeOwn(httpc *http.Client, addr string) (*ownSample, error) {
 		bs = append(bs, ownBucket{math.Inf(1), float64(m.GetHistogram().GetSampleCount())})
 		s.buckets[phase] = bs
 	}
+	if mf, ok := mfs["go_sched_latencies_seconds"]; ok && len(mf.GetMetric()) > 0 {
+		// The Go runtime's: how long goroutines waited runnable for a CPU.
+		m := mf.GetMetric()[0]
+		var bs []ownBucket
+		for _, b := range m.GetHistogram().GetBucket() {
+			bs = append(bs, ownBucket{b.GetUpperBound(), float64(b.GetCumulativeCount())})
+		}
+		bs = append(bs, ownBucket{math.Inf(1), float64(m.GetHistogram().GetSampleCount())})
+		s.buckets[schedPhase] = bs
+	}
 	if mf, ok := mfs["process_cpu_seconds_total"]; ok && len(mf.GetMetric()) > 0 {
 		s.cpu = mf.GetMetric()[0].GetCounter().GetValue()
 	}
@@ -358,6 +370,10 @@ func scrapeOwn(httpc *http.Client, addr string) (*ownSample, error) {
 	}
 	return s, nil
 }
+
+// schedPhase holds go_sched_latencies_seconds among an ownSample's
+// histograms.
+const schedPhase = "go_sched_latency"
 
 // minus is what happened between o and s.
 func (s *ownSample) minus(o *ownSample) *ownSample {
@@ -406,6 +422,9 @@ type ownRow struct {
 	streams                              int
 	acceptP50, acceptP99, tokP50, tokP99 float64
 	cpuMsPerRequest                      float64
+	// schedP99 is the p99 of the gateway's goroutines' wait, runnable,
+	// for a CPU (the Go runtime's go_sched_latencies_seconds).
+	schedP99 float64
 }
 
 // ownFigures puts the gateway's own time of n streams under their JSON
@@ -413,12 +432,14 @@ type ownRow struct {
 func ownFigures(out map[string]float64, n int, d *ownSample) ownRow {
 	r := ownRow{streams: n,
 		acceptP50: d.quantileMs("accept_to_generate", 0.5), acceptP99: d.quantileMs("accept_to_generate", 0.99),
-		tokP50: d.quantileMs("token_to_write", 0.5), tokP99: d.quantileMs("token_to_write", 0.99)}
+		tokP50: d.quantileMs("token_to_write", 0.5), tokP99: d.quantileMs("token_to_write", 0.99),
+		schedP99: d.quantileMs(schedPhase, 0.99)}
 	if d.requests > 0 {
 		r.cpuMsPerRequest = 1e3 * d.cpu / d.requests
 	}
 	for k, v := range map[string]float64{"own_accept_to_generate_p50_ms": r.acceptP50, "own_accept_to_generate_p99_ms": r.acceptP99,
-		"own_token_to_write_p50_ms": r.tokP50, "own_token_to_write_p99_ms": r.tokP99, "own_cpu_ms_per_request": r.cpuMsPerRequest} {
+		"own_token_to_write_p50_ms": r.tokP50, "own_token_to_write_p99_ms": r.tokP99, "own_cpu_ms_per_request": r.cpuMsPerRequest,
+		"gateway_sched_latency_p99_ms": r.schedP99} {
 		if !math.IsNaN(v) { // a phase with no observations has no key
 			out[fmt.Sprintf("%s_%d", k, n)] = v
 		}
@@ -429,11 +450,13 @@ func ownFigures(out map[string]float64, n int, d *ownSample) ownRow {
 // printOwnTable prints the gateway's own time by load.
 func printOwnTable(w io.Writer, rows []ownRow) {
 	fmt.Fprintf(w, "\nthe gateway's own time (lumen_gateway_own_seconds, over its half phases):\n")
-	fmt.Fprintf(w, "%-12s %-36s %-36s %s\n", "load", "accept -> Generate p50 / p99", "token received -> written p50 / p99", "CPU per request")
+	fmt.Fprintf(w, "%-12s %-36s %-36s %-16s %s\n", "load", "accept -> Generate p50 / p99", "token received -> written p50 / p99", "CPU per request", "runnable wait p99")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-12s %-36s %-36s %.2f ms\n", fmt.Sprintf("%d streams", r.streams),
-			fmt.Sprintf("%.3f / %.3f ms", r.acceptP50, r.acceptP99), fmt.Sprintf("%.3f / %.3f ms", r.tokP50, r.tokP99), r.cpuMsPerRequest)
+		fmt.Fprintf(w, "%-12s %-36s %-36s %-16s %.3f ms\n", fmt.Sprintf("%d streams", r.streams),
+			fmt.Sprintf("%.3f / %.3f ms", r.acceptP50, r.acceptP99), fmt.Sprintf("%.3f / %.3f ms", r.tokP50, r.tokP99),
+			fmt.Sprintf("%.2f ms", r.cpuMsPerRequest), r.schedP99)
 	}
+	fmt.Fprintf(w, "(runnable wait: go_sched_latencies_seconds, the gateway's goroutines' wait for a CPU)\n")
 	fmt.Fprintf(w, "(goal, issue 26: p99 <= 1 ms of the gateway's own time)\n")
 }
 
