@@ -51,6 +51,9 @@ type streamResult struct {
 	tokens int64
 	errors int64
 	wall   time.Duration
+	// classes counts the errors by their text (ids and addresses cut, so
+	// one cause is one line).
+	classes map[string]int64
 }
 
 func (r *streamResult) pct(p float64) float64 { return percentileMs(r.ttft, p) }
@@ -61,14 +64,25 @@ func (r *streamResult) add(o *streamResult) {
 	r.tokens += o.tokens
 	r.errors += o.errors
 	r.wall += o.wall
+	for k, v := range o.classes {
+		if r.classes == nil {
+			r.classes = map[string]int64{}
+		}
+		r.classes[k] += v
+	}
 }
 
 func (r *streamResult) tps() float64 { return float64(r.tokens) / r.wall.Seconds() }
 
+// requestTimeout bounds one request of a load: at 5,000 streams a request
+// waits tens of seconds for a place in the batch (TTFT p99 37 s), and the
+// last of a phase ends near a minute.
+const requestTimeout = 3 * time.Minute
+
 // load runs `streams` clients, each sending requests back to back for d.
 func load(streams int, d time.Duration, one func(ctx context.Context, c, i int) (time.Duration, int, error)) *streamResult {
 	var mu sync.Mutex
-	res := &streamResult{}
+	res := &streamResult{classes: map[string]int64{}}
 	var tokens, errs atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -76,11 +90,14 @@ func load(streams int, d time.Duration, one func(ctx context.Context, c, i int) 
 		wg.Go(func() {
 			var local []time.Duration
 			for i := 0; time.Since(start) < d; i++ {
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 				ttft, n, err := one(ctx, c, i)
 				cancel()
 				if err != nil {
 					errs.Add(1)
+					mu.Lock()
+					res.classes[errorClass(err)]++
+					mu.Unlock()
 					continue
 				}
 				local = append(local, ttft)
@@ -116,8 +133,14 @@ func Gateway(cfg GatewayConfig) error {
 	}
 	defer cl.Stop()
 	most := slices.Max(cfg.Streams)
+	// Every client starts its stream at once, so the worker's waiting
+	// queue must hold all the streams not yet running: at its default
+	// (4,096) a 5,000-stream load had hundreds refused at every phase's
+	// start (ResourceExhausted, 429 through the gateway), and each refused
+	// client tried again at once until a place freed, thousands of errors.
 	w, err := cl.AddWorker("bench-worker", "-engine", "synthetic", "-profile", cfg.Profile, "-time-scale", "1",
-		"-max-running", strconv.Itoa(max(1024, most)), "-token-budget", "8192", "-emulate-load=false")
+		"-max-running", strconv.Itoa(max(1024, most)), "-max-waiting", strconv.Itoa(max(4096, most)),
+		"-token-budget", "8192", "-emulate-load=false")
 	if err != nil {
 		return err
 	}
@@ -212,7 +235,9 @@ func Gateway(cfg GatewayConfig) error {
 		a.add(load(n, half, direct))
 		var profiled sync.WaitGroup
 		if n == 500 && cfg.CPUProfile != "" {
-			profiled.Go(func() { saveProfile(gw.Addr, max(half-time.Second, time.Second), cfg.CPUProfile) })
+			// Over both gateway halves (each runs past its half while its
+			// last requests end), whole seconds.
+			profiled.Go(func() { saveProfile(gw.Addr, max(2*half-time.Second, time.Second), cfg.CPUProfile) })
 		}
 		// The gateway's own histograms and CPU, over its two half phases.
 		before, err := scrapeOwn(httpc, gw.Addr)
@@ -220,8 +245,8 @@ func Gateway(cfg GatewayConfig) error {
 			return fmt.Errorf("reading the gateway's metrics: %w", err)
 		}
 		b.add(load(n, half, viaGateway))
-		profiled.Wait()
 		b.add(load(n, half, viaGateway))
+		profiled.Wait()
 		after, err := scrapeOwn(httpc, gw.Addr)
 		if err != nil {
 			return fmt.Errorf("reading the gateway's metrics: %w", err)
@@ -230,6 +255,8 @@ func Gateway(cfg GatewayConfig) error {
 		owns = append(owns, ownFigures(out, n, after.minus(before)))
 		if a.errors > 0 || b.errors > 0 {
 			fmt.Printf("  errors: direct %d, gateway %d\n", a.errors, b.errors)
+			printClasses(os.Stdout, "direct", a.classes)
+			printClasses(os.Stdout, "gateway", b.classes)
 		}
 		rows = append(rows, gatewayFigures(out, n, a, b))
 	}
@@ -323,6 +350,16 @@ func scrapeOwn(httpc *http.Client, addr string) (*ownSample, error) {
 		bs = append(bs, ownBucket{math.Inf(1), float64(m.GetHistogram().GetSampleCount())})
 		s.buckets[phase] = bs
 	}
+	if mf, ok := mfs["go_sched_latencies_seconds"]; ok && len(mf.GetMetric()) > 0 {
+		// The Go runtime's: how long goroutines waited runnable for a CPU.
+		m := mf.GetMetric()[0]
+		var bs []ownBucket
+		for _, b := range m.GetHistogram().GetBucket() {
+			bs = append(bs, ownBucket{b.GetUpperBound(), float64(b.GetCumulativeCount())})
+		}
+		bs = append(bs, ownBucket{math.Inf(1), float64(m.GetHistogram().GetSampleCount())})
+		s.buckets[schedPhase] = bs
+	}
 	if mf, ok := mfs["process_cpu_seconds_total"]; ok && len(mf.GetMetric()) > 0 {
 		s.cpu = mf.GetMetric()[0].GetCounter().GetValue()
 	}
@@ -333,6 +370,10 @@ func scrapeOwn(httpc *http.Client, addr string) (*ownSample, error) {
 	}
 	return s, nil
 }
+
+// schedPhase holds go_sched_latencies_seconds among an ownSample's
+// histograms.
+const schedPhase = "go_sched_latency"
 
 // minus is what happened between o and s.
 func (s *ownSample) minus(o *ownSample) *ownSample {
@@ -381,6 +422,9 @@ type ownRow struct {
 	streams                              int
 	acceptP50, acceptP99, tokP50, tokP99 float64
 	cpuMsPerRequest                      float64
+	// schedP99 is the p99 of the gateway's goroutines' wait, runnable,
+	// for a CPU (the Go runtime's go_sched_latencies_seconds).
+	schedP99 float64
 }
 
 // ownFigures puts the gateway's own time of n streams under their JSON
@@ -388,12 +432,14 @@ type ownRow struct {
 func ownFigures(out map[string]float64, n int, d *ownSample) ownRow {
 	r := ownRow{streams: n,
 		acceptP50: d.quantileMs("accept_to_generate", 0.5), acceptP99: d.quantileMs("accept_to_generate", 0.99),
-		tokP50: d.quantileMs("token_to_write", 0.5), tokP99: d.quantileMs("token_to_write", 0.99)}
+		tokP50: d.quantileMs("token_to_write", 0.5), tokP99: d.quantileMs("token_to_write", 0.99),
+		schedP99: d.quantileMs(schedPhase, 0.99)}
 	if d.requests > 0 {
 		r.cpuMsPerRequest = 1e3 * d.cpu / d.requests
 	}
 	for k, v := range map[string]float64{"own_accept_to_generate_p50_ms": r.acceptP50, "own_accept_to_generate_p99_ms": r.acceptP99,
-		"own_token_to_write_p50_ms": r.tokP50, "own_token_to_write_p99_ms": r.tokP99, "own_cpu_ms_per_request": r.cpuMsPerRequest} {
+		"own_token_to_write_p50_ms": r.tokP50, "own_token_to_write_p99_ms": r.tokP99, "own_cpu_ms_per_request": r.cpuMsPerRequest,
+		"gateway_sched_latency_p99_ms": r.schedP99} {
 		if !math.IsNaN(v) { // a phase with no observations has no key
 			out[fmt.Sprintf("%s_%d", k, n)] = v
 		}
@@ -404,10 +450,44 @@ func ownFigures(out map[string]float64, n int, d *ownSample) ownRow {
 // printOwnTable prints the gateway's own time by load.
 func printOwnTable(w io.Writer, rows []ownRow) {
 	fmt.Fprintf(w, "\nthe gateway's own time (lumen_gateway_own_seconds, over its half phases):\n")
-	fmt.Fprintf(w, "%-12s %-36s %-36s %s\n", "load", "accept -> Generate p50 / p99", "token received -> written p50 / p99", "CPU per request")
+	fmt.Fprintf(w, "%-12s %-36s %-36s %-16s %s\n", "load", "accept -> Generate p50 / p99", "token received -> written p50 / p99", "CPU per request", "runnable wait p99")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-12s %-36s %-36s %.2f ms\n", fmt.Sprintf("%d streams", r.streams),
-			fmt.Sprintf("%.3f / %.3f ms", r.acceptP50, r.acceptP99), fmt.Sprintf("%.3f / %.3f ms", r.tokP50, r.tokP99), r.cpuMsPerRequest)
+		fmt.Fprintf(w, "%-12s %-36s %-36s %-16s %.3f ms\n", fmt.Sprintf("%d streams", r.streams),
+			fmt.Sprintf("%.3f / %.3f ms", r.acceptP50, r.acceptP99), fmt.Sprintf("%.3f / %.3f ms", r.tokP50, r.tokP99),
+			fmt.Sprintf("%.2f ms", r.cpuMsPerRequest), r.schedP99)
 	}
+	fmt.Fprintf(w, "(runnable wait: go_sched_latencies_seconds, the gateway's goroutines' wait for a CPU)\n")
 	fmt.Fprintf(w, "(goal, issue 26: p99 <= 1 ms of the gateway's own time)\n")
+}
+
+// errorClass is err's text with the digits cut (request ids, ports,
+// durations), so errors of one cause count as one class.
+func errorClass(err error) string {
+	s := err.Error()
+	var b []byte
+	digits := false
+	for i := 0; i < len(s) && len(b) < 200; i++ {
+		if s[i] >= '0' && s[i] <= '9' {
+			if !digits {
+				b = append(b, '#')
+			}
+			digits = true
+			continue
+		}
+		digits = false
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+// printClasses prints a path's error classes, most frequent first.
+func printClasses(w io.Writer, path string, classes map[string]int64) {
+	keys := make([]string, 0, len(classes))
+	for k := range classes {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(x, y string) int { return int(classes[y] - classes[x]) })
+	for _, k := range keys {
+		fmt.Fprintf(w, "    %s %6d  %s\n", path, classes[k], k)
+	}
 }

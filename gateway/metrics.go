@@ -103,7 +103,10 @@ func newMetrics(model string) *metrics {
 	}
 	m.reg.MustRegister(m.placements, m.fallbacks, m.commit, m.refusals, m.setHolder, m.regenerated)
 	m.reg.MustRegister(m.requests, m.ttft, m.e2e, m.resumes, m.inflight, m.tokens, m.migrationDowntime,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		// The scheduler's metrics too: go_sched_latencies_seconds, the
+		// time goroutines wait runnable for a CPU, is what a request's
+		// own time holds beyond its work when the cores are busy.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler)), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -17,7 +17,7 @@ import (
 
 // queueFull is what a worker whose waiting queue is at MaxWaiting answers
 // Generate (worker/inference.go: core.ErrQueueFull).
-var queueFull = status.Error(codes.ResourceExhausted, "worker: waiting queue full: 4096 requests wait")
+var queueFull = status.Error(codes.ResourceExhausted, "worker: waiting queue full: 4096 requests wait, at its limit of 4096 (MaxWaiting, the worker's -max-waiting)")
 
 // wantText waits for the completion and fails the test unless it ended
 // with text, in full.
@@ -130,6 +130,11 @@ func TestQueueFullEverywhereAnswers429(t *testing.T) {
 	if a.code != 429 || body.Error.Type != "rate_limit_error" || a.retryAfter == "" ||
 		!strings.Contains(body.Error.Message, "queue") || !strings.Contains(body.Error.Message, "retry") {
 		t.Fatalf("got %d Retry-After %q: %s; want 429, rate_limit_error, a Retry-After and a message about full queues", a.code, a.retryAfter, a.body)
+	}
+	// The message passes on a worker's own answer, so the client (and a
+	// benchmark's operator) sees which limit refused it.
+	if !strings.Contains(body.Error.Message, "limit of 4096") || !strings.Contains(body.Error.Message, "-max-waiting") {
+		t.Fatalf("429 message %q does not name the worker's limit (its answer: %s)", body.Error.Message, status.Convert(queueFull).Message())
 	}
 }
 

@@ -385,9 +385,14 @@ const retryAfter = time.Second
 
 // allFullError answers a request that streamed nothing when every worker
 // the gateway could place it on has a full queue.
-func allFullError(workers []string) *apiError {
-	return &apiError{Status: 429, Type: "rate_limit_error", Code: "queue_full", RetryAfter: retryAfter,
-		Message: fmt.Sprintf("every worker's queue is full (tried %s); retry after %s", strings.Join(workers, ", "), retryAfter)}
+// last is the last refusal's text (its worker's, naming the queue's
+// limit), "" when there was none.
+func allFullError(workers []string, last string) *apiError {
+	msg := fmt.Sprintf("every worker's queue is full (tried %s); retry after %s", strings.Join(workers, ", "), retryAfter)
+	if last != "" {
+		msg = fmt.Sprintf("every worker's queue is full (tried %s; last answer %s); retry after %s", strings.Join(workers, ", "), last, retryAfter)
+	}
+	return &apiError{Status: 429, Type: "rate_limit_error", Code: "queue_full", RetryAfter: retryAfter, Message: msg}
 }
 
 // fullAnswers are the full-queue refusals a request met since its last
@@ -396,6 +401,7 @@ type fullAnswers struct {
 	workers []string  // those that refused, each once; cleared after a wait
 	since   time.Time // the first refusal
 	n       int       // refusals, from the same worker included
+	last    string    // the last refusal's text, as its worker gave it
 	// pause is the wait before the next round over every worker; it
 	// doubles each round, so that a request waiting for a queue costs a
 	// Dispatch per round, not a stream of them.
@@ -462,6 +468,7 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 				full.since = time.Now()
 			}
 			full.n++
+			full.last = qf.worker + ": " + qf.msg
 			if !slices.Contains(full.workers, qf.worker) {
 				full.workers = append(full.workers, qf.worker)
 			}
@@ -709,7 +716,7 @@ func (g *Gateway) placeAfterFull(ctx context.Context, e *entry, full *fullAnswer
 			return pl, nilIfNone(aerr)
 		}
 		if len(e.out) == 0 {
-			return nil, allFullError(full.workers)
+			return nil, allFullError(full.workers, full.last)
 		}
 		if time.Since(full.since) >= g.cfg.ResumeTimeout {
 			return nil, fmt.Errorf("%w: request %s found every worker's queue full for %s (%d tokens streamed; tried %s)",
@@ -809,6 +816,9 @@ type responder struct {
 	// With logprobs: how many alternatives each token lists.
 	lp    bool
 	lpTop int
+	// tail is every chunk's end after its choices (chunkTail), buf the
+	// event being written (writeChunk).
+	tail, buf []byte
 }
 
 // choiceOut is one choice's part of a response.
@@ -890,6 +900,15 @@ func (o *responder) object() string {
 }
 
 func (o *responder) event(v any) {
+	b, _ := json.Marshal(v)
+	ev := make([]byte, 0, len(b)+8)
+	ev = append(append(append(ev, "data: "...), b...), "\n\n"...)
+	o.writeEvent(ev)
+}
+
+// writeEvent writes one whole event (`data: …\n\n`) and flushes it,
+// starting the stream first when it has not started.
+func (o *responder) writeEvent(ev []byte) {
 	if !o.started {
 		h := o.w.Header()
 		h.Set("Content-Type", "text/event-stream")
@@ -897,8 +916,7 @@ func (o *responder) event(v any) {
 		o.w.WriteHeader(200)
 		o.started = true
 	}
-	b, _ := json.Marshal(v)
-	fmt.Fprintf(o.w, "data: %s\n\n", b)
+	_, _ = o.w.Write(ev)
 	if f, ok := o.w.(http.Flusher); ok {
 		f.Flush()
 	}
@@ -941,7 +959,7 @@ func (o *responder) delta(i int, text string, lp *pb.GenerateResponse) {
 		c.text = append(c.text, text...)
 		return
 	}
-	o.event(o.chunk(i, text, nil))
+	o.writeChunk(i, text, nil)
 }
 
 // bestSamples returns the indices of the n samples with the highest
@@ -980,7 +998,7 @@ func (o *responder) finishChoice(i int, reason string) {
 		o.choices[i].finish = reason
 		return
 	}
-	o.event(o.chunk(i, "", &reason))
+	o.writeChunk(i, "", &reason)
 }
 
 // end writes the response's end, every choice finished: the whole JSON

@@ -54,6 +54,7 @@ func runWorker(args []string) error {
 	budget := fs.String("checkpoint-budget", "1GiB", "host memory for other workers' checkpoints (e.g. 80GB, 512MiB)")
 	fs.IntVar(&cfg.TokenBudget, "token-budget", cfg.TokenBudget, "tokens one engine step may compute")
 	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "most requests in the running batch")
+	fs.IntVar(&cfg.MaxWaiting, "max-waiting", cfg.MaxWaiting, "most requests in the waiting queue; a new request beyond it is refused (ResourceExhausted, naming the limit)")
 	fs.IntVar(&cfg.SpecK, "spec-k", cfg.SpecK, "drafts verified per request per step while a drafter assists, without a -profile (with one, K adapts); 0 refuses drafts; at most "+strconv.Itoa(core.MaxSpecK))
 	draftAlpha := fs.Float64("draft-alpha", core.PriorAcceptance, "synthetic engine: the probability that the draft proposes the target's next token, per position")
 	draftSeed := fs.Uint64("draft-seed", 1, "synthetic engine: the seed of the draft's agreement")

@@ -590,7 +590,7 @@ func (c *Core) Submit(r *Request) {
 	}
 	resume = resume || r.outStart > 0
 	if len(c.waiting) >= c.cfg.MaxWaiting && !resume {
-		c.event(Event{Req: r, Err: fmt.Errorf("%w: %d requests wait", ErrQueueFull, len(c.waiting))})
+		c.event(Event{Req: r, Err: fmt.Errorf("%w: %d requests wait, at its limit of %d (MaxWaiting, the worker's -max-waiting)", ErrQueueFull, len(c.waiting), c.cfg.MaxWaiting)})
 		return
 	}
 	c.nextSeq++

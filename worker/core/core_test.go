@@ -530,6 +530,9 @@ func TestCoreTooLargeAndQueueFull(t *testing.T) {
 	if len(o.Events) != 1 || o.Events[0].Req.ID != "second" || !errors.Is(o.Events[0].Err, ErrQueueFull) {
 		t.Fatalf("events %+v", o.Events)
 	}
+	if msg := o.Events[0].Err.Error(); !strings.Contains(msg, "limit of 1") || !strings.Contains(msg, "-max-waiting") {
+		t.Fatalf("refusal %q does not name the limit", msg)
+	}
 
 	c = New(Config{TokenBudget: 64, MaxRunning: 4, MaxWaiting: 1}, nil)
 	c.Submit(&Request{ID: "big", History: make([]int32, 40), Prompt: 40, MaxTokens: 2})
