@@ -36,14 +36,23 @@ type PageRef struct {
 	Page int
 }
 
-// SharePrefix implements PageSharer.
-func (t *Transformer) SharePrefix(dst, src SeqID, n int) error {
+// prefixRefs is src's first n pages, for SharePrefix.
+func prefixRefs(src SeqID, n int) ([]PageRef, error) {
 	if n < 0 {
-		return fmt.Errorf("%w: %d pages asked to share", ErrBadInput, n)
+		return nil, fmt.Errorf("%w: %d pages asked to share", ErrBadInput, n)
 	}
 	from := make([]PageRef, n)
 	for i := range from {
 		from[i] = PageRef{Seq: src, Page: i}
+	}
+	return from, nil
+}
+
+// SharePrefix implements PageSharer.
+func (t *Transformer) SharePrefix(dst, src SeqID, n int) error {
+	from, err := prefixRefs(src, n)
+	if err != nil {
+		return err
 	}
 	return t.SharePages(dst, from)
 }

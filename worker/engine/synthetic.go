@@ -86,12 +86,9 @@ func (s *Synthetic) dropPage(q *synthSeq, i int) {
 // SharePrefix implements PageSharer: dst starts with src's first n full
 // pages by reference, allocating none.
 func (s *Synthetic) SharePrefix(dst, src SeqID, n int) error {
-	if n < 0 {
-		return fmt.Errorf("%w: %d pages asked to share", ErrBadInput, n)
-	}
-	from := make([]PageRef, n)
-	for i := range from {
-		from[i] = PageRef{Seq: src, Page: i}
+	from, err := prefixRefs(src, n)
+	if err != nil {
+		return err
 	}
 	return s.SharePages(dst, from)
 }
