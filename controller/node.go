@@ -26,6 +26,7 @@ import (
 
 	"github.com/lumen-project/lumen/fsm"
 	"github.com/lumen-project/lumen/internal/gossip"
+	"github.com/lumen-project/lumen/internal/healthz"
 	"github.com/lumen-project/lumen/internal/liveness"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/ui"
@@ -278,8 +279,9 @@ func (n *Node) setupHTTP() error {
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.Handle("/ui/", ui.New(ui.Config{Replica: n, Dial: n.peers.get, Stop: n.shutdownCh, Go: n.goFunc}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/healthz", healthz.OK)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		healthz.Stamp(w)
 		if addr, id := n.raft.LeaderWithID(); addr == "" {
 			http.Error(w, "no leader", http.StatusServiceUnavailable)
 		} else {

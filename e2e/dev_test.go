@@ -134,7 +134,7 @@ func complete(t *testing.T, addr string) {
 	}
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("completion: HTTP %d: %s", resp.StatusCode, b)
+		t.Fatalf("completion at %s: HTTP %d: %s", addr, resp.StatusCode, b)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || len(body.Choices) == 0 || body.Choices[0].Text == "" {
 		t.Fatalf("completion: %v %+v", err, body)
@@ -200,6 +200,44 @@ func TestDevTwoGateways(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "gateway-2.log")); err != nil {
 		t.Fatalf("the second gateway's log: %v", err)
+	}
+}
+
+// TestDevHTTPAddrInUse: an -http address another server holds (here one
+// that answers every path 200, as a worker's /healthz and /readyz would)
+// stops `lumen dev` with an error naming the address, instead of printing
+// it as the gateway's and sending clients to the other server. CI saw the
+// second: a port picked free by the caller, handed by the kernel to a
+// worker's metrics server, and every completion a 404.
+func TestDevHTTPAddrInUse(t *testing.T) {
+	other := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go other.Serve(lis)
+	defer other.Close()
+	addr := lis.Addr().String()
+	dir := t.TempDir()
+	d := startDev(t, "-dir", dir, "-engine", "synthetic", "-workers", "1", "-http", addr)
+	var runErr error
+	select {
+	case runErr = <-d.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("lumen dev still runs on an -http address another server holds")
+	}
+	for l := range d.lines {
+		d.out.WriteString(l + "\n")
+	}
+	out := d.out.String()
+	if runErr == nil || strings.Contains(out, "Ctrl-C stops everything") {
+		t.Fatalf("lumen dev started on an address another server holds (exit %v):\n%s", runErr, out)
+	}
+	if !strings.Contains(out, addr) || !strings.Contains(out, "in use") {
+		t.Fatalf("the error does not name the address %s as in use:\n%s", addr, out)
+	}
+	if l := leftovers(t, dir); len(l) > 0 {
+		t.Fatalf("processes left after the failed start:\n%s", strings.Join(l, "\n"))
 	}
 }
 

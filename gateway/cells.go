@@ -42,6 +42,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/lumen-project/lumen/internal/healthz"
 )
 
 // Cell is one cell a gateway places into: its name and its controllers.
@@ -252,7 +254,7 @@ func (cs *Cells) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", route)
 	mux.HandleFunc("POST /v1/chat/completions", route)
 	mux.HandleFunc("GET /v1/models", cs.cells[0].g.models)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /healthz", healthz.OK)
 	mux.HandleFunc("GET /readyz", cs.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cs.gatherers(), promhttp.HandlerOpts{}))
 	if cs.cfg.Pprof {
@@ -265,6 +267,7 @@ func (cs *Cells) Handler() http.Handler {
 // readyz: ready while at least one cell is (its quorum has a leader and a
 // worker in full service answers); the body names each cell's state.
 func (cs *Cells) readyz(w http.ResponseWriter, r *http.Request) {
+	healthz.Stamp(w)
 	lines := make([]string, len(cs.cells))
 	errs := make([]error, len(cs.cells))
 	var wg sync.WaitGroup

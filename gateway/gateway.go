@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/healthz"
 	"github.com/lumen-project/lumen/internal/liveness"
 	"github.com/lumen-project/lumen/internal/placer"
 	"github.com/lumen-project/lumen/internal/tlsconf"
@@ -387,7 +388,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { g.serve(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { g.serve(w, r, true) })
 	mux.HandleFunc("GET /v1/models", g.models)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /healthz", healthz.OK)
 	mux.HandleFunc("GET /readyz", g.readyz)
 	mux.Handle("GET /metrics", g.metrics.handler())
 	if g.cfg.Pprof {
@@ -485,6 +486,7 @@ var errUnauthorized = &apiError{Status: 401, Type: "invalid_request_error", Code
 // readyz: a controller leader answers and at least one worker is in full
 // service and reachable.
 func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
+	healthz.Stamp(w)
 	if err := g.readiness(r.Context()); err != nil {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return

@@ -25,6 +25,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
 	"github.com/lumen-project/lumen/internal/gossip"
+	"github.com/lumen-project/lumen/internal/healthz"
 	"github.com/lumen-project/lumen/internal/liveness"
 	"github.com/lumen-project/lumen/internal/tlsconf"
 	"github.com/lumen-project/lumen/internal/workerdir"
@@ -253,8 +254,9 @@ func (w *Worker) serveHTTP() error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
+	mux.HandleFunc("/healthz", healthz.OK)
 	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		healthz.Stamp(rw)
 		if w.isDraining() || w.isLeaving() || !w.cfg.Engine.Loaded() {
 			http.Error(rw, "not ready", http.StatusServiceUnavailable)
 			return

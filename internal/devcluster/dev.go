@@ -169,6 +169,10 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 			dirs = append(dirs, filepath.Join(cfg.Dir, fmt.Sprintf("cell-%d", k)))
 		}
 	}
+	// The addresses named in advance are never handed to another
+	// component: the kernel may offer a port its user released a moment
+	// ago (the caller that picked -http, a kept controller's).
+	Reserve(cfg.HTTPAddr)
 	optss := make([]Options, cells)
 	for k, dir := range dirs {
 		optss[k] = Options{Dir: dir, Controllers: 3, Args: []string{"-log-level", "warn"}}
@@ -178,6 +182,11 @@ func RunDev(ctx context.Context, cfg DevConfig) error {
 				return err
 			}
 			optss[k].Addrs = addrs
+			for _, a := range addrs {
+				for _, s := range []string{a.Raft, a.GRPC, a.Serf, a.HTTP} {
+					Reserve(s)
+				}
+			}
 		}
 	}
 	if !cfg.KeepState {

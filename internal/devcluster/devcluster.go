@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lumen-project/lumen/internal/ctlclient"
+	"github.com/lumen-project/lumen/internal/healthz"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
 
@@ -125,19 +126,57 @@ type Cluster struct {
 	Gateways []*Gateway
 }
 
-// FreePort returns a loopback port free for both TCP and UDP now.
+// FreePort returns a loopback port free for both TCP and UDP now, and
+// never handed out or reserved before in this process.
 func FreePort() (int, error) { return freePortOn("127.0.0.1") }
+
+// taken holds the ports this process has handed out or reserved: a port
+// is free only until its user binds it, and the kernel may offer a port
+// it just released again, so without it two components (or a component
+// and an address the caller named, see Reserve) could get the same port.
+var taken = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// Reserve keeps FreePort from handing out addr's port: an address the
+// caller named and binds later (lumen dev's -http, picked by whoever ran
+// it). An address without a numeric port reserves nothing.
+func Reserve(addr string) {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return
+	}
+	if port, err := strconv.Atoi(p); err == nil && port > 0 {
+		taken.Lock()
+		taken.ports[port] = true
+		taken.Unlock()
+	}
+}
+
+// listenTCP is net.Listen; a test replaces it to make the kernel offer a
+// port again.
+var listenTCP = net.Listen
 
 func freePortOn(host string) (int, error) {
 	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		l, err := listenTCP("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return 0, err
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
+		taken.Lock()
+		seen := taken.ports[port]
+		taken.Unlock()
+		if seen {
+			continue
+		}
 		if u, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port))); err == nil {
 			u.Close()
+			taken.Lock()
+			taken.ports[port] = true
+			taken.Unlock()
 			return port, nil
 		}
 	}
@@ -555,18 +594,21 @@ func (c *Cluster) AddWorkerContext(ctx context.Context, id string, args ...strin
 func (w *Worker) waitServing(ctx context.Context, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return pollHealthz(ctx, w.HTTPAddr, w.done)
+	return pollHealthz(ctx, w.HTTPAddr, w.cmd.Process.Pid, w.done)
 }
 
-// pollHealthz polls http://addr/healthz until it answers, exited closes or
-// ctx ends.
-func pollHealthz(ctx context.Context, addr string, exited <-chan struct{}) bool {
+// pollHealthz polls http://addr/healthz until process pid answers it,
+// exited closes or ctx ends. An answer from another process (one that took
+// the port before pid could bind it) does not count: pid will exit.
+func pollHealthz(ctx context.Context, addr string, pid int, exited <-chan struct{}) bool {
 	client := &http.Client{Timeout: time.Second}
 	for {
 		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/healthz", nil)
 		if resp, err := client.Do(req); err == nil {
 			resp.Body.Close()
-			return true
+			if healthz.From(resp, pid) {
+				return true
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -691,12 +733,16 @@ func (c *Cluster) startGateway(ctx context.Context, addr string, cells, args []s
 		if err := c.spawnGateway(g); err != nil {
 			return nil, err
 		}
-		if g.waitListening(ctx, 30*time.Second) || !auto || attempt == 2 {
-			if ctx.Err() != nil {
-				g.stop()
-				return nil, fmt.Errorf("devcluster: gateway: %w", ctx.Err())
-			}
+		if g.waitListening(ctx, 30*time.Second) {
 			return g, nil
+		}
+		if ctx.Err() != nil {
+			g.stop()
+			return nil, fmt.Errorf("devcluster: gateway: %w", ctx.Err())
+		}
+		if !auto || attempt == 2 {
+			g.stop()
+			return nil, fmt.Errorf("devcluster: %s did not start listening on %s: is the address in use? (log: %s)", g.Name, g.Addr, g.LogPath)
 		}
 	}
 }
@@ -736,7 +782,7 @@ func (c *Cluster) RestartGateway(g *Gateway) error {
 func (g *Gateway) waitListening(ctx context.Context, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return pollHealthz(ctx, g.Addr, g.done)
+	return pollHealthz(ctx, g.Addr, g.cmd.Process.Pid, g.done)
 }
 
 // WaitReady polls the gateway's /readyz until it answers 200.
@@ -746,7 +792,7 @@ func (g *Gateway) WaitReady(ctx context.Context) error {
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
+			if resp.StatusCode == 200 && g.cmd != nil && healthz.From(resp, g.cmd.Process.Pid) {
 				return nil
 			}
 		}
