@@ -227,15 +227,22 @@ func (w *Worker) HeadroomPages() float64 {
 }
 
 // RestoreDelayMs is p_w(r): the expected delay, in milliseconds, of copying a
-// checkpoint held by w back to the GPU, taken as the mean reserved footprint
-// of the checkpoints w already holds over its host-to-GPU bandwidth. A worker
-// that holds nothing has no queue of restores: 0.
+// checkpoint held by w back to the GPU, taken as the reserved footprint of
+// every checkpoint w already holds over its host-to-GPU bandwidth: the
+// restores queued ahead of r's when the workers whose copies w holds fail
+// together (a node), which is when a holder's restores queue. A worker that
+// holds nothing has no queue of restores: 0.
+//
+// The seed's p_w(r) is the mean footprint of what w holds (DESIGN.md). That
+// term does not grow with the number of copies, so h(r) piled copies onto
+// the few workers with the lowest q_w: 6 of 56 survivors held 258 of the
+// 291 checkpoints a node of 8 left behind (issue 24), and the recovery plan
+// then recomputed 24% of them on other workers to spread the restores.
 func (w *Worker) RestoreDelayMs() float64 {
 	if w.Held == 0 || w.H2DBytesPerSec <= 0 {
 		return 0
 	}
-	mean := float64(w.Reserved) / float64(w.Held)
-	return mean / w.H2DBytesPerSec * 1000
+	return float64(w.Reserved) / w.H2DBytesPerSec * 1000
 }
 
 // Pages returns how many KV pages n tokens fill.

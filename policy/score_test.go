@@ -37,3 +37,49 @@ func TestHolderScoreIsRoundedLikeEveryArch(t *testing.T) {
 	}
 	t.Logf("%d of 100000 scores would differ if fused", differ)
 }
+
+// TestHolderSpreadsCopies: h(r) must spread checkpoints over the workers
+// rather than pile them on the one with the lowest q_w. With the seed's
+// p_w(r) (the mean footprint of what w holds) every worker holding one
+// copy of the same size scores the same, and every later copy went to the
+// lowest-index (or lowest-q_w) worker: 73 of 80 here. p_w(r) over the
+// total footprint held makes each copy cost its holder's restore queue.
+func TestHolderSpreadsCopies(t *testing.T) {
+	const (
+		n         = 9 // worker 0 serves, 1..8 may hold
+		copies    = 80
+		footprint = 2048 * 163840 // 2k tokens of Qwen3-14B KV
+	)
+	ws := make([]Worker, n)
+	for i := range ws {
+		ws[i] = Worker{ID: string(rune('a' + i)), Eligible: true, QueueWaitMs: 20,
+			CheckpointBudget: 1 << 40, H2DBytesPerSec: 25e9}
+	}
+	ws[1].QueueWaitMs = 10 // the least loaded worker: it should take more, not all
+	idx := NewHolderIndex(ws, 1)
+	for range copies {
+		h, why := ChooseHolder(Lumen, ws, idx, 0, footprint, 1)
+		if h < 0 {
+			t.Fatalf("no holder: %v", why)
+		}
+		ws[h].Held++
+		ws[h].Reserved += footprint
+		idx.Update(h, &ws[h])
+		if ref, _ := PickHolder(ws[:], 0, footprint, 1); ref < 0 {
+			t.Fatal("the reference found no holder")
+		}
+	}
+	most, least := 0, copies
+	for i := 1; i < n; i++ {
+		most, least = max(most, int(ws[i].Held)), min(least, int(ws[i].Held))
+	}
+	// 80 copies over 8 holders: 10 each; the 10 ms lead in q_w is worth
+	// 10 ms / 13.4 ms a copy, less than one copy.
+	if most-least > 2 {
+		held := make([]uint32, n)
+		for i := range ws {
+			held[i] = ws[i].Held
+		}
+		t.Fatalf("copies per worker %v: h(r) piles them (most %d, least %d)", held, most, least)
+	}
+}
