@@ -280,6 +280,7 @@ func MeanFigures(runs []*Figures) *Figures {
 		m.Recovered = m.Recovered && f.Recovered
 		m.RestoredFraction += f.RestoredFraction / n
 		m.CheckpointLiveFraction += f.CheckpointLiveFraction / n
+		m.CheckpointedFraction += f.CheckpointedFraction / n
 		m.CheckpointBytesSent += f.CheckpointBytesSent / n
 		m.CheckpointHostMeanBytes += f.CheckpointHostMeanBytes / n
 		m.CheckpointHostPeakBytes = max(m.CheckpointHostPeakBytes, f.CheckpointHostPeakBytes)

@@ -32,6 +32,10 @@ type Result struct {
 	// bytes held in the live workers' stores at each queue sample.
 	Restored            int
 	LiveCopy            int // of Interrupted, those whose plan found a live copy
+	// Checkpointed: of LiveCopy, those whose live copy held at least one
+	// page (a request interrupted before its first page filled has
+	// nothing a restore could serve).
+	Checkpointed int
 	CheckpointBytesSent uint64
 	CheckpointHostBytes []uint64
 	// SameDomain and ShortReplicas are the fsm's DomainCounts at the end:
@@ -144,6 +148,9 @@ func (s *Sim) finish() {
 			}
 			if r.liveCopy {
 				s.res.LiveCopy++
+			}
+			if r.checkpointed {
+				s.res.Checkpointed++
 			}
 			if r.failed == nil && r.resumeEnd > 0 {
 				s.res.Resumes = append(s.res.Resumes, r.resumeEnd-s.firstFail)

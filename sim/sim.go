@@ -554,6 +554,8 @@ type simRequest struct {
 	restored bool
 	// liveCopy: the recovery plan found a live copy of its checkpoint.
 	liveCopy bool
+	// checkpointed: that copy held at least one page of it.
+	checkpointed bool
 }
 
 // Run simulates cfg to its end and returns the result, after checking
@@ -1539,7 +1541,12 @@ func (s *Sim) markFailed(at time.Duration) {
 					r.interrupted = true
 					// A live copy: the plan reuses it, or moved the request
 					// off it by choice (rebalancing, no KV room there).
-					r.liveCopy = r.liveCopy || a.Mode == pb.RecoveryMode_RECOVERY_MODE_REUSE || a.Rebalanced
+					if a.Mode == pb.RecoveryMode_RECOVERY_MODE_REUSE || a.Rebalanced {
+						r.liveCopy = true
+						if h := s.worker(a.CheckpointHolder); h != nil && h.store.holdsPages(r.id) {
+							r.checkpointed = true
+						}
+					}
 					if s.cfg.Oracle {
 						s.oracleResume(r)
 					}

@@ -46,6 +46,18 @@ func (s *simStore) Prefix(hashes []uint64) [][]byte {
 	return noPages[:n]
 }
 
+// Holds implements core.Store: the store holds (or refused) pages of req.
+func (s *simStore) Holds(req string) bool {
+	_, ok := s.reqs[req]
+	return ok
+}
+
+// holdsPages reports whether the store holds at least one page of req.
+func (s *simStore) holdsPages(req string) bool {
+	r := s.reqs[req]
+	return r != nil && r.charged > 0
+}
+
 // put stores pages first, first+1, … of a request (their hashes), or
 // refuses each that would exceed the budget or the reservation.
 func (s *simStore) put(req string, reserved uint64, first int, hashes []uint64, size uint64) {

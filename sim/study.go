@@ -79,7 +79,13 @@ type Figures struct {
 	// found a live copy of their checkpoint (what failure domains and
 	// replicas keep): restored, or moved off the copy by the plan's own
 	// choice (rebalancing a holder with more restores than its share).
-	CheckpointLiveFraction  float64 `json:"checkpoint_live_fraction"`
+	CheckpointLiveFraction float64 `json:"checkpoint_live_fraction"`
+	// CheckpointedFraction is, of the same, those whose live copy held at
+	// least one page: the requests a restore could serve at all (one
+	// queued or not yet through its first page when its worker failed
+	// has none). RestoredFraction / CheckpointedFraction is the share of
+	// those the recovery restored.
+	CheckpointedFraction    float64 `json:"checkpointed_fraction"`
 	CheckpointBytesSent     float64 `json:"checkpoint_bytes_sent"`
 	CheckpointHostMeanBytes float64 `json:"checkpoint_host_mean_bytes"`
 	CheckpointHostPeakBytes float64 `json:"checkpoint_host_peak_bytes"`
@@ -391,10 +397,11 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		// too (0 with the cache off).
 		f.PagesReused, f.TokensRecomputed = float64(res.RestoredPages+res.ResumeCachedPages), float64(res.RecomputedTokens)
 		f.Preemptions = res.Preemptions
-		f.RestoredFraction, f.CheckpointLiveFraction = 1, 1
+		f.RestoredFraction, f.CheckpointLiveFraction, f.CheckpointedFraction = 1, 1, 1
 		if res.Interrupted > 0 {
 			f.RestoredFraction = float64(res.Restored) / float64(res.Interrupted)
 			f.CheckpointLiveFraction = float64(res.LiveCopy) / float64(res.Interrupted)
+			f.CheckpointedFraction = float64(res.Checkpointed) / float64(res.Interrupted)
 		}
 		f.CheckpointBytesSent = float64(res.CheckpointBytesSent)
 		f.CheckpointSameDomain, f.CheckpointReplicasShort = int(res.SameDomain), int(res.ShortReplicas)

@@ -251,6 +251,8 @@ func runDaemon(t *testing.T, sc equivScenario) []string {
 
 type mapStore map[uint64][]byte
 
+func (m mapStore) Holds(string) bool { return false }
+
 func (m mapStore) Prefix(hashes []uint64) [][]byte {
 	var out [][]byte
 	for _, h := range hashes {

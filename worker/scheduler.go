@@ -144,6 +144,11 @@ type storeView struct{ s *ckptStore }
 
 func (v storeView) Prefix(hashes []uint64) [][]byte { return v.s.prefix(hashes) }
 
+func (v storeView) Holds(id string) bool {
+	_, _, ok := v.s.stored(id)
+	return ok
+}
+
 func newScheduler(w *Worker) *scheduler {
 	c := core.New(core.Config{Self: w.cfg.ID, TokenBudget: w.cfg.TokenBudget, MaxRunning: w.cfg.MaxRunning,
 		MaxWaiting: w.cfg.MaxWaiting, TotalPages: w.cfg.Engine.Info().TotalPages, MigrationTimeout: w.cfg.MigrationTimeout,

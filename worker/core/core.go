@@ -117,6 +117,11 @@ type Store interface {
 	// first, that the store holds. The Core only counts them; the caller
 	// imports them.
 	Prefix(hashes []uint64) [][]byte
+	// Holds reports whether the store holds pages of request id: this
+	// worker is its checkpoint holder, so a call for it resumes an
+	// interrupted request, even one that had produced no token yet (its
+	// worker failed while prefilling the prompt).
+	Holds(id string) bool
 }
 
 // Request is one Generate call. The caller fills the exported fields and
@@ -159,7 +164,10 @@ type Request struct {
 	// looks at it.
 	Sink any
 
-	outStart     int // output tokens that arrived already generated
+	outStart int // output tokens that arrived already generated
+	// resume: the call continues an interrupted request (Submit): it came
+	// with output tokens, or this worker holds its checkpoint.
+	resume       bool
 	seq          engine.SeqID
 	fed          int // history tokens in the KV cache
 	started      time.Time
@@ -551,6 +559,11 @@ func (c *Core) Output() Output {
 // MaxWaiting.
 func (c *Core) Submit(r *Request) {
 	r.outStart = r.Outputs()
+	// A request interrupted before its first token arrives as a new one
+	// would, its prompt alone; the checkpoint this worker holds of it
+	// tells it apart, so that it restores its prefilled pages and waits
+	// with the resumes, not behind every new request.
+	r.resume = r.outStart > 0 || c.store != nil && !r.PromptLogprobs && c.store.Holds(r.ID)
 	if r.lastToken.IsZero() {
 		r.lastToken = r.Arrived
 	}
@@ -588,7 +601,7 @@ func (c *Core) Submit(r *Request) {
 		}
 		delete(c.byID, r.ID) // queued below, or refused
 	}
-	resume = resume || r.outStart > 0
+	resume = resume || r.resume
 	if len(c.waiting) >= c.cfg.MaxWaiting && !resume {
 		c.event(Event{Req: r, Err: fmt.Errorf("%w: %d requests wait, at its limit of %d (MaxWaiting, the worker's -max-waiting)", ErrQueueFull, len(c.waiting), c.cfg.MaxWaiting)})
 		return
@@ -596,7 +609,7 @@ func (c *Core) Submit(r *Request) {
 	c.nextSeq++
 	r.seq = c.nextSeq
 	c.byID[r.ID] = r
-	if r.outStart > 0 {
+	if r.resume {
 		// A resumed request (its worker failed, or it moved) goes ahead of
 		// new ones of its priority, behind earlier resumes: its client is
 		// already waiting mid-stream, and a failure should cost it a
@@ -616,7 +629,7 @@ func (c *Core) enqueue(r *Request, behindResumes bool) {
 	i := 0
 	for i < len(c.waiting) {
 		w := c.waiting[i]
-		if w.Priority > r.Priority || (w.Priority == r.Priority && behindResumes && w.outStart == 0) {
+		if w.Priority > r.Priority || (w.Priority == r.Priority && behindResumes && !w.resume) {
 			break
 		}
 		i++
@@ -1005,7 +1018,7 @@ func (c *Core) makeRoom(free int) int {
 	for len(c.waiting) > 0 {
 		r := c.waiting[0]
 		urgent := len(c.running) > 0 && c.running[len(c.running)-1].Priority > r.Priority
-		if r.outStart == 0 && !urgent {
+		if !r.resume && !urgent {
 			return free
 		}
 		pages, _ := c.restorable(r)
@@ -1016,7 +1029,7 @@ func (c *Core) makeRoom(free int) int {
 		vi := -1
 		for i := len(c.running) - 1; i >= 0; i-- {
 			v := c.running[i]
-			if v.Priority > r.Priority || (v.Priority == r.Priority && r.outStart > 0 && v.outStart == 0 && v.fed <= len(r.History)) {
+			if v.Priority > r.Priority || (v.Priority == r.Priority && r.resume && !v.resume && v.fed <= len(r.History)) {
 				vi = i
 				break
 			}
@@ -1049,7 +1062,7 @@ func (c *Core) requeue(v *Request) int {
 // that the checkpoint store holds (this worker was the request's holder),
 // and their hashes; nil for a new request or one already tried.
 func (c *Core) restorable(r *Request) ([][]byte, []uint64) {
-	if c.store == nil || r.restoreTried || r.fed > 0 || r.outStart == 0 || r.PromptLogprobs {
+	if c.store == nil || r.restoreTried || r.fed > 0 || !r.resume || r.PromptLogprobs {
 		return nil, nil // a new request: nothing was checkpointed
 	}
 	// At least one token must be left to compute the next one.
@@ -1066,7 +1079,7 @@ func (c *Core) restore(r *Request, pages [][]byte, hashes []uint64) (Restore, bo
 		return Restore{}, false
 	}
 	r.restoreTried = true
-	if r.outStart == 0 {
+	if !r.resume {
 		return Restore{}, false
 	}
 	var rs Restore

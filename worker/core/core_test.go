@@ -33,7 +33,11 @@ type harness struct {
 	pages map[string]map[int][][]byte
 }
 
+// memStore holds pages by hash and knows no request ids: a call with no
+// output tokens is a new request to it.
 type memStore map[uint64][]byte
+
+func (m memStore) Holds(string) bool { return false }
 
 func (m memStore) Prefix(hashes []uint64) [][]byte {
 	var out [][]byte
@@ -401,6 +405,63 @@ func TestCoreRestoresACheckpointedPrefix(t *testing.T) {
 	}
 	if h.batches[0] != "x:64+14/1" {
 		t.Fatalf("first batch %q, want the partial prefill x:64+14/1", h.batches[0])
+	}
+}
+
+// heldStore is a holder's store that knows which requests it holds, as
+// the worker's and the simulator's do.
+type heldStore struct {
+	memStore
+	ids map[string]bool
+}
+
+func (s heldStore) Holds(id string) bool { return s.ids[id] }
+
+// TestCoreRestoresAPrefillInterrupted: a request whose worker failed while
+// it prefilled a long prompt in chunks (no output token yet) resumes at
+// its holder with its prompt alone, as a new call looks; the holder's
+// checkpoint of it makes it a resume: its prefilled pages are imported,
+// only the rest of the prompt is prefilled, and it waits ahead of the new
+// requests. Before, such a request was new to the holder: 0 pages
+// restored, the whole prompt prefilled again, at the back of the queue.
+func TestCoreRestoresAPrefillInterrupted(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 0))
+	p := prompt(rng, 200)
+	ref := reference(t, p, 6)
+	src := newHarness(t, 64, Config{Self: "w1", TokenBudget: 64}, nil)
+	src.submit("x", p, nil, 6)
+	src.c.Lookup("x").Holder, src.c.Lookup("x").Reserved = "w2", 1<<30
+	src.step()
+	src.step()
+	r := src.c.Lookup("x")
+	if len(src.out["x"]) != 0 || r.Fed() != 128 {
+		t.Fatalf("after two chunks: %d tokens out, %d prefilled; the test wants the prompt half prefilled", len(src.out["x"]), r.Fed())
+	}
+	store := heldStore{memStore{}, map[string]bool{"x": true}}
+	for i, hsh := range src.ckpt["x"] {
+		data, err := src.eng.ExportPage(r.Seq(), i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store.memStore[hsh] = data
+	}
+	if len(store.memStore) != 8 {
+		t.Fatalf("%d pages checkpointed, want the 8 prefilled", len(store.memStore))
+	}
+	// The worker fails. At the holder a new request is queued first; the
+	// interrupted one arrives after it, with its prompt alone.
+	h := newHarness(t, 64, Config{Self: "w2", TokenBudget: 64, MaxRunning: 1}, store)
+	h.submit("new", prompt(rng, 30), nil, 4)
+	h.submit("x", p, nil, 6)
+	h.run()
+	if !slices.Equal(h.out["x"], ref) {
+		t.Fatalf("resumed output %v, want %v", h.out["x"], ref)
+	}
+	if h.total.RestoredPages != 8 {
+		t.Fatalf("restored %d pages, want the 8 checkpointed", h.total.RestoredPages)
+	}
+	if !strings.HasPrefix(h.batches[0], "x:128+") {
+		t.Fatalf("first batch %q: want the interrupted request first, prefilling from its 128 restored tokens", h.batches[0])
 	}
 }
 

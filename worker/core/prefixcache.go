@@ -160,7 +160,7 @@ func (c *Core) takeHit(r *Request, hit int) {
 	r.cached = hit
 	r.restoreTried = true
 	c.out.CacheHitTokens += r.fed
-	if r.outStart > 0 {
+	if r.resume {
 		c.out.RecomputedTokens += len(r.History) - r.fed
 		c.out.ResumeCachedPages += hit
 	}
