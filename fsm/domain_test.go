@@ -209,3 +209,46 @@ func TestFailingTogetherNoTargetAmongThem(t *testing.T) {
 		t.Fatalf("%d assignments for 4 requests: some were planned twice", planned)
 	}
 }
+
+// TestMigrationOntoTheHoldersNode: a request migrates to a worker on its
+// checkpoint holder's node (not the holder itself): the commit chooses the
+// copy again, off the destination's node, as the copy may not share its
+// serving worker's failure domain; a migration elsewhere keeps it.
+func TestMigrationOntoTheHoldersNode(t *testing.T) {
+	h := domainCluster(t, 1<<30)
+	p := h.one(dispatch("r1", 100, 28)).Dispatch.Placement
+	holder := h.f.Worker(p.HolderId)
+	var mate, other string // the holder's node-mate, and a worker on the third node
+	for _, id := range []string{"a1", "a2", "b1", "b2", "c1"} {
+		w := h.f.Worker(id)
+		switch {
+		case id == p.WorkerId || id == p.HolderId:
+		case w.Node == holder.Node:
+			mate = id
+		case w.Node != h.f.Worker(p.WorkerId).Node && other == "":
+			other = id
+		}
+	}
+	if mate == "" || other == "" {
+		t.Fatalf("r1 on %s held by %s: no node-mate of the holder free to migrate to", p.WorkerId, p.HolderId)
+	}
+	from := p.WorkerId + "/1>" + mate + "/1"
+	h.expect(migrateCmd("r1", p.Epoch, mate, 1), "STARTED r1 "+from)
+	c := h.expect(finishCmd("r1", p.Epoch, mate, 1, true), "COMMITTED r1 "+from, "move r1>"+mate).Placement
+	if c.HolderId == "" || h.f.Worker(c.HolderId).Node == h.f.Worker(mate).Node {
+		t.Fatalf("after the commit onto %s (node %s): holder %q, on the destination's node", mate, holder.Node, c.HolderId)
+	}
+	checkReservations(t, h.f.st)
+	// Onward to the third node, away from the copy's: the copy stays.
+	kept := c.HolderId
+	if h.f.Worker(other).Node == h.f.Worker(kept).Node {
+		t.Fatalf("the new copy %s is on %s's node: the keep case needs another destination", kept, other)
+	}
+	from = mate + "/1>" + other + "/1"
+	h.expect(migrateCmd("r1", c.Epoch, other, 1), "STARTED r1 "+from)
+	c = h.expect(finishCmd("r1", c.Epoch, other, 1, true), "COMMITTED r1 "+from, "move r1>"+other).Placement
+	if c.HolderId != kept {
+		t.Fatalf("after a migration away from the copy's node: holder %q, want %q kept", c.HolderId, kept)
+	}
+	checkReservations(t, h.f.st)
+}
