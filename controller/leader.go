@@ -235,7 +235,7 @@ func (n *Node) markWorkerFailed(ls *leaderState, m serf.Member) {
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
 	defer cancel()
 	if _, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{
-		WorkerId: m.Name, Incarnation: inc, Reason: reason}}}); err != nil {
+		WorkerId: m.Name, Incarnation: inc, Reason: reason, Checkpointed: n.copyPrefixes(ctx, m.Name)}}}); err != nil {
 		n.log.Warn("mark failed not committed", "worker", m.Name, "error", err)
 	}
 }

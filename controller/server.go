@@ -207,7 +207,8 @@ func (s *server) ReportUnreachable(ctx context.Context, req *pb.ReportUnreachabl
 		}
 		s.n.log.Info("worker failed its probe", "worker", w.Id, "reporter", req.Reporter, "error", probeErr)
 		r, err := ls.proposer.propose(ctx, &pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: &pb.MarkFailedCmd{
-			WorkerId: w.Id, Incarnation: w.Incarnation, Reason: "probe failed after report by " + req.Reporter + ": " + probeErr.Error()}}})
+			WorkerId: w.Id, Incarnation: w.Incarnation, Reason: "probe failed after report by " + req.Reporter + ": " + probeErr.Error(),
+			Checkpointed: s.n.copyPrefixes(ctx, w.Id)}}})
 		if err != nil {
 			return nil, err
 		}

@@ -252,3 +252,46 @@ func TestMigrationOntoTheHoldersNode(t *testing.T) {
 	}
 	checkReservations(t, h.f.st)
 }
+
+// TestMarkFailedCarriesCopyPrefixes: the prefixes the leader gathered from
+// the live holders (MarkFailedCmd.checkpointed) reach the recovery plan,
+// which restores from the longest copy. Without them it takes the freer
+// copy; with the less free copy reported longer, that one.
+func TestMarkFailedCarriesCopyPrefixes(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		reported  bool
+		wantFreer bool
+	}{{"not reported: the freer copy", false, true}, {"reported: the longest copy", true, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			h := domainCluster(t, 1<<30)
+			h.one(replicas(2))
+			p := h.one(dispatch("r1", 600, 28)).Dispatch.Placement
+			cs := copiesOf(p)
+			if len(cs) != 2 {
+				t.Fatalf("r1 copies %v, want 2", cs)
+			}
+			// The first copy's holder is freer; the second holds more.
+			h.one(load(cs[0], 1, 0, 100))
+			h.one(load(cs[1], 1, 0, 300))
+			mf := markFailed(p.WorkerId, 1)
+			if c.reported {
+				mf.GetMarkFailed().Checkpointed = []*pb.CopyPrefix{
+					{RequestId: "r1", Holder: cs[0], Tokens: 64}, {RequestId: "r1", Holder: cs[1], Tokens: 592}}
+			}
+			if r := h.one(mf); r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			plans := h.f.Recoveries()
+			a := plans[len(plans)-1].Assignments[0]
+			want := cs[1]
+			if c.wantFreer {
+				want = cs[0]
+			}
+			if a.Mode != pb.RecoveryMode_RECOVERY_MODE_REUSE || a.CheckpointHolder != want || a.TargetWorker != want {
+				t.Fatalf("copies %v: plan %v, want a reuse of %s's copy", cs, a, want)
+			}
+			checkReservations(t, h.f.st)
+		})
+	}
+}

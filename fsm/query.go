@@ -109,3 +109,28 @@ func (f *FSM) DomainCounts() (sameDomain, shortReplicas uint64) {
 	defer f.mu.RUnlock()
 	return f.st.sameDomain, f.st.shortReplicas
 }
+
+// ReplicatedCopies returns, of the requests worker id serves, those with
+// more than one checkpoint copy, grouped by the holders of their copies:
+// holder → request ids. The leader asks each holder what it holds of
+// them before it proposes the worker's MarkFailed (issue 24); with one
+// copy a request has nothing to choose between.
+func (f *FSM) ReplicatedCopies(id string) map[string][]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out map[string][]string
+	for _, rid := range sortedKeys(f.st.serving[id]) {
+		p := f.st.placements[rid]
+		if p == nil || p.HolderId == "" || len(p.ReplicaHolders) == 0 {
+			continue
+		}
+		if out == nil {
+			out = make(map[string][]string)
+		}
+		out[p.HolderId] = append(out[p.HolderId], rid)
+		for _, h := range p.ReplicaHolders {
+			out[h] = append(out[h], rid)
+		}
+	}
+	return out
+}

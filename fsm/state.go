@@ -29,6 +29,9 @@ type state struct {
 	// together are the workers the entry being applied marks failed,
 	// while it applies (failingTogether).
 	together []string
+	// copyPrefixes is, while a MarkFailed applies, what its leader
+	// gathered of each copy's prefix (MarkFailedCmd.checkpointed).
+	copyPrefixes []*pb.CopyPrefix
 
 	workers map[string]*pb.Worker
 	loads   map[string]*pb.LoadRecord
@@ -835,6 +838,8 @@ func (s *state) markFailed(c *pb.MarkFailedCmd, idx uint64, evs eventSink) Resul
 	if reason == "" {
 		reason = "marked failed"
 	}
+	s.copyPrefixes = c.Checkpointed
+	defer func() { s.copyPrefixes = nil }()
 	return Result{Worker: s.failWorker(w, reason, idx, evs)}
 }
 
@@ -914,11 +919,30 @@ func (s *state) recover(id string, incarnation uint64, idx uint64, evs eventSink
 		return
 	}
 	reqs := make([]policy.Interrupted, len(reqIDs))
+	// What the MarkFailed's leader gathered of each copy's prefix, by
+	// request and holder.
+	var prefixes map[string]map[string]uint32
+	if len(s.copyPrefixes) > 0 {
+		prefixes = make(map[string]map[string]uint32)
+		for _, cp := range s.copyPrefixes {
+			if prefixes[cp.RequestId] == nil {
+				prefixes[cp.RequestId] = make(map[string]uint32)
+			}
+			prefixes[cp.RequestId][cp.Holder] = cp.Tokens
+		}
+	}
 	// The migrations the failure interrupted, as they were.
 	var migrations []*pb.Placement
 	for i, rid := range reqIDs {
 		p := s.placements[rid]
 		reqs[i] = policy.Interrupted{RequestID: rid, Holder: p.HolderId, Replicas: p.ReplicaHolders, PromptTokens: p.PromptTokens, MaxTokens: p.MaxTokens}
+		if byHolder := prefixes[rid]; byHolder != nil && p.HolderId != "" {
+			reqs[i].Checkpointed = make([]uint32, 1+len(p.ReplicaHolders))
+			reqs[i].Checkpointed[0] = byHolder[p.HolderId]
+			for k, h := range p.ReplicaHolders {
+				reqs[i].Checkpointed[1+k] = byHolder[h]
+			}
+		}
 		if migrating(p) {
 			reqs[i].MigrationTarget = p.MigrationTarget
 			migrations = append(migrations, p)

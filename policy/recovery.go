@@ -18,8 +18,9 @@ type Interrupted struct {
 	// Checkpointed is the prefix, in tokens, each copy holds: [0] at
 	// Holder, [1+k] at Replicas[k] (a copy without an entry holds none).
 	// nil when not known: every copy then counts as holding the same
-	// prefix. The fsm does not know it (what each holder stored is not
-	// replicated) and passes nil.
+	// prefix. The fsm fills it from what the MarkFailed's leader asked the
+	// live holders (MarkFailedCmd.checkpointed); other recoveries (a new
+	// incarnation registering, a phase set FAILED) pass nil.
 	Checkpointed []uint32
 	// MigrationTarget is the destination of a live migration that was in
 	// flight when the worker failed, "" for none: it holds a copy of the
@@ -182,9 +183,8 @@ func PlanRecovery(s Strategy, ws []Worker, reqs []Interrupted) []Assignment {
 	// (Interrupted.Checkpointed: the least to recompute), then the KV room
 	// for the prefix and then the highest freeness (the lowest cost of a
 	// restore there); -1 for none. Where the prefixes are not known
-	// (the fsm: what each holder stored is not replicated) every copy
-	// has the same prefix up to what the serving worker's queues to each
-	// had sent, so the fastest restore is the choice.
+	// every copy has the same prefix up to what the serving worker's
+	// queues to each had sent, so the fastest restore is the choice.
 	live := func(r Interrupted) int {
 		best, bestRoom, bestF, bestP := -1, false, 0.0, uint32(0)
 		need := int64(Pages(uint64(r.PromptTokens) + 1))

@@ -1523,6 +1523,9 @@ func (s *Sim) sample() {
 func (s *Sim) markFailed(at time.Duration) {
 	cmds := s.marks[at]
 	delete(s.marks, at)
+	for _, c := range cmds {
+		s.copyPrefixes(c.GetMarkFailed())
+	}
 	res := s.applyByCell(cmds)
 	s.relink() // a drafter whose target failed is paired again
 	if s.res.PlanAt == 0 {
@@ -1552,6 +1555,31 @@ func (s *Sim) markFailed(at time.Duration) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// copyPrefixes fills a MarkFailed with what the live holders of the failed
+// worker's requests hold of each replicated one, as the controller's
+// leader asks them before it proposes it (controller/copyprefix.go).
+func (s *Sim) copyPrefixes(mf *pb.MarkFailedCmd) {
+	if mf == nil || s.cfg.CheckpointReplicas <= 1 {
+		return
+	}
+	byHolder := s.commandCell(&pb.Command{Body: &pb.Command_MarkFailed{MarkFailed: mf}}).fsm.ReplicatedCopies(mf.WorkerId)
+	holders := make([]string, 0, len(byHolder))
+	for h := range byHolder {
+		holders = append(holders, h)
+	}
+	sort.Strings(holders)
+	for _, h := range holders {
+		w := s.worker(h)
+		if w == nil || !w.alive {
+			continue
+		}
+		for _, rid := range byHolder[h] {
+			mf.Checkpointed = append(mf.Checkpointed, &pb.CopyPrefix{RequestId: rid, Holder: h,
+				Tokens: uint32(w.store.prefixPages(rid) * engine.PageTokens)})
 		}
 	}
 }

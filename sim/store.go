@@ -52,6 +52,17 @@ func (s *simStore) Holds(req string) bool {
 	return ok
 }
 
+// prefixPages returns how many pages from the first the store holds of
+// req.
+func (s *simStore) prefixPages(req string) int {
+	r := s.reqs[req]
+	n := 0
+	for r != nil && n < len(r.hashes) && r.hashes[n] != 0 {
+		n++
+	}
+	return n
+}
+
 // holdsPages reports whether the store holds at least one page of req.
 func (s *simStore) holdsPages(req string) bool {
 	r := s.reqs[req]

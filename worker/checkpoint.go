@@ -180,6 +180,20 @@ func (s *ckptStore) stored(req string) (charged, reserved uint64, ok bool) {
 	return r.charged, r.reserved, true
 }
 
+// prefixPages returns how many of a request's pages the store holds. A
+// request's pages arrive in page order from its serving worker's sender,
+// so they are its prefix, but for a page the store's budget refused while
+// later ones fitted (the budget freed in between): then the count is
+// above the restorable prefix, which only orders a plan's copies.
+func (s *ckptStore) prefixPages(req string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.reqs[req]; r != nil {
+		return len(r.hashes)
+	}
+	return 0
+}
+
 // prefix returns the pages of the longest contiguous prefix it holds.
 func (s *ckptStore) prefix(hashes []uint64) [][]byte {
 	s.mu.Lock()

@@ -1,8 +1,17 @@
 package worker
 
 import (
+	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/lumen-project/lumen/proto/lumenpb"
+	"github.com/lumen-project/lumen/worker/engine"
 )
 
 // stored reports whether the store took the page.
@@ -104,5 +113,33 @@ func TestPageHashesChain(t *testing.T) {
 	}
 	if inc := pageHashes(a, pageHashes(a[:16], nil)); inc[1] != ha[1] {
 		t.Fatal("incremental hashing differs")
+	}
+}
+
+// TestCheckpointPrefixesAnswers: CheckpointPrefixes reports, per request,
+// the tokens of the pages the store holds of it (0 for one it holds
+// nothing of), and refuses a call past its limit by name.
+func TestCheckpointPrefixesAnswers(t *testing.T) {
+	w := &Worker{store: newCkptStore(1 << 20)}
+	page := make([]byte, 40)
+	for h := uint64(1); h <= 3; h++ {
+		if !stored(t, w.store, "a", 1000, h, page) {
+			t.Fatal("a page within budget refused")
+		}
+	}
+	if !stored(t, w.store, "b", 1000, 9, page) {
+		t.Fatal("a page within budget refused")
+	}
+	s := &inferenceServer{w: w}
+	resp, err := s.CheckpointPrefixes(context.Background(), &pb.CheckpointPrefixesRequest{RequestIds: []string{"a", "none", "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint32{3 * engine.PageTokens, 0, engine.PageTokens}; !slices.Equal(resp.Tokens, want) {
+		t.Fatalf("tokens %v, want %v", resp.Tokens, want)
+	}
+	_, err = s.CheckpointPrefixes(context.Background(), &pb.CheckpointPrefixesRequest{RequestIds: make([]string, maxPrefixQueries+1)})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "at most 65536") {
+		t.Fatalf("a call past the limit: %v", err)
 	}
 }

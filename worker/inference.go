@@ -240,6 +240,26 @@ func (s *inferenceServer) SetHolder(ctx context.Context, req *pb.SetHolderReques
 	return &pb.SetHolderResponse{Applied: applied}, nil
 }
 
+// maxPrefixQueries bounds a CheckpointPrefixes call: the requests a failed
+// worker served that this worker holds copies of (a worker runs at most
+// a few hundred; a node's failure asks once per failed worker).
+const maxPrefixQueries = 65536
+
+// CheckpointPrefixes answers the prefix, in tokens, the checkpoint store
+// holds of each request (issue 24): the leader asks before it proposes a
+// MarkFailed, so that the recovery plan restores each request from its
+// longest copy.
+func (s *inferenceServer) CheckpointPrefixes(_ context.Context, req *pb.CheckpointPrefixesRequest) (*pb.CheckpointPrefixesResponse, error) {
+	if n := len(req.RequestIds); n > maxPrefixQueries {
+		return nil, status.Errorf(codes.InvalidArgument, "%d request ids, at most %d a call", n, maxPrefixQueries)
+	}
+	out := &pb.CheckpointPrefixesResponse{Tokens: make([]uint32, len(req.RequestIds))}
+	for i, id := range req.RequestIds {
+		out.Tokens[i] = uint32(s.w.store.prefixPages(id) * engine.PageTokens)
+	}
+	return out, nil
+}
+
 // validateReplicas checks a call's further checkpoint copies
 // (replica_holders): worker ids, after a holder, at most
 // policy.MaxCheckpointReplicas − 1 of them, none repeated nor the holder.

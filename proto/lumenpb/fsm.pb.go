@@ -758,10 +758,18 @@ func (x *ReportLoadCmd) GetLoad() *LoadRecord {
 }
 
 type MarkFailedCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	Incarnation   uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId    string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Reason      string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What the live holders of the worker's requests' checkpoint copies
+	// reported holding, gathered by the leader before it proposed the
+	// command (issue 24): the recovery plan restores each request from the
+	// copy with the longest prefix. A request with no entry has copies of
+	// unknown prefix (all count alike); a copy without an entry, of a
+	// request that has some, counts as holding none (its holder did not
+	// answer in time).
+	Checkpointed  []*CopyPrefix `protobuf:"bytes,4,rep,name=checkpointed,proto3" json:"checkpointed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -817,6 +825,75 @@ func (x *MarkFailedCmd) GetReason() string {
 	return ""
 }
 
+func (x *MarkFailedCmd) GetCheckpointed() []*CopyPrefix {
+	if x != nil {
+		return x.Checkpointed
+	}
+	return nil
+}
+
+// CopyPrefix is the prefix, in tokens, a holder's copy of a request's
+// checkpoint holds.
+type CopyPrefix struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Holder        string                 `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	Tokens        uint32                 `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyPrefix) Reset() {
+	*x = CopyPrefix{}
+	mi := &file_fsm_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyPrefix) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyPrefix) ProtoMessage() {}
+
+func (x *CopyPrefix) ProtoReflect() protoreflect.Message {
+	mi := &file_fsm_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyPrefix.ProtoReflect.Descriptor instead.
+func (*CopyPrefix) Descriptor() ([]byte, []int) {
+	return file_fsm_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CopyPrefix) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *CopyPrefix) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *CopyPrefix) GetTokens() uint32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
 type SetStrategyCmd struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// UNSPECIFIED keeps the current strategy.
@@ -834,7 +911,7 @@ type SetStrategyCmd struct {
 
 func (x *SetStrategyCmd) Reset() {
 	*x = SetStrategyCmd{}
-	mi := &file_fsm_proto_msgTypes[9]
+	mi := &file_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +923,7 @@ func (x *SetStrategyCmd) String() string {
 func (*SetStrategyCmd) ProtoMessage() {}
 
 func (x *SetStrategyCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[9]
+	mi := &file_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +936,7 @@ func (x *SetStrategyCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetStrategyCmd.ProtoReflect.Descriptor instead.
 func (*SetStrategyCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetStrategyCmd) GetStrategy() Strategy {
@@ -902,7 +979,7 @@ type SetPhaseCmd struct {
 
 func (x *SetPhaseCmd) Reset() {
 	*x = SetPhaseCmd{}
-	mi := &file_fsm_proto_msgTypes[10]
+	mi := &file_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +991,7 @@ func (x *SetPhaseCmd) String() string {
 func (*SetPhaseCmd) ProtoMessage() {}
 
 func (x *SetPhaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[10]
+	mi := &file_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1004,7 @@ func (x *SetPhaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPhaseCmd.ProtoReflect.Descriptor instead.
 func (*SetPhaseCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetPhaseCmd) GetWorkerId() string {
@@ -968,7 +1045,7 @@ type LeaveCmd struct {
 
 func (x *LeaveCmd) Reset() {
 	*x = LeaveCmd{}
-	mi := &file_fsm_proto_msgTypes[11]
+	mi := &file_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1057,7 @@ func (x *LeaveCmd) String() string {
 func (*LeaveCmd) ProtoMessage() {}
 
 func (x *LeaveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[11]
+	mi := &file_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1070,7 @@ func (x *LeaveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveCmd.ProtoReflect.Descriptor instead.
 func (*LeaveCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LeaveCmd) GetWorkerId() string {
@@ -1031,7 +1108,7 @@ type NoopCmd struct {
 
 func (x *NoopCmd) Reset() {
 	*x = NoopCmd{}
-	mi := &file_fsm_proto_msgTypes[12]
+	mi := &file_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1120,7 @@ func (x *NoopCmd) String() string {
 func (*NoopCmd) ProtoMessage() {}
 
 func (x *NoopCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[12]
+	mi := &file_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1133,7 @@ func (x *NoopCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NoopCmd.ProtoReflect.Descriptor instead.
 func (*NoopCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NoopCmd) GetRenewSessions() bool {
@@ -1088,7 +1165,7 @@ type CreateSessionCmd struct {
 
 func (x *CreateSessionCmd) Reset() {
 	*x = CreateSessionCmd{}
-	mi := &file_fsm_proto_msgTypes[13]
+	mi := &file_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1177,7 @@ func (x *CreateSessionCmd) String() string {
 func (*CreateSessionCmd) ProtoMessage() {}
 
 func (x *CreateSessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[13]
+	mi := &file_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1190,7 @@ func (x *CreateSessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionCmd.ProtoReflect.Descriptor instead.
 func (*CreateSessionCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateSessionCmd) GetId() string {
@@ -1153,7 +1230,7 @@ type RenewSessionCmd struct {
 
 func (x *RenewSessionCmd) Reset() {
 	*x = RenewSessionCmd{}
-	mi := &file_fsm_proto_msgTypes[14]
+	mi := &file_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1242,7 @@ func (x *RenewSessionCmd) String() string {
 func (*RenewSessionCmd) ProtoMessage() {}
 
 func (x *RenewSessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[14]
+	mi := &file_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1255,7 @@ func (x *RenewSessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionCmd.ProtoReflect.Descriptor instead.
 func (*RenewSessionCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenewSessionCmd) GetId() string {
@@ -1197,7 +1274,7 @@ type DestroySessionCmd struct {
 
 func (x *DestroySessionCmd) Reset() {
 	*x = DestroySessionCmd{}
-	mi := &file_fsm_proto_msgTypes[15]
+	mi := &file_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1286,7 @@ func (x *DestroySessionCmd) String() string {
 func (*DestroySessionCmd) ProtoMessage() {}
 
 func (x *DestroySessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[15]
+	mi := &file_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1299,7 @@ func (x *DestroySessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySessionCmd.ProtoReflect.Descriptor instead.
 func (*DestroySessionCmd) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DestroySessionCmd) GetId() string {
@@ -1255,7 +1332,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsm_proto_msgTypes[16]
+	mi := &file_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1344,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[16]
+	mi := &file_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1357,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Session) GetId() string {
@@ -1343,7 +1420,7 @@ type SessionPlacement struct {
 
 func (x *SessionPlacement) Reset() {
 	*x = SessionPlacement{}
-	mi := &file_fsm_proto_msgTypes[17]
+	mi := &file_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1432,7 @@ func (x *SessionPlacement) String() string {
 func (*SessionPlacement) ProtoMessage() {}
 
 func (x *SessionPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[17]
+	mi := &file_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1445,7 @@ func (x *SessionPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionPlacement.ProtoReflect.Descriptor instead.
 func (*SessionPlacement) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SessionPlacement) GetRequestId() string {
@@ -1417,7 +1494,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsm_proto_msgTypes[18]
+	mi := &file_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1506,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[18]
+	mi := &file_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1519,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Snapshot) GetAppliedIndex() uint64 {
@@ -1563,7 +1640,7 @@ type PendingDispatch struct {
 
 func (x *PendingDispatch) Reset() {
 	*x = PendingDispatch{}
-	mi := &file_fsm_proto_msgTypes[19]
+	mi := &file_fsm_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1652,7 @@ func (x *PendingDispatch) String() string {
 func (*PendingDispatch) ProtoMessage() {}
 
 func (x *PendingDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fsm_proto_msgTypes[19]
+	mi := &file_fsm_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1665,7 @@ func (x *PendingDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDispatch.ProtoReflect.Descriptor instead.
 func (*PendingDispatch) Descriptor() ([]byte, []int) {
-	return file_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsm_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PendingDispatch) GetWorkerId() string {
@@ -1672,11 +1749,18 @@ const file_fsm_proto_rawDesc = "" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
 	"requestIds\"9\n" +
 	"\rReportLoadCmd\x12(\n" +
-	"\x04load\x18\x01 \x01(\v2\x14.lumen.v1.LoadRecordR\x04load\"f\n" +
+	"\x04load\x18\x01 \x01(\v2\x14.lumen.v1.LoadRecordR\x04load\"\xa0\x01\n" +
 	"\rMarkFailedCmd\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc0\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x128\n" +
+	"\fcheckpointed\x18\x04 \x03(\v2\x14.lumen.v1.CopyPrefixR\fcheckpointed\"[\n" +
+	"\n" +
+	"CopyPrefix\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x16\n" +
+	"\x06tokens\x18\x03 \x01(\rR\x06tokens\"\xc0\x01\n" +
 	"\x0eSetStrategyCmd\x12.\n" +
 	"\bstrategy\x18\x01 \x01(\x0e2\x12.lumen.v1.StrategyR\bstrategy\x12\x16\n" +
 	"\x06lambda\x18\x02 \x01(\x01R\x06lambda\x125\n" +
@@ -1754,7 +1838,7 @@ func file_fsm_proto_rawDescGZIP() []byte {
 	return file_fsm_proto_rawDescData
 }
 
-var file_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_fsm_proto_goTypes = []any{
 	(*LogEntry)(nil),           // 0: lumen.v1.LogEntry
 	(*Command)(nil),            // 1: lumen.v1.Command
@@ -1765,24 +1849,25 @@ var file_fsm_proto_goTypes = []any{
 	(*CompleteCmd)(nil),        // 6: lumen.v1.CompleteCmd
 	(*ReportLoadCmd)(nil),      // 7: lumen.v1.ReportLoadCmd
 	(*MarkFailedCmd)(nil),      // 8: lumen.v1.MarkFailedCmd
-	(*SetStrategyCmd)(nil),     // 9: lumen.v1.SetStrategyCmd
-	(*SetPhaseCmd)(nil),        // 10: lumen.v1.SetPhaseCmd
-	(*LeaveCmd)(nil),           // 11: lumen.v1.LeaveCmd
-	(*NoopCmd)(nil),            // 12: lumen.v1.NoopCmd
-	(*CreateSessionCmd)(nil),   // 13: lumen.v1.CreateSessionCmd
-	(*RenewSessionCmd)(nil),    // 14: lumen.v1.RenewSessionCmd
-	(*DestroySessionCmd)(nil),  // 15: lumen.v1.DestroySessionCmd
-	(*Session)(nil),            // 16: lumen.v1.Session
-	(*SessionPlacement)(nil),   // 17: lumen.v1.SessionPlacement
-	(*Snapshot)(nil),           // 18: lumen.v1.Snapshot
-	(*PendingDispatch)(nil),    // 19: lumen.v1.PendingDispatch
-	(*Worker)(nil),             // 20: lumen.v1.Worker
-	(*LoadRecord)(nil),         // 21: lumen.v1.LoadRecord
-	(Strategy)(0),              // 22: lumen.v1.Strategy
-	(MigrationMode)(0),         // 23: lumen.v1.MigrationMode
-	(WorkerPhase)(0),           // 24: lumen.v1.WorkerPhase
-	(*Placement)(nil),          // 25: lumen.v1.Placement
-	(*RecoveryPlan)(nil),       // 26: lumen.v1.RecoveryPlan
+	(*CopyPrefix)(nil),         // 9: lumen.v1.CopyPrefix
+	(*SetStrategyCmd)(nil),     // 10: lumen.v1.SetStrategyCmd
+	(*SetPhaseCmd)(nil),        // 11: lumen.v1.SetPhaseCmd
+	(*LeaveCmd)(nil),           // 12: lumen.v1.LeaveCmd
+	(*NoopCmd)(nil),            // 13: lumen.v1.NoopCmd
+	(*CreateSessionCmd)(nil),   // 14: lumen.v1.CreateSessionCmd
+	(*RenewSessionCmd)(nil),    // 15: lumen.v1.RenewSessionCmd
+	(*DestroySessionCmd)(nil),  // 16: lumen.v1.DestroySessionCmd
+	(*Session)(nil),            // 17: lumen.v1.Session
+	(*SessionPlacement)(nil),   // 18: lumen.v1.SessionPlacement
+	(*Snapshot)(nil),           // 19: lumen.v1.Snapshot
+	(*PendingDispatch)(nil),    // 20: lumen.v1.PendingDispatch
+	(*Worker)(nil),             // 21: lumen.v1.Worker
+	(*LoadRecord)(nil),         // 22: lumen.v1.LoadRecord
+	(Strategy)(0),              // 23: lumen.v1.Strategy
+	(MigrationMode)(0),         // 24: lumen.v1.MigrationMode
+	(WorkerPhase)(0),           // 25: lumen.v1.WorkerPhase
+	(*Placement)(nil),          // 26: lumen.v1.Placement
+	(*RecoveryPlan)(nil),       // 27: lumen.v1.RecoveryPlan
 }
 var file_fsm_proto_depIdxs = []int32{
 	1,  // 0: lumen.v1.LogEntry.commands:type_name -> lumen.v1.Command
@@ -1791,33 +1876,34 @@ var file_fsm_proto_depIdxs = []int32{
 	6,  // 3: lumen.v1.Command.complete:type_name -> lumen.v1.CompleteCmd
 	7,  // 4: lumen.v1.Command.report_load:type_name -> lumen.v1.ReportLoadCmd
 	8,  // 5: lumen.v1.Command.mark_failed:type_name -> lumen.v1.MarkFailedCmd
-	9,  // 6: lumen.v1.Command.set_strategy:type_name -> lumen.v1.SetStrategyCmd
-	10, // 7: lumen.v1.Command.set_phase:type_name -> lumen.v1.SetPhaseCmd
-	11, // 8: lumen.v1.Command.leave:type_name -> lumen.v1.LeaveCmd
-	12, // 9: lumen.v1.Command.noop:type_name -> lumen.v1.NoopCmd
-	13, // 10: lumen.v1.Command.create_session:type_name -> lumen.v1.CreateSessionCmd
-	14, // 11: lumen.v1.Command.renew_session:type_name -> lumen.v1.RenewSessionCmd
-	15, // 12: lumen.v1.Command.destroy_session:type_name -> lumen.v1.DestroySessionCmd
+	10, // 6: lumen.v1.Command.set_strategy:type_name -> lumen.v1.SetStrategyCmd
+	11, // 7: lumen.v1.Command.set_phase:type_name -> lumen.v1.SetPhaseCmd
+	12, // 8: lumen.v1.Command.leave:type_name -> lumen.v1.LeaveCmd
+	13, // 9: lumen.v1.Command.noop:type_name -> lumen.v1.NoopCmd
+	14, // 10: lumen.v1.Command.create_session:type_name -> lumen.v1.CreateSessionCmd
+	15, // 11: lumen.v1.Command.renew_session:type_name -> lumen.v1.RenewSessionCmd
+	16, // 12: lumen.v1.Command.destroy_session:type_name -> lumen.v1.DestroySessionCmd
 	2,  // 13: lumen.v1.Command.migrate:type_name -> lumen.v1.MigrateCmd
 	3,  // 14: lumen.v1.Command.finish_migration:type_name -> lumen.v1.FinishMigrationCmd
-	20, // 15: lumen.v1.RegisterWorkerCmd.worker:type_name -> lumen.v1.Worker
-	21, // 16: lumen.v1.ReportLoadCmd.load:type_name -> lumen.v1.LoadRecord
-	22, // 17: lumen.v1.SetStrategyCmd.strategy:type_name -> lumen.v1.Strategy
-	23, // 18: lumen.v1.SetStrategyCmd.migration:type_name -> lumen.v1.MigrationMode
-	24, // 19: lumen.v1.SetPhaseCmd.phase:type_name -> lumen.v1.WorkerPhase
-	22, // 20: lumen.v1.Snapshot.strategy:type_name -> lumen.v1.Strategy
-	20, // 21: lumen.v1.Snapshot.workers:type_name -> lumen.v1.Worker
-	21, // 22: lumen.v1.Snapshot.loads:type_name -> lumen.v1.LoadRecord
-	25, // 23: lumen.v1.Snapshot.placements:type_name -> lumen.v1.Placement
-	26, // 24: lumen.v1.Snapshot.recoveries:type_name -> lumen.v1.RecoveryPlan
-	19, // 25: lumen.v1.Snapshot.pending:type_name -> lumen.v1.PendingDispatch
-	16, // 26: lumen.v1.Snapshot.sessions:type_name -> lumen.v1.Session
-	17, // 27: lumen.v1.Snapshot.session_placements:type_name -> lumen.v1.SessionPlacement
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	21, // 15: lumen.v1.RegisterWorkerCmd.worker:type_name -> lumen.v1.Worker
+	22, // 16: lumen.v1.ReportLoadCmd.load:type_name -> lumen.v1.LoadRecord
+	9,  // 17: lumen.v1.MarkFailedCmd.checkpointed:type_name -> lumen.v1.CopyPrefix
+	23, // 18: lumen.v1.SetStrategyCmd.strategy:type_name -> lumen.v1.Strategy
+	24, // 19: lumen.v1.SetStrategyCmd.migration:type_name -> lumen.v1.MigrationMode
+	25, // 20: lumen.v1.SetPhaseCmd.phase:type_name -> lumen.v1.WorkerPhase
+	23, // 21: lumen.v1.Snapshot.strategy:type_name -> lumen.v1.Strategy
+	21, // 22: lumen.v1.Snapshot.workers:type_name -> lumen.v1.Worker
+	22, // 23: lumen.v1.Snapshot.loads:type_name -> lumen.v1.LoadRecord
+	26, // 24: lumen.v1.Snapshot.placements:type_name -> lumen.v1.Placement
+	27, // 25: lumen.v1.Snapshot.recoveries:type_name -> lumen.v1.RecoveryPlan
+	20, // 26: lumen.v1.Snapshot.pending:type_name -> lumen.v1.PendingDispatch
+	17, // 27: lumen.v1.Snapshot.sessions:type_name -> lumen.v1.Session
+	18, // 28: lumen.v1.Snapshot.session_placements:type_name -> lumen.v1.SessionPlacement
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_fsm_proto_init() }
@@ -1848,7 +1934,7 @@ func file_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsm_proto_rawDesc), len(file_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -144,6 +144,95 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_worker_proto_rawDescGZIP(), []int{1}
 }
 
+type CheckpointPrefixesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestIds    []string               `protobuf:"bytes,1,rep,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointPrefixesRequest) Reset() {
+	*x = CheckpointPrefixesRequest{}
+	mi := &file_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointPrefixesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointPrefixesRequest) ProtoMessage() {}
+
+func (x *CheckpointPrefixesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointPrefixesRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointPrefixesRequest) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CheckpointPrefixesRequest) GetRequestIds() []string {
+	if x != nil {
+		return x.RequestIds
+	}
+	return nil
+}
+
+type CheckpointPrefixesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tokens[i] is the prefix held of request_ids[i].
+	Tokens        []uint32 `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointPrefixesResponse) Reset() {
+	*x = CheckpointPrefixesResponse{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointPrefixesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointPrefixesResponse) ProtoMessage() {}
+
+func (x *CheckpointPrefixesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointPrefixesResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointPrefixesResponse) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CheckpointPrefixesResponse) GetTokens() []uint32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 type WatchKVRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -152,7 +241,7 @@ type WatchKVRequest struct {
 
 func (x *WatchKVRequest) Reset() {
 	*x = WatchKVRequest{}
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +253,7 @@ func (x *WatchKVRequest) String() string {
 func (*WatchKVRequest) ProtoMessage() {}
 
 func (x *WatchKVRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[0]
+	mi := &file_worker_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +266,7 @@ func (x *WatchKVRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchKVRequest.ProtoReflect.Descriptor instead.
 func (*WatchKVRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{2}
 }
 
 type KVEvents struct {
@@ -200,7 +289,7 @@ type KVEvents struct {
 
 func (x *KVEvents) Reset() {
 	*x = KVEvents{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -212,7 +301,7 @@ func (x *KVEvents) String() string {
 func (*KVEvents) ProtoMessage() {}
 
 func (x *KVEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -225,7 +314,7 @@ func (x *KVEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVEvents.ProtoReflect.Descriptor instead.
 func (*KVEvents) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *KVEvents) GetWorkerId() string {
@@ -291,7 +380,7 @@ type SetHolderRequest struct {
 
 func (x *SetHolderRequest) Reset() {
 	*x = SetHolderRequest{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +392,7 @@ func (x *SetHolderRequest) String() string {
 func (*SetHolderRequest) ProtoMessage() {}
 
 func (x *SetHolderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,7 +405,7 @@ func (x *SetHolderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHolderRequest.ProtoReflect.Descriptor instead.
 func (*SetHolderRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SetHolderRequest) GetRequestId() string {
@@ -356,7 +445,7 @@ type SetHolderResponse struct {
 
 func (x *SetHolderResponse) Reset() {
 	*x = SetHolderResponse{}
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +457,7 @@ func (x *SetHolderResponse) String() string {
 func (*SetHolderResponse) ProtoMessage() {}
 
 func (x *SetHolderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +470,7 @@ func (x *SetHolderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetHolderResponse.ProtoReflect.Descriptor instead.
 func (*SetHolderResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SetHolderResponse) GetApplied() bool {
@@ -406,7 +495,7 @@ type MigrateMessage struct {
 
 func (x *MigrateMessage) Reset() {
 	*x = MigrateMessage{}
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +507,7 @@ func (x *MigrateMessage) String() string {
 func (*MigrateMessage) ProtoMessage() {}
 
 func (x *MigrateMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +520,7 @@ func (x *MigrateMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateMessage.ProtoReflect.Descriptor instead.
 func (*MigrateMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MigrateMessage) GetBody() isMigrateMessage_Body {
@@ -527,7 +616,7 @@ type MigrationStage struct {
 
 func (x *MigrationStage) Reset() {
 	*x = MigrationStage{}
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +628,7 @@ func (x *MigrationStage) String() string {
 func (*MigrationStage) ProtoMessage() {}
 
 func (x *MigrationStage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +641,7 @@ func (x *MigrationStage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationStage.ProtoReflect.Descriptor instead.
 func (*MigrationStage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{5}
+	return file_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MigrationStage) GetRequestId() string {
@@ -721,7 +810,7 @@ type MigrationEnd struct {
 
 func (x *MigrationEnd) Reset() {
 	*x = MigrationEnd{}
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +822,7 @@ func (x *MigrationEnd) String() string {
 func (*MigrationEnd) ProtoMessage() {}
 
 func (x *MigrationEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +835,7 @@ func (x *MigrationEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationEnd.ProtoReflect.Descriptor instead.
 func (*MigrationEnd) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{6}
+	return file_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MigrationEnd) GetCommitted() bool {
@@ -778,7 +867,7 @@ type MigrateAck struct {
 
 func (x *MigrateAck) Reset() {
 	*x = MigrateAck{}
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +879,7 @@ func (x *MigrateAck) String() string {
 func (*MigrateAck) ProtoMessage() {}
 
 func (x *MigrateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +892,7 @@ func (x *MigrateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateAck.ProtoReflect.Descriptor instead.
 func (*MigrateAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{7}
+	return file_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MigrateAck) GetStage() uint32 {
@@ -847,7 +936,7 @@ type DraftBatch struct {
 
 func (x *DraftBatch) Reset() {
 	*x = DraftBatch{}
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +948,7 @@ func (x *DraftBatch) String() string {
 func (*DraftBatch) ProtoMessage() {}
 
 func (x *DraftBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +961,7 @@ func (x *DraftBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftBatch.ProtoReflect.Descriptor instead.
 func (*DraftBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{8}
+	return file_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DraftBatch) GetDrafterId() string {
@@ -910,7 +999,7 @@ type DraftTokens struct {
 
 func (x *DraftTokens) Reset() {
 	*x = DraftTokens{}
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1011,7 @@ func (x *DraftTokens) String() string {
 func (*DraftTokens) ProtoMessage() {}
 
 func (x *DraftTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1024,7 @@ func (x *DraftTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DraftTokens.ProtoReflect.Descriptor instead.
 func (*DraftTokens) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{9}
+	return file_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DraftTokens) GetRequestId() string {
@@ -972,7 +1061,7 @@ type MirrorBatch struct {
 
 func (x *MirrorBatch) Reset() {
 	*x = MirrorBatch{}
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1073,7 @@ func (x *MirrorBatch) String() string {
 func (*MirrorBatch) ProtoMessage() {}
 
 func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1086,7 @@ func (x *MirrorBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorBatch.ProtoReflect.Descriptor instead.
 func (*MirrorBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{10}
+	return file_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MirrorBatch) GetUpdates() []*MirrorUpdate {
@@ -1029,7 +1118,7 @@ type MirrorUpdate struct {
 
 func (x *MirrorUpdate) Reset() {
 	*x = MirrorUpdate{}
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1130,7 @@ func (x *MirrorUpdate) String() string {
 func (*MirrorUpdate) ProtoMessage() {}
 
 func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1143,7 @@ func (x *MirrorUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MirrorUpdate.ProtoReflect.Descriptor instead.
 func (*MirrorUpdate) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{11}
+	return file_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MirrorUpdate) GetRequestId() string {
@@ -1105,7 +1194,7 @@ type CheckpointMessage struct {
 
 func (x *CheckpointMessage) Reset() {
 	*x = CheckpointMessage{}
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1206,7 @@ func (x *CheckpointMessage) String() string {
 func (*CheckpointMessage) ProtoMessage() {}
 
 func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1219,7 @@ func (x *CheckpointMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointMessage.ProtoReflect.Descriptor instead.
 func (*CheckpointMessage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{12}
+	return file_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CheckpointMessage) GetRequestId() string {
@@ -1185,7 +1274,7 @@ type CheckpointAck struct {
 
 func (x *CheckpointAck) Reset() {
 	*x = CheckpointAck{}
-	mi := &file_worker_proto_msgTypes[13]
+	mi := &file_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1286,7 @@ func (x *CheckpointAck) String() string {
 func (*CheckpointAck) ProtoMessage() {}
 
 func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[13]
+	mi := &file_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1299,7 @@ func (x *CheckpointAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointAck.ProtoReflect.Descriptor instead.
 func (*CheckpointAck) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{13}
+	return file_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CheckpointAck) GetStored() uint32 {
@@ -1240,7 +1329,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_worker_proto_msgTypes[14]
+	mi := &file_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1341,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[14]
+	mi := &file_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1354,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{14}
+	return file_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -1332,7 +1421,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_worker_proto_msgTypes[15]
+	mi := &file_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1433,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[15]
+	mi := &file_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1446,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{15}
+	return file_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GenerateRequest) GetRequestId() string {
@@ -1461,7 +1550,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_worker_proto_msgTypes[16]
+	mi := &file_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1562,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[16]
+	mi := &file_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1575,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{16}
+	return file_worker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TokenLogprob) GetToken() int32 {
@@ -1515,7 +1604,7 @@ type PromptLogprob struct {
 
 func (x *PromptLogprob) Reset() {
 	*x = PromptLogprob{}
-	mi := &file_worker_proto_msgTypes[17]
+	mi := &file_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1616,7 @@ func (x *PromptLogprob) String() string {
 func (*PromptLogprob) ProtoMessage() {}
 
 func (x *PromptLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[17]
+	mi := &file_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1629,7 @@ func (x *PromptLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptLogprob.ProtoReflect.Descriptor instead.
 func (*PromptLogprob) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{17}
+	return file_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PromptLogprob) GetLogprob() float32 {
@@ -1584,7 +1673,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_worker_proto_msgTypes[18]
+	mi := &file_worker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +1685,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[18]
+	mi := &file_worker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +1698,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{18}
+	return file_worker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GenerateResponse) GetToken() int32 {
@@ -1679,7 +1768,12 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"\x10\n" +
+	"\fworker.proto\x12\blumen.v1\x1a\vtypes.proto\"<\n" +
+	"\x19CheckpointPrefixesRequest\x12\x1f\n" +
+	"\vrequest_ids\x18\x01 \x03(\tR\n" +
+	"requestIds\"4\n" +
+	"\x1aCheckpointPrefixesResponse\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\rR\x06tokens\"\x10\n" +
 	"\x0eWatchKVRequest\"\xc4\x01\n" +
 	"\bKVEvents\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
@@ -1821,7 +1915,7 @@ const file_worker_proto_rawDesc = "" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
-	"\x14FINISH_REASON_LENGTH\x10\x022\x91\x03\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x022\xf2\x03\n" +
 	"\tInference\x12C\n" +
 	"\bGenerate\x12\x19.lumen.v1.GenerateRequest\x1a\x1a.lumen.v1.GenerateResponse0\x01\x12D\n" +
 	"\n" +
@@ -1829,7 +1923,8 @@ const file_worker_proto_rawDesc = "" +
 	"\x06Assist\x12\x14.lumen.v1.DraftBatch\x1a\x15.lumen.v1.MirrorBatch(\x010\x01\x12=\n" +
 	"\aMigrate\x12\x18.lumen.v1.MigrateMessage\x1a\x14.lumen.v1.MigrateAck(\x010\x01\x12D\n" +
 	"\tSetHolder\x12\x1a.lumen.v1.SetHolderRequest\x1a\x1b.lumen.v1.SetHolderResponse\x129\n" +
-	"\aWatchKV\x12\x18.lumen.v1.WatchKVRequest\x1a\x12.lumen.v1.KVEvents0\x01B.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
+	"\aWatchKV\x12\x18.lumen.v1.WatchKVRequest\x1a\x12.lumen.v1.KVEvents0\x01\x12_\n" +
+	"\x12CheckpointPrefixes\x12#.lumen.v1.CheckpointPrefixesRequest\x1a$.lumen.v1.CheckpointPrefixesResponseB.Z,github.com/lumen-project/lumen/proto/lumenpbb\x06proto3"
 
 var (
 	file_worker_proto_rawDescOnce sync.Once
@@ -1844,57 +1939,61 @@ func file_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_worker_proto_goTypes = []any{
-	(MigrateRefusal)(0),       // 0: lumen.v1.MigrateRefusal
-	(FinishReason)(0),         // 1: lumen.v1.FinishReason
-	(*WatchKVRequest)(nil),    // 2: lumen.v1.WatchKVRequest
-	(*KVEvents)(nil),          // 3: lumen.v1.KVEvents
-	(*SetHolderRequest)(nil),  // 4: lumen.v1.SetHolderRequest
-	(*SetHolderResponse)(nil), // 5: lumen.v1.SetHolderResponse
-	(*MigrateMessage)(nil),    // 6: lumen.v1.MigrateMessage
-	(*MigrationStage)(nil),    // 7: lumen.v1.MigrationStage
-	(*MigrationEnd)(nil),      // 8: lumen.v1.MigrationEnd
-	(*MigrateAck)(nil),        // 9: lumen.v1.MigrateAck
-	(*DraftBatch)(nil),        // 10: lumen.v1.DraftBatch
-	(*DraftTokens)(nil),       // 11: lumen.v1.DraftTokens
-	(*MirrorBatch)(nil),       // 12: lumen.v1.MirrorBatch
-	(*MirrorUpdate)(nil),      // 13: lumen.v1.MirrorUpdate
-	(*CheckpointMessage)(nil), // 14: lumen.v1.CheckpointMessage
-	(*CheckpointAck)(nil),     // 15: lumen.v1.CheckpointAck
-	(*SamplingParams)(nil),    // 16: lumen.v1.SamplingParams
-	(*GenerateRequest)(nil),   // 17: lumen.v1.GenerateRequest
-	(*TokenLogprob)(nil),      // 18: lumen.v1.TokenLogprob
-	(*PromptLogprob)(nil),     // 19: lumen.v1.PromptLogprob
-	(*GenerateResponse)(nil),  // 20: lumen.v1.GenerateResponse
-	(*Placement)(nil),         // 21: lumen.v1.Placement
+	(MigrateRefusal)(0),                // 0: lumen.v1.MigrateRefusal
+	(FinishReason)(0),                  // 1: lumen.v1.FinishReason
+	(*CheckpointPrefixesRequest)(nil),  // 2: lumen.v1.CheckpointPrefixesRequest
+	(*CheckpointPrefixesResponse)(nil), // 3: lumen.v1.CheckpointPrefixesResponse
+	(*WatchKVRequest)(nil),             // 4: lumen.v1.WatchKVRequest
+	(*KVEvents)(nil),                   // 5: lumen.v1.KVEvents
+	(*SetHolderRequest)(nil),           // 6: lumen.v1.SetHolderRequest
+	(*SetHolderResponse)(nil),          // 7: lumen.v1.SetHolderResponse
+	(*MigrateMessage)(nil),             // 8: lumen.v1.MigrateMessage
+	(*MigrationStage)(nil),             // 9: lumen.v1.MigrationStage
+	(*MigrationEnd)(nil),               // 10: lumen.v1.MigrationEnd
+	(*MigrateAck)(nil),                 // 11: lumen.v1.MigrateAck
+	(*DraftBatch)(nil),                 // 12: lumen.v1.DraftBatch
+	(*DraftTokens)(nil),                // 13: lumen.v1.DraftTokens
+	(*MirrorBatch)(nil),                // 14: lumen.v1.MirrorBatch
+	(*MirrorUpdate)(nil),               // 15: lumen.v1.MirrorUpdate
+	(*CheckpointMessage)(nil),          // 16: lumen.v1.CheckpointMessage
+	(*CheckpointAck)(nil),              // 17: lumen.v1.CheckpointAck
+	(*SamplingParams)(nil),             // 18: lumen.v1.SamplingParams
+	(*GenerateRequest)(nil),            // 19: lumen.v1.GenerateRequest
+	(*TokenLogprob)(nil),               // 20: lumen.v1.TokenLogprob
+	(*PromptLogprob)(nil),              // 21: lumen.v1.PromptLogprob
+	(*GenerateResponse)(nil),           // 22: lumen.v1.GenerateResponse
+	(*Placement)(nil),                  // 23: lumen.v1.Placement
 }
 var file_worker_proto_depIdxs = []int32{
-	7,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
-	8,  // 1: lumen.v1.MigrateMessage.end:type_name -> lumen.v1.MigrationEnd
+	9,  // 0: lumen.v1.MigrateMessage.stage:type_name -> lumen.v1.MigrationStage
+	10, // 1: lumen.v1.MigrateMessage.end:type_name -> lumen.v1.MigrationEnd
 	0,  // 2: lumen.v1.MigrateAck.refusal:type_name -> lumen.v1.MigrateRefusal
-	11, // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
-	13, // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
-	16, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
-	18, // 6: lumen.v1.PromptLogprob.top_logprobs:type_name -> lumen.v1.TokenLogprob
+	13, // 3: lumen.v1.DraftBatch.drafts:type_name -> lumen.v1.DraftTokens
+	15, // 4: lumen.v1.MirrorBatch.updates:type_name -> lumen.v1.MirrorUpdate
+	18, // 5: lumen.v1.GenerateRequest.sampling:type_name -> lumen.v1.SamplingParams
+	20, // 6: lumen.v1.PromptLogprob.top_logprobs:type_name -> lumen.v1.TokenLogprob
 	1,  // 7: lumen.v1.GenerateResponse.finish_reason:type_name -> lumen.v1.FinishReason
-	21, // 8: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
-	18, // 9: lumen.v1.GenerateResponse.top_logprobs:type_name -> lumen.v1.TokenLogprob
-	19, // 10: lumen.v1.GenerateResponse.prompt_logprobs:type_name -> lumen.v1.PromptLogprob
-	17, // 11: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
-	14, // 12: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
-	10, // 13: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
-	6,  // 14: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
-	4,  // 15: lumen.v1.Inference.SetHolder:input_type -> lumen.v1.SetHolderRequest
-	2,  // 16: lumen.v1.Inference.WatchKV:input_type -> lumen.v1.WatchKVRequest
-	20, // 17: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
-	15, // 18: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
-	12, // 19: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
-	9,  // 20: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
-	5,  // 21: lumen.v1.Inference.SetHolder:output_type -> lumen.v1.SetHolderResponse
-	3,  // 22: lumen.v1.Inference.WatchKV:output_type -> lumen.v1.KVEvents
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
+	23, // 8: lumen.v1.GenerateResponse.moved:type_name -> lumen.v1.Placement
+	20, // 9: lumen.v1.GenerateResponse.top_logprobs:type_name -> lumen.v1.TokenLogprob
+	21, // 10: lumen.v1.GenerateResponse.prompt_logprobs:type_name -> lumen.v1.PromptLogprob
+	19, // 11: lumen.v1.Inference.Generate:input_type -> lumen.v1.GenerateRequest
+	16, // 12: lumen.v1.Inference.Checkpoint:input_type -> lumen.v1.CheckpointMessage
+	12, // 13: lumen.v1.Inference.Assist:input_type -> lumen.v1.DraftBatch
+	8,  // 14: lumen.v1.Inference.Migrate:input_type -> lumen.v1.MigrateMessage
+	6,  // 15: lumen.v1.Inference.SetHolder:input_type -> lumen.v1.SetHolderRequest
+	4,  // 16: lumen.v1.Inference.WatchKV:input_type -> lumen.v1.WatchKVRequest
+	2,  // 17: lumen.v1.Inference.CheckpointPrefixes:input_type -> lumen.v1.CheckpointPrefixesRequest
+	22, // 18: lumen.v1.Inference.Generate:output_type -> lumen.v1.GenerateResponse
+	17, // 19: lumen.v1.Inference.Checkpoint:output_type -> lumen.v1.CheckpointAck
+	14, // 20: lumen.v1.Inference.Assist:output_type -> lumen.v1.MirrorBatch
+	11, // 21: lumen.v1.Inference.Migrate:output_type -> lumen.v1.MigrateAck
+	7,  // 22: lumen.v1.Inference.SetHolder:output_type -> lumen.v1.SetHolderResponse
+	5,  // 23: lumen.v1.Inference.WatchKV:output_type -> lumen.v1.KVEvents
+	3,  // 24: lumen.v1.Inference.CheckpointPrefixes:output_type -> lumen.v1.CheckpointPrefixesResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1906,7 +2005,7 @@ func file_worker_proto_init() {
 		return
 	}
 	file_types_proto_init()
-	file_worker_proto_msgTypes[4].OneofWrappers = []any{
+	file_worker_proto_msgTypes[6].OneofWrappers = []any{
 		(*MigrateMessage_Stage)(nil),
 		(*MigrateMessage_End)(nil),
 	}
@@ -1916,7 +2015,7 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

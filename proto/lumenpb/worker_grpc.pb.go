@@ -21,12 +21,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Inference_Generate_FullMethodName   = "/lumen.v1.Inference/Generate"
-	Inference_Checkpoint_FullMethodName = "/lumen.v1.Inference/Checkpoint"
-	Inference_Assist_FullMethodName     = "/lumen.v1.Inference/Assist"
-	Inference_Migrate_FullMethodName    = "/lumen.v1.Inference/Migrate"
-	Inference_SetHolder_FullMethodName  = "/lumen.v1.Inference/SetHolder"
-	Inference_WatchKV_FullMethodName    = "/lumen.v1.Inference/WatchKV"
+	Inference_Generate_FullMethodName           = "/lumen.v1.Inference/Generate"
+	Inference_Checkpoint_FullMethodName         = "/lumen.v1.Inference/Checkpoint"
+	Inference_Assist_FullMethodName             = "/lumen.v1.Inference/Assist"
+	Inference_Migrate_FullMethodName            = "/lumen.v1.Inference/Migrate"
+	Inference_SetHolder_FullMethodName          = "/lumen.v1.Inference/SetHolder"
+	Inference_WatchKV_FullMethodName            = "/lumen.v1.Inference/WatchKV"
+	Inference_CheckpointPrefixes_FullMethodName = "/lumen.v1.Inference/CheckpointPrefixes"
 )
 
 // InferenceClient is the client API for Inference service.
@@ -74,6 +75,12 @@ type InferenceClient interface {
 	// message's stored hashes. A worker with its cache off sends one empty
 	// snapshot and keeps the stream open.
 	WatchKV(ctx context.Context, in *WatchKVRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[KVEvents], error)
+	// CheckpointPrefixes answers, for each request, the prefix its
+	// checkpoint store holds here, in tokens (0 for none): the leader asks
+	// the live holders of a failed worker's requests before it proposes the
+	// MarkFailed, so that the recovery plan restores each request from its
+	// copy with the longest prefix (issue 24: R > 1).
+	CheckpointPrefixes(ctx context.Context, in *CheckpointPrefixesRequest, opts ...grpc.CallOption) (*CheckpointPrefixesResponse, error)
 }
 
 type inferenceClient struct {
@@ -171,6 +178,16 @@ func (c *inferenceClient) WatchKV(ctx context.Context, in *WatchKVRequest, opts 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_WatchKVClient = grpc.ServerStreamingClient[KVEvents]
 
+func (c *inferenceClient) CheckpointPrefixes(ctx context.Context, in *CheckpointPrefixesRequest, opts ...grpc.CallOption) (*CheckpointPrefixesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckpointPrefixesResponse)
+	err := c.cc.Invoke(ctx, Inference_CheckpointPrefixes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InferenceServer is the server API for Inference service.
 // All implementations must embed UnimplementedInferenceServer
 // for forward compatibility.
@@ -216,6 +233,12 @@ type InferenceServer interface {
 	// message's stored hashes. A worker with its cache off sends one empty
 	// snapshot and keeps the stream open.
 	WatchKV(*WatchKVRequest, grpc.ServerStreamingServer[KVEvents]) error
+	// CheckpointPrefixes answers, for each request, the prefix its
+	// checkpoint store holds here, in tokens (0 for none): the leader asks
+	// the live holders of a failed worker's requests before it proposes the
+	// MarkFailed, so that the recovery plan restores each request from its
+	// copy with the longest prefix (issue 24: R > 1).
+	CheckpointPrefixes(context.Context, *CheckpointPrefixesRequest) (*CheckpointPrefixesResponse, error)
 	mustEmbedUnimplementedInferenceServer()
 }
 
@@ -243,6 +266,9 @@ func (UnimplementedInferenceServer) SetHolder(context.Context, *SetHolderRequest
 }
 func (UnimplementedInferenceServer) WatchKV(*WatchKVRequest, grpc.ServerStreamingServer[KVEvents]) error {
 	return status.Error(codes.Unimplemented, "method WatchKV not implemented")
+}
+func (UnimplementedInferenceServer) CheckpointPrefixes(context.Context, *CheckpointPrefixesRequest) (*CheckpointPrefixesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckpointPrefixes not implemented")
 }
 func (UnimplementedInferenceServer) mustEmbedUnimplementedInferenceServer() {}
 func (UnimplementedInferenceServer) testEmbeddedByValue()                   {}
@@ -326,6 +352,24 @@ func _Inference_WatchKV_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Inference_WatchKVServer = grpc.ServerStreamingServer[KVEvents]
 
+func _Inference_CheckpointPrefixes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckpointPrefixesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InferenceServer).CheckpointPrefixes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Inference_CheckpointPrefixes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InferenceServer).CheckpointPrefixes(ctx, req.(*CheckpointPrefixesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Inference_ServiceDesc is the grpc.ServiceDesc for Inference service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -336,6 +380,10 @@ var Inference_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetHolder",
 			Handler:    _Inference_SetHolder_Handler,
+		},
+		{
+			MethodName: "CheckpointPrefixes",
+			Handler:    _Inference_CheckpointPrefixes_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
