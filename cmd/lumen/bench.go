@@ -108,7 +108,7 @@ func runBenchMigration(args []string) error {
 	fs.StringVar(&cfg.JSONPath, "json", "", "write the figures as JSON (after every phase)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the prompts and of the burst's arrivals")
 	fs.Float64Var(&cfg.Load, "load", cfg.Load, "the burst's mean offered load as a fraction of the cluster's modelled saturated throughput")
-	fs.StringVar(&cfg.Phases, "phases", cfg.Phases, "comma-separated phases to run: downtime, burst, drain")
+	fs.StringVar(&cfg.Phases, "phases", cfg.Phases, "comma-separated phases to run: downtime, burst, drain (the default three), llumnix (issue 23: Llumnix's comparison on real processes, -trace, -arrivals, -rate, -requests)")
 	fs.IntVar(&cfg.BurstKVPages, "burst-kv-pages", 0, "KV pages of each burst worker (default: the profile's GPU); fewer make memory bind before the batch cap")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
 	fs.StringVar(&cfg.Profile, "profile", "", "every worker's timing profile (default qwen3-14b-h100, and llama-7b-a10, Llumnix's instance, for the llumnix phase)")
