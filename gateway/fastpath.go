@@ -96,11 +96,13 @@ func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok b
 	id := req.RequestId
 	var w string
 	var inc uint64
-	if g.kv != nil && len(e.out) == 0 {
-		// A placement, not a resume: by the prompt's cached prefix
-		// (kvwatch.go). A request that streamed tokens is placed as
-		// before.
-		w, inc, ok = g.replica.TakePrefix(id, req.PromptTokens, e.promptHashes(), g.kv.idx, exclude...)
+	if g.kv != nil {
+		// By the cached prefix of what the call will carry (kvwatch.go):
+		// the prompt for a new request, the prompt and the tokens
+		// streamed so far for a re-placement that has some (a resume
+		// whose placement was lost, a refusal, a full queue), the prompt
+		// alone when the call regenerates them.
+		w, inc, ok = g.replica.TakePrefix(id, req.PromptTokens, e.placeHashes(), g.kv.idx, exclude...)
 	} else {
 		w, inc, ok = g.replica.Take(id, req.PromptTokens, exclude...)
 	}

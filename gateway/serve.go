@@ -511,7 +511,7 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		if errors.Is(err, errDiverged) {
 			// Logged and counted where it was seen. The same placement
 			// again, with the journal: the worker continues from it.
-			e.diverged, regen = true, false
+			e.diverged, regen, e.regen = true, false, false
 			continue
 		}
 		var mv *movedError
@@ -519,16 +519,22 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		// live migration: its destination holds the request's pages, and
 		// the call with its history continues there.
 		regen = g.regenerates() && !e.diverged && !(errors.As(err, &mv) && mv.migration)
+		e.regen = regen
 		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "epoch", pl.Epoch, "tokens", len(e.out),
 			"regenerate", regen, "error", err)
 		if errors.As(err, &mv) {
 			if mv.migration {
 				g.metrics.resumes.WithLabelValues("migrated").Inc()
 				switched = lastToken
-			} else {
-				g.metrics.resumes.WithLabelValues("moved").Inc()
+				pl = mv.to
+				continue
 			}
-			pl = mv.to
+			g.metrics.resumes.WithLabelValues("moved").Inc()
+			next, aerr := g.resumeByPrefix(ctx, e, pl.WorkerId, mv.to)
+			if aerr != nil {
+				return "", aerr
+			}
+			pl = next
 			continue
 		}
 		if status.Code(err) == codes.Unavailable {
@@ -770,7 +776,11 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement, 
 		switch {
 		case err == nil && resp.Placement.Epoch > pl.Epoch:
 			g.metrics.resumes.WithLabelValues("moved").Inc()
-			return resp.Placement, nil
+			next, aerr := g.resumeByPrefix(ctx, e, pl.WorkerId, resp.Placement)
+			if aerr != nil {
+				return nil, aerr
+			}
+			return next, nil
 		case status.Code(err) == codes.NotFound || (len(e.out) == 0 && time.Since(start) > time.Second):
 			// The placement is gone (its session expired, and every
 			// placement of the session was completed), or nothing was
