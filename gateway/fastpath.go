@@ -109,6 +109,26 @@ func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok b
 	if !ok {
 		return nil, false, nil
 	}
+	pl, aerr = g.sendPlaced(e, req, w, inc)
+	return pl, aerr == nil, aerr
+}
+
+// placeAt places the request's current attempt on worker, as placeFast
+// does, when the replica holds it eligible (the samples of one request
+// after the first, where the first runs: serve), else as any request.
+func (g *Gateway) placeAt(ctx context.Context, e *entry, worker string) (*pb.Placement, *apiError) {
+	req := dispatchRequest(e)
+	if inc, ok := g.replica.TakeAt(req.RequestId, worker, req.PromptTokens); ok {
+		return g.sendPlaced(e, req, worker, inc)
+	}
+	return g.place(ctx, e, false)
+}
+
+// sendPlaced sends the Dispatch of req, which the replica placed on w (of
+// incarnation inc), in parallel, and returns the placement the request
+// starts under.
+func (g *Gateway) sendPlaced(e *entry, req *pb.DispatchRequest, w string, inc uint64) (*pb.Placement, *apiError) {
+	id := req.RequestId
 	req.WorkerId, req.WorkerIncarnation = w, inc
 	sent := time.Now()
 	settled := make(chan struct{})
@@ -120,13 +140,13 @@ func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok b
 		g.placed(id, w, sent, resp, err)
 	}) {
 		g.replica.Forget(id)
-		return nil, false, errClosing
+		return nil, errClosing
 	}
 	e.unsettled = append(e.unsettled, settled)
 	g.metrics.placements.WithLabelValues("replica").Inc()
 	e.viaController = false
 	return &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc,
-		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Priority: req.Priority}, true, nil
+		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Priority: req.Priority}, nil
 }
 
 // dispatchRequest is the Dispatch of the request's current attempt, with

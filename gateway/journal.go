@@ -28,7 +28,9 @@ type entry struct {
 	// regen: the request's next call sends the prompt alone, its output
 	// to be decoded again (a stop-and-restart resume): it is placed by
 	// the prompt's prefix.
-	regen    bool
+	regen bool
+	// on is the worker of the request's latest call.
+	on       string
 	params   params
 	maxToken int
 	// unsettled are closed when the Dispatches sent for attempts started
