@@ -442,3 +442,51 @@ func TestRecomputedResumeGoesToTheCachedPrefix(t *testing.T) {
 	}
 	finish(c, res)
 }
+
+// A gateway that restarts starts with an empty index and rebuilds every
+// worker's entries from the snapshot each worker's new WatchKV stream
+// opens with (what a worker sends first, whatever the old gateway saw):
+// nothing the old gateway held is needed, and the new one places by the
+// replayed caches at once.
+func TestRestartedGatewayReplaysEverySnapshot(t *testing.T) {
+	r, st := newKVRig(t, true)
+	prompt, hashes := prefixPrompt()
+	c1, c2 := r.w["w1"].kv.next(t), r.w["w2"].kv.next(t)
+	c1.send(t, snapshot("w1", 1, 1, 100, 101))
+	c2.send(t, snapshot("w2", 1, 1, 200))
+	c1.send(t, delta("w1", 1, 2, []uint64{102}, []uint64{100}))
+	waitMessages(t, r, 3)
+
+	// The gateway restarts: its streams end, the new one opens its own.
+	cfg := r.g.cfg
+	r.g.Close()
+	c1.cut(t, "the old gateway closed")
+	c2.cut(t, "the old gateway closed")
+	cfg.Addr = "127.0.0.1:0"
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	r.g = g
+	if n := g.kv.idx.Workers(); n != 0 {
+		t.Fatalf("a new gateway's index holds %d workers before any snapshot", n)
+	}
+	// Each worker's state now: w1 holds the prompt's pages and 102, w2
+	// its 200 and one page more.
+	c1, c2 = r.w["w1"].kv.next(t), r.w["w2"].kv.next(t)
+	c1.send(t, snapshot("w1", 1, 3, append([]uint64{102}, hashes...)...))
+	c2.send(t, snapshot("w2", 1, 2, 200, 201))
+	waitMessages(t, r, 2)
+	if n1, n2 := g.kv.idx.Len("w1"), g.kv.idx.Len("w2"); n1 != len(hashes)+1 || n2 != 2 {
+		t.Fatalf("after the snapshots: w1 %d hashes, w2 %d; want %d and 2", n1, n2, len(hashes)+1)
+	}
+	if holds(r, "w1", 100) != 0 || holds(r, "w1", 102) != 1 || holds(r, "w2", 200, 201) != 2 || holds(r, "w1", hashes...) != len(hashes) {
+		t.Fatal("the new index is not the workers' snapshots")
+	}
+	// And it places by them: w1 holds the prompt, though w2 is freer.
+	setLoads(t, r, st, 100, 90, 0)
+	if w := placeOn(t, r, prompt); w != "w1" {
+		t.Fatalf("after the restart a request went to %s; w1's replayed cache holds its prompt", w)
+	}
+}
