@@ -96,17 +96,39 @@ func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok b
 	id := req.RequestId
 	var w string
 	var inc uint64
-	if g.kv != nil && len(e.out) == 0 {
-		// A placement, not a resume: by the prompt's cached prefix
-		// (kvwatch.go). A request that streamed tokens is placed as
-		// before.
-		w, inc, ok = g.replica.TakePrefix(id, req.PromptTokens, e.promptHashes(), g.kv.idx, exclude...)
+	if g.kv != nil {
+		// By the cached prefix of what the call will carry (kvwatch.go):
+		// the prompt for a new request, the prompt and the tokens
+		// streamed so far for a re-placement that has some (a resume
+		// whose placement was lost, a refusal, a full queue), the prompt
+		// alone when the call regenerates them.
+		w, inc, ok = g.replica.TakePrefix(id, req.PromptTokens, e.placeHashes(), g.kv.idx, exclude...)
 	} else {
 		w, inc, ok = g.replica.Take(id, req.PromptTokens, exclude...)
 	}
 	if !ok {
 		return nil, false, nil
 	}
+	pl, aerr = g.sendPlaced(e, req, w, inc)
+	return pl, aerr == nil, aerr
+}
+
+// placeAt places the request's current attempt on worker, as placeFast
+// does, when the replica holds it eligible (the samples of one request
+// after the first, where the first runs: serve), else as any request.
+func (g *Gateway) placeAt(ctx context.Context, e *entry, worker string) (*pb.Placement, *apiError) {
+	req := dispatchRequest(e)
+	if inc, ok := g.replica.TakeAt(req.RequestId, worker, req.PromptTokens); ok {
+		return g.sendPlaced(e, req, worker, inc)
+	}
+	return g.place(ctx, e, false)
+}
+
+// sendPlaced sends the Dispatch of req, which the replica placed on w (of
+// incarnation inc), in parallel, and returns the placement the request
+// starts under.
+func (g *Gateway) sendPlaced(e *entry, req *pb.DispatchRequest, w string, inc uint64) (*pb.Placement, *apiError) {
+	id := req.RequestId
 	req.WorkerId, req.WorkerIncarnation = w, inc
 	sent := time.Now()
 	settled := make(chan struct{})
@@ -118,13 +140,13 @@ func (g *Gateway) placeFast(e *entry, exclude ...string) (pl *pb.Placement, ok b
 		g.placed(id, w, sent, resp, err)
 	}) {
 		g.replica.Forget(id)
-		return nil, false, errClosing
+		return nil, errClosing
 	}
 	e.unsettled = append(e.unsettled, settled)
 	g.metrics.placements.WithLabelValues("replica").Inc()
 	e.viaController = false
 	return &pb.Placement{RequestId: id, WorkerId: w, WorkerIncarnation: inc,
-		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Priority: req.Priority}, true, nil
+		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Priority: req.Priority}, nil
 }
 
 // dispatchRequest is the Dispatch of the request's current attempt, with

@@ -20,8 +20,17 @@ type entry struct {
 	prompt  []int32
 	out     []int32
 	// hashes are the prompt's page hashes, for prefix routing
-	// (promptHashes, kvwatch.go).
-	hashes   []uint64
+	// (promptHashes, kvwatch.go); histHashes those of the prompt and
+	// the first histOut output tokens but the last (placeHashes).
+	hashes     []uint64
+	histHashes []uint64
+	histOut    int
+	// regen: the request's next call sends the prompt alone, its output
+	// to be decoded again (a stop-and-restart resume): it is placed by
+	// the prompt's prefix.
+	regen bool
+	// on is the worker of the request's latest call.
+	on       string
 	params   params
 	maxToken int
 	// unsettled are closed when the Dispatches sent for attempts started

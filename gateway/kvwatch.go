@@ -23,6 +23,8 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +34,7 @@ import (
 
 	"github.com/lumen-project/lumen/internal/kvpage"
 	"github.com/lumen-project/lumen/internal/placer"
+	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 	"github.com/lumen-project/lumen/worker/core"
 )
@@ -228,4 +231,100 @@ func (e *entry) promptHashes() []uint64 {
 		e.hashes = core.PageHashes(e.prompt[:len(e.prompt)-1], nil)
 	}
 	return e.hashes
+}
+
+// placeHashes are the prefix hashes the worker will look up for e's next
+// call: its prompt's (promptHashes) while it has streamed nothing or when
+// the call regenerates its output (stop-and-restart sends the prompt
+// alone), else those of the prompt and every token streamed, all but the
+// last token (the worker's lookup: core.lookupHit).
+func (e *entry) placeHashes() []uint64 {
+	if len(e.out) == 0 || e.regen {
+		return e.promptHashes()
+	}
+	if e.histHashes == nil || e.histOut != len(e.out) {
+		h := make([]int32, 0, len(e.prompt)+len(e.out))
+		h = append(append(h, e.prompt...), e.out...)
+		// Extended: the history only grows.
+		e.histHashes, e.histOut = core.PageHashes(h[:len(h)-1], e.histHashes), len(e.out)
+	}
+	return e.histHashes
+}
+
+// recoveryPlanned notes, for the requests in flight a recovery plan
+// moves, whether it recomputes them (no checkpoint restore at the target:
+// the target is only the freest survivor) and where.
+func (g *Gateway) recoveryPlanned(rp *pb.RecoveryPlan) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, a := range rp.Assignments {
+		if f := g.flights[a.RequestId]; f != nil {
+			f.recomputeOn = ""
+			if a.Mode == pb.RecoveryMode_RECOVERY_MODE_RECOMPUTE {
+				f.recomputeOn = a.TargetWorker
+			}
+		}
+	}
+}
+
+// recomputesAt says the recovery plan that moved e's current attempt to
+// pl recomputes it there: a plan the gateway saw (its RecoveryPlan event
+// came before the move was acted on) named pl's worker in RECOMPUTE mode.
+func (g *Gateway) recomputesAt(e *entry, pl *pb.Placement) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f := g.flights[e.dispatchID()]
+	return f != nil && f.recomputeOn != "" && f.recomputeOn == pl.WorkerId
+}
+
+// resumeByPrefix (prefix routing) takes a recovery's move of e to
+// planned: where the plan recomputes the request — it names no
+// checkpoint to restore, only the freest survivor — and the worker
+// Replica.TakePrefix chooses for what the resumed call carries
+// (placeHashes; the failed worker excluded) caches more of it than the
+// plan's target, the request is placed there instead, under its next
+// attempt id, and the planned attempt is completed. Where the plan
+// restores a checkpoint (REUSE, a live migration's copy), where its mode
+// is not known (the move was read before the plan's event came), or where
+// the prefix choice caches no more than the target, the plan stands.
+func (g *Gateway) resumeByPrefix(ctx context.Context, e *entry, from string, planned *pb.Placement) (*pb.Placement, *apiError) {
+	if g.kv == nil || !g.recomputesAt(e, planned) {
+		return planned, nil
+	}
+	exclude := append(slices.Clone(e.excluded), from)
+	probe := fmt.Sprintf("%s~%d", e.id, e.attempt+1)
+	hashes := e.placeHashes()
+	w, _, ok := g.replica.TakePrefix(probe, uint32(len(e.prompt)), hashes, g.kv.idx, exclude...)
+	g.replica.Forget(probe)
+	if !ok || w == planned.WorkerId {
+		return planned, nil
+	}
+	// Only for more cache than the target has: moved for a higher score
+	// alone, a burst of resumes piles onto the workers the score prefers
+	// (the plan spreads them by freeness; in the simulator, resumes twice
+	// as slow: docs/benchmarks.md).
+	ov := g.kv.idx.Overlaps([]policy.Worker{{ID: w}, {ID: planned.WorkerId}}, hashes, nil)
+	if ov[0] <= ov[1] {
+		return planned, nil
+	}
+	left := e.dispatchID()
+	settled := slices.Clone(e.unsettled)
+	npl, aerr := g.redispatch(ctx, e, false, from)
+	if aerr != nil {
+		return nil, aerr
+	}
+	g.metrics.resumes.WithLabelValues("prefix").Inc()
+	g.log.Debug("a recomputed resume placed by its cached prefix, not the plan's target", "request", e.id, "planned", planned.WorkerId,
+		"placed", npl.WorkerId, "tokens", len(e.out))
+	// The plan's placement is left: completed now (its holder's
+	// reservation goes back), after the Dispatches of earlier attempts
+	// have their answers, as the handler's end does (which completes it
+	// again, harmlessly).
+	g.goFunc(func() {
+		for _, ch := range settled {
+			<-ch
+		}
+		g.completeLater(left)
+	})
+	return npl, nil
 }

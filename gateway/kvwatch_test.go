@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -312,5 +313,180 @@ func TestPrefixRoutingOffIgnoresTheCaches(t *testing.T) {
 	}
 	if o1, o2 := r.w["w1"].kv.opened.Load(), r.w["w2"].kv.opened.Load(); o1+o2 != 0 {
 		t.Fatalf("routing off opened %d WatchKV streams", o1+o2)
+	}
+}
+
+// newKVRig3 is newKVRig with a third worker, w3, every worker eligible and
+// following WatchKV, prefix routing on.
+func newKVRig3(t *testing.T) (*rig, *fastState) {
+	t.Helper()
+	var st *fastState
+	r := newRigThen(t, 1, func(c *Config) { c.PrefixRouting = true }, nil, func(r *rig) {
+		w3, addr := newFakeWorker(t, "w3")
+		r.w["w3"] = w3
+		r.fc.addWorker("w3", addr)
+		st = r.enableFastPath(t, "", "w1", "w2")
+		st.table.Workers = append(st.table.Workers, &pb.WorkerLoad{WorkerId: "w3", Incarnation: 1,
+			Phase: pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE, Load: &pb.LoadRecord{KvPagesTotal: 1000}})
+		for _, w := range r.w {
+			w.kv = newKVFake()
+		}
+	})
+	return r, st
+}
+
+// setLoads3 gives the three workers their used pages (running 1 each)
+// and waits until the gateway holds the table and counts none of its own.
+func setLoads3(t *testing.T, r *rig, st *fastState, used ...uint64) {
+	t.Helper()
+	var want uint64
+	st.setTable(func(tbl *pb.LoadTable) {
+		want = tbl.AppliedIndex
+		for i, w := range tbl.Workers {
+			w.Load = &pb.LoadRecord{KvPagesTotal: 1000, KvPagesUsed: used[i], Running: 1}
+		}
+	})
+	waitFor(t, 10*time.Second, "the new loads", func() bool {
+		i, _ := r.g.replica.Applied()
+		return i == want && r.g.replica.Pending() == 0
+	})
+}
+
+func recoveryPlan(failed, id, target string, mode pb.RecoveryMode) *pb.Event {
+	return &pb.Event{Body: &pb.Event_RecoveryPlan{RecoveryPlan: &pb.RecoveryPlan{FailedWorker: failed,
+		Assignments: []*pb.RecoveryAssignment{{RequestId: id, TargetWorker: target, Mode: mode}}}}}
+}
+
+// A request whose worker fails resumes, with prefix routing on, where the
+// recovery plan restores it (REUSE: the checkpoint beats a cache); where
+// the plan recomputes it on the freest survivor (w2), it is placed instead
+// on the worker whose cache holds its history's prefix (w3), under a new
+// attempt id whose Dispatch names w3, with the journal's tokens, and the
+// plan's attempt is completed at once.
+func TestRecomputedResumeGoesToTheCachedPrefix(t *testing.T) {
+	r, st := newKVRig3(t)
+	prompt, hashes := prefixPrompt()
+	waitTable(t, r.g)
+	setLoads3(t, r, st, 0, 100, 110)
+	// Freeness per request: w1 1000, w2 900, w3 890; with the prompt's 43
+	// pages cached w3 scores 933: under w1, over w2.
+	streams := map[string]*kvConn{}
+	for _, id := range []string{"w1", "w2", "w3"} {
+		streams[id] = r.w[id].kv.next(t)
+	}
+	resume := func(mode pb.RecoveryMode) (string, *call, <-chan *sse, string) {
+		t.Helper()
+		res := r.completePrompt(t, prompt, 4)
+		c1 := r.w["w1"].next(t)
+		id := c1.req.RequestId
+		c1.send(t, 0, 'a', false)
+		c1.send(t, 1, 'b', false)
+		waitFor(t, 10*time.Second, "two tokens through the gateway", func() bool {
+			r.g.mu.Lock()
+			defer r.g.mu.Unlock()
+			return r.g.flights[id] != nil && r.g.flights[id].cancel != nil
+		})
+		// w1 fails; the plan moves the request to w2, the freest survivor.
+		r.fc.publish(recoveryPlan("w1", id, "w2", mode))
+		r.fc.publish(moved(&pb.Placement{RequestId: id, WorkerId: "w2", Epoch: 2}))
+		select {
+		case c := <-r.w["w2"].calls:
+			return "w2", c, res, id
+		case c := <-r.w["w3"].calls:
+			return "w3", c, res, id
+		case <-time.After(30 * time.Second):
+			t.Fatal("the request did not resume")
+		}
+		return "", nil, nil, ""
+	}
+	finish := func(c *call, res <-chan *sse) {
+		t.Helper()
+		c.send(t, 2, 'c', false)
+		c.send(t, 3, 'd', true)
+		if got := wait(t, res); got.err != nil || !got.done || got.text.String() != "abcd" {
+			t.Fatalf("client got %q done=%v err=%v %s", got.text.String(), got.done, got.err, got.errMsg)
+		}
+	}
+
+	// Nothing cached when the first request starts: w1, the freest. Then
+	// w3's cache gets the prompt.
+	streams["w3"].send(t, snapshot("w3", 1, 1, hashes...))
+	waitFor(t, 10*time.Second, "w3's snapshot", func() bool { return r.g.kv.idx.Len("w3") == len(hashes) })
+	w, c, res, id := resume(pb.RecoveryMode_RECOVERY_MODE_REUSE)
+	if w != "w2" || c.req.RequestId != id || c.req.Epoch != 2 || string(int32s(c.req.Generated)) != "ab" {
+		t.Fatalf("a REUSE plan's resume went to %s as %s epoch %d with %q; want the plan's w2, %s, epoch 2, \"ab\"",
+			w, c.req.RequestId, c.req.Epoch, string(int32s(c.req.Generated)), id)
+	}
+	finish(c, res)
+
+	setLoads3(t, r, st, 0, 100, 110)
+	w, c, res, id = resume(pb.RecoveryMode_RECOVERY_MODE_RECOMPUTE)
+	if w != "w3" || c.req.RequestId != id+"~1" || string(int32s(c.req.Generated)) != "ab" {
+		t.Fatalf("a RECOMPUTE plan's resume went to %s as %s with %q; want w3 (its cache holds the prefix) as %s~1 with \"ab\"",
+			w, c.req.RequestId, string(int32s(c.req.Generated)), id)
+	}
+	waitFor(t, 10*time.Second, "the new attempt's Dispatch to name w3", func() bool { return st.named(id+"~1") == "w3" })
+	waitFor(t, 10*time.Second, "the plan's attempt to be completed", func() bool { return slices.Contains(r.fc.completedIDs(), id) })
+	finish(c, res)
+
+	// Both survivors cache the prefix, and w3 is the freer: the score
+	// prefers w3, but it caches no more than the plan's w2, so the plan
+	// stands (moved for the score alone, a burst of resumes would pile
+	// onto one worker).
+	streams["w2"].send(t, snapshot("w2", 1, 1, hashes...))
+	waitFor(t, 10*time.Second, "w2's snapshot", func() bool { return r.g.kv.idx.Len("w2") == len(hashes) })
+	setLoads3(t, r, st, 0, 110, 100)
+	w, c, res, id = resume(pb.RecoveryMode_RECOVERY_MODE_RECOMPUTE)
+	if w != "w2" || c.req.RequestId != id {
+		t.Fatalf("a RECOMPUTE plan whose target caches as much as any went to %s as %s; want the plan's w2 as %s", w, c.req.RequestId, id)
+	}
+	finish(c, res)
+}
+
+// A gateway that restarts starts with an empty index and rebuilds every
+// worker's entries from the snapshot each worker's new WatchKV stream
+// opens with (what a worker sends first, whatever the old gateway saw):
+// nothing the old gateway held is needed, and the new one places by the
+// replayed caches at once.
+func TestRestartedGatewayReplaysEverySnapshot(t *testing.T) {
+	r, st := newKVRig(t, true)
+	prompt, hashes := prefixPrompt()
+	c1, c2 := r.w["w1"].kv.next(t), r.w["w2"].kv.next(t)
+	c1.send(t, snapshot("w1", 1, 1, 100, 101))
+	c2.send(t, snapshot("w2", 1, 1, 200))
+	c1.send(t, delta("w1", 1, 2, []uint64{102}, []uint64{100}))
+	waitMessages(t, r, 3)
+
+	// The gateway restarts: its streams end, the new one opens its own.
+	cfg := r.g.cfg
+	r.g.Close()
+	c1.cut(t, "the old gateway closed")
+	c2.cut(t, "the old gateway closed")
+	cfg.Addr = "127.0.0.1:0"
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	r.g = g
+	if n := g.kv.idx.Workers(); n != 0 {
+		t.Fatalf("a new gateway's index holds %d workers before any snapshot", n)
+	}
+	// Each worker's state now: w1 holds the prompt's pages and 102, w2
+	// its 200 and one page more.
+	c1, c2 = r.w["w1"].kv.next(t), r.w["w2"].kv.next(t)
+	c1.send(t, snapshot("w1", 1, 3, append([]uint64{102}, hashes...)...))
+	c2.send(t, snapshot("w2", 1, 2, 200, 201))
+	waitMessages(t, r, 2)
+	if n1, n2 := g.kv.idx.Len("w1"), g.kv.idx.Len("w2"); n1 != len(hashes)+1 || n2 != 2 {
+		t.Fatalf("after the snapshots: w1 %d hashes, w2 %d; want %d and 2", n1, n2, len(hashes)+1)
+	}
+	if holds(r, "w1", 100) != 0 || holds(r, "w1", 102) != 1 || holds(r, "w2", 200, 201) != 2 || holds(r, "w1", hashes...) != len(hashes) {
+		t.Fatal("the new index is not the workers' snapshots")
+	}
+	// And it places by them: w1 holds the prompt, though w2 is freer.
+	setLoads(t, r, st, 100, 90, 0)
+	if w := placeOn(t, r, prompt); w != "w1" {
+		t.Fatalf("after the restart a request went to %s; w1's replayed cache holds its prompt", w)
 	}
 }

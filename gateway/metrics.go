@@ -63,7 +63,7 @@ func newMetrics(model string) *metrics {
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_gateway_e2e_request_latency_seconds",
 			Help: "Time from arrival to the last token.", Buckets: lat, ConstLabels: vl}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_resumes_total",
-			Help: "Broken worker streams resumed, by how: moved (the placement moved), migrated (a live migration committed), retry (same worker), redispatch (before the first token)."}, []string{"how"}),
+			Help: "Broken worker streams resumed, by how: moved (the placement moved), migrated (a live migration committed), retry (same worker), redispatch (before the first token), prefix (with -prefix-routing on: a recovery that recomputes the request placed it where the longest part of its history is cached instead of at the plan's target; counted in moved too)."}, []string{"how"}),
 		regenerated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lumen_gateway_regenerated_tokens_total",
 			Help: "Output tokens a stop-and-restart resume decoded again, checked against the journal and not sent to the client, by result: matched, or mismatched (decoding was not deterministic; the request continued from the journal, and the client saw no repeat or gap)."}, []string{"result"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lumen_gateway_inflight", Help: "Requests in flight."}),

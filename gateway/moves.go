@@ -36,6 +36,10 @@ type flight struct {
 	refused *refusedError
 	// holder is the holder the running stream's call named.
 	holder string
+	// recomputeOn is the target of the last recovery plan that moved the
+	// request in RECOMPUTE mode (no checkpoint to restore there), "" when
+	// the last plan restores it (prefix routing only: resumeByPrefix).
+	recomputeOn string
 }
 
 // movedError ends a worker stream that an event moved: the request
@@ -198,6 +202,11 @@ func (g *Gateway) regenerates() bool {
 // onEvent acts on one event; a repeat (an event of the index in progress
 // when a stream broke, delivered again) is harmless: the epoch fence.
 func (g *Gateway) onEvent(ev *pb.Event) {
+	if rp := ev.GetRecoveryPlan(); rp != nil && g.kv != nil {
+		// Before the plan's PlacementMoved events (the same index,
+		// emitted after it): a recomputed resume may be placed by prefix.
+		g.recoveryPlanned(rp)
+	}
 	if mv := ev.GetPlacementMoved(); mv != nil && mv.Placement != nil {
 		g.placementMoved(mv.Placement, false)
 	}

@@ -197,3 +197,67 @@ func TestBestOfReturnsTheLikeliest(t *testing.T) {
 		t.Fatalf("completion tokens %d, want the 3 samples' 6", a.Usage.CompletionTokens)
 	}
 }
+
+// With prefix routing the samples of one request share its prompt's
+// cached pages: sample 0 runs alone until its first token (its prompt's
+// full pages are then in its worker's cache), and the others are placed
+// on that worker — their Dispatches name it — though the other worker is
+// freer, each with its own seed. A prompt with no full page has nothing to
+// share: its samples start together.
+func TestSamplesShareTheFirstSamplesWorker(t *testing.T) {
+	r, st := newKVRig(t, true)
+	waitTable(t, r.g)
+	// w2 is freer by 10 pages a request: sample 0 goes there, and with no
+	// placement counted the next would go to w1.
+	setLoads(t, r, st, 100, 90, 0)
+	prompt, _ := prefixPrompt()
+	res := r.completeN(fmt.Sprintf(`{"model":"lumen-tiny","prompt":%q,"max_tokens":2,"n":3,"seed":5,"stream":true}`, prompt))
+	w0, c0 := r.nextAny(t)
+	if !strings.HasSuffix(c0.req.RequestId, "-0") || c0.req.Sampling.Seed != 5 {
+		t.Fatalf("first call %s seed %d, want sample 0 with seed 5", c0.req.RequestId, c0.req.Sampling.Seed)
+	}
+	select {
+	case c := <-r.w["w1"].calls:
+		t.Fatalf("%s called before sample 0's first token", c.req.RequestId)
+	case c := <-r.w["w2"].calls:
+		t.Fatalf("%s called before sample 0's first token", c.req.RequestId)
+	case <-time.After(200 * time.Millisecond):
+	}
+	c0.send(t, 0, 'a', false)
+	seeds := map[uint64]bool{}
+	var others []*call
+	for range 2 {
+		w, c := r.nextAny(t)
+		if w != w0 {
+			t.Fatalf("sample %s went to %s, sample 0 runs on %s", c.req.RequestId, w, w0)
+		}
+		id := c.req.RequestId
+		waitFor(t, 10*time.Second, "the sample's Dispatch", func() bool { return st.named(id) != "" })
+		if n := st.named(id); n != w0 {
+			t.Fatalf("sample %s's Dispatch named %q, want %s", id, n, w0)
+		}
+		seeds[c.req.Sampling.Seed] = true
+		others = append(others, c)
+	}
+	if !seeds[6] || !seeds[7] {
+		t.Fatalf("the other samples' seeds %v, want 6 and 7", seeds)
+	}
+	c0.send(t, 1, 'b', true)
+	for _, c := range others {
+		c.send(t, 0, 'x', false)
+		c.send(t, 1, 'y', true)
+	}
+	if got := <-res; got.err != nil || !got.done || got.text[0] != "ab" || got.text[1] != "xy" || got.text[2] != "xy" {
+		t.Fatalf("the response: %v, err %v, done %v", got.text, got.err, got.done)
+	}
+
+	// A prompt shorter than a page: the samples start together.
+	res = r.completeN(`{"model":"lumen-tiny","prompt":"x","max_tokens":1,"n":2,"stream":true}`)
+	_, a := r.nextAny(t)
+	_, b := r.nextAny(t)
+	a.send(t, 0, 'a', true)
+	b.send(t, 0, 'b', true)
+	if got := <-res; got.err != nil || !got.done {
+		t.Fatalf("the short prompt's response: %v, err %v", got.text, got.err)
+	}
+}

@@ -231,13 +231,43 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 	out := newResponder(w, chat, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, id, g.cfg.Model, n)
 	out.withLogprobs(p)
 	var first sync.Once
+	// With prefix routing (its workers cache prefixes) the samples share
+	// the prompt's pages: sample 0 runs first, and the others are placed
+	// on the worker that gave its first token once it has (its prompt's
+	// full pages are in that worker's cache then), so they prefill only
+	// what follows the last full page. A prompt with no full page has
+	// nothing to share: its samples start together, each placed on its
+	// own.
+	var share *sampleShare
+	if n > 1 && g.kv != nil && len(samples[0].promptHashes()) > 0 {
+		share = &sampleShare{ready: make(chan struct{})}
+	}
 	run := func(i int) error {
 		e := samples[i]
 		// Followed before the Dispatch: a move event that arrives between
 		// the commit and Dispatch's answer is kept for the first stream.
 		g.follow(e.dispatchID())
 		defer func() { g.unfollow(e.dispatchID()) }()
-		placement, aerr := g.place(ctx, e, false)
+		var placement *pb.Placement
+		var aerr *apiError
+		switch {
+		case share != nil && i == 0:
+			defer share.release("") // sample 0 ended first: the others go on their own
+			placement, aerr = g.place(ctx, e, false)
+		case share != nil:
+			select {
+			case <-share.ready:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if share.worker != "" {
+				placement, aerr = g.placeAt(ctx, e, share.worker)
+			} else {
+				placement, aerr = g.place(ctx, e, false)
+			}
+		default:
+			placement, aerr = g.place(ctx, e, false)
+		}
 		if aerr != nil {
 			return aerr
 		}
@@ -245,6 +275,9 @@ func (g *Gateway) serve(hw http.ResponseWriter, r *http.Request, chat bool) {
 		echoed := false
 		finish, err := g.generate(ctx, e, placement, stopTokens, func(tok int32) bool {
 			first.Do(func() { g.metrics.ttft.Observe(time.Since(arrived).Seconds()) })
+			if share != nil && i == 0 {
+				share.release(e.on)
+			}
 			if p.echo && !echoed {
 				// With the first token (its message carried the
 				// prompt's logprobs): the prompt, before any of the
@@ -352,6 +385,22 @@ func dispatchError(err error) *apiError {
 		ae.Message = fmt.Sprintf("the controller refused to place the request: %s", msg)
 	}
 	return ae
+}
+
+// sampleShare is where sample 0 of a request of n samples gave its first
+// token: ready is closed then, or when sample 0 ended without one (worker
+// "": the others are placed on their own).
+type sampleShare struct {
+	once   sync.Once
+	ready  chan struct{}
+	worker string
+}
+
+func (s *sampleShare) release(worker string) {
+	s.once.Do(func() {
+		s.worker = worker
+		close(s.ready)
+	})
 }
 
 // Errors a request can end with.
@@ -511,7 +560,7 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		if errors.Is(err, errDiverged) {
 			// Logged and counted where it was seen. The same placement
 			// again, with the journal: the worker continues from it.
-			e.diverged, regen = true, false
+			e.diverged, regen, e.regen = true, false, false
 			continue
 		}
 		var mv *movedError
@@ -519,16 +568,22 @@ func (g *Gateway) generate(ctx context.Context, e *entry, pl *pb.Placement, stop
 		// live migration: its destination holds the request's pages, and
 		// the call with its history continues there.
 		regen = g.regenerates() && !e.diverged && !(errors.As(err, &mv) && mv.migration)
+		e.regen = regen
 		g.log.Debug("worker stream broke; resuming", "request", e.id, "worker", pl.WorkerId, "epoch", pl.Epoch, "tokens", len(e.out),
 			"regenerate", regen, "error", err)
 		if errors.As(err, &mv) {
 			if mv.migration {
 				g.metrics.resumes.WithLabelValues("migrated").Inc()
 				switched = lastToken
-			} else {
-				g.metrics.resumes.WithLabelValues("moved").Inc()
+				pl = mv.to
+				continue
 			}
-			pl = mv.to
+			g.metrics.resumes.WithLabelValues("moved").Inc()
+			next, aerr := g.resumeByPrefix(ctx, e, pl.WorkerId, mv.to)
+			if aerr != nil {
+				return "", aerr
+			}
+			pl = next
 			continue
 		}
 		if status.Code(err) == codes.Unavailable {
@@ -557,6 +612,7 @@ func (g *Gateway) stream(ctx context.Context, e *entry, pl *pb.Placement, resume
 	pl, refused := g.beginStream(id, pl, cancel)
 	defer g.endStream(id)
 	used = pl
+	e.on = pl.WorkerId
 	if refused != nil {
 		return "", used, false, refused
 	}
@@ -770,7 +826,11 @@ func (g *Gateway) resumeTarget(ctx context.Context, e *entry, pl *pb.Placement, 
 		switch {
 		case err == nil && resp.Placement.Epoch > pl.Epoch:
 			g.metrics.resumes.WithLabelValues("moved").Inc()
-			return resp.Placement, nil
+			next, aerr := g.resumeByPrefix(ctx, e, pl.WorkerId, resp.Placement)
+			if aerr != nil {
+				return nil, aerr
+			}
+			return next, nil
 		case status.Code(err) == codes.NotFound || (len(e.out) == 0 && time.Since(start) > time.Second):
 			// The placement is gone (its session expired, and every
 			// placement of the session was completed), or nothing was

@@ -27,6 +27,8 @@ func TestCommandRefuses(t *testing.T) {
 		{func(c *Command) { c.Figure, c.Given["prefix-routing"] = "load", true }, "-prefix-routing applies to the studies and to -figure prefix"},
 		{func(c *Command) { c.PrefixRouting, c.Gateways = "on", 2 }, "does not run with -gateways 2"},
 		{func(c *Command) { c.Figure, c.Given["xs"] = PrefixFigureName, true }, "runs llm-d's load ladder"},
+		{func(c *Command) { c.Figure, c.Given["fail-at"] = PrefixFigureName, true }, "-fail-at and -no-restart go with -fail"},
+		{func(c *Command) { c.Figure, c.Fail, c.Given["fail"] = PrefixFigureName, 8, true }, "8 failed workers of 8: at least one must survive"},
 	} {
 		cmd := DefaultCommand()
 		cmd.Out, cmd.Errs = &bytes.Buffer{}, &bytes.Buffer{}

@@ -149,3 +149,35 @@ func TestPrefixFigureJSONKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixResumeByCache: with failures, prefix-aware placement places
+// some recomputed resumes on a worker caching more of their history than
+// the recovery plan's target (prefixResume), and the resumed calls find
+// more of their histories in the caches than with every resume where the
+// plan put it (PlanResumes, the same arrivals and failures); without
+// prefix routing none is moved.
+func TestPrefixResumeByCache(t *testing.T) {
+	const seed = 7
+	t.Logf("seed %d", seed)
+	o := smallPrefix(seed, WorkloadLLMD)
+	o.Fail, o.FailAt, o.Columns = 1, 45*time.Second, PrefixFailColumns
+	f, err := RunPrefix(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b testWriter
+	b.t = t
+	f.Print(&b)
+	s := f.Runs[0].Summary
+	free, byCache, planned := s[ColFreeness], s[ColPrefixAware], s[ColPrefixPlanned]
+	if free.PrefixResumes != 0 || planned.PrefixResumes != 0 {
+		t.Fatalf("%d and %d resumes placed by prefix without prefix routing or with PlanResumes", free.PrefixResumes, planned.PrefixResumes)
+	}
+	if byCache.Interrupted == 0 || byCache.PrefixResumes == 0 {
+		t.Fatalf("prefix-aware: %d interrupted, %d placed by their cached prefix; want some of each", byCache.Interrupted, byCache.PrefixResumes)
+	}
+	if byCache.ResumeCached <= planned.ResumeCached || byCache.ResumeRecomputed >= planned.ResumeRecomputed {
+		t.Fatalf("resumes placed by prefix found %d tokens cached and recomputed %d; as planned %d and %d: want more found, fewer recomputed",
+			byCache.ResumeCached, byCache.ResumeRecomputed, planned.ResumeCached, planned.ResumeRecomputed)
+	}
+}

@@ -29,8 +29,17 @@ const (
 	ColPrefixAware = "prefix-aware"
 )
 
+// ColPrefixPlanned is prefix-aware placement whose interrupted requests
+// all resume where the recovery plan moved them (Config.PlanResumes): the
+// placement before a recomputed resume went by its cached prefix, run
+// beside the others when the figure has failures (PrefixOptions.Fail).
+const ColPrefixPlanned = "prefix-aware-planned-resumes"
+
 // PrefixColumns are the columns in order.
 var PrefixColumns = []string{ColFreeness, ColPrefixAware}
+
+// PrefixFailColumns are the columns of a figure with failures.
+var PrefixFailColumns = []string{ColFreeness, ColPrefixAware, ColPrefixPlanned}
 
 // The figure's workloads.
 const (
@@ -106,6 +115,11 @@ type PrefixOptions struct {
 	Seed    uint64
 	Timing  Timing
 	Log     io.Writer
+	// Fail workers (worker-1 … worker-Fail) are killed at FailAt, and
+	// restart and reload unless NoRestart; 0: no failure.
+	Fail      int
+	FailAt    time.Duration
+	NoRestart bool
 }
 
 // DefaultPrefixOptions are llm-d's setup: 8 Qwen3-32B workers of two H100s
@@ -131,6 +145,19 @@ type PrefixFigures struct {
 	RunningCV   float64 `json:"running_cv"`
 	Requests    int     `json:"requests"`
 	Preemptions int     `json:"preemptions,omitempty"`
+	// With failures (summaries only, the whole run): the requests the
+	// failures interrupted; of them, those the gateway placed by their
+	// cached prefix rather than at the plan's target; their TTFT mean;
+	// their resume latency (from the failure to the first token of the
+	// first call after it), mean and p90; the history tokens the resumed
+	// calls computed again and those they found in a prefix cache.
+	Interrupted           int     `json:"interrupted,omitempty"`
+	PrefixResumes         int     `json:"prefix_resumes,omitempty"`
+	InterruptedTTFTMeanMs float64 `json:"interrupted_ttft_mean_ms,omitempty"`
+	ResumeMeanMs          float64 `json:"resume_mean_ms,omitempty"`
+	ResumeP90Ms           float64 `json:"resume_p90_ms,omitempty"`
+	ResumeRecomputed      int     `json:"resume_recomputed_tokens,omitempty"`
+	ResumeCached          int     `json:"resume_cached_tokens,omitempty"`
 }
 
 // PrefixPoint is one stage's columns.
@@ -158,6 +185,9 @@ type PrefixFigure struct {
 	Seed        uint64      `json:"seed"`
 	Stages      []Stage     `json:"stages"`
 	Runs        []PrefixRun `json:"runs"`
+	// Fail workers killed at FailAtS seconds (0: none).
+	Fail    int     `json:"fail,omitempty"`
+	FailAtS float64 `json:"fail_at_s,omitempty"`
 }
 
 // PrefixArrivals are a workload's arrivals over the stages, sorted.
@@ -266,9 +296,30 @@ func withRoom(p []int32, extra int) []int32 { return append(make([]int32, 0, len
 
 // config is one column's run of the figure on reqs.
 func (o PrefixOptions) config(col string, reqs []workload.Request) Config {
+	var fails []Failure
+	for k := range o.Fail {
+		fails = append(fails, Failure{Worker: k, At: o.FailAt, Restart: !o.NoRestart})
+	}
 	return Config{Workers: o.Workers, Profile: o.Profile, Strategy: policy.RecomputeHistory, TokenBudget: o.TokenBudget,
 		MaxRunning: o.MaxRunning, MaxWaiting: len(reqs) + 1, KVPages: o.KVPages, Arrivals: reqs, Timing: o.Timing,
-		PrefixCache: true, PrefixRouting: col == ColPrefixAware}
+		PrefixCache: true, PrefixRouting: col == ColPrefixAware || col == ColPrefixPlanned, PlanResumes: col == ColPrefixPlanned,
+		Failures: fails}
+}
+
+// failFigures adds a run's failure figures to f (failures only).
+func failFigures(f *PrefixFigures, res *Result) {
+	var ttft []time.Duration
+	for _, r := range res.Records {
+		if r.Interrupted && r.Err == nil {
+			if d, ok := r.TTFT(); ok {
+				ttft = append(ttft, d)
+			}
+		}
+	}
+	f.Interrupted, f.PrefixResumes = res.Interrupted, res.PrefixResumes
+	f.InterruptedTTFTMeanMs = servingstats.Mean(ttft)
+	f.ResumeMeanMs, f.ResumeP90Ms = servingstats.Mean(res.Resumes), servingstats.Percentile(res.Resumes, 0.9)
+	f.ResumeRecomputed, f.ResumeCached = res.RecomputedTokens, res.ResumeCachedPages*engine.PageTokens
 }
 
 // RunPrefix runs the figure.
@@ -285,8 +336,21 @@ func RunPrefix(o PrefixOptions) (*PrefixFigure, error) {
 	if kv == 0 {
 		kv = o.Profile.KVPages()
 	}
+	total := time.Duration(0)
+	for _, st := range o.Stages {
+		total += st.Duration
+	}
+	if o.Fail < 0 || o.Fail >= o.Workers {
+		return nil, fmt.Errorf("%w: %d failed workers of %d: at least one must survive", ErrInvalid, o.Fail, o.Workers)
+	}
+	if o.Fail > 0 && (o.FailAt <= 0 || o.FailAt >= total) {
+		return nil, fmt.Errorf("%w: failures at %s: within the arrivals, (0, %s)", ErrInvalid, o.FailAt, total)
+	}
 	f := &PrefixFigure{Name: PrefixFigureName, Profile: o.Profile.Name, Workers: o.Workers, KVPages: kv, MaxRunning: o.MaxRunning,
 		TokenBudget: o.TokenBudget, Seed: o.Seed, Stages: o.Stages}
+	if o.Fail > 0 {
+		f.Fail, f.FailAtS = o.Fail, o.FailAt.Seconds()
+	}
 	for _, wl := range o.Workloads {
 		reqs, err := PrefixArrivals(o, wl)
 		if err != nil {
@@ -313,6 +377,9 @@ func RunPrefix(o PrefixOptions) (*PrefixFigure, error) {
 				from += st.Duration
 			}
 			run.Summary[col] = prefixFigures(res, measured, from)
+			if o.Fail > 0 {
+				failFigures(run.Summary[col], res)
+			}
 			if o.Log != nil {
 				s := run.Summary[col]
 				fmt.Fprintf(o.Log, "prefix %s, %s: %.0f output tokens/s, TTFT p90 %.0f ms, cache hits %.1f%% (%s of wall time)\n",
@@ -368,21 +435,37 @@ func prefixFigures(res *Result, from, to time.Duration) *PrefixFigures {
 func (f *PrefixFigure) Print(out io.Writer) {
 	fmt.Fprintf(out, "\nfigure prefix: %d × %s (%d KV pages each), batches of %d, %d tokens a step, seed %d\n",
 		f.Workers, f.Profile, f.KVPages, f.MaxRunning, f.TokenBudget, f.Seed)
-	fmt.Fprintf(out, "%-10s %6s %-13s %10s %10s %10s %7s %7s\n", "workload", "req/s", "column", "TTFT ms", "p90 TTFT", "out tok/s", "hit %", "run CV")
+	cw := 13 // the column names' width
+	if f.Fail > 0 {
+		cw = len(ColPrefixPlanned)
+	}
+	fmt.Fprintf(out, "%-10s %6s %-*s %10s %10s %10s %7s %7s\n", "workload", "req/s", cw, "column", "TTFT ms", "p90 TTFT", "out tok/s", "hit %", "run CV")
 	for _, run := range f.Runs {
 		row := func(rate string, col string, c *PrefixFigures) {
 			if c != nil {
-				fmt.Fprintf(out, "%-10s %6s %-13s %10.0f %10.0f %10.0f %7.1f %7.3f\n", run.Workload, rate, col,
+				fmt.Fprintf(out, "%-10s %6s %-*s %10.0f %10.0f %10.0f %7.1f %7.3f\n", run.Workload, rate, cw, col,
 					c.TTFTMeanMs, c.TTFTP90Ms, c.OutputTokensS, c.CacheHitPct, c.RunningCV)
 			}
 		}
 		for _, p := range run.Points {
-			for _, col := range PrefixColumns {
+			for _, col := range PrefixFailColumns {
 				row(fmt.Sprint(p.Rate), col, p.Columns[col])
 			}
 		}
-		for _, col := range PrefixColumns {
+		for _, col := range PrefixFailColumns {
 			row("all", col, run.Summary[col])
+		}
+	}
+	if f.Fail > 0 {
+		fmt.Fprintf(out, "\n%d workers killed at %gs: the interrupted requests (whole run)\n", f.Fail, f.FailAtS)
+		fmt.Fprintf(out, "%-10s %-29s %5s %7s %9s %9s %9s %12s %12s\n", "workload", "column", "intr", "byprefx", "TTFT ms", "resume ms", "p90 ms", "recomputed", "from cache")
+		for _, run := range f.Runs {
+			for _, col := range PrefixFailColumns {
+				if c := run.Summary[col]; c != nil {
+					fmt.Fprintf(out, "%-10s %-29s %5d %7d %9.0f %9.0f %9.0f %12d %12d\n", run.Workload, col, c.Interrupted, c.PrefixResumes,
+						c.InterruptedTTFTMeanMs, c.ResumeMeanMs, c.ResumeP90Ms, c.ResumeRecomputed, c.ResumeCached)
+				}
+			}
 		}
 	}
 	fmt.Fprintf(out, "\nprefix-aware against freeness alone (summary over the measured stages)\n")
@@ -401,8 +484,8 @@ func (f *PrefixFigure) Print(out io.Writer) {
 // -max-running, -seed and -quick change it), both columns unless
 // -prefix-routing names one.
 func (c *Command) runPrefix(given func(...string) bool) error {
-	if given("duration", "xs", "seeds", "stress", "load", "fail", "profile") {
-		return fmt.Errorf("-figure %s runs llm-d's load ladder (3 → 60 QPS, -quick a shorter one) on %d × qwen3-32b-2xh100: -duration, -xs, -seeds, -stress, -load, -fail and -profile do not apply",
+	if given("duration", "xs", "seeds", "stress", "load", "profile") {
+		return fmt.Errorf("-figure %s runs llm-d's load ladder (3 → 60 QPS, -quick a shorter one) on %d × qwen3-32b-2xh100: -duration, -xs, -seeds, -stress, -load and -profile do not apply",
 			PrefixFigureName, DefaultPrefixOptions().Workers)
 	}
 	o := DefaultPrefixOptions()
@@ -416,10 +499,32 @@ func (c *Command) runPrefix(given func(...string) bool) error {
 	if c.Quick {
 		o.Stages = QuickStages
 	}
+	if given("fail") {
+		// Failures: the interrupted requests' figures, and the
+		// prefix-aware column's ablation, its resumes as planned.
+		o.Fail, o.NoRestart, o.Columns = c.Fail, c.NoRestart, PrefixFailColumns
+		o.FailAt = c.FailAt
+		if o.FailAt == 0 {
+			// Halfway through the measured stages.
+			var warm, all time.Duration
+			for k, st := range o.Stages {
+				if k < o.Warmup {
+					warm += st.Duration
+				}
+				all += st.Duration
+			}
+			o.FailAt = warm + (all-warm)/2
+		}
+	} else if given("fail-at", "no-restart") {
+		return fmt.Errorf("-figure %s: -fail-at and -no-restart go with -fail (the workers killed)", PrefixFigureName)
+	}
 	if given("prefix-routing") {
 		o.Columns = []string{ColFreeness}
 		if c.PrefixRouting == "on" {
 			o.Columns = []string{ColPrefixAware}
+			if o.Fail > 0 {
+				o.Columns = append(o.Columns, ColPrefixPlanned)
+			}
 		}
 	}
 	f, err := RunPrefix(o)

@@ -98,6 +98,9 @@ type Result struct {
 	// of the requests admitted with an empty cache, and of them those the
 	// cache held (core.Output.CacheQueryTokens, CacheHitTokens).
 	CacheQueryTokens, CacheHitTokens int
+	// PrefixResumes counts the recomputed resumes placed by their cached
+	// prefix rather than at the recovery plan's target (prefixResume).
+	PrefixResumes int
 	// CacheQueries[k] and CacheHits[k] are the same counted in second k
 	// of the run.
 	CacheQueries, CacheHits []int

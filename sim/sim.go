@@ -125,6 +125,11 @@ type Config struct {
 	// by their KV events (prefix.go), naming the worker in the Dispatch
 	// as a gateway does, instead of Apply's freeness choice.
 	PrefixCache, PrefixRouting bool
+	// PlanResumes, with PrefixRouting, resumes every interrupted request
+	// where its recovery plan moved it, as before the gateway placed a
+	// recomputed resume by its cached prefix (prefixResume): the
+	// ablation of that choice, on the same arrivals.
+	PlanResumes bool
 	// Priorities: the requests carry their arrivals' priorities
 	// (workload.Request.Priority) in their Dispatch and Generate calls,
 	// as the API's priority field does; off, every request is of the
@@ -556,6 +561,11 @@ type simRequest struct {
 	liveCopy bool
 	// checkpointed: that copy held at least one page of it.
 	checkpointed bool
+	// recomputeOn: the last recovery plan that moved it recomputes it
+	// there (no checkpoint to restore), "" when it restores it: with
+	// PrefixRouting the gateway may place it by its cached prefix
+	// instead (prefix.go, prefixResume).
+	recomputeOn string
 }
 
 // Run simulates cfg to its end and returns the result, after checking
@@ -972,15 +982,21 @@ func (s *Sim) dispatchApply(r *simRequest) {
 		s.roundRobin(d)
 	}
 	if s.cfg.PrefixRouting {
-		s.prefixRoute(r, d)
+		s.prefixRoute(d, s.callHashes(r, false))
 	}
+	s.applyDispatch(r, d, s.generate)
+}
+
+// applyDispatch applies d, r's Dispatch, and makes r's call with then once
+// it commits; a refusal ends r.
+func (s *Sim) applyDispatch(r *simRequest, d *pb.DispatchCmd, then func(*simRequest, *pb.Placement)) {
 	res := s.apply(&pb.Command{Body: &pb.Command_Dispatch{Dispatch: d}})
 	if res.Err != nil {
 		s.end(r, fmt.Errorf("dispatch: %w", res.Err))
 		return
 	}
 	pl := res.Dispatch.Placement
-	s.at(s.now+s.cfg.Timing.CommitDelay, func() { s.generate(r, pl) })
+	s.at(s.now+s.cfg.Timing.CommitDelay, func() { then(r, pl) })
 }
 
 // priority is the request's priority in its calls (Config.Priorities).
@@ -1126,7 +1142,9 @@ func (s *Sim) poll(r *simRequest) {
 	pl := s.placement(r.id)
 	switch {
 	case pl != nil && (pl.WorkerId != r.worker || pl.Epoch != r.epoch):
-		s.resume(r, pl)
+		if !s.prefixResume(r, pl) {
+			s.resume(r, pl)
+		}
 		return
 	case r.out == 0 && (pl == nil || s.now-r.broken > s.cfg.Timing.RedispatchAfter):
 		s.complete(r.id)
@@ -1549,6 +1567,10 @@ func (s *Sim) markFailed(at time.Duration) {
 						if h := s.worker(a.CheckpointHolder); h != nil && h.store.holdsPages(r.id) {
 							r.checkpointed = true
 						}
+					}
+					r.recomputeOn = ""
+					if a.Mode == pb.RecoveryMode_RECOVERY_MODE_RECOMPUTE {
+						r.recomputeOn = a.TargetWorker
 					}
 					if s.cfg.Oracle {
 						s.oracleResume(r)

@@ -23,7 +23,7 @@ func runSim(args []string) error {
 	fs.StringVar(&c.Setups, "setups", "", "setups of lumen bench recovery to run: w4, w8, w8_f4 (the seed's stress: batch cap 256, the context-dependent decode step, a cold reload, load 0.9, 360 s with the failure at 60 s), w4-mild, w8-mild, w8_f4-mild (the earlier: caps 64 and 32, warm reload, load 0.7, 120 s) (default: w4,w8,w8_f4, unless -workers is given); -load, -reload, -detect, -decode-context and -max-running given override every setup's")
 	fs.IntVar(&c.Workers, "workers", 0, "a custom setup: this many workers (with -profile, -fail, -duration)")
 	fs.StringVar(&c.Profile, "profile", c.Profile, "custom setup: timing profile")
-	fs.IntVar(&c.Fail, "fail", c.Fail, "custom setup: workers killed at a quarter of the run")
+	fs.IntVar(&c.Fail, "fail", c.Fail, "custom setup: workers killed at a quarter of the run; with -figure prefix: worker-1 … worker-K killed at -fail-at (default halfway through the measured stages), the interrupted requests' figures and the prefix-aware-planned-resumes column (resumes where the recovery plan put them) added")
 	fs.DurationVar(&c.Duration, "duration", 0, "custom setup: arrivals span (default 120s, -quick 36s)")
 	fs.IntVar(&c.MaxRunning, "max-running", c.MaxRunning, "a worker's batch cap (vLLM's --max-num-seqs default is 256): a custom setup's, the figures', and, given with -setups, an override of every named setup's (256 in w4, w8, w8_f4; w4-mild 64, w8-mild and w8_f4-mild 32)")
 	fs.IntVar(&c.TokenBudget, "token-budget", 0, "the tokens one engine step may compute in every setup, the chunked prefill's budget (0: 2048; vLLM's takes 2048-8192)")

@@ -242,6 +242,26 @@ func (r *Replica) Take(requestID string, promptTokens uint32, exclude ...string)
 	return id, inc, true
 }
 
+// TakeAt counts a new request on worker, which the caller chose (the
+// gateway's samples of one request after the first go where the first
+// runs, to share its prompt's cached pages), when the view holds that
+// worker eligible; it returns the incarnation the view knows. ok is false
+// when the view does not hold it eligible (the caller places the request
+// as any other).
+func (r *Replica) TakeAt(requestID, worker string, promptTokens uint32) (incarnation uint64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i, found := r.find(worker)
+	if !found || !r.views[i].Eligible {
+		return 0, false
+	}
+	r.seq++
+	r.addOwn(requestID, own{worker: worker, pages: policy.Pages(uint64(promptTokens)), seq: r.seq})
+	r.order = append(r.order, ownRef{id: requestID, seq: r.seq})
+	r.capOwnLocked()
+	return r.incs[i], true
+}
+
 // capOwnLocked drops the oldest own placements past MaxOwn, and compacts
 // order once most of it names placements no longer counted. r.mu must be
 // held.

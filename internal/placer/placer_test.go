@@ -166,3 +166,28 @@ func TestBestFreenessIsTheFreenessTakeChooses(t *testing.T) {
 		t.Fatal("a table with no eligible worker has a best one")
 	}
 }
+
+// TestTakeAt: a placement on a named worker counts there, as Take's do,
+// with the incarnation the table knows; a worker the table does not hold
+// eligible (failed, or absent) is refused.
+func TestTakeAt(t *testing.T) {
+	r := New()
+	r.Update(&pb.LoadTable{AppliedIndex: 3, Workers: []*pb.WorkerLoad{row("w1", 4, full, 0, 0), row("w2", 1, full, 0, 0),
+		row("w3", 1, pb.WorkerPhase_WORKER_PHASE_FAILED, 0, 0)}})
+	if inc, ok := r.TakeAt("a", "w1", 160); !ok || inc != 4 {
+		t.Fatalf("TakeAt w1: incarnation %d, %v; want 4, true", inc, ok)
+	}
+	// w1 counts a's 10 pages: the freer is w2 (on a tie, w1).
+	if w, _, _ := r.Take("b", 16); w != "w2" {
+		t.Fatalf("after a placement on w1, Take chose %s, want w2", w)
+	}
+	if _, ok := r.TakeAt("c", "w3", 16); ok {
+		t.Fatal("TakeAt placed on a failed worker")
+	}
+	if _, ok := r.TakeAt("d", "w9", 16); ok {
+		t.Fatal("TakeAt placed on a worker the table does not have")
+	}
+	if r.Pending() != 2 {
+		t.Fatalf("%d pending, want 2 (a, b)", r.Pending())
+	}
+}
