@@ -30,12 +30,12 @@ type Result struct {
 	// checkpoint store after the failure (of Interrupted); the checkpoint
 	// bytes the serving workers sent, every copy counted; the checkpoint
 	// bytes held in the live workers' stores at each queue sample.
-	Restored            int
-	LiveCopy            int // of Interrupted, those whose plan found a live copy
+	Restored int
+	LiveCopy int // of Interrupted, those whose plan found a live copy
 	// Checkpointed: of LiveCopy, those whose live copy held at least one
 	// page (a request interrupted before its first page filled has
 	// nothing a restore could serve).
-	Checkpointed int
+	Checkpointed        int
 	CheckpointBytesSent uint64
 	CheckpointHostBytes []uint64
 	// SameDomain and ShortReplicas are the fsm's DomainCounts at the end:
@@ -104,6 +104,10 @@ type Result struct {
 	// Cells is, with Config.Cells > 1, each cell's part (cells.go); nil
 	// for one quorum.
 	Cells []CellStats
+	// Config.StepTrace: every engine step, and each request's admission
+	// (by arrival).
+	StepTrace []StepRecord
+	ReqTrace  []ReqTrace
 }
 
 // RaftCount is one command type's part of the Raft write stream: its

@@ -80,6 +80,8 @@ func runSim(args []string) error {
 	fs.StringVar(&c.PrefixRouting, "prefix-routing", c.PrefixRouting, "issue 25: on turns on the workers' prefix caches and places each request by internal/placer's prefix-aware score (its cached prefix against the worker's freeness); off: freeness alone, no cache. With -figure prefix: run only that column (default both)")
 	fs.IntVar(&c.Cells, "cells", c.Cells, "issue 26: split the workers (-workers is the total) into this many cells, each its own controller quorum (fsm) over workers/cells of them (whole -gpus-per-node nodes), a request and its checkpoint holders in one cell; needs -gateways >= 1, which choose the cell, then the worker (sim/cells.go). 1 = one quorum. With -figure cells: the cell count run beside 1 (default 4; -xs: the counts)")
 	fs.StringVar(&c.Columns, "columns", "", "comma-separated columns to run (default: all); a failed column needs its reference, lumen needs lumen-no-spec")
+	fs.BoolVar(&c.SpecTrace, "spec-trace", false, "issue 22: print where the TTFT of the requests arriving while drafters assist goes, lumen against lumen-no-spec on the same arrivals (queueing at assisted and other workers, the assisted workers' steps with and without verification, K, acceptance); with -figure, also every point's tables")
+	fs.StringVar(&c.TraceDir, "trace-dir", "", "write every column's requests (arrival, TTFT, admission, worker) and engine steps as CSV into this directory, for analysis by hand (sim/spectrace.go)")
 	cpuprofile := fs.String("cpuprofile", "", "write the run's CPU profile (runtime/pprof) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
