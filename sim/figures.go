@@ -41,6 +41,9 @@ type FigureOptions struct {
 	Only      []string
 	StepTrace bool
 	TraceDir  string
+	// Saturated, when > 0, replaces every point's calibration: the
+	// offered load is a fraction of it (requests per second).
+	Saturated float64
 	Log       io.Writer
 }
 
@@ -142,6 +145,9 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 			st := Study{Setup: pt.setup, Timeline: o.Timeline, Seed: seed, Load: pt.load, Lambda: pt.lam, Timing: o.Timing,
 				Saturated: saturated[key], Spec: o.Spec, Meter: meter,
 				Only: o.Only, StepTrace: o.StepTrace, TraceDir: o.TraceDir, Log: o.traceLog()}
+			if st.Saturated == 0 && o.Saturated > 0 {
+				st.Saturated = o.Saturated
+			}
 			if st.Saturated == 0 {
 				sat, _, err := st.Calibrate()
 				if err != nil {
