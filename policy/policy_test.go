@@ -33,11 +33,37 @@ func TestFreeness(t *testing.T) {
 		{"batch full, pages free, a queue", Worker{KVPagesTotal: 1000, KVPagesUsed: 100, Running: 32, Waiting: 40}, 12.5},
 		{"pending dispatches", Worker{KVPagesTotal: 100, PendingRequests: 4, PendingPages: 20}, 20},
 		{"over-committed", Worker{KVPagesTotal: 100, KVPagesUsed: 100, QueueHeadPages: 10, Waiting: 1}, -10},
+		{"every waiting request's pages", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 5, QueuedPages: 20, Running: 3, Waiting: 5}, 5},
+		{"no queued pages reported: the head's", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 20, QueuedPages: 0, Running: 3, Waiting: 5}, 5},
 	}
 	for _, c := range cases {
 		if got := c.w.Freeness(); got != c.want {
 			t.Errorf("%s: freeness = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestFreenessReportForgivesNoQueue is issue 22's dispatch defect: a
+// worker's freeness must not rise when a load report turns the requests
+// dispatched to it since the last one (pending, each with its prompt's
+// pages) into waiting requests. With only the queue head's pages in the
+// numerator it did — a worker whose batch had just shrunk looked free for
+// a queue of many times its free pages, report after report, and took
+// every arrival (docs/benchmarks.md, issue 22's trace: the assisted worker
+// of w8 seed 2 went from 0 to 160 waiting in 3 s while the others had 5).
+func TestFreenessReportForgivesNoQueue(t *testing.T) {
+	const n, pages = 40, 115 // 40 conversational prompts of ~1,800 tokens
+	before := Worker{KVPagesTotal: 16212, KVPagesUsed: 14300, Running: 175, PendingRequests: n, PendingPages: n * pages}
+	after := Worker{KVPagesTotal: 16212, KVPagesUsed: 14300, Running: 175, Waiting: n, QueueHeadPages: pages, QueuedPages: n * pages}
+	if fb, fa := before.Freeness(), after.Freeness(); fa != fb {
+		t.Fatalf("the report of %d pending requests as waiting moved freeness from %.3f to %.3f", n, fb, fa)
+	}
+	// A busier worker with no queue (the others in the trace) is freer
+	// than the one holding the 40 it cannot start yet.
+	other := Worker{KVPagesTotal: 16212, KVPagesUsed: 15500, Running: 190, Waiting: 2, QueueHeadPages: 100, QueuedPages: 200}
+	if after.Freeness() >= other.Freeness() {
+		t.Fatalf("a worker with %d waiting (%d pages) and %d free is freer (%.2f) than one with 2 waiting and %d free (%.2f)",
+			n, n*pages, 16212-14300, after.Freeness(), 16212-15500, other.Freeness())
 	}
 }
 

@@ -896,7 +896,8 @@ func (s *Sim) loadRecord(w *simWorker, qw float64) *pb.LoadRecord {
 	w.rec = pb.LoadRecord{WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: qw,
 		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
 		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
-		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), HighPriority: uint32(c.HighPriority())}
+		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), QueuedPages: uint64(c.QueuedPages()),
+		HighPriority: uint32(c.HighPriority())}
 	return &w.rec
 }
 
