@@ -170,8 +170,21 @@ func (w *Worker) FreeCheckpointBytes() uint64 {
 // Freeness is Llumnix's measure of how much room a worker has: free KV pages,
 // less what its waiting requests and the requests dispatched since its last
 // report will take, per request the worker has to serve: running, waiting,
-// and dispatched since the report. Higher is freer; it goes negative when
-// the worker is over-committed.
+// and dispatched since the report. Higher is freer. An over-committed
+// worker (those pages negative) has the pages it is short instead, not
+// per request: any worker with room is freer than any without, and among
+// those without, the one with the smallest backlog.
+//
+// Over-committed, the ratio measured the queue's make-up, not its length:
+// with every waiting request's pages in the numerator it tends, as the
+// queue grows, to minus the mean pages of a waiting request, so dispatch
+// chased the queue of the shortest prompts (issue 22's trace, w8_f4 seed
+// 3: four survivors offered 1.8× their capacity, one with 901 waiting
+// looking freer than one with 545, 2,850 arrivals to the first against
+// 2,161 and a TTFT of 67 s against 43 s; in Llumnix's form, with the head's
+// pages alone, every request added moved it up toward 0, docs/benchmarks.md
+// "Issue 27"). The pages short are the backlog a worker admits as its
+// running requests free their pages.
 //
 // Every waiting request's pages count (QueuedPages), not only the queue
 // head's as in Llumnix: a request dispatched to the worker counts with its
@@ -204,6 +217,9 @@ func (w *Worker) Freeness() float64 {
 	batch := float64(w.Running) + float64(w.Waiting) + float64(w.PendingRequests)
 	if batch < 1 {
 		batch = 1
+	}
+	if free < 0 {
+		return free // over-committed: the pages short, whatever the batch
 	}
 	return free / batch
 }

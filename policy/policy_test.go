@@ -35,6 +35,7 @@ func TestFreeness(t *testing.T) {
 		{"over-committed", Worker{KVPagesTotal: 100, KVPagesUsed: 100, QueueHeadPages: 10, Waiting: 1}, -10},
 		{"every waiting request's pages", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 5, QueuedPages: 20, Running: 3, Waiting: 5}, 5},
 		{"no queued pages reported: the head's", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 20, QueuedPages: 0, Running: 3, Waiting: 5}, 5},
+		{"over-committed: the pages short", Worker{KVPagesTotal: 100, KVPagesUsed: 90, QueueHeadPages: 10, QueuedPages: 60, Running: 5, Waiting: 6, PendingRequests: 1, PendingPages: 10}, -60},
 	}
 	for _, c := range cases {
 		if got := c.w.Freeness(); got != c.want {
@@ -64,6 +65,30 @@ func TestFreenessReportForgivesNoQueue(t *testing.T) {
 	if after.Freeness() >= other.Freeness() {
 		t.Fatalf("a worker with %d waiting (%d pages) and %d free is freer (%.2f) than one with 2 waiting and %d free (%.2f)",
 			n, n*pages, 16212-14300, after.Freeness(), 16212-15500, other.Freeness())
+	}
+}
+
+// TestFreenessOverCommittedByBacklog: among over-committed workers the
+// one with the smaller backlog is the freer, whatever its waiting
+// requests' mean size. Per request, freeness tends to minus the mean pages
+// of a waiting request as the queue grows, so a queue of 901 short
+// prompts looked freer than one of 545 longer ones (issue 22's trace,
+// w8_f4 seed 3), and a worker with any room is freer than both.
+func TestFreenessOverCommittedByBacklog(t *testing.T) {
+	long := Worker{KVPagesTotal: 16212, KVPagesUsed: 15770, Running: 198, Waiting: 901, QueuedPages: 901 * 100}
+	short := Worker{KVPagesTotal: 16212, KVPagesUsed: 15800, Running: 183, Waiting: 545, QueuedPages: 545 * 115}
+	room := Worker{KVPagesTotal: 16212, KVPagesUsed: 16200, Running: 250, Waiting: 0}
+	if long.Freeness() >= short.Freeness() {
+		t.Fatalf("901 waiting (%.0f pages short) is as free (%.1f) as 545 waiting (%.0f short: %.1f)",
+			-long.Freeness(), long.Freeness(), -short.Freeness(), short.Freeness())
+	}
+	if room.Freeness() < 0 || room.Freeness() <= short.Freeness() {
+		t.Fatalf("a worker with 12 pages free and no queue (%.2f) is not freer than an over-committed one (%.1f)", room.Freeness(), short.Freeness())
+	}
+	if got := PickServing([]Worker{{ID: "a", Eligible: true, KVPagesTotal: long.KVPagesTotal, KVPagesUsed: long.KVPagesUsed, Running: long.Running,
+		Waiting: long.Waiting, QueuedPages: long.QueuedPages}, {ID: "b", Eligible: true, KVPagesTotal: short.KVPagesTotal,
+		KVPagesUsed: short.KVPagesUsed, Running: short.Running, Waiting: short.Waiting, QueuedPages: short.QueuedPages}}); got != 1 {
+		t.Fatalf("PickServing chose %d, want the smaller backlog (1)", got)
 	}
 }
 
