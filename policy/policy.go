@@ -179,9 +179,9 @@ func (w *Worker) FreeCheckpointBytes() uint64 {
 // with every waiting request's pages in the numerator it tends, as the
 // queue grows, to minus the mean pages of a waiting request, so dispatch
 // chased the queue of the shortest prompts (issue 22's trace, w8_f4 seed
-// 3: four survivors offered 1.8× their capacity, one with 901 waiting
-// looking freer than one with 545, 2,850 arrivals to the first against
-// 2,161 and a TTFT of 67 s against 43 s; in Llumnix's form, with the head's
+// 3: four survivors offered 1.8× their capacity, one averaging 901 waiting
+// and still taking arrivals while another had 545: 2,850 of the window's
+// arrivals against 2,161, a TTFT of 67 s against 43 s; in Llumnix's form, with the head's
 // pages alone, every request added moved it up toward 0, docs/benchmarks.md
 // "Issue 27"). The pages short are the backlog a worker admits as its
 // running requests free their pages.
