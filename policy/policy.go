@@ -195,7 +195,7 @@ func (w *Worker) FreeCheckpointBytes() uint64 {
 // back from its reload — then looked free for a queue many times its free
 // pages, took every arrival for seconds, and admitted them at its prefill
 // rate: issue 22's trace (docs/benchmarks.md), where the assisted worker
-// of w8 seed 2 went from 0 to 160 waiting in 3 s while the others had 5.
+// of w8 seed 2 went from 0 to 162 waiting in under 3 s while the others had 1–6.
 //
 // Every waiting request counts, not only the queue as a whole: a worker's
 // batch is capped (MaxRunning) well before its KV cache fills for

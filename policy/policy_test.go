@@ -51,7 +51,7 @@ func TestFreeness(t *testing.T) {
 // numerator it did — a worker whose batch had just shrunk looked free for
 // a queue of many times its free pages, report after report, and took
 // every arrival (docs/benchmarks.md, issue 22's trace: the assisted worker
-// of w8 seed 2 went from 0 to 160 waiting in 3 s while the others had 5).
+// of w8 seed 2 went from 0 to 162 waiting in under 3 s while the others had 1–6).
 func TestFreenessReportForgivesNoQueue(t *testing.T) {
 	const n, pages = 40, 115 // 40 conversational prompts of ~1,800 tokens
 	before := Worker{KVPagesTotal: 16212, KVPagesUsed: 14300, Running: 175, PendingRequests: n, PendingPages: n * pages}
