@@ -64,7 +64,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 		c.phases = append(c.phases, w.Phase)
 		rows[i] = &pb.WorkerLoad{WorkerId: id, Incarnation: w.Incarnation, Phase: w.Phase,
 			Load: &pb.LoadRecord{WorkerId: id, Incarnation: w.Incarnation, QueueWaitMs: v.QueueWaitMs,
-				KvPagesTotal: v.KVPagesTotal, KvPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages,
+				KvPagesTotal: v.KVPagesTotal, KvPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages, QueuedPages: v.QueuedPages,
 				Running: v.Running, Waiting: v.Waiting, HighPriority: v.HighPriority},
 			PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
 	}
@@ -79,7 +79,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 // PickServing reads (the checkpoint accounting stays Apply's, for h(r)).
 func loadFields(v policy.Worker) policy.Worker {
 	return policy.Worker{ID: v.ID, Eligible: v.Eligible, Draining: v.Draining, QueueWaitMs: v.QueueWaitMs,
-		KVPagesTotal: v.KVPagesTotal, KVPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages,
+		KVPagesTotal: v.KVPagesTotal, KVPagesUsed: v.KVPagesUsed, QueueHeadPages: v.QueueHeadPages, QueuedPages: v.QueuedPages,
 		Running: v.Running, Waiting: v.Waiting, HighPriority: v.HighPriority, PendingRequests: v.PendingRequests, PendingPages: v.PendingPages}
 }
 

@@ -458,7 +458,7 @@ func (s *state) reportLoad(l *pb.LoadRecord) Result {
 	v.QueueWaitMs = l.QueueWaitMs
 	v.KVPagesTotal = l.KvPagesTotal
 	v.KVPagesUsed = l.KvPagesUsed
-	v.QueueHeadPages = l.QueueHeadPages
+	v.QueueHeadPages, v.QueuedPages = l.QueueHeadPages, l.QueuedPages
 	v.Running = l.Running
 	v.Waiting = l.Waiting
 	v.HighPriority = l.HighPriority
@@ -1116,7 +1116,7 @@ func restoreState(snap *pb.Snapshot) (*state, error) {
 		s.loads[l.WorkerId] = l
 		v.QueueWaitMs, v.KVPagesTotal, v.KVPagesUsed = l.QueueWaitMs, l.KvPagesTotal, l.KvPagesUsed
 		s.touch(l.WorkerId)
-		v.QueueHeadPages, v.Running, v.Waiting = l.QueueHeadPages, l.Running, l.Waiting
+		v.QueueHeadPages, v.QueuedPages, v.Running, v.Waiting = l.QueueHeadPages, l.QueuedPages, l.Running, l.Waiting
 		v.HighPriority = l.HighPriority
 	}
 	for _, pd := range snap.Pending {

@@ -119,8 +119,12 @@ type Worker struct {
 	KVPagesTotal   uint64
 	KVPagesUsed    uint64
 	QueueHeadPages uint64 // pages the head of its waiting queue needs
-	Running        uint32
-	Waiting        uint32
+	// QueuedPages is the pages every waiting request needs, the head's
+	// included (0 from a worker that does not report it: QueueHeadPages
+	// stands in).
+	QueuedPages uint64
+	Running     uint32
+	Waiting     uint32
 	// HighPriority is the running and waiting requests of high priority
 	// (HighPriority, issue 23) of the report: each takes
 	// HighPriorityHeadroom of its pages off its freeness.
@@ -164,10 +168,34 @@ func (w *Worker) FreeCheckpointBytes() uint64 {
 }
 
 // Freeness is Llumnix's measure of how much room a worker has: free KV pages,
-// less what its queue head and the requests dispatched since its last report
-// will take, per request the worker has to serve: running, waiting, and
-// dispatched since the report. Higher is freer; it goes negative when the
-// worker is over-committed.
+// less what its waiting requests and the requests dispatched since its last
+// report will take, per request the worker has to serve: running, waiting,
+// and dispatched since the report. Higher is freer. An over-committed
+// worker (those pages negative) has the pages it is short instead, not
+// per request: any worker with room is freer than any without, and among
+// those without, the one with the smallest backlog.
+//
+// Over-committed, the ratio measured the queue's make-up, not its length:
+// with every waiting request's pages in the numerator it tends, as the
+// queue grows, to minus the mean pages of a waiting request, so dispatch
+// chased the queue of the shortest prompts (issue 22's trace, w8_f4 seed
+// 3: four survivors offered 1.8× their capacity, one averaging 901 waiting
+// and still taking arrivals while another had 545: 2,850 of the window's
+// arrivals against 2,161, a TTFT of 67 s against 43 s; in Llumnix's form, with the head's
+// pages alone, every request added moved it up toward 0, docs/benchmarks.md
+// "Issue 27"). The pages short are the backlog a worker admits as its
+// running requests free their pages.
+//
+// Every waiting request's pages count (QueuedPages), not only the queue
+// head's as in Llumnix: a request dispatched to the worker counts with its
+// prompt's pages until the next report (PendingPages), and counting only
+// the head's once the report says it waits forgave the rest of the queue
+// at every report. A worker whose batch had just shrunk — a drafter's
+// target decoding several tokens a step once its queue emptied, a worker
+// back from its reload — then looked free for a queue many times its free
+// pages, took every arrival for seconds, and admitted them at its prefill
+// rate: issue 22's trace (docs/benchmarks.md), where the assisted worker
+// of w8 seed 2 went from 0 to 162 waiting in under 3 s while the others had 1–6.
 //
 // Every waiting request counts, not only the queue as a whole: a worker's
 // batch is capped (MaxRunning) well before its KV cache fills for
@@ -185,13 +213,21 @@ func (w *Worker) FreeCheckpointBytes() uint64 {
 // batch and find pages when their queue would otherwise block.
 func (w *Worker) Freeness() float64 {
 	free := float64(w.KVPagesTotal) - float64(w.KVPagesUsed) -
-		float64(w.QueueHeadPages) - float64(w.PendingPages) - w.HeadroomPages()
+		float64(w.Queued()) - float64(w.PendingPages) - w.HeadroomPages()
 	batch := float64(w.Running) + float64(w.Waiting) + float64(w.PendingRequests)
 	if batch < 1 {
 		batch = 1
 	}
+	if free < 0 {
+		return free // over-committed: the pages short, whatever the batch
+	}
 	return free / batch
 }
+
+// Queued is the pages the worker's waiting requests need to start as its
+// report says: QueuedPages, or the head's alone from a worker that does
+// not report the queue's.
+func (w *Worker) Queued() uint64 { return max(w.QueuedPages, w.QueueHeadPages) }
 
 // Request priorities (issue 23) follow vLLM's API: an integer, lower
 // served first, 0 the default. lumen takes MinPriority..MaxPriority; a

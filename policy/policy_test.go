@@ -33,11 +33,62 @@ func TestFreeness(t *testing.T) {
 		{"batch full, pages free, a queue", Worker{KVPagesTotal: 1000, KVPagesUsed: 100, Running: 32, Waiting: 40}, 12.5},
 		{"pending dispatches", Worker{KVPagesTotal: 100, PendingRequests: 4, PendingPages: 20}, 20},
 		{"over-committed", Worker{KVPagesTotal: 100, KVPagesUsed: 100, QueueHeadPages: 10, Waiting: 1}, -10},
+		{"every waiting request's pages", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 5, QueuedPages: 20, Running: 3, Waiting: 5}, 5},
+		{"no queued pages reported: the head's", Worker{KVPagesTotal: 100, KVPagesUsed: 40, QueueHeadPages: 20, QueuedPages: 0, Running: 3, Waiting: 5}, 5},
+		{"over-committed: the pages short", Worker{KVPagesTotal: 100, KVPagesUsed: 90, QueueHeadPages: 10, QueuedPages: 60, Running: 5, Waiting: 6, PendingRequests: 1, PendingPages: 10}, -60},
 	}
 	for _, c := range cases {
 		if got := c.w.Freeness(); got != c.want {
 			t.Errorf("%s: freeness = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestFreenessReportForgivesNoQueue is issue 22's dispatch defect: a
+// worker's freeness must not rise when a load report turns the requests
+// dispatched to it since the last one (pending, each with its prompt's
+// pages) into waiting requests. With only the queue head's pages in the
+// numerator it did — a worker whose batch had just shrunk looked free for
+// a queue of many times its free pages, report after report, and took
+// every arrival (docs/benchmarks.md, issue 22's trace: the assisted worker
+// of w8 seed 2 went from 0 to 162 waiting in under 3 s while the others had 1–6).
+func TestFreenessReportForgivesNoQueue(t *testing.T) {
+	const n, pages = 40, 115 // 40 conversational prompts of ~1,800 tokens
+	before := Worker{KVPagesTotal: 16212, KVPagesUsed: 14300, Running: 175, PendingRequests: n, PendingPages: n * pages}
+	after := Worker{KVPagesTotal: 16212, KVPagesUsed: 14300, Running: 175, Waiting: n, QueueHeadPages: pages, QueuedPages: n * pages}
+	if fb, fa := before.Freeness(), after.Freeness(); fa != fb {
+		t.Fatalf("the report of %d pending requests as waiting moved freeness from %.3f to %.3f", n, fb, fa)
+	}
+	// A busier worker with no queue (the others in the trace) is freer
+	// than the one holding the 40 it cannot start yet.
+	other := Worker{KVPagesTotal: 16212, KVPagesUsed: 15500, Running: 190, Waiting: 2, QueueHeadPages: 100, QueuedPages: 200}
+	if after.Freeness() >= other.Freeness() {
+		t.Fatalf("a worker with %d waiting (%d pages) and %d free is freer (%.2f) than one with 2 waiting and %d free (%.2f)",
+			n, n*pages, 16212-14300, after.Freeness(), 16212-15500, other.Freeness())
+	}
+}
+
+// TestFreenessOverCommittedByBacklog: among over-committed workers the
+// one with the smaller backlog is the freer, whatever its waiting
+// requests' mean size. Per request, freeness tends to minus the mean pages
+// of a waiting request as the queue grows, so a queue of 901 short
+// prompts looked freer than one of 545 longer ones (issue 22's trace,
+// w8_f4 seed 3), and a worker with any room is freer than both.
+func TestFreenessOverCommittedByBacklog(t *testing.T) {
+	long := Worker{KVPagesTotal: 16212, KVPagesUsed: 15770, Running: 198, Waiting: 901, QueuedPages: 901 * 100}
+	short := Worker{KVPagesTotal: 16212, KVPagesUsed: 15800, Running: 183, Waiting: 545, QueuedPages: 545 * 115}
+	room := Worker{KVPagesTotal: 16212, KVPagesUsed: 16200, Running: 250, Waiting: 0}
+	if long.Freeness() >= short.Freeness() {
+		t.Fatalf("901 waiting (%.0f pages short) is as free (%.1f) as 545 waiting (%.0f short: %.1f)",
+			-long.Freeness(), long.Freeness(), -short.Freeness(), short.Freeness())
+	}
+	if room.Freeness() < 0 || room.Freeness() <= short.Freeness() {
+		t.Fatalf("a worker with 12 pages free and no queue (%.2f) is not freer than an over-committed one (%.1f)", room.Freeness(), short.Freeness())
+	}
+	if got := PickServing([]Worker{{ID: "a", Eligible: true, KVPagesTotal: long.KVPagesTotal, KVPagesUsed: long.KVPagesUsed, Running: long.Running,
+		Waiting: long.Waiting, QueuedPages: long.QueuedPages}, {ID: "b", Eligible: true, KVPagesTotal: short.KVPagesTotal,
+		KVPagesUsed: short.KVPagesUsed, Running: short.Running, Waiting: short.Waiting, QueuedPages: short.QueuedPages}}); got != 1 {
+		t.Fatalf("PickServing chose %d, want the smaller backlog (1)", got)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,7 +34,11 @@ type Options struct {
 	Quick  bool
 	Seed   uint64
 	Load   float64
-	Lambda float64
+	// Saturated, when > 0, is every setup's saturated throughput in
+	// requests per second (Study.Saturated): the offered load is a
+	// fraction of it instead of the calibration's measure.
+	Saturated float64
+	Lambda    float64
 	// NoRestart leaves failed workers down.
 	NoRestart    bool
 	Timing       Timing
@@ -65,7 +70,10 @@ type Options struct {
 	DomainBlind                                bool
 	// Columns, when set, are the columns to run (Study.Only).
 	Columns []string
-	Log     io.Writer
+	// StepTrace and TraceDir are every Study's.
+	StepTrace bool
+	TraceDir  string
+	Log       io.Writer
 }
 
 // newMeter is a progress meter of runs on standard error for a command
@@ -133,10 +141,11 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
 		}
-		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: s.LoadOr(o.Load), Lambda: o.Lambda, NoRestart: o.NoRestart,
+		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: s.LoadOr(o.Load), Saturated: o.Saturated, Lambda: o.Lambda, NoRestart: o.NoRestart,
 			Timing: timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
 			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, PrefixRouting: o.PrefixRouting, Cells: o.Cells,
-			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns}
+			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns,
+			StepTrace: o.StepTrace, TraceDir: o.TraceDir}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err
@@ -175,8 +184,11 @@ type Command struct {
 	Quick       bool
 	Seed        uint64
 	// Seeds > 1 runs every figure point with seeds Seed … Seed+Seeds−1.
-	Seeds     int
-	Load      float64
+	Seeds int
+	Load  float64
+	// Saturated, when > 0, replaces the calibration (Options.Saturated;
+	// with -figure, FigureOptions.Saturated).
+	Saturated float64
 	Lambda    float64
 	FailAt    time.Duration
 	NoRestart bool
@@ -256,6 +268,12 @@ type Command struct {
 	Domains                                    string
 	// Columns, comma-separated, are the columns to run (empty: all).
 	Columns string
+	// SpecTrace prints where the TTFT of the requests arriving while
+	// drafters assist goes, lumen against lumen-no-spec (Study.StepTrace).
+	SpecTrace bool
+	// TraceDir receives every column's requests and steps as CSV
+	// (Study.TraceDir).
+	TraceDir string
 	// PrefixRouting is "on" (the workers' prefix caches and prefix-aware
 	// placement, issue 25) or "off" (freeness alone, no cache); with
 	// -figure prefix, given, it runs only that column.
@@ -335,8 +353,14 @@ func (c *Command) Run() error {
 	if c.Figure != "" && c.Figure != "gateways" && given("gateways", "gateway-choice", "gateway-bias") {
 		return fmt.Errorf("-gateways, -gateway-choice and -gateway-bias apply to the studies and to -figure gateways, not to -figure %s", c.Figure)
 	}
-	if c.Figure != "" && given("gpus-per-node", "fail-nodes", "checkpoint-replicas", "domains", "columns") {
-		return fmt.Errorf("-gpus-per-node, -fail-nodes, -checkpoint-replicas, -domains and -columns apply to the studies, not to -figure %s", c.Figure)
+	if c.Figure != "" && given("gpus-per-node", "fail-nodes", "checkpoint-replicas", "domains") {
+		return fmt.Errorf("-gpus-per-node, -fail-nodes, -checkpoint-replicas and -domains apply to the studies, not to -figure %s", c.Figure)
+	}
+	if c.Saturated < 0 {
+		return fmt.Errorf("-saturated %g: a throughput in requests per second (0: calibrate)", c.Saturated)
+	}
+	if given("columns", "spec-trace", "trace-dir", "saturated") && c.Figure != "" && !slices.Contains(FigureNames, c.Figure) {
+		return fmt.Errorf("-columns, -spec-trace, -trace-dir and -saturated apply to the studies and to -figure %s, not to -figure %s", strings.Join(FigureNames, ", "), c.Figure)
 	}
 	if c.GPUsPerNode < 0 {
 		return fmt.Errorf("-gpus-per-node %d: must be >= 0 (0: no nodes)", c.GPUsPerNode)
@@ -435,7 +459,10 @@ func (c *Command) Run() error {
 	case c.Figure != "":
 		fo := DefaultFigureOptions()
 		fo.Seed, fo.Seeds, fo.Load, fo.Timing, fo.Log, fo.Profile, fo.MaxRunning, fo.Budget = c.Seed, c.Seeds, c.Load, timing, c.Out, c.Profile, c.MaxRunning, c.Budget
-		fo.Spec, fo.Xs = spec, c.Xs
+		fo.Spec, fo.Xs, fo.StepTrace, fo.TraceDir, fo.Saturated = spec, c.Xs, c.SpecTrace, c.TraceDir, c.Saturated
+		if c.Columns != "" {
+			fo.Only = strings.Split(c.Columns, ",")
+		}
 		if c.Workers > 0 {
 			fo.Workers = c.Workers
 		}
@@ -463,9 +490,9 @@ func (c *Command) Run() error {
 		}
 		return c.writeJSON(f, true)
 	}
-	o := Options{Gateways: c.Gateways, GatewayChoice: choice, PrefixRouting: c.PrefixRouting == "on", Cells: c.Cells, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
+	o := Options{Gateways: c.Gateways, GatewayChoice: choice, PrefixRouting: c.PrefixRouting == "on", Cells: c.Cells, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Saturated: c.Saturated, Lambda: c.Lambda,
 		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
-		TracePath: c.TracePath, Spec: spec, Log: c.Out,
+		TracePath: c.TracePath, Spec: spec, Log: c.Out, StepTrace: c.SpecTrace, TraceDir: c.TraceDir,
 		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind"}
 	if c.Columns != "" {
 		o.Columns = strings.Split(c.Columns, ",")

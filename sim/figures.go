@@ -37,7 +37,14 @@ type FigureOptions struct {
 	Timing Timing
 	// Spec is the lumen column's speculation.
 	Spec SpecOptions
-	Log  io.Writer
+	// Only and StepTrace are every point's Study.Only and StepTrace.
+	Only      []string
+	StepTrace bool
+	TraceDir  string
+	// Saturated, when > 0, replaces every point's calibration: the
+	// offered load is a fraction of it (requests per second).
+	Saturated float64
+	Log       io.Writer
 }
 
 // DefaultFigureOptions are the paper's simulation: 64 Qwen3-14B/H100
@@ -136,7 +143,11 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 			seed := o.Seed + uint64(k)
 			key := fmt.Sprintf("%d/%d/%d", pt.setup.Workers, pt.setup.MaxRunning, seed)
 			st := Study{Setup: pt.setup, Timeline: o.Timeline, Seed: seed, Load: pt.load, Lambda: pt.lam, Timing: o.Timing,
-				Saturated: saturated[key], Spec: o.Spec, Meter: meter}
+				Saturated: saturated[key], Spec: o.Spec, Meter: meter,
+				Only: o.Only, StepTrace: o.StepTrace, TraceDir: o.TraceDir, Log: o.traceLog()}
+			if st.Saturated == 0 && o.Saturated > 0 {
+				st.Saturated = o.Saturated
+			}
 			if st.Saturated == 0 {
 				sat, _, err := st.Calibrate()
 				if err != nil {
@@ -156,7 +167,12 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 			for _, col := range Columns {
 				var per []*Figures
 				for _, r := range runs {
-					per = append(per, r[col.Name])
+					if r[col.Name] != nil {
+						per = append(per, r[col.Name])
+					}
+				}
+				if len(per) == 0 {
+					continue // not run (Only)
 				}
 				figs[col.Name] = MeanFigures(per)
 			}
@@ -180,6 +196,15 @@ func RunFigure(name string, o FigureOptions) (*Figure, error) {
 	return f, nil
 }
 
+// traceLog is where a point's Study writes: only the speculation trace
+// (StepTrace) of a figure's points is printed, to the figure's log.
+func (o FigureOptions) traceLog() io.Writer {
+	if o.StepTrace || o.TraceDir != "" {
+		return o.Log
+	}
+	return nil
+}
+
 // Print writes the figure as a table: TTFT mean per strategy, lumen's
 // gain over each baseline, and stop-and-restart's and lumen's excess vs
 // the oracle (TTFT mean / p99 over the common affected requests; "-" where
@@ -190,7 +215,13 @@ func (f *Figure) Print(out io.Writer) {
 	fmt.Fprintf(out, "%10s %12s %12s %13s %12s %12s %12s %14s %14s %17s %13s %13s\n", "x", "stop-restart", "fixed-ckpt", "lumen-no-spec", "lumen", "oracle", "no-failure",
 		"lumen vs S&R", "lumen vs FC", "recovery s", "S&R x oracle", "lumen x oracle")
 	for _, p := range f.Points {
-		c := p.Columns
+		c := map[string]*Figures{}
+		for _, col := range Columns {
+			c[col.Name] = &Figures{} // a column not run (Only)
+		}
+		for k, v := range p.Columns {
+			c[k] = v
+		}
 		l, sr, fc := c["lumen"], c["stop-and-restart"], c["fixed-checkpoint"]
 		ns := c["lumen-no-spec"]
 		if ns == nil { // a figure's JSON from before the ablation

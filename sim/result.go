@@ -107,6 +107,10 @@ type Result struct {
 	// Cells is, with Config.Cells > 1, each cell's part (cells.go); nil
 	// for one quorum.
 	Cells []CellStats
+	// Config.StepTrace: every engine step, and each request's admission
+	// (by arrival).
+	StepTrace []StepRecord
+	ReqTrace  []ReqTrace
 }
 
 // RaftCount is one command type's part of the Raft write stream: its

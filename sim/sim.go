@@ -139,6 +139,9 @@ type Config struct {
 	// TokenSeries records every worker's committed tokens at each queue
 	// sample (Result.WorkerTokens), for decode rates over any interval.
 	TokenSeries bool
+	// StepTrace records every engine step and where and when each
+	// request was admitted (Result.StepTrace, ReqTrace: spectrace.go).
+	StepTrace bool
 
 	// MeasureApply times fsm.Apply of every Dispatch and MarkFailed on the
 	// wall clock (the only nondeterministic figures; off in tests).
@@ -500,6 +503,8 @@ type simWorker struct {
 	// calls made to it meanwhile (hungCalls) hang with the ones it had.
 	hungUntil time.Duration
 	hungCalls []*simRequest
+
+	traceAt int // Config.StepTrace: the step in flight's record
 }
 
 // simRequest is a client request as the gateway sees it.
@@ -611,6 +616,9 @@ func New(cfg Config) (*Sim, error) {
 		drainUntil: -1, nextProgress: 10 * time.Second}
 	s.initCells()
 	s.res.Requests = len(cfg.Arrivals)
+	if cfg.StepTrace {
+		s.res.ReqTrace = make([]ReqTrace, len(cfg.Arrivals))
+	}
 	s.res.Raft, s.res.LoadReports = map[string]RaftCount{}, map[loadreport.Reason]int{}
 	s.migProf = cfg.Profile
 	s.migProf.InterconnectBytesPerSec = cfg.Timing.InterconnectBytesPerSec
@@ -898,7 +906,8 @@ func (s *Sim) loadRecord(w *simWorker, qw float64) *pb.LoadRecord {
 	w.rec = pb.LoadRecord{WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: qw,
 		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
 		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
-		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), HighPriority: uint32(c.HighPriority())}
+		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), QueuedPages: uint64(c.QueuedPages()),
+		HighPriority: uint32(c.HighPriority())}
 	return &w.rec
 }
 
@@ -1313,6 +1322,9 @@ func (s *Sim) step(w *simWorker) {
 			}
 		}
 	}
+	if s.cfg.StepTrace {
+		s.traceStep(w, st, shape, dur)
+	}
 	s.res.Steps++
 	w.busy = true
 	gen := w.gen
@@ -1355,10 +1367,14 @@ func (s *Sim) stepDone(w *simWorker, st core.Step) {
 			out[i], toks = toks[:ch.Sample:ch.Sample], toks[ch.Sample:]
 		}
 	}
+	tokens := w.tokens
 	w.core.Done(s.clock(), out)
 	w.busy = false
 	s.refilled(st)
 	s.flush(w)
+	if s.cfg.StepTrace {
+		s.res.StepTrace[w.traceAt].Committed = int32(w.tokens - tokens)
+	}
 	s.runBetween(w)
 	s.publish(w)
 	if a := w.as; a != nil && a.target == w {

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"io"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -190,6 +191,13 @@ type Study struct {
 	// (Column.Ref) and lumen its ablation, lumen-no-spec; the table is
 	// printed only for all of them.
 	Only []string
+	// StepTrace records the lumen and lumen-no-spec columns' steps and
+	// admissions (Config.StepTrace) and prints where the TTFT of the
+	// requests arriving while drafters assist goes (SpecTraceReport).
+	StepTrace bool
+	// TraceDir, when set, traces every column and writes each traced
+	// run's requests and steps there as CSV (WriteSpecTrace).
+	TraceDir string
 }
 
 // columns are the columns Run runs: Columns, or those Only names.
@@ -349,6 +357,7 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		// The decode rates of the paired workers, with and without
 		// speculation, come from the token series.
 		cfg.TokenSeries = col.Strategy == policy.Lumen && col.Fail
+		cfg.StepTrace = st.TraceDir != "" || st.StepTrace && (col.Name == "lumen" || col.Name == "lumen-no-spec")
 		if col.Fail {
 			for _, i := range failed {
 				cfg.Failures = append(cfg.Failures, Failure{Worker: i, At: tm.FailAt, Restart: !st.NoRestart})
@@ -421,6 +430,17 @@ func (st *Study) Run() (map[string]*Figures, error) {
 		figs[col.Name] = f
 	}
 	recoverystudy.FailureFigures(common, runs, rule)
+	if st.StepTrace && results["lumen"] != nil && st.Log != nil {
+		SpecTraceReport(st.Log, results["lumen"], results["lumen-no-spec"], tm.Warmup)
+	}
+	if st.TraceDir != "" {
+		for _, col := range cols {
+			path := filepath.Join(st.TraceDir, fmt.Sprintf("%s-%d-seed%d-%s", st.Setup.Name, st.Setup.Workers, st.Seed, col.Name))
+			if err := WriteSpecTrace(path, results[col.Name]); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if st.Series != nil {
 		for _, col := range cols {
 			if err := WriteSeries(st.Series, st.Setup.Name, col.Name, results[col.Name], time.Second); err != nil {

@@ -132,6 +132,7 @@ type schedStats struct {
 	// pre-allocations of migrations in.
 	stopped, incoming int
 	queueHeadPages    int
+	queuedPages       int // core.QueuedPages (LoadRecord.queued_pages)
 	// highPriority: the running and waiting requests of high priority.
 	highPriority int
 	// queued: the waiting requests with no KV cache (core.AppendQueued).
@@ -560,6 +561,7 @@ func (s *scheduler) publishStats() {
 	s.stats.running, s.stats.waiting, s.stats.queueHeadPages = running, waiting, head
 	s.stats.stopped, s.stats.incoming = s.core.Stopped(), s.core.Incoming()
 	s.stats.highPriority = s.core.HighPriority()
+	s.stats.queuedPages = s.core.QueuedPages()
 	s.stats.queued = s.core.AppendQueued(s.stats.queued[:0], maxQueuedReported)
 	s.statsMu.Unlock()
 	s.w.metrics.migrationsLive.WithLabelValues("in").Set(float64(s.core.Incoming()))
@@ -581,6 +583,14 @@ func (s *scheduler) highPriority() int {
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
 	return s.stats.highPriority
+}
+
+// queuedPages is the KV pages the waiting requests need as of the last
+// publishStats (LoadRecord.queued_pages).
+func (s *scheduler) queuedPages() int {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	return s.stats.queuedPages
 }
 
 // snapshot returns the load figures, q_w over the window and a copy of the

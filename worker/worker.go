@@ -484,7 +484,7 @@ func (w *Worker) Load() *pb.LoadRecord {
 	return &pb.LoadRecord{WorkerId: w.cfg.ID, Incarnation: w.incarnation.Load(), QueueWaitMs: qw,
 		FreeCheckpointBytes: ckBudget - ckUsed, StoredCheckpointBytes: ckUsed, Running: uint32(running), Waiting: uint32(waiting),
 		KvPagesUsed: uint64(used), KvPagesTotal: uint64(info.TotalPages), QueueHeadPages: uint64(head), Queued: queued,
-		HighPriority: uint32(w.sched.highPriority())}
+		QueuedPages: uint64(w.sched.queuedPages()), HighPriority: uint32(w.sched.highPriority())}
 }
 
 func (w *Worker) isDraining() bool {

@@ -133,6 +133,7 @@ func View(w *pb.WorkerLoad) policy.Worker {
 		KVPagesTotal:    l.GetKvPagesTotal(),
 		KVPagesUsed:     l.GetKvPagesUsed(),
 		QueueHeadPages:  l.GetQueueHeadPages(),
+		QueuedPages:     l.GetQueuedPages(),
 		Running:         l.GetRunning(),
 		Waiting:         l.GetWaiting(),
 		HighPriority:    l.GetHighPriority(),

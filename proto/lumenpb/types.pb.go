@@ -624,7 +624,12 @@ type LoadRecord struct {
 	Queued []string `protobuf:"bytes,12,rep,name=queued,proto3" json:"queued,omitempty"`
 	// The running and waiting requests of high priority (priority < 0):
 	// each takes headroom off the worker's freeness (policy.Worker.Freeness).
-	HighPriority  uint32 `protobuf:"varint,13,opt,name=high_priority,json=highPriority,proto3" json:"high_priority,omitempty"`
+	HighPriority uint32 `protobuf:"varint,13,opt,name=high_priority,json=highPriority,proto3" json:"high_priority,omitempty"`
+	// KV pages every waiting request needs to start (its whole history),
+	// the head's included: freeness's numerator subtracts them, as it does
+	// the pages of the requests dispatched since the report (issue 22). 0
+	// from a worker that does not send it: queue_head_pages stands in.
+	QueuedPages   uint64 `protobuf:"varint,14,opt,name=queued_pages,json=queuedPages,proto3" json:"queued_pages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,6 +751,13 @@ func (x *LoadRecord) GetQueued() []string {
 func (x *LoadRecord) GetHighPriority() uint32 {
 	if x != nil {
 		return x.HighPriority
+	}
+	return 0
+}
+
+func (x *LoadRecord) GetQueuedPages() uint64 {
+	if x != nil {
+		return x.QueuedPages
 	}
 	return 0
 }
@@ -1688,7 +1700,7 @@ const file_types_proto_rawDesc = "" +
 	" \x01(\x03R\x12registeredUnixNano\x125\n" +
 	"\x17phase_changed_unix_nano\x18\v \x01(\x03R\x14phaseChangedUnixNano\x12\x12\n" +
 	"\x04node\x18\f \x01(\tR\x04node\x12\x12\n" +
-	"\x04rack\x18\r \x01(\tR\x04rack\"\xea\x03\n" +
+	"\x04rack\x18\r \x01(\tR\x04rack\"\x8d\x04\n" +
 	"\n" +
 	"LoadRecord\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12 \n" +
@@ -1704,7 +1716,8 @@ const file_types_proto_rawDesc = "" +
 	" \x01(\x04R\x0equeueHeadPages\x12(\n" +
 	"\x10report_unix_nano\x18\v \x01(\x03R\x0ereportUnixNano\x12\x16\n" +
 	"\x06queued\x18\f \x03(\tR\x06queued\x12#\n" +
-	"\rhigh_priority\x18\r \x01(\rR\fhighPriority\"\x86\x05\n" +
+	"\rhigh_priority\x18\r \x01(\rR\fhighPriority\x12!\n" +
+	"\fqueued_pages\x18\x0e \x01(\x04R\vqueuedPages\"\x86\x05\n" +
 	"\tPlacement\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +

@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -228,5 +229,27 @@ func TestResumeBypassesTheWaitingCap(t *testing.T) {
 	}
 	if want := []string{"resumed", "wait", "run"}; !slices.Equal(waiting, want) {
 		t.Fatalf("the Core holds %v, want %v (the resume first, the taken-over call last)", waiting, want)
+	}
+}
+
+// TestQueuedPages: the load report's queued pages are every waiting
+// request's whole history in pages, the head's (HeadPages) included; what
+// runs counts in CachedPages instead, never in both.
+func TestQueuedPages(t *testing.T) {
+	h := newHarness(t, 64, Config{MaxRunning: 1, TokenBudget: 512}, nil)
+	rng := rand.New(rand.NewPCG(7, 7))
+	h.submit("a", prompt(rng, 40), nil, 4)         // 3 pages
+	h.submit("b", prompt(rng, 33), nil, 4)         // 3 pages
+	h.submit("c", prompt(rng, 16), []int32{50}, 4) // a resume, queued first: 17 positions, 2 pages
+	if h.c.QueuedPages() != 8 || h.c.HeadPages() != 2 {
+		t.Fatalf("before a step: queued %d, head %d; want 8 (3 + 3 + 2), head 2", h.c.QueuedPages(), h.c.HeadPages())
+	}
+	h.step() // c runs (one slot)
+	if q, head := h.c.QueuedPages(), h.c.HeadPages(); q != 6 || head != 3 || h.c.Waiting() != 2 {
+		t.Fatalf("c running: queued %d pages, head %d, %d waiting; want 6, 3, 2", q, head, h.c.Waiting())
+	}
+	h.run()
+	if h.c.QueuedPages() != 0 || h.c.HeadPages() != 0 {
+		t.Fatalf("idle: queued %d, head %d", h.c.QueuedPages(), h.c.HeadPages())
 	}
 }

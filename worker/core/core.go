@@ -475,6 +475,16 @@ func (c *Core) HeadPages() int {
 	return PagesFor(len(c.waiting[0].History))
 }
 
+// QueuedPages is the KV pages the waiting requests need, each its whole
+// history (HeadPages summed over the queue).
+func (c *Core) QueuedPages() int {
+	n := 0
+	for _, r := range c.waiting {
+		n += PagesFor(len(r.History))
+	}
+	return n
+}
+
 // CachedPages is the KV pages the running requests' caches hold: what an
 // engine that allocates a page per 16 positions has in use. With the
 // prefix cache a page requests share counts once, and the unreferenced

@@ -40,7 +40,8 @@ import (
 //     and the recovery's least-loaded targets;
 //   - q_w is the first term of h(r), beside λ·p_w(r), the restore delay of
 //     tens of milliseconds for a Qwen3-14B request (policy.RestoreDelayMs);
-//   - free KV pages less the queue head's demand are freeness's numerator;
+//   - free KV pages less the waiting requests' demand are freeness's
+//     numerator;
 //   - free checkpoint bytes are what the holder stores (the fsm keeps the
 //     reservations h(r) decides by itself; the report lets a checker and
 //     the dashboard compare the two).
@@ -57,7 +58,7 @@ type Rule struct {
 	// at least max(QueueWaitMinMs, QueueWaitFrac × the last reported q_w).
 	QueueWaitMinMs float64
 	QueueWaitFrac  float64
-	// PagesFrac: free KV pages less the queue head's demand are reported
+	// PagesFrac: free KV pages less the waiting requests' demand are reported
 	// when they are this fraction of the KV cache away from the
 	// controller's count (the last reported, less the prompt pages of the
 	// requests admitted since), and KV pages used when they reach 0.
@@ -142,7 +143,7 @@ const (
 	ReasonFirst      Reason = "first"      // nothing reported yet (this incarnation)
 	ReasonQueue      Reason = "queue"      // running + waiting, or the waiting queue formed or emptied
 	ReasonQueueWait  Reason = "queue_wait" // q_w
-	ReasonPages      Reason = "kv_pages"   // free KV pages less the queue head's, none used any more, or the KV cache's size
+	ReasonPages      Reason = "kv_pages"   // free KV pages less the waiting requests', none used any more, or the KV cache's size
 	ReasonCheckpoint Reason = "checkpoint" // free checkpoint bytes, or none stored any more
 	ReasonHeartbeat  Reason = "heartbeat"
 	ReasonRefused    Reason = "refused"  // the worker refused work the controller sent it (Refused)
@@ -271,9 +272,9 @@ func moved(a, b, abs, rel float64) bool {
 }
 
 // freePages is freeness's numerator as the record gives it: free KV pages
-// less what the queue head needs to start.
+// less what the waiting requests need to start (policy.Worker.Queued).
 func freePages(l *pb.LoadRecord) float64 {
-	return float64(l.KvPagesTotal) - float64(l.KvPagesUsed) - float64(l.QueueHeadPages)
+	return float64(l.KvPagesTotal) - float64(l.KvPagesUsed) - float64(max(l.QueuedPages, l.QueueHeadPages))
 }
 
 // sameLoad compares the fields a report carries (not its stamp).
@@ -281,5 +282,5 @@ func sameLoad(a, b *pb.LoadRecord) bool {
 	return a.WorkerId == b.WorkerId && a.Incarnation == b.Incarnation && a.QueueWaitMs == b.QueueWaitMs &&
 		a.FreeCheckpointBytes == b.FreeCheckpointBytes && a.StoredCheckpointBytes == b.StoredCheckpointBytes &&
 		a.Running == b.Running && a.Waiting == b.Waiting && a.KvPagesUsed == b.KvPagesUsed &&
-		a.KvPagesTotal == b.KvPagesTotal && a.QueueHeadPages == b.QueueHeadPages
+		a.KvPagesTotal == b.KvPagesTotal && a.QueueHeadPages == b.QueueHeadPages && a.QueuedPages == b.QueuedPages
 }

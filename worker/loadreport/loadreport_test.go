@@ -172,6 +172,32 @@ func TestAdmittedCountsAsPending(t *testing.T) {
 	}
 }
 
+// TestQueuedPagesAreThePending: requests admitted since the report that
+// still wait are not news: the controller counts their pages pending, and
+// the record counts them queued (freeness's numerator, QueuedPages). With
+// the queue head's pages alone a queue forming made the pages look freed
+// by every page of the requests behind the head, and was reported.
+func TestQueuedPagesAreThePending(t *testing.T) {
+	r := sent(DefaultRule())
+	cur := base()
+	cur.QueuedPages = 4 * 100 // the 4 waiting of the report, 100 pages each
+	r.Sent(t0, cur)
+	cur = proto.Clone(cur).(*pb.LoadRecord)
+	for range 10 {
+		r.Admitted(100 * 16)
+		cur.Waiting++
+		cur.QueuedPages += 100
+	}
+	if reason, due := r.Due(t0, cur); due && reason == ReasonPages {
+		t.Fatalf("10 arrivals waiting, their pages pending at the controller and queued in the record: reported (%s)", reason)
+	}
+	old := proto.Clone(cur).(*pb.LoadRecord)
+	old.QueuedPages = 0 // a worker that reports the head's pages alone
+	if free, est := freePages(old), freePages(base())-float64(r.admittedPages); free-est < 0.015*10000 {
+		t.Fatalf("the head's pages alone: free %.0f against the controller's %.0f, want the queue's pages apart", free, est)
+	}
+}
+
 // TestAdmittedPages: the prompt pages of the requests admitted since the
 // report are what the controller subtracts from the free pages.
 func TestAdmittedPages(t *testing.T) {
