@@ -376,12 +376,19 @@ func TestRecomputedResumeGoesToTheCachedPrefix(t *testing.T) {
 	}
 	resume := func(mode pb.RecoveryMode) (string, *call, <-chan *sse, string) {
 		t.Helper()
+		before := tokensOut(r.g)
 		res := r.completePrompt(t, prompt, 4)
 		c1 := r.w["w1"].next(t)
 		id := c1.req.RequestId
 		c1.send(t, 0, 'a', false)
 		c1.send(t, 1, 'b', false)
+		// Sent is not taken: a plan published before the gateway reads
+		// both tokens would resume with fewer, and the fakes below send
+		// from index 2 on.
 		waitFor(t, 10*time.Second, "two tokens through the gateway", func() bool {
+			if tokensOut(r.g) < before+2 {
+				return false
+			}
 			r.g.mu.Lock()
 			defer r.g.mu.Unlock()
 			return r.g.flights[id] != nil && r.g.flights[id].cancel != nil
@@ -437,8 +444,9 @@ func TestRecomputedResumeGoesToTheCachedPrefix(t *testing.T) {
 	waitFor(t, 10*time.Second, "w2's snapshot", func() bool { return r.g.kv.idx.Len("w2") == len(hashes) })
 	setLoads3(t, r, st, 0, 110, 100)
 	w, c, res, id = resume(pb.RecoveryMode_RECOVERY_MODE_RECOMPUTE)
-	if w != "w2" || c.req.RequestId != id {
-		t.Fatalf("a RECOMPUTE plan whose target caches as much as any went to %s as %s; want the plan's w2 as %s", w, c.req.RequestId, id)
+	if w != "w2" || c.req.RequestId != id || string(int32s(c.req.Generated)) != "ab" {
+		t.Fatalf("a RECOMPUTE plan whose target caches as much as any went to %s as %s with %q; want the plan's w2 as %s with \"ab\"",
+			w, c.req.RequestId, string(int32s(c.req.Generated)), id)
 	}
 	finish(c, res)
 }
