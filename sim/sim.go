@@ -146,8 +146,10 @@ type Config struct {
 	// RaftFrom and RaftTo are the span whose Raft writes Result.Raft
 	// counts (RaftTo 0: to the end of the run).
 	RaftFrom, RaftTo time.Duration
-	// Progress, when set, is called about every 10 simulated seconds.
-	Progress func(now time.Duration, done, total int)
+	// Progress, when set, is called about every ProgressEvery simulated
+	// seconds (0: 10 s).
+	Progress      func(now time.Duration, done, total int)
+	ProgressEvery time.Duration
 }
 
 // Timing is the part of the system around the worker core and the fsm that
@@ -596,7 +598,8 @@ func New(cfg Config) (*Sim, error) {
 		replicaOf: map[string]callCopies{},
 		marks:     map[time.Duration][]*pb.Command{},
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens, migByID: map[string]*simMigration{},
-		drainUntil: -1, nextProgress: 10 * time.Second}
+		drainUntil: -1}
+	s.nextProgress = s.progressEvery()
 	s.initCells()
 	s.res.Requests = len(cfg.Arrivals)
 	s.res.Raft, s.res.LoadReports = map[string]RaftCount{}, map[loadreport.Reason]int{}
@@ -704,6 +707,14 @@ func (s *Sim) next() (event, bool) {
 	return heap.Pop(&s.queue).(event), true
 }
 
+// progressEvery is the Progress period.
+func (s *Sim) progressEvery() time.Duration {
+	if s.cfg.ProgressEvery > 0 {
+		return s.cfg.ProgressEvery
+	}
+	return 10 * time.Second
+}
+
 // open reports whether requests are still to end.
 func (s *Sim) open() bool { return s.res.Ended < len(s.reqs) }
 
@@ -752,7 +763,7 @@ func (s *Sim) advance(stop func() bool) bool {
 		}
 		if s.cfg.Progress != nil && s.now >= s.nextProgress {
 			s.cfg.Progress(s.now, s.res.Ended, len(s.reqs))
-			s.nextProgress += 10 * time.Second
+			s.nextProgress += s.progressEvery()
 		}
 		if stop != nil && stop() {
 			return true
