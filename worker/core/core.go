@@ -408,6 +408,10 @@ type Core struct {
 	availBuf   []int // specK's drafts per row, reused
 
 	out Output
+	// lastOut is what the last Output returned, by length, and lastStep
+	// the last Step's (their elements are zeroed when reused: Output).
+	lastOut  outLens
+	lastStep [3]int
 
 	// pc is the prefix cache (nil: off); released the pages requests
 	// outside it freed during this Next.
@@ -527,12 +531,41 @@ func (c *Core) Lookup(id string) *Request { return c.byID[id] }
 // Output returns what the state changes since the last call ask for, and
 // starts a new Output. The slices are reused: they are valid until the next
 // call into the Core.
+//
+// The elements the previous Output returned that this one does not
+// overwrite are zeroed first: the backing arrays are reused, and an
+// Event or a CheckpointPage left in one would keep its Request — its
+// whole history — alive after the request ended (at 2,000 simulated
+// workers, 86 MB of histories after every request had ended).
 func (c *Core) Output() Output {
 	o := c.out
+	p := &c.lastOut
+	clearTail(o.Events, p.Events)
+	clearTail(o.Checkpoints, p.Checkpoints)
+	clearTail(o.CheckpointReleases, p.CheckpointReleases)
+	clearTail(o.Waits, p.Waits)
+	clearTail(o.MigrationsEnded, p.MigrationsEnded)
+	clearTail(o.Shares, p.Shares)
+	*p = outLens{Events: len(o.Events), Checkpoints: len(o.Checkpoints), CheckpointReleases: len(o.CheckpointReleases),
+		Waits: len(o.Waits), MigrationsEnded: len(o.MigrationsEnded), Shares: len(o.Shares)}
 	c.out = Output{Release: o.Release[:0], Truncates: o.Truncates[:0], Events: o.Events[:0], Checkpoints: o.Checkpoints[:0],
 		CheckpointReleases: o.CheckpointReleases[:0], Waits: o.Waits[:0], MigrationsEnded: o.MigrationsEnded[:0],
 		KVStored: o.KVStored[:0], KVRemoved: o.KVRemoved[:0], KVStoredAt: o.KVStoredAt[:0], Adopts: o.Adopts[:0], Shares: o.Shares[:0]}
 	return o
+}
+
+// outLens are the lengths of the slices with pointers the last Output
+// returned.
+type outLens struct {
+	Events, Checkpoints, CheckpointReleases, Waits, MigrationsEnded, Shares int
+}
+
+// clearTail zeroes s's elements from its length up to n, the length its
+// backing array was used to before (nothing when s grew past it).
+func clearTail[T any](s []T, n int) {
+	if n > len(s) {
+		clear(s[len(s):n])
+	}
 }
 
 // Submit queues a new call. It refuses (an Event with the error) a call
@@ -700,7 +733,7 @@ func (c *Core) drop(r *Request, err error, releaseCkpt bool) {
 func remove(q []*Request, r *Request) []*Request {
 	for i, x := range q {
 		if x == r {
-			return append(q[:i], q[i+1:]...)
+			return slices.Delete(q, i, i+1) // zeroes the freed slot
 		}
 	}
 	return q
@@ -853,7 +886,16 @@ func (c *Core) build(now time.Time, free int, admit, hold bool) (st Step, preemp
 	}
 	// The step's slices are the Core's, reused: valid until the next Next.
 	st = Step{Batch: c.batchBuf[:0], Reqs: c.reqsBuf[:0], Restores: c.restoreBuf[:0]}
-	defer func() { c.batchBuf, c.reqsBuf, c.restoreBuf = st.Batch, st.Reqs, st.Restores }()
+	defer func() {
+		// The last step's rows this one does not overwrite are zeroed:
+		// a chunk's tokens and a row's request would keep a finished
+		// request's history alive.
+		clearTail(st.Batch, c.lastStep[0])
+		clearTail(st.Reqs, c.lastStep[1])
+		clearTail(st.Restores, c.lastStep[2])
+		c.lastStep = [3]int{len(st.Batch), len(st.Reqs), len(st.Restores)}
+		c.batchBuf, c.reqsBuf, c.restoreBuf = st.Batch, st.Reqs, st.Restores
+	}()
 	// add takes up to n tokens of r's pending history, as far as free
 	// pages allow, and reports whether it took any.
 	add := func(r *Request, n int) bool {
@@ -946,6 +988,7 @@ func (c *Core) build(now time.Time, free int, admit, hold bool) (st Step, preemp
 		} else if PagesFor(min(len(r.History), len(pages)*engine.PageTokens+budget))-hit > free-idle {
 			break
 		}
+		c.waiting[0] = nil // the backing array outlives the slot
 		c.waiting = c.waiting[1:]
 		c.addRunning(r)
 		if useHit {
@@ -976,6 +1019,7 @@ func (c *Core) build(now time.Time, free int, admit, hold bool) (st Step, preemp
 // held.
 func (c *Core) preempt() int {
 	victim := c.running[len(c.running)-1]
+	c.running[len(c.running)-1] = nil
 	c.running = c.running[:len(c.running)-1]
 	c.endOut(victim, "the request was preempted")
 	c.out.Release = append(c.out.Release, victim.seq)
