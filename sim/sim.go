@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"slices"
@@ -367,28 +366,72 @@ func (c *Config) Validate() error {
 var epoch = time.Unix(1_800_000_000, 0)
 
 // event is one scheduled happening; seq breaks ties in scheduling order.
+// A worker's step end, the most frequent event, is fn nil with w and gen
+// (the process generation it was started in; run runs it): no closure
+// is allocated for it.
 type event struct {
 	at  time.Duration
 	seq uint64
 	fn  func()
+	w   *simWorker
+	gen uint64
 }
 
+// before is the events' order: by time, then by scheduling order.
+func (e *event) before(o *event) bool {
+	return e.at < o.at || e.at == o.at && e.seq < o.seq
+}
+
+// eventQueue is a 4-ary min-heap of events by before. The order is total
+// (seq is unique), so any heap pops the same sequence; a 4-ary one is
+// half as deep as a binary one and reads a node's children from one or
+// two cache lines (container/heap also boxed every event in an
+// interface: an allocation per push and pop).
 type eventQueue []event
 
 func (q eventQueue) Len() int { return len(q) }
-func (q eventQueue) Less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
+
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 4
+		if !h[i].before(&h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
 	}
-	return q[i].seq < q[j].seq
 }
-func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *eventQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
+
+func (q *eventQueue) pop() event {
+	h := *q
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{} // no closure kept alive by the spare slot
+	h = h[:n]
+	*q = h
+	i := 0
+	for {
+		c := 4*i + 1
+		if c >= n {
+			break
+		}
+		m := c
+		for k := c + 1; k < c+4 && k < n; k++ {
+			if h[k].before(&h[m]) {
+				m = k
+			}
+		}
+		if !h[m].before(&h[i]) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	return top
 }
 
 // Sim is one simulation in progress. Run it with Run.
@@ -480,6 +523,8 @@ type simWorker struct {
 
 	outBuf [][]int32 // a step's sampled tokens, reused
 	tokBuf []int32
+	// st is the step in flight (busy): its end is an event of w's (atStep).
+	st core.Step
 
 	// Progressive recovery (spec.go): the incarnation's phase, the
 	// pairing it is in (either side), the restart's phase times, and the
@@ -672,7 +717,25 @@ func New(cfg Config) (*Sim, error) {
 // at schedules fn at virtual time t (not before now).
 func (s *Sim) at(t time.Duration, fn func()) {
 	s.seq++
-	heap.Push(&s.queue, event{at: max(t, s.now), seq: s.seq, fn: fn})
+	s.queue.push(event{at: max(t, s.now), seq: s.seq, fn: fn})
+}
+
+// atStep schedules the end of worker w's step in flight (w.st) at t,
+// for its process generation gen.
+func (s *Sim) atStep(t time.Duration, w *simWorker, gen uint64) {
+	s.seq++
+	s.queue.push(event{at: max(t, s.now), seq: s.seq, w: w, gen: gen})
+}
+
+// run processes one event.
+func (s *Sim) run(e *event) {
+	if e.fn != nil {
+		e.fn()
+		return
+	}
+	if w := e.w; w.gen == e.gen {
+		s.stepDone(w, w.st)
+	}
 }
 
 // every runs fn every period, the first time at offset+period, while the
@@ -704,7 +767,7 @@ func (s *Sim) next() (event, bool) {
 	if s.queue.Len() == 0 {
 		return event{}, false
 	}
-	return heap.Pop(&s.queue).(event), true
+	return s.queue.pop(), true
 }
 
 // progressEvery is the Progress period.
@@ -749,7 +812,7 @@ func (s *Sim) advance(stop func() bool) bool {
 			return false
 		}
 		s.now = e.at
-		e.fn()
+		s.run(&e)
 		s.steps++
 		if s.drainUntil < 0 && !s.open() && s.cfg.StopAt == 0 {
 			s.res.End = s.now
@@ -1306,13 +1369,8 @@ func (s *Sim) step(w *simWorker) {
 	}
 	s.res.Steps++
 	w.busy = true
-	gen := w.gen
-	s.at(s.now+dur, func() {
-		if w.gen != gen {
-			return
-		}
-		s.stepDone(w, st)
-	})
+	w.st = st
+	s.atStep(s.now+dur, w, w.gen)
 }
 
 func (s *Sim) stepDone(w *simWorker, st core.Step) {

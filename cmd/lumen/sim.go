@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -81,6 +82,7 @@ func runSim(args []string) error {
 	fs.IntVar(&c.Cells, "cells", c.Cells, "issue 26: split the workers (-workers is the total) into this many cells, each its own controller quorum (fsm) over workers/cells of them (whole -gpus-per-node nodes), a request and its checkpoint holders in one cell; needs -gateways >= 1, which choose the cell, then the worker (sim/cells.go). 1 = one quorum. With -figure cells: the cell count run beside 1 (default 4; -xs: the counts)")
 	fs.StringVar(&c.Columns, "columns", "", "comma-separated columns to run (default: all); a failed column needs its reference, lumen needs lumen-no-spec")
 	cpuprofile := fs.String("cpuprofile", "", "write the run's CPU profile (runtime/pprof) to this file")
+	memprofile := fs.String("memprofile", "", "write a heap profile (runtime/pprof: live and allocated bytes) to this file at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -100,6 +102,20 @@ func runSim(args []string) error {
 			return fmt.Errorf("-cpuprofile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memprofile != "" {
+		defer func() {
+			f, err := os.Create(*memprofile)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "-memprofile: %v\n", err)
+				return
+			}
+			defer f.Close()
+			runtime.GC()
+			if err := pprof.WriteHeapProfile(f); err != nil {
+				fmt.Fprintf(os.Stderr, "-memprofile: %v\n", err)
+			}
+		}()
 	}
 	return c.Run()
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 )
@@ -152,17 +153,18 @@ func (r *Request) AppendPrompt(dst []int32) []int32 {
 	if r.tok == nil {
 		return append(dst, r.Prompt...)
 	}
-	b := make([]byte, 20)
-	copy(b, "pcg:")
+	var b [20]byte
+	copy(b[:], "pcg:")
 	binary.BigEndian.PutUint64(b[4:], r.hi)
 	binary.BigEndian.PutUint64(b[12:], r.lo)
 	var src rand.PCG
-	if err := src.UnmarshalBinary(b); err != nil {
+	if err := src.UnmarshalBinary(b[:]); err != nil {
 		panic(err)
 	}
-	rng := rand.New(&src)
+	dst = slices.Grow(dst, r.n)
 	for range r.n {
-		dst = append(dst, r.tok(rng.Uint32()))
+		// rand.Rand.Uint32 of the PCG, without the interface call.
+		dst = append(dst, r.tok(uint32(src.Uint64()>>32)))
 	}
 	return dst
 }
