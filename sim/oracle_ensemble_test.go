@@ -121,6 +121,7 @@ func TestOracleTrace(t *testing.T) {
 		cfg := st.config(p, col.Strategy, reqs)
 		cfg.Speculation, cfg.Oracle = col.Progressive, col.Oracle
 		cfg.Failures = []Failure{{Worker: 0, At: fail, Restart: true}}
+		cfg.keepRequests = true // read after the run
 		s, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -149,6 +149,11 @@ type Config struct {
 	// seconds (0: 10 s).
 	Progress      func(now time.Duration, done, total int)
 	ProgressEvery time.Duration
+
+	// keepRequests keeps every request's simRequest to the end of the run
+	// (tests that read them afterwards); otherwise a request that ended
+	// leaves only what Result needs of it (reqDone).
+	keepRequests bool
 }
 
 // Timing is the part of the system around the worker core and the fsm that
@@ -451,8 +456,15 @@ type Sim struct {
 	workers   []*simWorker
 	byWorker  map[string]*simWorker
 	draftProf engine.Profile         // the draft model's (Speculation)
-	reqs      []*simRequest          // by arrival index; nil until it arrives
+	reqs      []*simRequest          // by arrival index; nil until it arrives, and once it ended (done)
 	byID      map[string]*simRequest // dispatch id → request
+	// done is, by arrival index, what Result needs of a request that
+	// ended (its simRequest is let go then, unless keepRequests), and
+	// doneExtra the rare rest: of failed, interrupted and preempted
+	// requests. At 10,000 workers a simRequest a request was most of
+	// what grew with the run (≈ 300 bytes each, 44,500 a second).
+	done      []reqDone
+	doneExtra map[int]*reqExtra
 
 	pageBytes uint64
 	// Live migration (migrate.go): the profile with the interconnect's
@@ -680,6 +692,8 @@ func New(cfg Config) (*Sim, error) {
 		s.register(w, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE)
 	}
 	s.reqs = make([]*simRequest, len(cfg.Arrivals))
+	s.done = make([]reqDone, len(cfg.Arrivals))
+	s.doneExtra = map[int]*reqExtra{}
 	s.arrSeq = s.seq
 	s.seq += uint64(len(cfg.Arrivals))
 	arrAt := func(i int) time.Duration { return max(cfg.Arrivals[i].At, 0) }
@@ -1237,6 +1251,52 @@ func (s *Sim) end(r *simRequest, err error) {
 		}
 	}
 	delete(s.byID, r.id)
+	s.retire(r)
+}
+
+// reqDone is what Result needs of a request that ended (finish, Check).
+type reqDone struct {
+	first, last time.Duration
+	out         int32
+	ended       uint8
+	flags       uint8 // doneInterrupted, doneRestored, doneLiveCopy, donePreempted
+}
+
+const (
+	doneInterrupted = 1 << iota
+	doneRestored
+	doneLiveCopy
+	donePreempted
+)
+
+// reqExtra is the rest of a failed, interrupted or preempted request.
+type reqExtra struct {
+	failed                            error
+	resumeEnd, afterFail, preemptLoss time.Duration
+}
+
+// retire keeps what Result needs of r, which ended, and lets the rest go
+// (Config.keepRequests keeps it all). Nothing that finish reads changes
+// after a request ends: its calls are over, and the events still
+// scheduled for it only check that it ended (a second end fails the run).
+func (s *Sim) retire(r *simRequest) {
+	if s.cfg.keepRequests || s.reqs[r.idx] != r {
+		return
+	}
+	d := reqDone{first: r.first, last: r.last, out: int32(r.out), ended: uint8(min(r.ended, 255))}
+	for _, f := range []struct {
+		on   bool
+		flag uint8
+	}{{r.interrupted, doneInterrupted}, {r.restored, doneRestored}, {r.liveCopy, doneLiveCopy}, {r.preempted, donePreempted}} {
+		if f.on {
+			d.flags |= f.flag
+		}
+	}
+	if r.failed != nil || r.interrupted || r.preempted {
+		s.doneExtra[r.idx] = &reqExtra{failed: r.failed, resumeEnd: r.resumeEnd, afterFail: r.afterFail, preemptLoss: r.preemptLoss}
+	}
+	s.done[r.idx] = d
+	s.reqs[r.idx] = nil
 }
 
 // onToken is a token reaching the client, or under stop-and-restart's
