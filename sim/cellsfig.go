@@ -419,6 +419,12 @@ func (c *Command) runCells(timing Timing, choice GatewayChoice) error {
 		o.Timeline.Duration = c.Duration
 		o.Timeline.Warmup = min(o.Timeline.Warmup, c.Duration/4)
 	}
+	if c.Saturated > 0 {
+		o.Saturated = c.Saturated
+	}
+	if c.CalibrationWorkers > 0 {
+		o.CalibrationWorkers = c.CalibrationWorkers
+	}
 	f, err := RunCells(o)
 	if err != nil {
 		return err

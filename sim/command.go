@@ -65,7 +65,11 @@ type Options struct {
 	DomainBlind                                bool
 	// Columns, when set, are the columns to run (Study.Only).
 	Columns []string
-	Log     io.Writer
+	// Saturated and CalibrationWorkers are every study's (Study's fields
+	// of the same names).
+	Saturated          float64
+	CalibrationWorkers int
+	Log                io.Writer
 }
 
 // newMeter is a progress meter of runs on standard error for a command
@@ -136,7 +140,8 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 		st := Study{Setup: s, Timeline: tm, Seed: o.Seed, Load: s.LoadOr(o.Load), Lambda: o.Lambda, NoRestart: o.NoRestart,
 			Timing: timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
 			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, PrefixRouting: o.PrefixRouting, Cells: o.Cells,
-			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns}
+			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns,
+			Saturated: o.Saturated, CalibrationWorkers: o.CalibrationWorkers}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err
@@ -256,6 +261,12 @@ type Command struct {
 	Domains                                    string
 	// Columns, comma-separated, are the columns to run (empty: all).
 	Columns string
+	// Saturated (requests/s, the whole cluster's) skips the calibration;
+	// CalibrationWorkers calibrates on that many workers and scales the
+	// rate (0: the studies' own size, the cells figure's 64). For the
+	// studies of one setup and -figure cells.
+	Saturated          float64
+	CalibrationWorkers int
 	// PrefixRouting is "on" (the workers' prefix caches and prefix-aware
 	// placement, issue 25) or "off" (freeness alone, no cache); with
 	// -figure prefix, given, it runs only that column.
@@ -302,6 +313,15 @@ func (c *Command) Run() error {
 	}
 	if given("token-budget") && c.Figure != "" {
 		return fmt.Errorf("-token-budget applies to the studies, not to -figure %s", c.Figure)
+	}
+	if given("saturated", "calibration-workers") && c.Figure != "" && c.Figure != CellsFigureName {
+		return fmt.Errorf("-saturated and -calibration-workers apply to the studies and to -figure %s, not to -figure %s", CellsFigureName, c.Figure)
+	}
+	if c.Saturated < 0 || c.CalibrationWorkers < 0 {
+		return fmt.Errorf("-saturated (%g) and -calibration-workers (%d) must be >= 0", c.Saturated, c.CalibrationWorkers)
+	}
+	if given("saturated", "calibration-workers") && c.Figure == "" && c.Workers == 0 && (c.Setups == "" || strings.Contains(c.Setups, ",")) {
+		return fmt.Errorf("-saturated and -calibration-workers apply to the studies of one setup (-workers, or one of -setups), not to %q (empty: all three)", c.Setups)
 	}
 	if given("cv", "kv-pages") && c.Figure != "burst" {
 		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
@@ -466,7 +486,8 @@ func (c *Command) Run() error {
 	o := Options{Gateways: c.Gateways, GatewayChoice: choice, PrefixRouting: c.PrefixRouting == "on", Cells: c.Cells, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Lambda: c.Lambda,
 		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
 		TracePath: c.TracePath, Spec: spec, Log: c.Out,
-		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind"}
+		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind",
+		Saturated: c.Saturated, CalibrationWorkers: c.CalibrationWorkers}
 	if c.Columns != "" {
 		o.Columns = strings.Split(c.Columns, ",")
 	}

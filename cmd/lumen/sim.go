@@ -81,6 +81,8 @@ func runSim(args []string) error {
 	fs.StringVar(&c.PrefixRouting, "prefix-routing", c.PrefixRouting, "issue 25: on turns on the workers' prefix caches and places each request by internal/placer's prefix-aware score (its cached prefix against the worker's freeness); off: freeness alone, no cache. With -figure prefix: run only that column (default both)")
 	fs.IntVar(&c.Cells, "cells", c.Cells, "issue 26: split the workers (-workers is the total) into this many cells, each its own controller quorum (fsm) over workers/cells of them (whole -gpus-per-node nodes), a request and its checkpoint holders in one cell; needs -gateways >= 1, which choose the cell, then the worker (sim/cells.go). 1 = one quorum. With -figure cells: the cell count run beside 1 (default 4; -xs: the counts)")
 	fs.StringVar(&c.Columns, "columns", "", "comma-separated columns to run (default: all); a failed column needs its reference, lumen needs lumen-no-spec")
+	fs.Float64Var(&c.Saturated, "saturated", 0, "the cluster's saturated throughput, requests/s, measured before (a run's saturated_rate_per_s): the calibration run is skipped (the studies of one setup, -figure cells)")
+	fs.IntVar(&c.CalibrationWorkers, "calibration-workers", 0, "calibrate on a cluster of this many workers and scale the saturated rate to -workers (the studies: 0 = at full size; -figure cells: 64 unless given)")
 	cpuprofile := fs.String("cpuprofile", "", "write the run's CPU profile (runtime/pprof) to this file")
 	memprofile := fs.String("memprofile", "", "write a heap profile (runtime/pprof: live and allocated bytes) to this file at the end")
 	if err := fs.Parse(args); err != nil {
