@@ -239,6 +239,9 @@ type Event struct {
 	// time since arrival for it (TTFT), since the previous token otherwise.
 	First   bool
 	Latency time.Duration
+	// At is when the token was committed: the end of the step that
+	// sampled it (Done's now; AdvanceRow's step times).
+	At time.Time
 	// Logprobs are Token's log probabilities when the request asks for
 	// them (Request.Logprobs), computed in the step that produced it.
 	Logprobs *engine.Logprobs
@@ -412,6 +415,7 @@ type Core struct {
 	// the last Step's (their elements are zeroed when reused: Output).
 	lastOut  outLens
 	lastStep [3]int
+	one      [1]*Request // AdvanceRow's checkpoint list
 
 	// pc is the prefix cache (nil: off); released the pages requests
 	// outside it freed during this Next.
@@ -1230,7 +1234,7 @@ func chunkLogprobs(ch engine.Chunk, j int) *engine.Logprobs {
 func (c *Core) commit(now time.Time, r *Request, tok int32, lp *engine.Logprobs) (ended bool) {
 	r.History = append(r.History, tok)
 	idx := r.Outputs() - 1
-	ev := Event{Req: r, Token: tok, Index: idx, Logprobs: lp}
+	ev := Event{Req: r, Token: tok, Index: idx, Logprobs: lp, At: now}
 	if idx == r.outStart {
 		ev.First, ev.Latency = true, now.Sub(r.Arrived)
 		if r.PromptLogprobs {
