@@ -277,8 +277,9 @@ func RunCells(o CellsOptions) (*CellsFigure, error) {
 			r.HeadroomLoaded = LoadedQuorumPlacementsPerS / r.MaxCellDispatchPerS
 		}
 		if o.Log != nil {
-			fmt.Fprintf(o.Log, "   cells-%d: TTFT mean %.1f ms, p99 %.1f ms; busiest cell %.0f dispatch/s, %.0f commands/s; %d events in %.1fs of wall time (%.1f CPU s), %.2f GB peak, %.2f GB live heap at most\n",
-				n, r.TTFTMeanMs, r.TTFTP99Ms, r.MaxCellDispatchPerS, r.MaxCellTotalPerS, r.Events, r.WallS, r.CPUS, float64(r.PeakRSSBytes)/1e9, float64(r.HeapLivePeak)/1e9)
+			fmt.Fprintf(o.Log, "   cells-%d: TTFT mean %.1f ms, p99 %.1f ms; busiest cell %.0f dispatch/s, %.0f commands/s; %d events (%d steps, %.0f%% of them ended in decode runs) in %.1fs of wall time (%.1f CPU s), %.2f GB peak, %.2f GB live heap at most\n",
+				n, r.TTFTMeanMs, r.TTFTP99Ms, r.MaxCellDispatchPerS, r.MaxCellTotalPerS, r.Events, res.Steps, 100*float64(res.RunSteps)/float64(max(res.Steps, 1)),
+				r.WallS, r.CPUS, float64(r.PeakRSSBytes)/1e9, float64(r.HeapLivePeak)/1e9)
 		}
 		f.Runs = append(f.Runs, r)
 	}

@@ -20,6 +20,9 @@ type Result struct {
 	End    time.Duration
 	Events uint64
 	Steps  uint64
+	// RunSteps are the steps that ended in a decode run (runs.go): the
+	// simulator's own cost, not a figure.
+	RunSteps uint64
 	// FailAt is the first kill (0 for none); PlanAt when the first
 	// MarkFailed was applied; InFlightAtFail the requests running or
 	// waiting on the workers just before it.

@@ -150,6 +150,10 @@ type Config struct {
 	Progress      func(now time.Duration, done, total int)
 	ProgressEvery time.Duration
 
+	// NoDecodeRuns turns the decode runs off (runs.go): every step end
+	// touches every row, as before them; the results are the same.
+	NoDecodeRuns bool
+
 	// keepRequests keeps every request's simRequest to the end of the run
 	// (tests that read them afterwards); otherwise a request that ended
 	// leaves only what Result needs of it (reqDone).
@@ -505,6 +509,9 @@ type Sim struct {
 	// The run's end: events after drainUntil (≥ 0 once every request
 	// ended) are not run. nextProgress is the next Progress call.
 	drainUntil, nextProgress time.Duration
+	// noRuns: a caller acts on the Sim between events (advance with a
+	// stop): no decode run starts (runs.go).
+	noRuns bool
 }
 
 // simWorker is one worker process: its core, its store, its outgoing link.
@@ -537,6 +544,8 @@ type simWorker struct {
 	tokBuf []int32
 	// st is the step in flight (busy): its end is an event of w's (atStep).
 	st core.Step
+	// run is the decode run in progress (runs.go), if run.on.
+	run decodeRun
 
 	// Progressive recovery (spec.go): the incarnation's phase, the
 	// pairing it is in (either side), the restart's phase times, and the
@@ -748,6 +757,10 @@ func (s *Sim) run(e *event) {
 		return
 	}
 	if w := e.w; w.gen == e.gen {
+		if w.run.on {
+			s.runStepDone(w)
+			return
+		}
 		s.stepDone(w, w.st)
 	}
 }
@@ -800,6 +813,7 @@ func (s *Sim) open() bool { return s.res.Ended < len(s.reqs) }
 // reconciliation pass runs before Check.
 func (s *Sim) Run() {
 	s.advance(nil)
+	s.syncAll()
 	if s.err == nil && s.open() && s.cfg.StopAt == 0 {
 		s.err = fmt.Errorf("sim: the run stalled at %s with %d of %d requests open", s.now, len(s.reqs)-s.res.Ended, len(s.reqs))
 	}
@@ -814,6 +828,11 @@ func (s *Sim) Run() {
 // stop, when not nil, reports true after an event: then it reports true and
 // the run can go on (tests act on the Sim between events that way).
 func (s *Sim) advance(stop func() bool) bool {
+	if stop != nil {
+		// The caller reads the Sim between events: no worker lags.
+		s.noRuns = true
+		s.syncAll()
+	}
 	for s.err == nil {
 		e, ok := s.next()
 		if !ok {
@@ -973,8 +992,8 @@ func (s *Sim) loadRecord(w *simWorker, qw float64) *pb.LoadRecord {
 	c, used := w.core, w.store.used
 	w.rec = pb.LoadRecord{WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: qw,
 		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
-		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
-		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), HighPriority: uint32(c.HighPriority())}
+		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(s.cachedPages(w)),
+		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), HighPriority: uint32(s.highPriority(w))}
 	return &w.rec
 }
 
@@ -1116,6 +1135,7 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 		s.broke(r) // connection refused
 		return
 	}
+	s.sync(w)
 	// The prompt's ids are drawn again for each call (a lazy arrival
 	// keeps none) and the history is the call's: it goes with the call.
 	hist := r.w.AppendPrompt(make([]int32, 0, r.w.PromptLen()+r.w.Output))
@@ -1158,6 +1178,7 @@ func (s *Sim) setHolder(r *simRequest, pl *pb.Placement) {
 	if w == nil || !w.alive || w.inc != pl.WorkerIncarnation {
 		return // the call fails: the stream broke, the recovery places it
 	}
+	s.sync(w)
 	if w.core.SetHolder(pl.RequestId, pl.Epoch, pl.HolderId, s.footprint(r)) {
 		s.setReplicas(pl.RequestId, pl)
 	}
@@ -1328,29 +1349,32 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 		return
 	}
 	r.out++
+	// When the token was committed: now, or a step of a decode run that
+	// ended before (runs.go).
+	now := ev.At.Sub(epoch)
 	if r.first < 0 {
-		r.first = s.now
+		r.first = now
 	}
-	if ff := s.firstFail; ff >= 0 && s.now > ff && r.afterFail == 0 {
-		r.afterFail = s.now
+	if ff := s.firstFail; ff >= 0 && now > ff && r.afterFail == 0 {
+		r.afterFail = now
 	}
 	if r.migrated {
 		r.migrated = false
-		s.res.Migrations.Downtimes = append(s.res.Migrations.Downtimes, s.now-r.last)
+		s.res.Migrations.Downtimes = append(s.res.Migrations.Downtimes, now-r.last)
 	}
 	// The resume is exact here: the first token of the first call made
 	// after the failure (the client-side estimate of the bench,
 	// servingstats.Record.Resume, cannot see calls).
 	if ff := s.firstFail; ff >= 0 && r.resumeEnd == 0 && first && ev.Req.Arrived.After(epoch.Add(ff)) {
-		r.resumeEnd = s.now
+		r.resumeEnd = now
 	}
-	r.last = s.now
-	k := int(s.now / time.Second)
+	r.last = now
+	k := int(now / time.Second)
 	for len(s.res.Delivered) <= k {
 		s.res.Delivered = append(s.res.Delivered, 0)
 	}
 	s.res.Delivered[k]++
-	if s.cfg.StopAt > 0 && s.now >= s.cfg.StopAt/2 {
+	if s.cfg.StopAt > 0 && now >= s.cfg.StopAt/2 {
 		s.res.CalibrationTokens++
 	}
 	if ev.Finish != core.FinishNone {
@@ -1430,6 +1454,7 @@ func (s *Sim) step(w *simWorker) {
 	s.res.Steps++
 	w.busy = true
 	w.st = st
+	s.startRun(w, st, shape)
 	s.atStep(s.now+dur, w, w.gen)
 }
 
@@ -1550,6 +1575,7 @@ func (s *Sim) flush(w *simWorker) {
 			if backlog >= float64(s.cfg.Timing.SendQueuePages*copies) {
 				w.core.CheckpointBehind(p.Req, o.Checkpoints[k].Page)
 				behind = p.Req
+				w.run.behind = true
 				break
 			}
 			w.linkFree = max(w.linkFree, s.now) + time.Duration(float64(copies)*float64(s.pageBytes)/s.cfg.Timing.NetBytesPerSec*float64(time.Second))
@@ -1710,6 +1736,7 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	if !w.alive {
 		return
 	}
+	s.sync(w) // what it streamed before the kill, delivered
 	if s.res.InFlightAtFail == 0 {
 		for _, o := range s.workers {
 			if o.alive {

@@ -83,12 +83,14 @@ func runSim(args []string) error {
 	fs.StringVar(&c.Columns, "columns", "", "comma-separated columns to run (default: all); a failed column needs its reference, lumen needs lumen-no-spec")
 	fs.Float64Var(&c.Saturated, "saturated", 0, "the cluster's saturated throughput, requests/s, measured before (a run's saturated_rate_per_s): the calibration run is skipped (the studies of one setup, -figure cells)")
 	fs.IntVar(&c.CalibrationWorkers, "calibration-workers", 0, "calibrate on a cluster of this many workers and scale the saturated rate to -workers (the studies: 0 = at full size; -figure cells: 64 unless given)")
+	decodeRuns := fs.Bool("decode-runs", true, "the simulator's decode runs (issue 26): a worker whose batch only decodes touches each request once per several steps; false steps every request every step as before (the same results, slower)")
 	cpuprofile := fs.String("cpuprofile", "", "write the run's CPU profile (runtime/pprof) to this file")
 	memprofile := fs.String("memprofile", "", "write a heap profile (runtime/pprof: live and allocated bytes) to this file at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	fs.Visit(func(f *flag.Flag) { c.Given[f.Name] = true })
+	sim.SetDecodeRuns(*decodeRuns)
 	b, err := parseBytes(budget)
 	if err != nil {
 		return fmt.Errorf("-checkpoint-budget: %w", err)
