@@ -46,7 +46,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 	sessions := st.gatewaySessions()
 	same := len(st.ids) == len(c.views) && slices.Equal(sessions, c.sessions)
 	for i := 0; same && i < len(st.ids); i++ {
-		w := st.workers[st.ids[i]]
+		w := st.rows[i]
 		same = loadFields(st.views[i]) == c.views[i] && w.Incarnation == c.incs[i] && w.Phase == c.phases[i]
 	}
 	if same && c.table != nil {
@@ -68,7 +68,7 @@ func (f *FSM) LoadTable() (*pb.LoadTable, uint64) {
 	rows := make([]*pb.WorkerLoad, len(st.ids))
 	n := len(c.views)
 	for i, id := range st.ids {
-		w, v := st.workers[id], loadFields(st.views[i])
+		w, v := st.rows[i], loadFields(st.views[i])
 		if i < n && prev != nil && v == c.views[i] && w.Incarnation == c.incs[i] && w.Phase == c.phases[i] {
 			rows[i] = prev[i] // v.ID == id: the same worker's row
 			continue
