@@ -1,10 +1,8 @@
 package core
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"slices"
 	"time"
@@ -440,20 +438,39 @@ func PagesFor(n int) int { return kvpage.Pages(n) }
 // hashes of a shorter prefix of the same tokens, is extended.
 func PageHashes(tokens []int32, prev []uint64) []uint64 {
 	out := prev
-	var b [8]byte
+	if n := len(tokens)/kvpage.Tokens - len(prev); n > 0 {
+		out = slices.Grow(out, n)
+	}
 	for i := len(prev); (i+1)*kvpage.Tokens <= len(tokens); i++ {
-		h := fnv.New64a()
+		// FNV-1a over the previous page's hash (8 bytes, little endian)
+		// and each token (4 bytes, little endian): hash/fnv's New64a fed
+		// those bytes, without a hasher and an interface call a token.
+		h := uint64(fnvOffset64)
 		if i > 0 {
-			binary.LittleEndian.PutUint64(b[:], out[i-1])
-			h.Write(b[:])
+			h = fnvBytes(h, out[i-1], 8)
 		}
 		for _, t := range tokens[i*kvpage.Tokens : (i+1)*kvpage.Tokens] {
-			binary.LittleEndian.PutUint32(b[:4], uint32(t))
-			h.Write(b[:4])
+			h = fnvBytes(h, uint64(uint32(t)), 4)
 		}
-		out = append(out, h.Sum64())
+		out = append(out, h)
 	}
 	return out
+}
+
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+// fnvBytes is FNV-1a of h over the n low bytes of x, least significant
+// first (binary.LittleEndian's order).
+func fnvBytes(h, x uint64, n int) uint64 {
+	for range n {
+		h ^= x & 0xff
+		h *= fnvPrime64
+		x >>= 8
+	}
+	return h
 }
 
 // Running, Waiting: the queue lengths.

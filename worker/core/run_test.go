@@ -1,7 +1,9 @@
 package core
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -236,5 +238,39 @@ func TestDecodeRunRefuses(t *testing.T) {
 	c.Next(now, 1<<20)
 	if c.DecodeRun() {
 		t.Fatal("a request behind on its checkpoint is not in a run")
+	}
+}
+
+// TestPageHashesIsFNV: PageHashes is hash/fnv's FNV-1a over the previous
+// page's hash and the page's tokens, little endian, page by page, and
+// extends a shorter prefix's hashes to the same values.
+func TestPageHashesIsFNV(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		tokens := make([]int32, rng.IntN(200))
+		for i := range tokens {
+			tokens[i] = int32(rng.Uint32())
+		}
+		var want []uint64
+		var b [8]byte
+		for i := 0; (i+1)*16 <= len(tokens); i++ {
+			h := fnv.New64a()
+			if i > 0 {
+				binary.LittleEndian.PutUint64(b[:], want[i-1])
+				h.Write(b[:])
+			}
+			for _, x := range tokens[i*16 : (i+1)*16] {
+				binary.LittleEndian.PutUint32(b[:4], uint32(x))
+				h.Write(b[:4])
+			}
+			want = append(want, h.Sum64())
+		}
+		got := PageHashes(tokens, nil)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%d tokens: %x, want %x", len(tokens), got, want)
+		}
+		if k := rng.IntN(len(want) + 1); !slices.Equal(PageHashes(tokens, slices.Clone(want[:k])), want) {
+			t.Fatalf("%d tokens extending %d hashes: not the same", len(tokens), k)
+		}
 	}
 }
