@@ -198,9 +198,13 @@ func (s *Sim) endRun(w *simWorker) {
 	r := &w.run
 	sn := len(r.ends)
 	for i := range r.done {
-		s.advanceRow(w, i, sn)
+		if r.done[i] < sn {
+			s.advanceRow(w, i, sn)
+			// Row by row: the core's event buffer holds one row's
+			// tokens, not the whole run's (it keeps its largest size).
+			s.flush(w)
+		}
 	}
-	s.flush(w)
 	if sn > 0 {
 		s.refilled(r.st) // as after the last step that ended
 	}
