@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -91,6 +92,9 @@ func runSim(args []string) error {
 	}
 	fs.Visit(func(f *flag.Flag) { c.Given[f.Name] = true })
 	sim.SetDecodeRuns(*decodeRuns)
+	if limit, ok := simMemoryLimit(); ok {
+		debug.SetMemoryLimit(limit)
+	}
 	b, err := parseBytes(budget)
 	if err != nil {
 		return fmt.Errorf("-checkpoint-budget: %w", err)
@@ -122,4 +126,41 @@ func runSim(args []string) error {
 		}()
 	}
 	return c.Run()
+}
+
+// simMemoryLimit is lumen sim's soft memory limit (debug.SetMemoryLimit)
+// when GOMEMLIMIT does not set one: half the memory of the machine, or of
+// the cgroup when it has less. A long run's live heap grows with it (its
+// requests' records); with the collector's default (GOGC=100) the heap
+// may reach twice its live size before a collection, so a run of 8 GB
+// live would take 16 GB. Near the limit the collector runs more often
+// instead. GOGC stays the default: the collector is about 2% of the
+// simulator's CPU (GODEBUG=gctrace=1 at 10,000 workers), and a larger
+// GOGC measured no faster at 2,000 workers (docs/benchmarks.md, "Issue 26:
+// the simulator's speed"). ok is false when GOMEMLIMIT is set or the
+// memory cannot be read.
+func simMemoryLimit() (int64, bool) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return 0, false
+	}
+	total := int64(0)
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+				if err == nil {
+					total = kb * 1024
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && n > 0 && (total == 0 || n < total) {
+			total = n
+		}
+	}
+	if total <= 0 {
+		return 0, false
+	}
+	return total / 2, true
 }
