@@ -30,9 +30,21 @@ import (
 //	go test -run '^$' -bench ApplyMarkFailedNode -benchtime 128x ./fsm/
 //
 // (128 ops: one per node; later ops would fail nodes already emptied.)
+//
+// Issue 26 asks it of a cell of 1,000 workers, for a node and for one
+// worker: -bench 'ApplyMarkFailedNode/workers=1000' (node=1 is a lone
+// worker's MarkFailed; 128 ops fail 128 of the 1,000 in turn).
 func BenchmarkApplyMarkFailedNode(b *testing.B) {
-	const workers, perNode, perWorker = 1024, 8, 64
-	for _, replicas := range []uint32{1, 2} {
+	const perWorker = 64
+	for _, sz := range []struct{ workers, perNode int }{{1024, 8}, {1000, 8}, {1000, 1}} {
+		for _, replicas := range []uint32{1, 2} {
+			benchMarkFailed(b, sz.workers, sz.perNode, perWorker, replicas)
+		}
+	}
+}
+
+func benchMarkFailed(b *testing.B, workers, perNode, perWorker int, replicas uint32) {
+	{
 		b.Run(fmt.Sprintf("workers=%d/node=%d/replicas=%d", workers, perNode, replicas), func(b *testing.B) {
 			f := New()
 			var idx uint64
@@ -60,7 +72,7 @@ func BenchmarkApplyMarkFailedNode(b *testing.B) {
 				// Running 64, a third of the KV in use: restores start at
 				// once, as under load.
 				apply(&pb.Command{Body: &pb.Command_ReportLoad{ReportLoad: &pb.ReportLoadCmd{Load: &pb.LoadRecord{
-					WorkerId: id(w), Incarnation: 1, QueueWaitMs: float64(w % 7), KvPagesUsed: 333, KvPagesTotal: 1000, Running: perWorker}}}})
+					WorkerId: id(w), Incarnation: 1, QueueWaitMs: float64(w % 7), KvPagesUsed: 333, KvPagesTotal: 1000, Running: uint32(perWorker)}}}})
 			}
 			n := 0
 			for w := range workers {

@@ -99,12 +99,26 @@ func TestLoadTableMatchesViews(t *testing.T) {
 	for trial := 0; trial < 20; trial++ {
 		h := newHarness(t)
 		var lastVer uint64
+		var last, lastCopy *pb.LoadTable
 		for step, entry := range randomLog(rng, 300) {
 			h.apply(entry...)
 			if step%7 != 0 {
 				continue
 			}
 			table, ver := h.f.LoadTable()
+			// The tables share the rows that did not change, and a new
+			// table leaves the ones handed out before as they were.
+			if last != nil {
+				if !proto.Equal(last, lastCopy) {
+					t.Fatalf("trial %d step %d: building a table changed the last one", trial, step)
+				}
+				for i, row := range table.Workers {
+					if i < len(last.Workers) && row != last.Workers[i] && proto.Equal(row, last.Workers[i]) {
+						t.Fatalf("trial %d step %d: row %d is unchanged but not shared", trial, step, i)
+					}
+				}
+			}
+			last, lastCopy = table, proto.Clone(table).(*pb.LoadTable)
 			views, applied := h.f.LoadViews()
 			if table.AppliedIndex != applied {
 				t.Fatalf("trial %d step %d: table at %d, views at %d", trial, step, table.AppliedIndex, applied)

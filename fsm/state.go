@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -35,9 +36,12 @@ type state struct {
 
 	workers map[string]*pb.Worker
 	loads   map[string]*pb.LoadRecord
-	// ids is the sorted worker ids; views[i] is policy's view of ids[i].
+	// ids is the sorted worker ids; views[i] is policy's view of ids[i],
+	// rows[i] its row (workers[ids[i]]: rows are replaced, never changed
+	// in place).
 	ids   []string
 	views []policy.Worker
+	rows  []*pb.Worker
 	// holders indexes views for h(r); refresh it through touch and
 	// reindex whenever a view's holder fields change.
 	holders *policy.HolderIndex
@@ -261,8 +265,10 @@ func (s *state) putWorker(w *pb.Worker) {
 		s.views = append(s.views, policy.Worker{})
 		copy(s.views[i+1:], s.views[i:])
 		s.views[i] = policy.Worker{ID: w.Id}
+		s.rows = slices.Insert(s.rows, i, w)
 	}
 	s.workers[w.Id] = w
+	s.rows[sort.SearchStrings(s.ids, w.Id)] = w
 	v := s.view(w.Id)
 	v.Eligible = eligible(w)
 	v.Draining = w.Phase == pb.WorkerPhase_WORKER_PHASE_DRAINING

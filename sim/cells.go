@@ -45,7 +45,9 @@ import (
 // O(cells) a placement, plus the chosen cell's Take and its new best
 // (the replica's share trees, internal/placer/tree.go: O(G × pending ×
 // log n) and O(G)), and one pass over a cell's rows when its table
-// arrives — never a pass over every cell's rows per request. A
+// arrives (row pointers compared: the FSM shares unchanged rows, and the
+// replica updates only the changed ones, placer.Replica.Update) — never a
+// pass over every cell's rows per request. A
 // request whose Take finds no eligible worker in the chosen cell (every
 // one refused it) tries the next cell by the same order; with no table
 // from any cell yet, the Dispatch goes without a worker to cell idx mod

@@ -6,8 +6,10 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/lumen-project/lumen/internal/workload"
@@ -143,6 +145,15 @@ type CellsRun struct {
 	PeakRSSIsReset bool    `json:"peak_rss_reset"`
 	WallPerSimS    float64 `json:"wall_s_per_simulated_s"`
 	SimulatedS     float64 `json:"simulated_s"`
+	// CPU seconds (user + system, every thread: the garbage collector's
+	// too) of the run, and a simulated second from the warm-up to the end
+	// of the arrivals: on a shared machine steadier than the wall time.
+	CPUS       float64 `json:"cpu_s"`
+	CPUPerSimS float64 `json:"cpu_s_per_simulated_s"`
+	// HeapLivePeak is the greatest live heap the garbage collector
+	// marked (runtime/metrics /gc/heap/live:bytes), read every simulated
+	// second: what the run holds, without the collector's headroom.
+	HeapLivePeak uint64 `json:"heap_live_peak_bytes"`
 }
 
 // CellsFigure is the figure's result.
@@ -214,20 +225,26 @@ func RunCells(o CellsOptions) (*CellsFigure, error) {
 	for _, n := range o.Cells {
 		cfg := st.config(p, policy.Lumen, reqs)
 		cfg.Gateways, cfg.GatewayChoice, cfg.Cells = o.Gateways, o.Choice, n
-		start := time.Now()
+		start, startCPU := time.Now(), cpuTime()
 		var warmWall time.Time
 		var warmAt, lastAt time.Duration
 		var lastWall time.Time
+		var warmCPU, lastCPU time.Duration
+		cfg.ProgressEvery = time.Second
+		var livePeak uint64
+		nextLog := 10 * time.Second
 		cfg.Progress = func(now time.Duration, done, total int) {
+			livePeak = max(livePeak, heapLive())
 			if warmWall.IsZero() && now >= tm.Warmup {
-				warmWall, warmAt = time.Now(), now
+				warmWall, warmAt, warmCPU = time.Now(), now, cpuTime()
 			}
 			if now <= tm.Duration {
-				lastWall, lastAt = time.Now(), now
+				lastWall, lastAt, lastCPU = time.Now(), now, cpuTime()
 			}
-			if o.Log != nil {
-				fmt.Fprintf(o.Log, "   cells-%d: t=%4.0fs  %d of %d requests done, %.0fs of wall time, %.2f GB peak\n", n, now.Seconds(), done, total,
-					time.Since(start).Seconds(), float64(peakRSS())/1e9)
+			if o.Log != nil && now >= nextLog {
+				nextLog += 10 * time.Second
+				fmt.Fprintf(o.Log, "   cells-%d: t=%4.0fs  %d of %d requests done, %.0fs of wall time, %.0f CPU s, %.2f GB peak, %.2f GB live heap\n", n, now.Seconds(), done, total,
+					time.Since(start).Seconds(), (cpuTime() - startCPU).Seconds(), float64(peakRSS())/1e9, float64(heapLive())/1e9)
 			}
 		}
 		reset := resetPeakRSS()
@@ -238,9 +255,11 @@ func RunCells(o CellsOptions) (*CellsFigure, error) {
 		}
 		bf := burstFigures(res, tm)
 		r := CellsRun{Cells: n, TTFTMeanMs: bf.TTFTMeanMs, TTFTP99Ms: bf.TTFTP99Ms, ThroughputTokS: bf.ThroughputTokS, QueueMean: bf.QueueMean,
-			WallS: time.Since(start).Seconds(), Events: res.Events, PeakRSSBytes: peakRSS(), PeakRSSIsReset: reset, SimulatedS: res.End.Seconds()}
+			WallS: time.Since(start).Seconds(), Events: res.Events, PeakRSSBytes: peakRSS(), PeakRSSIsReset: reset, SimulatedS: res.End.Seconds(),
+			CPUS: (cpuTime() - startCPU).Seconds(), HeapLivePeak: max(livePeak, heapLive())}
 		if lastAt > warmAt {
 			r.WallPerSimS = lastWall.Sub(warmWall).Seconds() / (lastAt - warmAt).Seconds()
+			r.CPUPerSimS = (lastCPU - warmCPU).Seconds() / (lastAt - warmAt).Seconds()
 		}
 		var fig Figures
 		fig.raftFigures(res, tm.Duration-tm.Warmup)
@@ -258,8 +277,9 @@ func RunCells(o CellsOptions) (*CellsFigure, error) {
 			r.HeadroomLoaded = LoadedQuorumPlacementsPerS / r.MaxCellDispatchPerS
 		}
 		if o.Log != nil {
-			fmt.Fprintf(o.Log, "   cells-%d: TTFT mean %.1f ms, p99 %.1f ms; busiest cell %.0f dispatch/s, %.0f commands/s; %d events in %.1fs of wall time, %.2f GB peak\n",
-				n, r.TTFTMeanMs, r.TTFTP99Ms, r.MaxCellDispatchPerS, r.MaxCellTotalPerS, r.Events, r.WallS, float64(r.PeakRSSBytes)/1e9)
+			fmt.Fprintf(o.Log, "   cells-%d: TTFT mean %.1f ms, p99 %.1f ms; busiest cell %.0f dispatch/s, %.0f commands/s; %d events (%d steps, %.0f%% of them ended in decode runs) in %.1fs of wall time (%.1f CPU s), %.2f GB peak, %.2f GB live heap at most\n",
+				n, r.TTFTMeanMs, r.TTFTP99Ms, r.MaxCellDispatchPerS, r.MaxCellTotalPerS, r.Events, res.Steps, 100*float64(res.RunSteps)/float64(max(res.Steps, 1)),
+				r.WallS, r.CPUS, float64(r.PeakRSSBytes)/1e9, float64(r.HeapLivePeak)/1e9)
 		}
 		f.Runs = append(f.Runs, r)
 	}
@@ -280,12 +300,12 @@ func RunCells(o CellsOptions) (*CellsFigure, error) {
 func (f *CellsFigure) Print(out io.Writer) {
 	fmt.Fprintf(out, "\nfigure cells: %d workers %s, batches of %d, load %g (%.1f req/s, saturated %.1f), %d gateways (%s), Poisson arrivals at the Azure lengths, %.0f s (figures from %.0f s), seed %d\n",
 		f.Workers, f.Profile, f.MaxRunning, f.Load, f.RatePerSec, f.SaturatedPerSec, f.Gateways, f.Choice, f.DurationS, f.WarmupS, f.Seed)
-	fmt.Fprintf(out, "%6s %12s %11s %10s %10s %16s %16s %10s %10s %8s %12s %9s\n", "cells", "TTFT mean ms", "TTFT p99 ms", "vs base", "p99 vs", "busiest dispatch/s",
-		"busiest cmds/s", "headroom", "(loaded)", "wall s", "wall/sim s", "peak GB")
+	fmt.Fprintf(out, "%6s %12s %11s %10s %10s %16s %16s %10s %10s %8s %12s %8s %11s %9s\n", "cells", "TTFT mean ms", "TTFT p99 ms", "vs base", "p99 vs", "busiest dispatch/s",
+		"busiest cmds/s", "headroom", "(loaded)", "wall s", "wall/sim s", "CPU s", "CPU/sim s", "peak GB")
 	for _, r := range f.Runs {
-		fmt.Fprintf(out, "%6d %12.1f %11.1f %+9.2f%% %+9.2f%% %16.0f %16.0f %9.2fx %9.2fx %8.1f %12.2f %9.2f\n", r.Cells, r.TTFTMeanMs, r.TTFTP99Ms,
+		fmt.Fprintf(out, "%6d %12.1f %11.1f %+9.2f%% %+9.2f%% %16.0f %16.0f %9.2fx %9.2fx %8.1f %12.2f %8.1f %11.2f %9.2f\n", r.Cells, r.TTFTMeanMs, r.TTFTP99Ms,
 			r.TTFTMeanVsBasePct, r.TTFTP99VsBasePct, r.MaxCellDispatchPerS, r.MaxCellTotalPerS, r.HeadroomQuiet, r.HeadroomLoaded, r.WallS, r.WallPerSimS,
-			float64(r.PeakRSSBytes)/1e9)
+			r.CPUS, r.CPUPerSimS, float64(r.PeakRSSBytes)/1e9)
 	}
 	for _, r := range f.Runs[1:] {
 		verdict := "met"
@@ -295,6 +315,26 @@ func (f *CellsFigure) Print(out io.Writer) {
 		fmt.Fprintf(out, "%d cells: TTFT mean %+.2f%% against %d cell(s) (goal: at most %g%% worse): %s\n", r.Cells, r.TTFTMeanVsBasePct, f.Runs[0].Cells, f.GoalPct, verdict)
 	}
 	fmt.Fprintln(out)
+}
+
+// cpuTime is the process's CPU time so far, user and system, every
+// thread (0 where getrusage fails).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// heapLive is the heap the last garbage collection found live, bytes.
+func heapLive() uint64 {
+	m := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(m)
+	if m[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return m[0].Value.Uint64()
 }
 
 // resetPeakRSS resets the process's peak resident set (Linux: 5 to
@@ -379,6 +419,12 @@ func (c *Command) runCells(timing Timing, choice GatewayChoice) error {
 	if c.Duration > 0 {
 		o.Timeline.Duration = c.Duration
 		o.Timeline.Warmup = min(o.Timeline.Warmup, c.Duration/4)
+	}
+	if c.Saturated > 0 {
+		o.Saturated = c.Saturated
+	}
+	if c.CalibrationWorkers > 0 {
+		o.CalibrationWorkers = c.CalibrationWorkers
 	}
 	f, err := RunCells(o)
 	if err != nil {

@@ -73,7 +73,9 @@ type Options struct {
 	// StepTrace and TraceDir are every Study's.
 	StepTrace bool
 	TraceDir  string
-	Log       io.Writer
+	// CalibrationWorkers is every study's (Study.CalibrationWorkers).
+	CalibrationWorkers int
+	Log                io.Writer
 }
 
 // newMeter is a progress meter of runs on standard error for a command
@@ -145,7 +147,7 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			Timing: timing, MeasureApply: o.MeasureApply, Log: o.Log, Series: series, Trace: trace, Spec: o.Spec, Migration: o.Migration, Meter: meter,
 			Gateways: o.Gateways, GatewayChoice: o.GatewayChoice, PrefixRouting: o.PrefixRouting, Cells: o.Cells,
 			GPUsPerNode: o.GPUsPerNode, FailNodes: o.FailNodes, DomainBlind: o.DomainBlind, CheckpointReplicas: o.CheckpointReplicas, Only: o.Columns,
-			StepTrace: o.StepTrace, TraceDir: o.TraceDir}
+			StepTrace: o.StepTrace, TraceDir: o.TraceDir, CalibrationWorkers: o.CalibrationWorkers}
 		figs, err := st.Run()
 		if err != nil {
 			return nil, err
@@ -274,6 +276,10 @@ type Command struct {
 	// TraceDir receives every column's requests and steps as CSV
 	// (Study.TraceDir).
 	TraceDir string
+	// CalibrationWorkers calibrates on that many workers and scales the
+	// rate (0: the studies' own size, the cells figure's 64). For the
+	// studies of one setup and -figure cells.
+	CalibrationWorkers int
 	// PrefixRouting is "on" (the workers' prefix caches and prefix-aware
 	// placement, issue 25) or "off" (freeness alone, no cache); with
 	// -figure prefix, given, it runs only that column.
@@ -321,6 +327,18 @@ func (c *Command) Run() error {
 	if given("token-budget") && c.Figure != "" {
 		return fmt.Errorf("-token-budget applies to the studies, not to -figure %s", c.Figure)
 	}
+	if given("calibration-workers") && c.Figure != "" && c.Figure != CellsFigureName {
+		return fmt.Errorf("-calibration-workers applies to the studies and to -figure %s, not to -figure %s", CellsFigureName, c.Figure)
+	}
+	if given("saturated") && c.Figure != "" && c.Figure != CellsFigureName && !slices.Contains(FigureNames, c.Figure) {
+		return fmt.Errorf("-saturated applies to the studies and to -figure %s, %s, not to -figure %s", strings.Join(FigureNames, ", "), CellsFigureName, c.Figure)
+	}
+	if c.Saturated < 0 || c.CalibrationWorkers < 0 {
+		return fmt.Errorf("-saturated %g (a throughput in requests per second; 0: calibrate) and -calibration-workers %d must be >= 0", c.Saturated, c.CalibrationWorkers)
+	}
+	if given("saturated", "calibration-workers") && c.Figure == "" && c.Workers == 0 && (c.Setups == "" || strings.Contains(c.Setups, ",")) {
+		return fmt.Errorf("-saturated and -calibration-workers apply to the studies of one setup (-workers, or one of -setups), not to %q (empty: all three)", c.Setups)
+	}
 	if given("cv", "kv-pages") && c.Figure != "burst" {
 		return fmt.Errorf("-cv and -kv-pages apply to -figure burst only")
 	}
@@ -356,11 +374,8 @@ func (c *Command) Run() error {
 	if c.Figure != "" && given("gpus-per-node", "fail-nodes", "checkpoint-replicas", "domains") {
 		return fmt.Errorf("-gpus-per-node, -fail-nodes, -checkpoint-replicas and -domains apply to the studies, not to -figure %s", c.Figure)
 	}
-	if c.Saturated < 0 {
-		return fmt.Errorf("-saturated %g: a throughput in requests per second (0: calibrate)", c.Saturated)
-	}
-	if given("columns", "spec-trace", "trace-dir", "saturated") && c.Figure != "" && !slices.Contains(FigureNames, c.Figure) {
-		return fmt.Errorf("-columns, -spec-trace, -trace-dir and -saturated apply to the studies and to -figure %s, not to -figure %s", strings.Join(FigureNames, ", "), c.Figure)
+	if given("columns", "spec-trace", "trace-dir") && c.Figure != "" && !slices.Contains(FigureNames, c.Figure) {
+		return fmt.Errorf("-columns, -spec-trace and -trace-dir apply to the studies and to -figure %s, not to -figure %s", strings.Join(FigureNames, ", "), c.Figure)
 	}
 	if c.GPUsPerNode < 0 {
 		return fmt.Errorf("-gpus-per-node %d: must be >= 0 (0: no nodes)", c.GPUsPerNode)
@@ -493,7 +508,8 @@ func (c *Command) Run() error {
 	o := Options{Gateways: c.Gateways, GatewayChoice: choice, PrefixRouting: c.PrefixRouting == "on", Cells: c.Cells, Migration: migrate, Quick: c.Quick, Seed: c.Seed, Load: c.Load, Saturated: c.Saturated, Lambda: c.Lambda,
 		NoRestart: c.NoRestart, FailAt: c.FailAt, Timing: timing, MeasureApply: c.ApplyTiming, JSONPath: c.JSONPath, CSVPath: c.CSVPath,
 		TracePath: c.TracePath, Spec: spec, Log: c.Out, StepTrace: c.SpecTrace, TraceDir: c.TraceDir,
-		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind"}
+		GPUsPerNode: c.GPUsPerNode, FailNodes: c.FailNodes, CheckpointReplicas: c.CheckpointReplicas, DomainBlind: c.Domains == "blind",
+		CalibrationWorkers: c.CalibrationWorkers}
 	if c.Columns != "" {
 		o.Columns = strings.Split(c.Columns, ",")
 	}

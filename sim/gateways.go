@@ -300,6 +300,9 @@ func (s *Sim) committed(r *simRequest, gw *simGateway, id, w string, inc uint64)
 // cancel is the gateway closing the request's stream: the worker drops the
 // call.
 func (s *Sim) cancel(r *simRequest) {
+	if w := s.worker(r.worker); w != nil && w.alive {
+		s.sync(w)
+	}
 	call := r.call
 	r.call = nil
 	if w := s.worker(r.worker); w != nil && w.alive && call != nil {

@@ -83,6 +83,7 @@ func TestRoundRobinDispatch(t *testing.T) {
 	for _, rr := range []bool{true, false} {
 		cfg := llumnixTestConfig(4, 0, reqs)
 		cfg.RoundRobin = rr
+		cfg.keepRequests = true // read after the run
 		s, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -129,7 +129,7 @@ func (s *Sim) sampleFragmentation() {
 		}
 		b.WorkerSamples++
 		total += s.cfg.KVPages
-		free := s.cfg.KVPages - w.core.CachedPages()
+		free := s.cfg.KVPages - s.cachedPages(w)
 		head := w.core.HeadPages()
 		if w.core.Waiting() == 0 || head <= free {
 			continue
@@ -153,7 +153,7 @@ func (s *Sim) sampleFragmentation() {
 			if x == w || !x.alive || x.phase != pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE {
 				continue
 			}
-			if s.cfg.KVPages-x.core.CachedPages()-x.core.HeadPages() >= head {
+			if s.cfg.KVPages-s.cachedPages(x)-x.core.HeadPages() >= head {
 				room = true
 				idle = idle || !ins[x]
 			}

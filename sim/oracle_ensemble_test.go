@@ -121,6 +121,7 @@ func TestOracleTrace(t *testing.T) {
 		cfg := st.config(p, col.Strategy, reqs)
 		cfg.Speculation, cfg.Oracle = col.Progressive, col.Oracle
 		cfg.Failures = []Failure{{Worker: 0, At: fail, Restart: true}}
+		cfg.keepRequests = true // read after the run
 		s, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -128,6 +129,7 @@ func TestOracleTrace(t *testing.T) {
 		const every = 5 * time.Second
 		s.nextProgress = fail
 		s.cfg.Progress = func(now time.Duration, _, _ int) {
+			s.syncAll() // the workers' cores as of now (runs.go)
 			line := fmt.Sprintf("%s t=%4.0fs", col.Name, now.Seconds())
 			for _, w := range s.workers {
 				if !w.alive || w.core == nil {

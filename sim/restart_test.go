@@ -30,7 +30,7 @@ func TestStopAndRestartResumeCost(t *testing.T) {
 				ids[i] = int32(32 + i%90)
 			}
 			cfg := Config{Workers: 2, Profile: p, Strategy: c.strategy, TokenBudget: 2048, MaxRunning: 32, MaxWaiting: 64,
-				CheckpointBudget: 80e9, Arrivals: []workload.Request{{Prompt: ids, Output: output}}, Timing: DefaultTiming()}
+				CheckpointBudget: 80e9, Arrivals: []workload.Request{{Prompt: ids, Output: output}}, Timing: DefaultTiming(), keepRequests: true}
 			s, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)

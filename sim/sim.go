@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"slices"
@@ -154,8 +153,19 @@ type Config struct {
 	// RaftFrom and RaftTo are the span whose Raft writes Result.Raft
 	// counts (RaftTo 0: to the end of the run).
 	RaftFrom, RaftTo time.Duration
-	// Progress, when set, is called about every 10 simulated seconds.
-	Progress func(now time.Duration, done, total int)
+	// Progress, when set, is called about every ProgressEvery simulated
+	// seconds (0: 10 s).
+	Progress      func(now time.Duration, done, total int)
+	ProgressEvery time.Duration
+
+	// NoDecodeRuns turns the decode runs off (runs.go): every step end
+	// touches every row, as before them; the results are the same.
+	NoDecodeRuns bool
+
+	// keepRequests keeps every request's simRequest to the end of the run
+	// (tests that read them afterwards); otherwise a request that ended
+	// leaves only what Result needs of it (reqDone).
+	keepRequests bool
 }
 
 // Timing is the part of the system around the worker core and the fsm that
@@ -373,28 +383,72 @@ func (c *Config) Validate() error {
 var epoch = time.Unix(1_800_000_000, 0)
 
 // event is one scheduled happening; seq breaks ties in scheduling order.
+// A worker's step end, the most frequent event, is fn nil with w and gen
+// (the process generation it was started in; run runs it): no closure
+// is allocated for it.
 type event struct {
 	at  time.Duration
 	seq uint64
 	fn  func()
+	w   *simWorker
+	gen uint64
 }
 
+// before is the events' order: by time, then by scheduling order.
+func (e *event) before(o *event) bool {
+	return e.at < o.at || e.at == o.at && e.seq < o.seq
+}
+
+// eventQueue is a 4-ary min-heap of events by before. The order is total
+// (seq is unique), so any heap pops the same sequence; a 4-ary one is
+// half as deep as a binary one and reads a node's children from one or
+// two cache lines (container/heap also boxed every event in an
+// interface: an allocation per push and pop).
 type eventQueue []event
 
 func (q eventQueue) Len() int { return len(q) }
-func (q eventQueue) Less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
+
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 4
+		if !h[i].before(&h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
 	}
-	return q[i].seq < q[j].seq
 }
-func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *eventQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
+
+func (q *eventQueue) pop() event {
+	h := *q
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{} // no closure kept alive by the spare slot
+	h = h[:n]
+	*q = h
+	i := 0
+	for {
+		c := 4*i + 1
+		if c >= n {
+			break
+		}
+		m := c
+		for k := c + 1; k < c+4 && k < n; k++ {
+			if h[k].before(&h[m]) {
+				m = k
+			}
+		}
+		if !h[m].before(&h[i]) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	return top
 }
 
 // Sim is one simulation in progress. Run it with Run.
@@ -414,8 +468,15 @@ type Sim struct {
 	workers   []*simWorker
 	byWorker  map[string]*simWorker
 	draftProf engine.Profile         // the draft model's (Speculation)
-	reqs      []*simRequest          // by arrival index; nil until it arrives
+	reqs      []*simRequest          // by arrival index; nil until it arrives, and once it ended (done)
 	byID      map[string]*simRequest // dispatch id → request
+	// done is, by arrival index, what Result needs of a request that
+	// ended (its simRequest is let go then, unless keepRequests), and
+	// doneExtra the rare rest: of failed, interrupted and preempted
+	// requests. At 10,000 workers a simRequest a request was most of
+	// what grew with the run (≈ 300 bytes each, 44,500 a second).
+	done      []reqDone
+	doneExtra map[int]*reqExtra
 
 	pageBytes uint64
 	// Live migration (migrate.go): the profile with the interconnect's
@@ -456,6 +517,9 @@ type Sim struct {
 	// The run's end: events after drainUntil (≥ 0 once every request
 	// ended) are not run. nextProgress is the next Progress call.
 	drainUntil, nextProgress time.Duration
+	// noRuns: a caller acts on the Sim between events (advance with a
+	// stop): no decode run starts (runs.go).
+	noRuns bool
 }
 
 // simWorker is one worker process: its core, its store, its outgoing link.
@@ -486,6 +550,10 @@ type simWorker struct {
 
 	outBuf [][]int32 // a step's sampled tokens, reused
 	tokBuf []int32
+	// st is the step in flight (busy): its end is an event of w's (atStep).
+	st core.Step
+	// run is the decode run in progress (runs.go), if run.on.
+	run decodeRun
 
 	// Progressive recovery (spec.go): the incarnation's phase, the
 	// pairing it is in (either side), the restart's phase times, and the
@@ -613,7 +681,8 @@ func New(cfg Config) (*Sim, error) {
 		replicaOf: map[string]callCopies{},
 		marks:     map[time.Duration][]*pb.Command{},
 		pageBytes: uint64(cfg.Profile.KVBytesPerToken()) * engine.PageTokens, migByID: map[string]*simMigration{},
-		drainUntil: -1, nextProgress: 10 * time.Second}
+		drainUntil: -1}
+	s.nextProgress = s.progressEvery()
 	s.initCells()
 	s.res.Requests = len(cfg.Arrivals)
 	if cfg.StepTrace {
@@ -652,6 +721,8 @@ func New(cfg Config) (*Sim, error) {
 		s.register(w, pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE)
 	}
 	s.reqs = make([]*simRequest, len(cfg.Arrivals))
+	s.done = make([]reqDone, len(cfg.Arrivals))
+	s.doneExtra = map[int]*reqExtra{}
 	s.arrSeq = s.seq
 	s.seq += uint64(len(cfg.Arrivals))
 	arrAt := func(i int) time.Duration { return max(cfg.Arrivals[i].At, 0) }
@@ -689,7 +760,29 @@ func New(cfg Config) (*Sim, error) {
 // at schedules fn at virtual time t (not before now).
 func (s *Sim) at(t time.Duration, fn func()) {
 	s.seq++
-	heap.Push(&s.queue, event{at: max(t, s.now), seq: s.seq, fn: fn})
+	s.queue.push(event{at: max(t, s.now), seq: s.seq, fn: fn})
+}
+
+// atStep schedules the end of worker w's step in flight (w.st) at t,
+// for its process generation gen.
+func (s *Sim) atStep(t time.Duration, w *simWorker, gen uint64) {
+	s.seq++
+	s.queue.push(event{at: max(t, s.now), seq: s.seq, w: w, gen: gen})
+}
+
+// run processes one event.
+func (s *Sim) run(e *event) {
+	if e.fn != nil {
+		e.fn()
+		return
+	}
+	if w := e.w; w.gen == e.gen {
+		if w.run.on {
+			s.runStepDone(w)
+			return
+		}
+		s.stepDone(w, w.st)
+	}
 }
 
 // every runs fn every period, the first time at offset+period, while the
@@ -721,7 +814,15 @@ func (s *Sim) next() (event, bool) {
 	if s.queue.Len() == 0 {
 		return event{}, false
 	}
-	return heap.Pop(&s.queue).(event), true
+	return s.queue.pop(), true
+}
+
+// progressEvery is the Progress period.
+func (s *Sim) progressEvery() time.Duration {
+	if s.cfg.ProgressEvery > 0 {
+		return s.cfg.ProgressEvery
+	}
+	return 10 * time.Second
 }
 
 // open reports whether requests are still to end.
@@ -732,6 +833,7 @@ func (s *Sim) open() bool { return s.res.Ended < len(s.reqs) }
 // reconciliation pass runs before Check.
 func (s *Sim) Run() {
 	s.advance(nil)
+	s.syncAll()
 	if s.err == nil && s.open() && s.cfg.StopAt == 0 {
 		s.err = fmt.Errorf("sim: the run stalled at %s with %d of %d requests open", s.now, len(s.reqs)-s.res.Ended, len(s.reqs))
 	}
@@ -746,6 +848,11 @@ func (s *Sim) Run() {
 // stop, when not nil, reports true after an event: then it reports true and
 // the run can go on (tests act on the Sim between events that way).
 func (s *Sim) advance(stop func() bool) bool {
+	if stop != nil {
+		// The caller reads the Sim between events: no worker lags.
+		s.noRuns = true
+		s.syncAll()
+	}
 	for s.err == nil {
 		e, ok := s.next()
 		if !ok {
@@ -758,7 +865,7 @@ func (s *Sim) advance(stop func() bool) bool {
 			return false
 		}
 		s.now = e.at
-		e.fn()
+		s.run(&e)
 		s.steps++
 		if s.drainUntil < 0 && !s.open() && s.cfg.StopAt == 0 {
 			s.res.End = s.now
@@ -772,7 +879,7 @@ func (s *Sim) advance(stop func() bool) bool {
 		}
 		if s.cfg.Progress != nil && s.now >= s.nextProgress {
 			s.cfg.Progress(s.now, s.res.Ended, len(s.reqs))
-			s.nextProgress += 10 * time.Second
+			s.nextProgress += s.progressEvery()
 		}
 		if stop != nil && stop() {
 			return true
@@ -905,9 +1012,9 @@ func (s *Sim) loadRecord(w *simWorker, qw float64) *pb.LoadRecord {
 	c, used := w.core, w.store.used
 	w.rec = pb.LoadRecord{WorkerId: w.id, Incarnation: w.inc, QueueWaitMs: qw,
 		FreeCheckpointBytes: s.cfg.CheckpointBudget - used, StoredCheckpointBytes: used,
-		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(c.CachedPages()),
+		Running: uint32(c.Running()), Waiting: uint32(c.Waiting()), KvPagesUsed: uint64(s.cachedPages(w)),
 		KvPagesTotal: uint64(s.cfg.KVPages), QueueHeadPages: uint64(c.HeadPages()), QueuedPages: uint64(c.QueuedPages()),
-		HighPriority: uint32(c.HighPriority())}
+		HighPriority: uint32(s.highPriority(w))}
 	return &w.rec
 }
 
@@ -1055,6 +1162,7 @@ func (s *Sim) call(r *simRequest, pl *pb.Placement, regen bool) {
 		s.broke(r) // connection refused
 		return
 	}
+	s.sync(w)
 	// The prompt's ids are drawn again for each call (a lazy arrival
 	// keeps none) and the history is the call's: it goes with the call.
 	hist := r.w.AppendPrompt(make([]int32, 0, r.w.PromptLen()+r.w.Output))
@@ -1097,6 +1205,7 @@ func (s *Sim) setHolder(r *simRequest, pl *pb.Placement) {
 	if w == nil || !w.alive || w.inc != pl.WorkerIncarnation {
 		return // the call fails: the stream broke, the recovery places it
 	}
+	s.sync(w)
 	if w.core.SetHolder(pl.RequestId, pl.Epoch, pl.HolderId, s.footprint(r)) {
 		s.setReplicas(pl.RequestId, pl)
 	}
@@ -1192,6 +1301,59 @@ func (s *Sim) end(r *simRequest, err error) {
 		}
 	}
 	delete(s.byID, r.id)
+	s.retire(r)
+}
+
+// reqDone is what Result needs of a request that ended (finish, Check).
+type reqDone struct {
+	first, last time.Duration
+	out         int32
+	ended       uint8
+	flags       uint8 // doneInterrupted, doneRestored, doneLiveCopy, donePreempted, doneCheckpointed
+}
+
+const (
+	doneInterrupted = 1 << iota
+	doneRestored
+	doneLiveCopy
+	donePreempted
+	doneCheckpointed
+)
+
+// doneRecord is what Result reads of r (retire keeps it when r ends).
+func (r *simRequest) doneRecord() reqDone {
+	d := reqDone{first: r.first, last: r.last, out: int32(r.out), ended: uint8(min(r.ended, 255))}
+	for _, f := range []struct {
+		on   bool
+		flag uint8
+	}{{r.interrupted, doneInterrupted}, {r.restored, doneRestored}, {r.liveCopy, doneLiveCopy}, {r.preempted, donePreempted}, {r.checkpointed, doneCheckpointed}} {
+		if f.on {
+			d.flags |= f.flag
+		}
+	}
+	return d
+}
+
+// reqExtra is the rest of a failed, interrupted or preempted request.
+type reqExtra struct {
+	failed                            error
+	resumeEnd, afterFail, preemptLoss time.Duration
+}
+
+// retire keeps what Result needs of r, which ended, and lets the rest go
+// (Config.keepRequests keeps it all). Nothing that finish reads changes
+// after a request ends: its calls are over, and the events still
+// scheduled for it only check that it ended (a second end fails the run).
+func (s *Sim) retire(r *simRequest) {
+	if s.cfg.keepRequests || s.reqs[r.idx] != r {
+		return
+	}
+	d := r.doneRecord()
+	if r.failed != nil || r.interrupted || r.preempted {
+		s.doneExtra[r.idx] = &reqExtra{failed: r.failed, resumeEnd: r.resumeEnd, afterFail: r.afterFail, preemptLoss: r.preemptLoss}
+	}
+	s.done[r.idx] = d
+	s.reqs[r.idx] = nil
 }
 
 // onToken is a token reaching the client, or under stop-and-restart's
@@ -1223,29 +1385,32 @@ func (s *Sim) onToken(r *simRequest, ev core.Event) {
 		return
 	}
 	r.out++
+	// When the token was committed: now, or a step of a decode run that
+	// ended before (runs.go).
+	now := ev.At.Sub(epoch)
 	if r.first < 0 {
-		r.first = s.now
+		r.first = now
 	}
-	if ff := s.firstFail; ff >= 0 && s.now > ff && r.afterFail == 0 {
-		r.afterFail = s.now
+	if ff := s.firstFail; ff >= 0 && now > ff && r.afterFail == 0 {
+		r.afterFail = now
 	}
 	if r.migrated {
 		r.migrated = false
-		s.res.Migrations.Downtimes = append(s.res.Migrations.Downtimes, s.now-r.last)
+		s.res.Migrations.Downtimes = append(s.res.Migrations.Downtimes, now-r.last)
 	}
 	// The resume is exact here: the first token of the first call made
 	// after the failure (the client-side estimate of the bench,
 	// servingstats.Record.Resume, cannot see calls).
 	if ff := s.firstFail; ff >= 0 && r.resumeEnd == 0 && first && ev.Req.Arrived.After(epoch.Add(ff)) {
-		r.resumeEnd = s.now
+		r.resumeEnd = now
 	}
-	r.last = s.now
-	k := int(s.now / time.Second)
+	r.last = now
+	k := int(now / time.Second)
 	for len(s.res.Delivered) <= k {
 		s.res.Delivered = append(s.res.Delivered, 0)
 	}
 	s.res.Delivered[k]++
-	if s.cfg.StopAt > 0 && s.now >= s.cfg.StopAt/2 {
+	if s.cfg.StopAt > 0 && now >= s.cfg.StopAt/2 {
 		s.res.CalibrationTokens++
 	}
 	if ev.Finish != core.FinishNone {
@@ -1327,13 +1492,9 @@ func (s *Sim) step(w *simWorker) {
 	}
 	s.res.Steps++
 	w.busy = true
-	gen := w.gen
-	s.at(s.now+dur, func() {
-		if w.gen != gen {
-			return
-		}
-		s.stepDone(w, st)
-	})
+	w.st = st
+	s.startRun(w, st, shape)
+	s.atStep(s.now+dur, w, w.gen)
 }
 
 func (s *Sim) stepDone(w *simWorker, st core.Step) {
@@ -1457,6 +1618,7 @@ func (s *Sim) flush(w *simWorker) {
 			if backlog >= float64(s.cfg.Timing.SendQueuePages*copies) {
 				w.core.CheckpointBehind(p.Req, o.Checkpoints[k].Page)
 				behind = p.Req
+				w.run.behind = true
 				break
 			}
 			w.linkFree = max(w.linkFree, s.now) + time.Duration(float64(copies)*float64(s.pageBytes)/s.cfg.Timing.NetBytesPerSec*float64(time.Second))
@@ -1654,6 +1816,7 @@ func (s *Sim) kill(w *simWorker, restart bool) {
 	if !w.alive {
 		return
 	}
+	s.sync(w) // what it streamed before the kill, delivered
 	if s.res.InFlightAtFail == 0 {
 		for _, o := range s.workers {
 			if o.alive {

@@ -3,6 +3,8 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/lumen-project/lumen/worker/core"
+	"reflect"
 	"testing"
 	"time"
 
@@ -83,6 +85,38 @@ func TestDeterminism(t *testing.T) {
 	a, b := run(), run()
 	if !bytes.Equal(a, b) {
 		t.Fatalf("two runs of the same study differ:\n%s\n%s", a, b)
+	}
+}
+
+// TestRetiredRequestsSameResult: letting an ended request's simRequest go
+// (retire, the default) gives the Result of keeping them all, records
+// included, through failures, a node of workers down, vLLM's preemption
+// and a run stopped with requests open.
+func TestRetiredRequestsSameResult(t *testing.T) {
+	for _, stop := range []time.Duration{0, 9 * time.Second} {
+		for _, strategy := range []policy.Strategy{policy.Lumen, policy.StopAndRestart} {
+			cfg := smallConfig(t, 4, strategy, 6, 40, 14*time.Second)
+			cfg.Timing.Preemption = core.PreemptVLLM
+			cfg.KVPages = 2500 // preemptions
+			cfg.StopAt = stop
+			cfg.Failures = []Failure{{Worker: 0, At: 4 * time.Second, Restart: true}, {Worker: 3, At: 6 * time.Second}}
+			kept := cfg
+			kept.keepRequests = true
+			a, err := Run(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := Run(kept)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Preemptions == 0 || a.Interrupted == 0 {
+				t.Fatalf("%s: %d preemptions, %d interrupted: the case is not exercised", strategy, a.Preemptions, a.Interrupted)
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Fatalf("%s, stop at %s: the results differ with the requests kept", strategy, stop)
+			}
+		}
 	}
 }
 

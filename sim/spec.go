@@ -261,6 +261,7 @@ func (s *Sim) partner(w *simWorker) *simWorker {
 // pair links drafter d to target t: speculation on at the target, its
 // running requests mirrored to a new Drafter.
 func (s *Sim) pair(d, t *simWorker) {
+	s.sync(t) // the mirror reads its rows
 	a := &assist{target: t, drafter: d, d: core.NewDrafter(0), from: s.now, tokens: t.tokens}
 	d.as, t.as = a, a
 	t.core.SetSpec(s.specConfig())

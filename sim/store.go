@@ -77,6 +77,10 @@ func (s *simStore) put(req string, reserved uint64, first int, hashes []uint64, 
 		r = &heldPages{}
 		s.reqs[req] = r
 	}
+	if end := first + len(hashes); end > cap(r.hashes) {
+		// One growth for the batch, not a growslice a page.
+		r.hashes = slices.Grow(r.hashes, end-len(r.hashes))
+	}
 	for k, hash := range hashes {
 		page := first + k
 		if page < len(r.hashes) && r.hashes[page] != 0 {

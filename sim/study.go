@@ -143,9 +143,14 @@ type Study struct {
 	NoRestart bool
 	// Saturated, when > 0, is the setup's saturated throughput measured
 	// before (requests/s): the calibration run is skipped.
-	Saturated    float64
-	Timing       Timing
-	MeasureApply bool
+	// CalibrationWorkers, when > 0 and below the setup's workers,
+	// calibrates on a cluster of that many and scales the rate to the
+	// setup's (as the cells figure does): a calibration at 10,000 workers
+	// costs as much as a column.
+	Saturated          float64
+	CalibrationWorkers int
+	Timing             Timing
+	MeasureApply       bool
 	// Log receives progress lines and the table (nil: nothing).
 	Log io.Writer
 	// Series, when set, receives each column's time series as CSV rows
@@ -319,7 +324,16 @@ func (st *Study) Run() (map[string]*Figures, error) {
 	st.logf("== %s: %d workers simulated as %s, batch up to %d, %d of them killed at %s, dispatch %s\n",
 		st.Setup.Name, st.Setup.Workers, st.Setup.Profile, batch, st.Setup.Failures, tm.FailAt, GatewayMode{Gateways: st.Gateways, Choice: st.GatewayChoice}.Name())
 	saturated, modelled := st.Saturated, 0.0
-	if saturated <= 0 {
+	if cw := st.CalibrationWorkers; saturated <= 0 && cw > 0 && cw < st.Setup.Workers {
+		small := *st
+		small.Setup.Workers = cw
+		if saturated, modelled, err = small.Calibrate(); err != nil {
+			return nil, err
+		}
+		scale := float64(st.Setup.Workers) / float64(cw)
+		saturated, modelled = saturated*scale, modelled*scale
+		st.logf("   calibrated on %d workers, scaled to %d\n", cw, st.Setup.Workers)
+	} else if saturated <= 0 {
 		if saturated, modelled, err = st.Calibrate(); err != nil {
 			return nil, err
 		}

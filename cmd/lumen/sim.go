@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -81,13 +83,20 @@ func runSim(args []string) error {
 	fs.IntVar(&c.Cells, "cells", c.Cells, "issue 26: split the workers (-workers is the total) into this many cells, each its own controller quorum (fsm) over workers/cells of them (whole -gpus-per-node nodes), a request and its checkpoint holders in one cell; needs -gateways >= 1, which choose the cell, then the worker (sim/cells.go). 1 = one quorum. With -figure cells: the cell count run beside 1 (default 4; -xs: the counts)")
 	fs.StringVar(&c.Columns, "columns", "", "comma-separated columns to run (default: all); a failed column needs its reference, lumen needs lumen-no-spec")
 	fs.BoolVar(&c.SpecTrace, "spec-trace", false, "issue 22: print where the TTFT of the requests arriving while drafters assist goes, lumen against lumen-no-spec on the same arrivals (queueing at assisted and other workers, the assisted workers' steps with and without verification, K, acceptance); with -figure, also every point's tables")
-	fs.Float64Var(&c.Saturated, "saturated", 0, "the saturated throughput in requests per second that -load is a fraction of, instead of the calibration's measure: the same arrivals as a run whose calibration measured it (its JSON's saturated_rate_per_s), for before/after comparisons of a change that moves the calibration (a 64-worker figure's points: one x at a time)")
+	fs.Float64Var(&c.Saturated, "saturated", 0, "the saturated throughput in requests per second that -load is a fraction of, instead of the calibration's measure: the same arrivals as a run whose calibration measured it (its JSON's saturated_rate_per_s), for before/after comparisons of a change that moves the calibration (a 64-worker figure's points: one x at a time). The studies of one setup, -figure failures, load, proportional, lambda, budget and cells")
 	fs.StringVar(&c.TraceDir, "trace-dir", "", "write every column's requests (arrival, TTFT, admission, worker) and engine steps as CSV into this directory, for analysis by hand (sim/spectrace.go)")
+	fs.IntVar(&c.CalibrationWorkers, "calibration-workers", 0, "calibrate on a cluster of this many workers and scale the saturated rate to -workers (the studies: 0 = at full size; -figure cells: 64 unless given)")
+	decodeRuns := fs.Bool("decode-runs", true, "the simulator's decode runs (issue 26): a worker whose batch only decodes touches each request once per several steps; false steps every request every step as before (the same results, slower)")
 	cpuprofile := fs.String("cpuprofile", "", "write the run's CPU profile (runtime/pprof) to this file")
+	memprofile := fs.String("memprofile", "", "write a heap profile (runtime/pprof: live and allocated bytes) to this file at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	fs.Visit(func(f *flag.Flag) { c.Given[f.Name] = true })
+	sim.SetDecodeRuns(*decodeRuns)
+	if limit, ok := simMemoryLimit(); ok {
+		debug.SetMemoryLimit(limit)
+	}
 	b, err := parseBytes(budget)
 	if err != nil {
 		return fmt.Errorf("-checkpoint-budget: %w", err)
@@ -104,5 +113,56 @@ func runSim(args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *memprofile != "" {
+		defer func() {
+			f, err := os.Create(*memprofile)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "-memprofile: %v\n", err)
+				return
+			}
+			defer f.Close()
+			runtime.GC()
+			if err := pprof.WriteHeapProfile(f); err != nil {
+				fmt.Fprintf(os.Stderr, "-memprofile: %v\n", err)
+			}
+		}()
+	}
 	return c.Run()
+}
+
+// simMemoryLimit is lumen sim's soft memory limit (debug.SetMemoryLimit)
+// when GOMEMLIMIT does not set one: half the memory of the machine, or of
+// the cgroup when it has less. A long run's live heap grows with it (its
+// requests' records); with the collector's default (GOGC=100) the heap
+// may reach twice its live size before a collection, so a run of 8 GB
+// live would take 16 GB. Near the limit the collector runs more often
+// instead. GOGC stays the default: the collector is about 2% of the
+// simulator's CPU (GODEBUG=gctrace=1 at 10,000 workers), and a larger
+// GOGC measured no faster at 2,000 workers (docs/benchmarks.md, "Issue 26:
+// the simulator's speed"). ok is false when GOMEMLIMIT is set or the
+// memory cannot be read.
+func simMemoryLimit() (int64, bool) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return 0, false
+	}
+	total := int64(0)
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+				if err == nil {
+					total = kb * 1024
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && n > 0 && (total == 0 || n < total) {
+			total = n
+		}
+	}
+	if total <= 0 {
+		return 0, false
+	}
+	return total / 2, true
 }

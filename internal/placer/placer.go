@@ -51,8 +51,9 @@ type ownRef struct {
 // Replica is safe for concurrent use.
 type Replica struct {
 	mu      sync.Mutex
-	views   []policy.Worker // sorted by ID, as the FSM keeps them
-	incs    []uint64        // incarnation of views[i]
+	views   []policy.Worker  // sorted by ID, as the FSM keeps them
+	incs    []uint64         // incarnation of views[i]
+	rows    []*pb.WorkerLoad // the last table's rows when in views' order (updateRows), else nil
 	applied uint64
 	tables  uint64
 	own     map[string]own
@@ -151,24 +152,76 @@ func (r *Replica) Update(t *pb.LoadTable) {
 	if t.AppliedIndex < r.applied {
 		return
 	}
-	r.curOK = false
-	ws := slices.Clone(t.Workers)
-	sort.Slice(ws, func(i, j int) bool { return ws[i].WorkerId < ws[j].WorkerId })
-	r.views = r.views[:0]
-	r.incs = r.incs[:0]
-	for _, w := range ws {
-		r.views = append(r.views, View(w))
-		r.incs = append(r.incs, w.Incarnation)
+	if !r.updateRows(t.Workers) {
+		r.curOK = false
+		ws := slices.Clone(t.Workers)
+		sort.Slice(ws, func(i, j int) bool { return ws[i].WorkerId < ws[j].WorkerId })
+		r.views = r.views[:0]
+		r.incs = r.incs[:0]
+		for _, w := range ws {
+			r.views = append(r.views, View(w))
+			r.incs = append(r.incs, w.Incarnation)
+		}
+		if !slices.Equal(ws, t.Workers) {
+			ws = nil // rows is aligned with views, or nil
+		}
+		r.rows = ws
+	} else {
+		r.rows = t.Workers
 	}
 	r.applied = t.AppliedIndex
 	r.tables++
+	g, G := r.g, r.G
 	r.sessions = slices.Clone(t.Sessions) // in the table's order: it is the shares'
 	r.shareFromSessions()
+	if r.g != g || r.G != G {
+		r.curOK = false
+	}
 	for id, o := range r.own {
 		if o.index != 0 && o.index <= t.AppliedIndex {
 			r.dropOwn(id, o)
 		}
 	}
+}
+
+// updateRows takes a table whose rows name the workers the replica holds,
+// in the same order (the FSM's, sorted by id), row by row: a row that is
+// the last table's own (the FSM shares the rows that did not change) or
+// whose view did not change is skipped, and a changed one replaces its
+// view and, while the choice's trees are built, its entry in cur and its
+// leaf — what ensureTree would rebuild from scratch, in O(changed rows ×
+// log n) instead of O(n). At 1,000 workers a cell and four gateways a
+// table differs from the last in a few dozen rows. It reports false,
+// changing nothing, for a table of other workers or in another order.
+func (r *Replica) updateRows(ws []*pb.WorkerLoad) bool {
+	if len(ws) != len(r.views) {
+		return false
+	}
+	same := len(r.rows) == len(ws)
+	for i, w := range ws {
+		if !(same && w == r.rows[i]) && w.WorkerId != r.views[i].ID {
+			return false
+		}
+	}
+	for i, w := range ws {
+		if same && w == r.rows[i] {
+			continue
+		}
+		v := View(w)
+		if v == r.views[i] && w.Incarnation == r.incs[i] {
+			continue
+		}
+		r.views[i], r.incs[i] = v, w.Incarnation
+		if r.curOK {
+			if s, ok := r.ownBy[v.ID]; ok {
+				v.PendingRequests += s.requests
+				v.PendingPages += s.pages
+			}
+			r.cur[i] = v
+			r.setLeaf(i)
+		}
+	}
+	return true
 }
 
 // Applied returns the applied index of the table held, and how many tables

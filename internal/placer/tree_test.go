@@ -4,8 +4,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/lumen-project/lumen/policy"
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -151,6 +155,37 @@ func refBest(r *Replica) (float64, bool) {
 	return best, ok
 }
 
+// checkTrees fails the test when the replica's view, cur and trees, as
+// Update left them, differ from those rebuilt from scratch (ensureTree).
+func checkTrees(t *pb.LoadTable, r *Replica, seed uint64, run int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, w := range t.Workers {
+		if i < len(r.views) && r.views[i].ID == w.WorkerId && (r.views[i] != View(w) || r.incs[i] != w.Incarnation) {
+			panic(fmt.Sprintf("seed %d run %d: view %d is %+v, its row says %+v", seed, run, i, r.views[i], View(w)))
+		}
+	}
+	if !r.curOK || r.treeG != r.G {
+		return
+	}
+	cur := append([]policy.Worker(nil), r.cur...)
+	var trees []freeTree
+	for _, tr := range r.trees {
+		trees = append(trees, freeTree{size: tr.size, f: append([]float64(nil), tr.f...), at: append([]int32(nil), tr.at...)})
+	}
+	r.curOK = false
+	r.ensureTree()
+	if !slices.Equal(cur, r.cur) {
+		panic(fmt.Sprintf("seed %d run %d: cur kept by updates %+v, rebuilt %+v", seed, run, cur, r.cur))
+	}
+	for h := range trees {
+		a, b := trees[h], r.trees[h]
+		if a.size != b.size || !slices.Equal(a.at, b.at) || !slices.EqualFunc(a.f, b.f, func(x, y float64) bool { return x == y || x != x && y != y }) {
+			panic(fmt.Sprintf("seed %d run %d: share %d's tree kept by updates differs from the rebuilt one", seed, run, h))
+		}
+	}
+}
+
 // TestTreeMatchesScan: random tables, shares, Takes (with exclusions),
 // commits (some on another worker), forgets and share changes; every Take
 // chooses what the scans choose over the same view, and BestFreeness is
@@ -169,27 +204,59 @@ func TestTreeMatchesScan(t *testing.T) {
 		}
 		var applied uint64
 		var taken []string
+		var last *pb.LoadTable
+		row := func(id string) *pb.WorkerLoad {
+			phase := pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE
+			if rng.IntN(6) == 0 {
+				phase = pb.WorkerPhase_WORKER_PHASE_DRAINING
+			}
+			// Few distinct values: ties are common.
+			total := uint64(64 * (1 + rng.IntN(3)))
+			return &pb.WorkerLoad{WorkerId: id, Phase: phase, Incarnation: uint64(1 + rng.IntN(3)),
+				PendingRequests: uint32(rng.IntN(3)), PendingPages: uint64(rng.IntN(3) * 4),
+				Load: &pb.LoadRecord{KvPagesTotal: total, KvPagesUsed: uint64(rng.IntN(int(total))),
+					Running: uint32(rng.IntN(5)), Waiting: uint32(rng.IntN(3)), QueueHeadPages: uint64(rng.IntN(2) * 8),
+					HighPriority: uint32(rng.IntN(2))}}
+		}
 		table := func() {
 			applied += uint64(rng.IntN(20))
 			t := &pb.LoadTable{AppliedIndex: applied}
+			inOrder := last != nil && len(last.Workers) == nw && slices.IsSortedFunc(last.Workers, func(a, b *pb.WorkerLoad) int { return strings.Compare(a.WorkerId, b.WorkerId) })
+			if inOrder && rng.IntN(2) == 0 {
+				// As the FSM sends them: every worker in id order, the
+				// unchanged rows the last table's own (updateRows), a
+				// changed one sometimes equal to what it replaces.
+				t.Workers = append([]*pb.WorkerLoad(nil), last.Workers...)
+				for range rng.IntN(4) {
+					i := rng.IntN(nw)
+					if rng.IntN(3) == 0 {
+						t.Workers[i] = proto.Clone(t.Workers[i]).(*pb.WorkerLoad)
+					} else {
+						t.Workers[i] = row(ids[i])
+					}
+				}
+				last = t
+				r.Update(t)
+				checkTrees(t, r, seed, run)
+				return
+			}
+			full := rng.IntN(3) == 0 // every worker, in order
 			for _, id := range ids {
+				if full {
+					t.Workers = append(t.Workers, row(id))
+					continue
+				}
 				if rng.IntN(8) == 0 {
 					continue // not in this table
 				}
-				phase := pb.WorkerPhase_WORKER_PHASE_FULL_SERVICE
-				if rng.IntN(6) == 0 {
-					phase = pb.WorkerPhase_WORKER_PHASE_DRAINING
-				}
-				// Few distinct values: ties are common.
-				total := uint64(64 * (1 + rng.IntN(3)))
-				t.Workers = append(t.Workers, &pb.WorkerLoad{WorkerId: id, Phase: phase, Incarnation: uint64(1 + rng.IntN(3)),
-					PendingRequests: uint32(rng.IntN(3)), PendingPages: uint64(rng.IntN(3) * 4),
-					Load: &pb.LoadRecord{KvPagesTotal: total, KvPagesUsed: uint64(rng.IntN(int(total))),
-						Running: uint32(rng.IntN(5)), Waiting: uint32(rng.IntN(3)), QueueHeadPages: uint64(rng.IntN(2) * 8),
-						HighPriority: uint32(rng.IntN(2))}})
+				t.Workers = append(t.Workers, row(id))
 			}
-			rng.Shuffle(len(t.Workers), func(i, j int) { t.Workers[i], t.Workers[j] = t.Workers[j], t.Workers[i] })
+			if !full {
+				rng.Shuffle(len(t.Workers), func(i, j int) { t.Workers[i], t.Workers[j] = t.Workers[j], t.Workers[i] })
+			}
+			last = t
 			r.Update(t)
+			checkTrees(t, r, seed, run)
 		}
 		table()
 		for op := range 400 {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 )
@@ -120,6 +121,9 @@ type Request struct {
 	n      int
 	hi, lo uint64
 	tok    func(uint32) int32
+	// drawn: tok is GenerateLazy's default, 32 + (x>>1)%95, computed
+	// inline by AppendPrompt (a call a token was most of its cost).
+	drawn bool
 }
 
 // Lazy returns a request whose prompt is n tokens, each tok of the next
@@ -152,20 +156,31 @@ func (r *Request) AppendPrompt(dst []int32) []int32 {
 	if r.tok == nil {
 		return append(dst, r.Prompt...)
 	}
-	b := make([]byte, 20)
-	copy(b, "pcg:")
+	var b [20]byte
+	copy(b[:], "pcg:")
 	binary.BigEndian.PutUint64(b[4:], r.hi)
 	binary.BigEndian.PutUint64(b[12:], r.lo)
 	var src rand.PCG
-	if err := src.UnmarshalBinary(b); err != nil {
+	if err := src.UnmarshalBinary(b[:]); err != nil {
 		panic(err)
 	}
-	rng := rand.New(&src)
+	dst = slices.Grow(dst, r.n)
+	if r.drawn {
+		for range r.n {
+			dst = append(dst, defaultDraw(uint32(src.Uint64()>>32)))
+		}
+		return dst
+	}
 	for range r.n {
-		dst = append(dst, r.tok(rng.Uint32()))
+		// rand.Rand.Uint32 of the PCG, without the interface call.
+		dst = append(dst, r.tok(uint32(src.Uint64()>>32)))
 	}
 	return dst
 }
+
+// defaultDraw is GenerateLazy's token of a draw x without Config.Tokens:
+// the default token function of x >> 1.
+func defaultDraw(x uint32) int32 { return 32 + int32((x>>1)%95) }
 
 // Materialize returns r with its prompt's ids in Prompt.
 func (r Request) Materialize() Request {
@@ -226,6 +241,9 @@ func GenerateLazy(c Config) ([]Request, error) {
 		tok = func(x uint32) int32 { return 32 + int32(x%95) }
 	}
 	draw := func(x uint32) int32 { return tok(x >> 1) }
+	if c.Tokens == nil {
+		draw = defaultDraw
+	}
 	src := rand.NewPCG(c.Seed, 0x6c756d656e)
 	r := rand.New(src)
 	gap := func() float64 { return r.ExpFloat64() / c.Rate }
@@ -243,6 +261,7 @@ func GenerateLazy(c Config) ([]Request, error) {
 		}
 		n := c.Trace.samplePrompt(r)
 		req := Lazy(at, n, 0, src, draw)
+		req.drawn = c.Tokens == nil
 		req.Output = c.Trace.sampleOutput(r)
 		out = append(out, req)
 	}

@@ -147,3 +147,30 @@ func TestGamma(t *testing.T) {
 		t.Fatal("CV -1 accepted")
 	}
 }
+
+// TestDefaultDraw: GenerateLazy's prompts drawn inline (defaultDraw) are
+// those of its token function through the draw closure, as before.
+func TestDefaultDraw(t *testing.T) {
+	tok := func(x uint32) int32 { return 32 + int32(x%95) }
+	draw := func(x uint32) int32 { return tok(x >> 1) }
+	for _, x := range []uint32{0, 1, 2, 189, 190, 1<<32 - 1, 1 << 31, 123456789} {
+		if defaultDraw(x) != draw(x) {
+			t.Fatalf("%d: %d, want %d", x, defaultDraw(x), draw(x))
+		}
+	}
+	reqs, err := GenerateLazy(Config{Seed: 3, Rate: 50, Duration: 5 * time.Second, Trace: AzureConversation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		r := reqs[i]
+		if !r.drawn {
+			t.Fatal("GenerateLazy without Tokens draws inline")
+		}
+		slow := r
+		slow.drawn, slow.tok = false, draw
+		if !reflect.DeepEqual(r.AppendPrompt(nil), slow.AppendPrompt(nil)) {
+			t.Fatalf("arrival %d: the inline draw differs", i)
+		}
+	}
+}
