@@ -84,6 +84,10 @@ func TestCommittedResults(t *testing.T) {
 			case strings.HasPrefix(base, "recovery-"), strings.HasPrefix(base, "sim-setups"),
 				strings.HasPrefix(base, "sim-failures"), strings.HasPrefix(base, "sim-proportional"), strings.HasPrefix(base, "sim-load"):
 				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint"}
+			case strings.HasPrefix(base, "sim-custom-w10000"):
+				// issue 26's recovery at 10,000 workers: lumen-no-spec
+				// and its failure-free reference alone (-columns).
+				want = []string{"custom", "lumen-no-spec", "lumen-no-failure"}
 			case strings.HasPrefix(base, "sim-issue24"):
 				want = []string{"lumen", "stop-and-restart", "fixed-checkpoint", "restored fraction", "node R=1", "node+1 R=2", "2 workers R=2"}
 			case strings.HasPrefix(base, "migration-llumnix"):
