@@ -212,12 +212,24 @@ func (w *Worker) FreeCheckpointBytes() uint64 {
 // requests off it sooner; the high-priority requests decode in a smaller
 // batch and find pages when their queue would otherwise block.
 func (w *Worker) Freeness() float64 {
-	free := float64(w.KVPagesTotal) - float64(w.KVPagesUsed) -
+	free, batch := w.FreePages()
+	return FreenessOf(free, batch)
+}
+
+// FreePages is Freeness's two terms: the pages free after every demand
+// counted (negative: the pages short), and the batch they are shared by
+// (at least 1).
+func (w *Worker) FreePages() (free, batch float64) {
+	free = float64(w.KVPagesTotal) - float64(w.KVPagesUsed) -
 		float64(w.Queued()) - float64(w.PendingPages) - w.HeadroomPages()
-	batch := float64(w.Running) + float64(w.Waiting) + float64(w.PendingRequests)
-	if batch < 1 {
-		batch = 1
-	}
+	batch = float64(w.Running) + float64(w.Waiting) + float64(w.PendingRequests)
+	return free, max(batch, 1)
+}
+
+// FreenessOf is Freeness of free pages shared by batch requests: per
+// request while free is positive, the pages short (whatever the batch)
+// once it is not. Continuous at 0.
+func FreenessOf(free, batch float64) float64 {
 	if free < 0 {
 		return free // over-committed: the pages short, whatever the batch
 	}

@@ -304,9 +304,19 @@ func (x *PrefixIndex) record(ws []policy.Worker, dst []int, s int32, overlap int
 }
 
 // PrefixScore is the score PickPrefix maximises for a worker w whose cache
-// holds overlap pages of the prompt:
+// holds overlap pages of the prompt: while w has pages to spare,
 //
 //	Freeness(w) + overlap / (1 + Waiting(w))
+//
+// and in general Freeness's own form (policy.FreenessOf) of the free pages
+// with the hit's worth added in pages, free + overlap × batch / (1 +
+// Waiting), which is the line above wherever that sum is positive. An
+// over-committed worker's freeness is the pages it is short, not a share
+// per request; the hit then counts in pages too, else a worker short of
+// any page outweighed every hit (at llm-d's load ladder, past 25 requests
+// a second, each group's requests scattered, the hit rate fell from 90% to
+// 30% and the caches thrashed: docs/benchmarks.md, "Issue 25"). The score
+// is continuous and rises with the free pages and with the overlap.
 //
 // Freeness is the placement without prefixes (policy.PickServing's
 // Llumnix freeness: free KV pages, less the queue head's and those of the
@@ -322,7 +332,11 @@ func (x *PrefixIndex) record(ws []policy.Worker, dst []int, s int32, overlap int
 // and a freer worker wins once its freeness exceeds the hit's worth. With
 // no overlap anywhere the choice is PickServing's.
 func PrefixScore(w *policy.Worker, overlap int) float64 {
-	return w.Freeness() + float64(overlap)/(1+float64(w.Waiting))
+	if overlap == 0 {
+		return w.Freeness()
+	}
+	free, batch := w.FreePages()
+	return policy.FreenessOf(free+float64(overlap)*batch/(1+float64(w.Waiting)), batch)
 }
 
 // PickPrefix returns the index of the eligible worker with the highest

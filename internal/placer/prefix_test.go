@@ -2,6 +2,7 @@ package placer
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -99,6 +100,53 @@ func TestPickPrefixIsContinuous(t *testing.T) {
 	ws[1].Eligible = false
 	if got := PickPrefix(ws, []int{1000, 0}); got != -1 {
 		t.Fatalf("chose %d with no worker eligible", got)
+	}
+}
+
+// TestPrefixScoreOverCommitted: an over-committed worker's freeness is the
+// pages it is short (policy.Freeness), and a hit then counts in pages too
+// (overlap × batch / (1 + waiting)): a worker caching the prompt wins
+// against one less short by fewer pages than the hit is worth. Counted
+// as a share per request (overlap / (1 + waiting)), the hit was lost
+// against any difference in pages short, and at llm-d's load ladder past
+// saturation every group's requests scattered. The score is continuous
+// where the sum crosses 0, and with pages to spare it is the line of
+// TestPickPrefixIsContinuous.
+func TestPrefixScoreOverCommitted(t *testing.T) {
+	// a: 1000 used and 300 queued pages, 10 running, 2 waiting: 300
+	// short; b: 200 short, the same batch. a caches 100 pages of the
+	// prompt, worth 100 × 12 / 3 = 400 pages: 100 free.
+	a := worker("a", 1000, 10, 2)
+	a.QueuedPages = 300
+	b := worker("b", 1000, 10, 2)
+	b.QueuedPages = 200
+	if got := PrefixScore(&a, 0); got != -300 {
+		t.Fatalf("a without a hit scores %g, want -300 (the pages short)", got)
+	}
+	if got, want := PrefixScore(&a, 100), 100.0/12; got != want {
+		t.Fatalf("a with a 100-page hit scores %g, want %g", got, want)
+	}
+	if got := PickPrefix([]policy.Worker{a, b}, []int{100, 0}); got != 0 {
+		t.Fatalf("chose %d: b, 100 pages less short, over a caching 100 pages of the prompt", got)
+	}
+	// A 20-page hit is worth 80 pages: a stays 220 short, b wins.
+	if got := PickPrefix([]policy.Worker{a, b}, []int{20, 0}); got != 1 {
+		t.Fatalf("chose %d: a 20-page hit outweighed 100 pages short", got)
+	}
+	// Continuous and rising in the overlap across the sum's 0 (a hit of
+	// 75 pages is worth the 300 short).
+	prev := PrefixScore(&a, 0)
+	for o := 1; o <= 150; o++ {
+		s := PrefixScore(&a, o)
+		if s <= prev || s-prev > 4.0+1e-9 {
+			t.Fatalf("overlap %d: score %g after %g (a step, or not rising)", o, s, prev)
+		}
+		prev = s
+	}
+	// With pages to spare it is Freeness + overlap / (1 + waiting).
+	c := worker("c", 400, 10, 2)
+	if got, want := PrefixScore(&c, 30), c.Freeness()+30.0/3; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("c scores %g, want %g", got, want)
 	}
 }
 

@@ -239,3 +239,25 @@ func TestPrefixCachePreemptionOnSharedPages(t *testing.T) {
 		t.Fatalf("%d tokens hit, want more than 64 (the shared prefix and the victim's own pages)", hits)
 	}
 }
+
+// TestQueuedPagesLessTheCachedPrefix: a waiting request's demand in the
+// load report (QueuedPages) is its history's pages less those the cache
+// holds as it enters the queue: the pages an admission would reference
+// instead of allocating. Counted whole, a queue sharing a long cached
+// context read as several times its demand, and prefix-aware dispatch
+// turned away from the worker caching it (docs/benchmarks.md, "Issue 25").
+func TestQueuedPagesLessTheCachedPrefix(t *testing.T) {
+	g := newCacheRig(t, 64, Config{MaxRunning: 1})
+	g.submit("a", history(64, 70, 1), 3)
+	g.run() // a's 4 full pages cached, unreferenced
+	g.submit("run", history(0, 20, 9), 50)
+	g.step() // run takes the one slot
+	// b shares a's 64 tokens (4 pages) of its 90: 6 pages, 4 cached; c
+	// shares nothing: 3 pages.
+	g.submit("b", history(64, 90, 2), 2)
+	g.submit("c", history(0, 40, 3), 2)
+	if got := g.c.QueuedPages(); got != (6-4)+3 {
+		t.Fatalf("queued %d pages, want 5 (b's 6 less its 4 cached, c's 3)", got)
+	}
+	// Without the cache a queue counts whole: TestQueuedPages.
+}
