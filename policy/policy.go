@@ -281,8 +281,8 @@ func (w *Worker) HeadroomPages() float64 {
 // together (a node), which is when a holder's restores queue. A worker that
 // holds nothing has no queue of restores: 0.
 //
-// The seed's p_w(r) is the mean footprint of what w holds (DESIGN.md). That
-// term does not grow with the number of copies, so h(r) piled copies onto
+// Until 8478331 p_w(r) was the mean footprint of what w holds. That term
+// does not grow with the number of copies, so h(r) piled copies onto
 // the few workers with the lowest q_w: 6 of 56 survivors held 258 of the
 // 291 checkpoints a node of 8 left behind (issue 24), and the recovery plan
 // then recomputed 24% of them on other workers to spread the restores.

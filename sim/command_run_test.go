@@ -55,17 +55,8 @@ func TestCommandStudies(t *testing.T) {
 	var out bytes.Buffer
 	cmd := DefaultCommand()
 	cmd.Setups, cmd.Quick, cmd.ApplyTiming, cmd.JSONPath, cmd.Out, cmd.Errs = "w4", true, false, path, &out, &out
-	if err := cmd.Run(); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got map[string]map[string]*Figures
-	if err := json.Unmarshal(data, &got); err != nil {
-		t.Fatal(err)
-	}
+	data := runJSON(t, &cmd, &got)
 	if len(got["w4"]) != len(Columns) || got["w4"]["lumen"].Requests == 0 {
 		t.Fatalf("JSON %s", data)
 	}
@@ -87,17 +78,8 @@ func TestCommandCalibrationSize(t *testing.T) {
 		cmd := DefaultCommand()
 		cmd.Workers, cmd.Duration, cmd.Columns, cmd.ApplyTiming, cmd.JSONPath, cmd.Out, cmd.Errs = 8, 8*time.Second, "lumen-no-failure", false, path, &out, &out
 		tweak(&cmd)
-		if err := cmd.Run(); err != nil {
-			t.Fatal(err)
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var got map[string]map[string]*Figures
-		if err := json.Unmarshal(data, &got); err != nil {
-			t.Fatal(err)
-		}
+		runJSON(t, &cmd, &got)
 		return got["custom"]["lumen-no-failure"]
 	}
 	small := Study{Setup: CustomSetup(4, "qwen3-14b-h100", 1, 32, 80e9), Timeline: Timeline{Duration: 8 * time.Second, Calibration: 4 * time.Second, ReloadScale: 1},
@@ -132,17 +114,8 @@ func TestRaftJSONKeys(t *testing.T) {
 		if cells > 1 {
 			cmd.Cells, cmd.Gateways, cmd.Given["cells"], cmd.Given["gateways"] = cells, 2, true, true
 		}
-		if err := cmd.Run(); err != nil {
-			t.Fatal(err)
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var raw map[string]map[string]map[string]any
-		if err := json.Unmarshal(data, &raw); err != nil {
-			t.Fatal(err)
-		}
+		runJSON(t, &cmd, &raw)
 		col := raw["custom"]["lumen-no-failure"]
 		entries, ok1 := col["raft_entries_per_s"].(map[string]any)
 		bytesPerS, ok2 := col["raft_bytes_per_s"].(map[string]any)
@@ -207,4 +180,21 @@ func TestRaftJSONKeys(t *testing.T) {
 func num(v any) float64 {
 	f, _ := v.(float64)
 	return f
+}
+
+// runJSON runs cmd and decodes the JSON it wrote (cmd.JSONPath) into v,
+// returning the file's bytes.
+func runJSON(t *testing.T, cmd *Command, v any) []byte {
+	t.Helper()
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(cmd.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatal(err)
+	}
+	return data
 }

@@ -244,18 +244,14 @@ func (r *Replica) viewsLocked() []policy.Worker {
 	return r.viewsInto(nil)
 }
 
-// scratchViews is viewsLocked in a buffer the replica reuses: for a choice
-// made under r.mu whose views do not outlive it (TakePrefix). At 1,024
-// workers a fresh clone was a 150 KB allocation, zeroed, per request.
-// After ensureTree it is a copy of cur, which already counts the own
+// scratchViews is viewsLocked in a buffer the replica reuses, for a choice
+// made under r.mu after ensureTree whose views do not outlive it
+// (TakePrefix). At 1,024 workers a fresh clone was a 150 KB allocation,
+// zeroed, per request. It copies cur, which already counts the own
 // placements (tree.go; checkTrees holds cur to viewsLocked): adding them
 // again from ownBy was a map lookup per worker, 1,024 of them per request.
 func (r *Replica) scratchViews() []policy.Worker {
-	if r.curOK {
-		r.scratch = append(r.scratch[:0], r.cur...)
-	} else {
-		r.scratch = r.viewsInto(r.scratch[:0])
-	}
+	r.scratch = append(r.scratch[:0], r.cur...)
 	return r.scratch
 }
 

@@ -332,9 +332,6 @@ func (x *PrefixIndex) record(ws []policy.Worker, dst []int, s int32, overlap int
 // and a freer worker wins once its freeness exceeds the hit's worth. With
 // no overlap anywhere the choice is PickServing's.
 func PrefixScore(w *policy.Worker, overlap int) float64 {
-	if overlap == 0 {
-		return w.Freeness()
-	}
 	free, batch := w.FreePages()
 	return policy.FreenessOf(free+float64(overlap)*batch/(1+float64(w.Waiting)), batch)
 }

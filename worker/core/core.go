@@ -526,7 +526,8 @@ func (c *Core) QueuedPages() int {
 
 // queuedDemand sets r's queuedPages as it enters the waiting queue.
 func (c *Core) queuedDemand(r *Request) {
-	r.queuedPages = PagesFor(len(r.History)) - c.queuedHit(r)
+	hit, _ := c.lookupHit(r)
+	r.queuedPages = PagesFor(len(r.History)) - hit
 }
 
 // CachedPages is the KV pages the running requests' caches hold: what an

@@ -144,25 +144,6 @@ func (c *Core) lookupHit(r *Request) (hit, idle int) {
 	return hit, idle
 }
 
-// queuedHit is how many of waiting r's first pages the cache holds now
-// (lookupHit's hit, without its idle count). The history's page hashes
-// stay on r (lookup) and PageHashes only extends them: a history only
-// grows, so a load report hashes nothing twice.
-func (c *Core) queuedHit(r *Request) int {
-	if c.pc == nil || r.fed > 0 || len(r.History) < 2 || r.PromptLogprobs {
-		return 0
-	}
-	r.lookup = PageHashes(r.History[:len(r.History)-1], r.lookup)
-	hit := 0
-	for _, h := range r.lookup {
-		if c.pc.pages[h] == nil {
-			break
-		}
-		hit++
-	}
-	return hit
-}
-
 // takeHit makes r, newly admitted with an empty cache, reference its first
 // hit pages: they count as in its cache.
 func (c *Core) takeHit(r *Request, hit int) {
