@@ -473,12 +473,19 @@ func BenchmarkHolder10k(b *testing.B) {
 }
 
 // TestHolderIndexMatchesPickHolder changes random workers and checks, after
-// each change, that the index picks what the reference scan picks.
+// each change, that the index picks what the reference scan picks: at 40
+// workers, and at 1,000 (a cell; a deeper tree, scores tied in hundreds).
 func TestHolderIndexMatchesPickHolder(t *testing.T) {
+	for _, n := range []int{40, 1000} {
+		t.Run(fmt.Sprintf("workers=%d", n), func(t *testing.T) { testHolderIndexMatchesPickHolder(t, n) })
+	}
+}
+
+func testHolderIndexMatchesPickHolder(t *testing.T, n int) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
-	ws := make([]Worker, 40)
+	ws := make([]Worker, n)
 	for i := range ws {
 		ws[i] = w(fmt.Sprintf("w%02d", i), float64(rng.Intn(5)))
 		ws[i].CheckpointBudget = uint64(rng.Intn(1000))
