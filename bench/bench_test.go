@@ -145,7 +145,7 @@ func TestRecoveryFiguresJSONKeys(t *testing.T) {
 		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "failed_requests", "interrupted",
 		"interrupted_recovery_mean_s", "interrupted_recovery_p99_s", "pacing_overrun_pct", "pages_reused", "plan_ms",
 		"pre_failure_ttft_mean_ms", "recovered", "recovery_s", "requests", "restored_fraction", "resume_mean_ms", "resume_p99_ms",
-		"saturated_rate_per_s", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
+		"saturated_rate_per_s", "time_scale", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("keys %v\nwant %v", got, want)
 	}
@@ -194,6 +194,38 @@ func TestRunFigures(t *testing.T) {
 	}
 	if f.ResumeMeanMs <= 0 {
 		t.Fatalf("the interrupted request's resume was not timed: %+v", f)
+	}
+}
+
+// TestRunFiguresInEmulatedTime: a run at -time-scale 2 whose clock read
+// every time twice as late gives the figures of the same run at scale 1,
+// in emulated time as lumen sim reports them.
+func TestRunFiguresInEmulatedTime(t *testing.T) {
+	outcome := func(k time.Duration) *runOutcome {
+		return &runOutcome{
+			recs: []*servingstats.Record{
+				{ID: "b", Arrival: k * 2 * time.Second, Chunks: []time.Duration{k * 2050 * time.Millisecond, k * 2060 * time.Millisecond, k * 2070 * time.Millisecond}, Tokens: 3},
+				{ID: "c", Arrival: k * 6 * time.Second, Chunks: []time.Duration{k * 6100 * time.Millisecond, k * 6110 * time.Millisecond, k * 8110 * time.Millisecond}, Tokens: 3},
+			},
+			texts:       []string{"y", "z"},
+			interrupted: map[string]bool{"c": true},
+			queue:       []servingstats.Sample{{At: k * 7 * time.Second, Waiting: 3}},
+			failAt:      k * 8 * time.Second, planAt: k * 8010 * time.Millisecond,
+			assistS: float64(k) * 4,
+		}
+	}
+	slow, want := outcome(2), outcome(1)
+	slow.toEmulatedTime(2)
+	if !reflect.DeepEqual(slow, want) {
+		t.Fatalf("rescaled %+v\nwant %+v", slow, want)
+	}
+	for _, o := range []*runOutcome{slow, want} {
+		o.markInterrupted()
+	}
+	got, ref := runFigures(slow, []string{"y", "z"}, time.Second, 5*time.Second), runFigures(want, []string{"y", "z"}, time.Second, 5*time.Second)
+	if got.TTFTMeanMs != 75 || got.TPOTMeanMs != ref.TPOTMeanMs || got.ResumeMeanMs != ref.ResumeMeanMs || got.ResumeMeanMs <= 0 {
+		t.Fatalf("at scale 2: TTFT %v ms, TPOT %v, resume %v; at scale 1: %v, %v, %v",
+			got.TTFTMeanMs, got.TPOTMeanMs, got.ResumeMeanMs, ref.TTFTMeanMs, ref.TPOTMeanMs, ref.ResumeMeanMs)
 	}
 }
 

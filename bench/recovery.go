@@ -272,6 +272,9 @@ type recoveryFigures struct {
 	// engines' steps ran than the profile's.
 	WrongOutputs     int     `json:"wrong_outputs"`
 	PacingOverrunPct float64 `json:"pacing_overrun_pct"`
+	// TimeScale is the run's -time-scale: its clock ran this much slower
+	// than the emulated time every figure is in.
+	TimeScale float64 `json:"time_scale"`
 	// Issue 24, the keys of lumen sim's recovery JSON. RestoredFraction
 	// is, of the requests the failure interrupted, those a call restored
 	// pages of from a checkpoint store (the workers'
@@ -446,20 +449,20 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 		}
 		outcomes[run.Name] = o
 	}
+	// Every figure is in emulated time, the profile's, as lumen sim
+	// reports it: each run's clock readings are divided by the scale.
 	rule := servingstats.DefaultRecoveryRule(rate, prof.StepTime(batch, 0))
-	rule.Window = time.Duration(float64(rule.Window) * scale)
-	rule.TTFTSlack = time.Duration(float64(rule.TTFTSlack) * scale)
-	nominalFail := time.Duration(float64(tm.FailAt) * scale)
-	end := time.Duration(float64(tm.Duration) * scale)
+	nominalFail, end := tm.FailAt, tm.Duration
 	common := map[string]*recoverystudy.Figures{}
 	runs := map[string]*recoverystudy.Run{}
 	pageBytes := float64(prof.KVBytesPerToken() * engine.PageTokens)
 	for _, run := range tm.columns {
 		o := outcomes[run.Name]
-		f := runFigures(o, refs, time.Duration(float64(tm.Warmup)*scale), nominalFail)
+		o.toEmulatedTime(scale)
+		f := runFigures(o, refs, tm.Warmup, nominalFail)
 		f.CheckpointBytesSent = o.ckptPages * pageBytes
 		f.Series = timeSeries(o, time.Second)
-		f.ArrivalRatePerSec, f.SaturatedPerSec = rate, saturated
+		f.ArrivalRatePerSec, f.SaturatedPerSec, f.TimeScale = rate, saturated, scale
 		if run.Fail {
 			f.PlanMs = float64(o.planAt-o.failAt) / 1e6
 		}
@@ -467,6 +470,9 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 		runs[run.Name] = &recoverystudy.Run{Records: o.recs, Queue: o.queue, FailAt: o.failAt, End: end, Recoveries: o.recoveries()}
 	}
 	recoverystudy.FailureFigures(common, runs, rule)
+	if scale != 1 {
+		fmt.Printf("(every time below is emulated: the clock's / the time scale %g)\n", scale)
+	}
 	printRecoveryTable(os.Stdout, s, figs, rule)
 	return figs, nil
 }
@@ -499,6 +505,31 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 		f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
 	}
 	return f
+}
+
+// toEmulatedTime rescales a run's clock readings, taken at time scale
+// scale, to emulated time: at -time-scale 2 a TTFT of 300 ms on the clock
+// is 150 ms of the profile's, what lumen sim reports for the same
+// arrivals.
+func (o *runOutcome) toEmulatedTime(scale float64) {
+	if scale == 1 {
+		return
+	}
+	e := func(d time.Duration) time.Duration { return time.Duration(float64(d) / scale) }
+	for _, r := range o.recs {
+		if r == nil {
+			continue
+		}
+		r.Arrival = e(r.Arrival)
+		for i := range r.Chunks {
+			r.Chunks[i] = e(r.Chunks[i])
+		}
+	}
+	for i := range o.queue {
+		o.queue[i].At = e(o.queue[i].At)
+	}
+	o.failAt, o.planAt = e(o.failAt), e(o.planAt)
+	o.assistS /= scale
 }
 
 // markInterrupted marks the records of the requests the recovery plans
