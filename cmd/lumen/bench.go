@@ -88,7 +88,7 @@ func runBenchRecovery(args []string) error {
 	fs.StringVar(&cfg.DecodeContext, "decode-context", cfg.DecodeContext, "on: the workers' decode step grows with the context its rows read (docs/calibration.md); off: the profile's fitted line (named setups: their own unless given, on for w4, w8, w8_f4, off for the -mild ones)")
 	fs.StringVar(&cfg.TracePath, "trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) whose arrivals, rescaled in time to -load, replace the Poisson generator (as lumen sim -trace)")
 	fs.StringVar(&cfg.Detect, "detect", cfg.Detect, "the failure: fast (kill -9, detected on the fast path) or hang (SIGSTOP: detected by Serf, then killed and restarted) (named setups: their own unless given, fast for all of them)")
-	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "slow every emulated time, arrivals included, by this factor")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "slow every emulated time, arrivals included, by this factor (for a host too slow at 1; every figure is still reported in emulated time, as lumen sim reports it)")
 	fs.StringVar(&cfg.Dir, "dir", "", "keep logs and data here (default: a temporary directory, removed)")
 	fs.IntVar(&cfg.CheckpointReplicas, "checkpoint-replicas", 0, "copies of each request's checkpoint, each on a node of its own, none on the serving worker's (1 … 4; 0: one; fixed-checkpoint keeps one)")
 	fs.StringVar(&cfg.Columns, "columns", "", "comma-separated columns to run (default: all): stop-and-restart, recompute, fixed-checkpoint, lumen-no-spec, lumen, lumen-no-failure, no-checkpoint-no-failure")
