@@ -199,33 +199,67 @@ func TestRunFigures(t *testing.T) {
 
 // TestRunFiguresInEmulatedTime: a run at -time-scale 2 whose clock read
 // every time twice as late gives the figures of the same run at scale 1,
-// in emulated time as lumen sim reports them.
+// in emulated time as lumen sim reports them: times divided once, counts
+// untouched, and stop-and-restart's regenerations judged on the emulated
+// pauses (request d's pause after the kill starts within ResumeGrace in
+// emulated time, not on the clock).
 func TestRunFiguresInEmulatedTime(t *testing.T) {
 	outcome := func(k time.Duration) *runOutcome {
-		return &runOutcome{
+		o := &runOutcome{
 			recs: []*servingstats.Record{
 				{ID: "b", Arrival: k * 2 * time.Second, Chunks: []time.Duration{k * 2050 * time.Millisecond, k * 2060 * time.Millisecond, k * 2070 * time.Millisecond}, Tokens: 3},
 				{ID: "c", Arrival: k * 6 * time.Second, Chunks: []time.Duration{k * 6100 * time.Millisecond, k * 6110 * time.Millisecond, k * 8110 * time.Millisecond}, Tokens: 3},
+				{ID: "d", Arrival: k * 7800 * time.Millisecond, Chunks: []time.Duration{k * 8300 * time.Millisecond, k * 8450 * time.Millisecond, k * 9200 * time.Millisecond}, Tokens: 3},
 			},
-			texts:       []string{"y", "z"},
-			interrupted: map[string]bool{"c": true},
+			texts:       []string{"y", "z", "w"},
+			interrupted: map[string]bool{"c": true, "d": true},
 			queue:       []servingstats.Sample{{At: k * 7 * time.Second, Waiting: 3}},
 			failAt:      k * 8 * time.Second, planAt: k * 8010 * time.Millisecond,
 			assistS: float64(k) * 4,
+			// Counts, the same at any scale.
+			restored: 3, restoredReqs: 1, ckptPages: 10, recomputed: 5, emulated: 100, paced: 101,
+			draftTokens: 50, acceptedTokens: 25,
+			regenerated: 7, prompts: []int{10, 20, 100},
 		}
+		o.markInterrupted()
+		return o
 	}
 	slow, want := outcome(2), outcome(1)
 	slow.toEmulatedTime(2)
+	want.toEmulatedTime(1)
 	if !reflect.DeepEqual(slow, want) {
 		t.Fatalf("rescaled %+v\nwant %+v", slow, want)
 	}
-	for _, o := range []*runOutcome{slow, want} {
-		o.markInterrupted()
+	// c and d had streamed before their pauses ended: their prompts and
+	// the 7 tokens decoded again, on top of the workers' 5.
+	if want.recomputed != 5+7+20+100 {
+		t.Fatalf("recomputed %v, want %v", want.recomputed, 5+7+20+100)
 	}
-	got, ref := runFigures(slow, []string{"y", "z"}, time.Second, 5*time.Second), runFigures(want, []string{"y", "z"}, time.Second, 5*time.Second)
-	if got.TTFTMeanMs != 75 || got.TPOTMeanMs != ref.TPOTMeanMs || got.ResumeMeanMs != ref.ResumeMeanMs || got.ResumeMeanMs <= 0 {
+	slow.toEmulatedTime(2) // a second call changes nothing
+	if !reflect.DeepEqual(slow, want) {
+		t.Fatalf("converted twice: %+v\nwant %+v", slow, want)
+	}
+	refs := []string{"y", "z", "w"}
+	got, ref := runFigures(slow, refs, time.Second, 5*time.Second), runFigures(want, refs, time.Second, 5*time.Second)
+	if math.Abs(got.TTFTMeanMs-650.0/3) > 1e-9 || got.TPOTMeanMs != ref.TPOTMeanMs || got.ResumeMeanMs != ref.ResumeMeanMs || got.ResumeMeanMs <= 0 {
 		t.Fatalf("at scale 2: TTFT %v ms, TPOT %v, resume %v; at scale 1: %v, %v, %v",
 			got.TTFTMeanMs, got.TPOTMeanMs, got.ResumeMeanMs, ref.TTFTMeanMs, ref.TPOTMeanMs, ref.ResumeMeanMs)
+	}
+	if !reflect.DeepEqual(got, ref) {
+		t.Fatalf("figures at scale 2 %+v\nat scale 1 %+v", got, ref)
+	}
+}
+
+// TestColumnsNamedOnce: a column named twice in -columns is refused (its
+// second run would replace the first's figures), naming it.
+func TestColumnsNamedOnce(t *testing.T) {
+	cfg := RecoveryConfig{Columns: "lumen, lumen-no-spec,lumen"}
+	if _, err := cfg.columns(); err == nil || !strings.Contains(err.Error(), `"lumen" is named twice`) {
+		t.Fatalf("-columns lumen,lumen-no-spec,lumen: err %v", err)
+	}
+	cfg.Columns = "lumen,lumen-no-spec"
+	if cols, err := cfg.columns(); err != nil || len(cols) != 2 {
+		t.Fatalf("-columns lumen,lumen-no-spec: %v, %v", cols, err)
 	}
 }
 

@@ -130,10 +130,18 @@ func (cfg RecoveryConfig) columns() ([]recoverystudy.Column, error) {
 		return all, nil
 	}
 	var out []recoverystudy.Column
+	seen := map[string]bool{}
 	for _, name := range strings.Split(cfg.Columns, ",") {
+		name = strings.TrimSpace(name)
+		if seen[name] {
+			// Each column's run is kept by its name: a second run of it
+			// would replace the first's figures.
+			return nil, fmt.Errorf("-columns: %q is named twice", name)
+		}
+		seen[name] = true
 		found := false
 		for _, c := range all {
-			if c.Name == strings.TrimSpace(name) {
+			if c.Name == name {
 				out, found = append(out, c), true
 			}
 		}
@@ -260,6 +268,13 @@ type runOutcome struct {
 	restoredReqs, ckptPages float64
 	emulated                float64
 	paced                   float64
+	// regenerated is, under a strategy that regenerates, the gateway's
+	// count of output tokens decoded again; prompts every request's
+	// prompt length (nil otherwise): toEmulatedTime adds what the
+	// regenerations recomputed to recomputed.
+	regenerated float64
+	prompts     []int
+	emulatedAt  bool // toEmulatedTime has run: it runs once
 }
 
 // recoveryFigures are a column's figures: the comparison's
@@ -427,8 +442,13 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 	if tm.cond.hang {
 		how = "SIGSTOP: the failed workers hang until Serf detects them, then are killed and restart"
 	}
-	fmt.Printf("   %s and reload (%s) for %s, as the profile says; decode steps %s\n", how, tm.cond.reload,
-		time.Duration(float64(reloaded.LoadTime())*tm.ReloadScale*scale).Round(100*time.Millisecond),
+	reload := time.Duration(float64(reloaded.LoadTime()) * tm.ReloadScale)
+	onClock := ""
+	if scale != 1 {
+		onClock = fmt.Sprintf(" (%s on the clock at time scale %g)", time.Duration(float64(reload)*scale).Round(100*time.Millisecond), scale)
+	}
+	fmt.Printf("   %s and reload (%s) for %s%s, as the profile says; decode steps %s\n", how, tm.cond.reload,
+		reload.Round(100*time.Millisecond), onClock,
 		map[bool]string{false: "on the fitted line", true: "grow with the context read"}[tm.cond.decodeContext])
 
 	// The failure-free reference of every output: the synthetic engine
@@ -512,6 +532,15 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 // is 150 ms of the profile's, what lumen sim reports for the same
 // arrivals.
 func (o *runOutcome) toEmulatedTime(scale float64) {
+	if o.emulatedAt {
+		return // once only, however often asked
+	}
+	o.emulatedAt = true
+	defer func() {
+		if o.prompts != nil {
+			o.recomputed += regenerationRecomputed(o.recs, o.prompts, o.failAt, o.regenerated)
+		}
+	}()
 	if scale == 1 {
 		return
 	}
@@ -912,16 +941,17 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 	if run.Strategy.Regenerates() {
 		// The workers count only what a resumed call prefills beyond its
 		// checkpoint: a stop-and-restart call carries the prompt alone, a
-		// new request to them. Its recompute is the gateway's.
+		// new request to them. Its recompute is the gateway's, added by
+		// toEmulatedTime (which requests had streamed is read off their
+		// pauses, whose grace is emulated time).
 		regenerated, err := devcluster.ScrapeMetric(ctx, "http://"+gw.Addr+"/metrics", regeneratedMetric)
 		if err != nil {
 			fmt.Printf("   %v\n", err)
 		}
-		prompts := make([]int, len(reqs))
+		o.regenerated, o.prompts = regenerated, make([]int, len(reqs))
 		for i, r := range reqs {
-			prompts[i] = r.PromptLen()
+			o.prompts[i] = r.PromptLen()
 		}
-		o.recomputed += regenerationRecomputed(o.recs, prompts, o.failAt, regenerated)
 	}
 	if run.Fail && !killed.Load() {
 		return nil, errors.New("the failure was never injected")

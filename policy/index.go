@@ -20,9 +20,11 @@ func holderScore(w *Worker, lambda float64) float64 {
 // HolderIndex answers h(r) without scanning every worker: a segment tree over
 // the workers (in the order of the []Worker it mirrors) in which every node
 // keeps the lowest score and the most free checkpoint bytes of the leaves
-// below it. Pick walks the tree left to right, skipping every subtree that
-// cannot hold the footprint or cannot beat the best score found, so with
-// budgets to spare it visits O(log n) nodes; updates are O(log n).
+// below it. Pick walks the tree best first — the child with the lower score
+// first, the left one on a tie — skipping every subtree that cannot hold the
+// footprint or cannot beat the best found (a subtree that only ties it is
+// entered only if it starts to its left), so with budgets to spare it visits
+// O(log n) nodes; updates are O(log n).
 //
 // Whoever changes a worker's eligibility, q_w, budget or reservations calls
 // Update for it, and Rebuild after inserting a worker or changing lambda.
