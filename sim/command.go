@@ -120,7 +120,12 @@ func RunStudies(o Options) (map[string]map[string]*Figures, error) {
 			return nil, fmt.Errorf("%s: %w", o.TracePath, err)
 		}
 	}
-	meter := newMeter(o.Log, "sim", float64(len(o.Setups)*len(Columns)))
+	// The meter counts the columns that run: every one, or -columns'.
+	cols, err := (&Study{Only: o.Columns}).columns()
+	if err != nil {
+		return nil, err
+	}
+	meter := newMeter(o.Log, "sim", float64(len(o.Setups)*len(cols)))
 	defer meter.Finish("")
 	for _, s := range o.Setups {
 		tm := s.Timeline(o.Quick)
