@@ -144,7 +144,7 @@ func TestRecoveryFiguresJSONKeys(t *testing.T) {
 		"affected_ttft_p99_ms", "arrival_rate_per_s", "checkpoint_bytes_sent", "cluster_recovery_s", "common_affected_requests", "common_affected_tpot_mean_ms",
 		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "failed_requests", "interrupted",
 		"interrupted_recovery_mean_s", "interrupted_recovery_p99_s", "pacing_overrun_pct", "pages_reused", "plan_ms",
-		"pre_failure_ttft_mean_ms", "recovered", "recovery_s", "requests", "restored_fraction", "resume_mean_ms", "resume_p99_ms",
+		"pre_failure_ttft_mean_ms", "preemptions", "recovered", "recovery_s", "requests", "restored_fraction", "resume_mean_ms", "resume_p99_ms",
 		"saturated_rate_per_s", "time_scale", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("keys %v\nwant %v", got, want)
@@ -217,7 +217,7 @@ func TestRunFiguresInEmulatedTime(t *testing.T) {
 			failAt:      k * 8 * time.Second, planAt: k * 8010 * time.Millisecond,
 			assistS: float64(k) * 4,
 			// Counts, the same at any scale.
-			restored: 3, restoredReqs: 1, ckptPages: 10, recomputed: 5, emulated: 100, paced: 101,
+			restored: 3, restoredReqs: 1, ckptPages: 10, recomputed: 5, emulated: 100, paced: 101, preemptions: 4,
 			draftTokens: 50, acceptedTokens: 25,
 			regenerated: 7, prompts: []int{10, 20, 100},
 		}

@@ -266,8 +266,10 @@ type runOutcome struct {
 	// restoredReqs and ckptPages: the workers' restored requests and
 	// checkpoint pages sent.
 	restoredReqs, ckptPages float64
-	emulated                float64
-	paced                   float64
+	// preemptions: the workers' preemptions (vLLM's num_preemptions).
+	preemptions float64
+	emulated    float64
+	paced       float64
 	// regenerated is, under a strategy that regenerates, the gateway's
 	// count of output tokens decoded again; prompts every request's
 	// prompt length (nil otherwise): toEmulatedTime adds what the
@@ -301,6 +303,10 @@ type recoveryFigures struct {
 	// restart with it, so what it sent before the kill is not counted.
 	RestoredFraction    float64 `json:"restored_fraction"`
 	CheckpointBytesSent float64 `json:"checkpoint_bytes_sent"`
+	// Preemptions are the workers' (lumen_worker_num_preemptions_total,
+	// lumen sim's key): requests put back to wait, their KV dropped, to
+	// make room. From the workers alive at the end, as above.
+	Preemptions float64 `json:"preemptions"`
 	// Progressive recovery (the lumen column): drafts verified and
 	// accepted at the assisted workers, their ratio, the drafters' seconds
 	// of assist (summed).
@@ -518,6 +524,7 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 		f.RestoredFraction = min(1, o.restoredReqs/float64(f.Interrupted))
 	}
 	f.DraftTokens, f.AcceptedTokens, f.AssistS = o.draftTokens, o.acceptedTokens, o.assistS
+	f.Preemptions = o.preemptions
 	if o.draftTokens > 0 {
 		f.AcceptRate = o.acceptedTokens / o.draftTokens
 	}
@@ -927,7 +934,7 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			{&o.restoredReqs, "lumen_worker_restored_requests_total"}, {&o.ckptPages, "lumen_worker_checkpoint_pages_sent_total"},
 			{&o.emulated, "lumen_worker_emulated_seconds_total"}, {&o.paced, "lumen_worker_paced_seconds_total"},
 			{&o.draftTokens, "lumen_worker_spec_draft_tokens_total"}, {&o.acceptedTokens, "lumen_worker_spec_accepted_tokens_total"},
-			{&o.assistS, "lumen_worker_assist_seconds_total"}} {
+			{&o.assistS, "lumen_worker_assist_seconds_total"}, {&o.preemptions, "lumen_worker_num_preemptions_total"}} {
 			v, err := w.Metric(ctx, m.name)
 			if err != nil {
 				// Counted as nothing, and said so: the figures of this
@@ -1081,6 +1088,7 @@ func printRecoveryTable(w io.Writer, s recoverystudy.Setup, figs map[string]*rec
 		{Name: "assist (s)", Cell: func(c string) string { return f1(figs[c].AssistS) }},
 		{Name: "restored fraction", Cell: func(c string) string { return fmt.Sprintf("%.3f", figs[c].RestoredFraction) }},
 		{Name: "checkpoint GB sent", Cell: func(c string) string { return fmt.Sprintf("%.1f", figs[c].CheckpointBytesSent/1e9) }},
+		{Name: "preemptions", Cell: func(c string) string { return fmt.Sprintf("%.0f", figs[c].Preemptions) }},
 	}}
 	for name, f := range figs {
 		t.Figures[name] = &f.Figures
