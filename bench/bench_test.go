@@ -219,14 +219,15 @@ func TestRunFiguresInEmulatedTime(t *testing.T) {
 			// Counts, the same at any scale.
 			restored: 3, restoredReqs: 1, ckptPages: 10, recomputed: 5, emulated: 100, paced: 101, preemptions: 4,
 			draftTokens: 50, acceptedTokens: 25,
-			regenerated: 7, prompts: []int{10, 20, 100},
+			regenerates: true, regenerated: 7,
 		}
 		o.markInterrupted()
 		return o
 	}
+	prompts := []int{10, 20, 100}
 	slow, want := outcome(2), outcome(1)
-	slow.toEmulatedTime(2)
-	want.toEmulatedTime(1)
+	slow.finish(2, prompts)
+	want.finish(1, prompts)
 	if !reflect.DeepEqual(slow, want) {
 		t.Fatalf("rescaled %+v\nwant %+v", slow, want)
 	}
@@ -234,10 +235,6 @@ func TestRunFiguresInEmulatedTime(t *testing.T) {
 	// the 7 tokens decoded again, on top of the workers' 5.
 	if want.recomputed != 5+7+20+100 {
 		t.Fatalf("recomputed %v, want %v", want.recomputed, 5+7+20+100)
-	}
-	slow.toEmulatedTime(2) // a second call changes nothing
-	if !reflect.DeepEqual(slow, want) {
-		t.Fatalf("converted twice: %+v\nwant %+v", slow, want)
 	}
 	refs := []string{"y", "z", "w"}
 	got, ref := runFigures(slow, refs, time.Second, 5*time.Second), runFigures(want, refs, time.Second, 5*time.Second)

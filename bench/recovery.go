@@ -270,13 +270,11 @@ type runOutcome struct {
 	preemptions float64
 	emulated    float64
 	paced       float64
-	// regenerated is, under a strategy that regenerates, the gateway's
-	// count of output tokens decoded again; prompts every request's
-	// prompt length (nil otherwise): toEmulatedTime adds what the
-	// regenerations recomputed to recomputed.
+	// regenerates: the strategy regenerates (stop-and-restart), and
+	// regenerated is the gateway's count of the output tokens decoded
+	// again; finish adds what the regenerations recomputed.
+	regenerates bool
 	regenerated float64
-	prompts     []int
-	emulatedAt  bool // toEmulatedTime has run: it runs once
 }
 
 // recoveryFigures are a column's figures: the comparison's
@@ -482,9 +480,13 @@ func benchSetup(s recoverystudy.Setup, tm benchTiming, seed uint64, busy, scale 
 	common := map[string]*recoverystudy.Figures{}
 	runs := map[string]*recoverystudy.Run{}
 	pageBytes := float64(prof.KVBytesPerToken() * engine.PageTokens)
+	prompts := make([]int, len(reqs))
+	for i, r := range reqs {
+		prompts[i] = r.PromptLen()
+	}
 	for _, run := range tm.columns {
 		o := outcomes[run.Name]
-		o.toEmulatedTime(scale)
+		o.finish(scale, prompts)
 		f := runFigures(o, refs, tm.Warmup, nominalFail)
 		f.CheckpointBytesSent = o.ckptPages * pageBytes
 		f.Series = timeSeries(o, time.Second)
@@ -534,20 +536,24 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 	return f
 }
 
+// finish readies a run's outcome for its figures: its clock readings in
+// emulated time (toEmulatedTime), then, under a strategy that
+// regenerates, what the regenerations recomputed added to recomputed.
+// Which requests had streamed is read off their pauses, whose grace
+// (servingstats.ResumeGrace) is emulated time: hence after the
+// conversion. prompts are every request's prompt length.
+func (o *runOutcome) finish(scale float64, prompts []int) {
+	o.toEmulatedTime(scale)
+	if o.regenerates {
+		o.recomputed += regenerationRecomputed(o.recs, prompts, o.failAt, o.regenerated)
+	}
+}
+
 // toEmulatedTime rescales a run's clock readings, taken at time scale
 // scale, to emulated time: at -time-scale 2 a TTFT of 300 ms on the clock
 // is 150 ms of the profile's, what lumen sim reports for the same
 // arrivals.
 func (o *runOutcome) toEmulatedTime(scale float64) {
-	if o.emulatedAt {
-		return // once only, however often asked
-	}
-	o.emulatedAt = true
-	defer func() {
-		if o.prompts != nil {
-			o.recomputed += regenerationRecomputed(o.recs, o.prompts, o.failAt, o.regenerated)
-		}
-	}()
 	if scale == 1 {
 		return
 	}
@@ -949,16 +955,12 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 		// The workers count only what a resumed call prefills beyond its
 		// checkpoint: a stop-and-restart call carries the prompt alone, a
 		// new request to them. Its recompute is the gateway's, added by
-		// toEmulatedTime (which requests had streamed is read off their
-		// pauses, whose grace is emulated time).
+		// finish.
 		regenerated, err := devcluster.ScrapeMetric(ctx, "http://"+gw.Addr+"/metrics", regeneratedMetric)
 		if err != nil {
 			fmt.Printf("   %v\n", err)
 		}
-		o.regenerated, o.prompts = regenerated, make([]int, len(reqs))
-		for i, r := range reqs {
-			o.prompts[i] = r.PromptLen()
-		}
+		o.regenerates, o.regenerated = true, regenerated
 	}
 	if run.Fail && !killed.Load() {
 		return nil, errors.New("the failure was never injected")

@@ -20,8 +20,9 @@ import (
 // copies. Each op is one such entry: the 8 recovery plans of the node's
 // requests (512 under load=steady, below) and the drop of every copy the
 // node held. Between ops, untimed, the node's workers register new
-// incarnations, and the next op fails the next node. It reports the p50 and p99 of the entries' wall time
-// (issue 24's goal: p99 ≤ 10 ms), and of the CPU time of the thread that
+// incarnations, and the next op fails the next node. It reports the p50
+// and p99 of the entries' wall time (issue 24's goal: p99 ≤ 10 ms), and
+// of the CPU time of the thread that
 // applied them (CLOCK_THREAD_CPUTIME_ID, the goroutine locked to it; the
 // RUSAGE_THREAD of before counted in scheduler ticks, 0 for half the
 // entries): on a shared machine the wall time counts every other
