@@ -142,7 +142,7 @@ func TestRecoveryFiguresJSONKeys(t *testing.T) {
 	sort.Strings(got)
 	want := []string{"affected_from_s", "affected_requests", "affected_to_s", "affected_tpot_mean_ms", "affected_ttft_mean_ms",
 		"affected_ttft_p99_ms", "arrival_rate_per_s", "checkpoint_bytes_sent", "cluster_recovery_s", "common_affected_requests", "common_affected_tpot_mean_ms",
-		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "failed_requests", "interrupted",
+		"common_affected_ttft_mean_ms", "common_affected_ttft_p99_ms", "failed_requests", "host_gap_pct", "interrupted",
 		"interrupted_recovery_mean_s", "interrupted_recovery_p99_s", "pacing_overrun_pct", "pages_reused", "plan_ms",
 		"pre_failure_ttft_mean_ms", "preemptions", "recovered", "recovery_s", "requests", "restored_fraction", "resume_mean_ms", "resume_p99_ms",
 		"saturated_rate_per_s", "time_scale", "tokens_recomputed", "tpot_mean_ms", "ttft_mean_ms", "ttft_p99_ms", "wrong_outputs"}
@@ -176,7 +176,7 @@ func TestRunFigures(t *testing.T) {
 		texts:       []string{"x", "y", "wrong", ""},
 		interrupted: map[string]bool{"c": true, "d": true},
 		failAt:      8 * time.Second,
-		restored:    12, recomputed: 34, emulated: 10, paced: 11,
+		restored:    12, recomputed: 34, emulated: 10, paced: 11, stepGap: 0.55,
 	}
 	o.markInterrupted()
 	if !o.recs[2].Interrupted || !o.recs[3].Interrupted || o.recs[0].Interrupted || o.recs[1].Interrupted {
@@ -189,8 +189,8 @@ func TestRunFigures(t *testing.T) {
 	if f.TTFTMeanMs != 75 || f.PreFailureTTFTMs != 50 {
 		t.Fatalf("TTFT mean %v, before the failure %v", f.TTFTMeanMs, f.PreFailureTTFTMs)
 	}
-	if f.PagesReused != 12 || f.TokensRecomputed != 34 || math.Abs(f.PacingOverrunPct-10) > 1e-9 {
-		t.Fatalf("pages %v, tokens %v, overrun %v", f.PagesReused, f.TokensRecomputed, f.PacingOverrunPct)
+	if f.PagesReused != 12 || f.TokensRecomputed != 34 || math.Abs(f.PacingOverrunPct-10) > 1e-9 || math.Abs(f.HostGapPct-5) > 1e-9 {
+		t.Fatalf("pages %v, tokens %v, overrun %v, host gap %v", f.PagesReused, f.TokensRecomputed, f.PacingOverrunPct, f.HostGapPct)
 	}
 	if f.ResumeMeanMs <= 0 {
 		t.Fatalf("the interrupted request's resume was not timed: %+v", f)
@@ -217,7 +217,7 @@ func TestRunFiguresInEmulatedTime(t *testing.T) {
 			failAt:      k * 8 * time.Second, planAt: k * 8010 * time.Millisecond,
 			assistS: float64(k) * 4,
 			// Counts, the same at any scale.
-			restored: 3, restoredReqs: 1, ckptPages: 10, recomputed: 5, emulated: 100, paced: 101, preemptions: 4,
+			restored: 3, restoredReqs: 1, ckptPages: 10, recomputed: 5, emulated: 100, paced: 101, preemptions: 4, stepGap: 5,
 			draftTokens: 50, acceptedTokens: 25,
 			regenerates: true, regenerated: 7,
 		}

@@ -270,6 +270,9 @@ type runOutcome struct {
 	preemptions float64
 	emulated    float64
 	paced       float64
+	// stepGap: the workers' host time between consecutive steps
+	// (lumen_worker_step_gap_seconds_total), on the clock like paced.
+	stepGap float64
 	// regenerates: the strategy regenerates (stop-and-restart), and
 	// regenerated is the gateway's count of the output tokens decoded
 	// again; finish adds what the regenerations recomputed.
@@ -287,6 +290,13 @@ type recoveryFigures struct {
 	// engines' steps ran than the profile's.
 	WrongOutputs     int     `json:"wrong_outputs"`
 	PacingOverrunPct float64 `json:"pacing_overrun_pct"`
+	// HostGapPct is the workers' host time between consecutive engine
+	// steps while requests ran or waited, as a percentage of the engines'
+	// paced time: what the real processes add to every step period on
+	// top of the profile's step (the simulator adds nothing; a profile's
+	// step time is an engine's whole step period, its scheduling
+	// included). From the workers alive at the end, as below.
+	HostGapPct float64 `json:"host_gap_pct"`
 	// TimeScale is the run's -time-scale: its clock ran this much slower
 	// than the emulated time every figure is in.
 	TimeScale float64 `json:"time_scale"`
@@ -532,6 +542,9 @@ func runFigures(o *runOutcome, refs []string, warmup, nominalFail time.Duration)
 	}
 	if o.emulated > 0 {
 		f.PacingOverrunPct = 100 * (o.paced/o.emulated - 1)
+	}
+	if o.paced > 0 {
+		f.HostGapPct = 100 * o.stepGap / o.paced
 	}
 	return f
 }
@@ -940,7 +953,8 @@ func benchRun(s recoverystudy.Setup, run recoverystudy.Column, tm benchTiming, s
 			{&o.restoredReqs, "lumen_worker_restored_requests_total"}, {&o.ckptPages, "lumen_worker_checkpoint_pages_sent_total"},
 			{&o.emulated, "lumen_worker_emulated_seconds_total"}, {&o.paced, "lumen_worker_paced_seconds_total"},
 			{&o.draftTokens, "lumen_worker_spec_draft_tokens_total"}, {&o.acceptedTokens, "lumen_worker_spec_accepted_tokens_total"},
-			{&o.assistS, "lumen_worker_assist_seconds_total"}, {&o.preemptions, "lumen_worker_num_preemptions_total"}} {
+			{&o.assistS, "lumen_worker_assist_seconds_total"}, {&o.preemptions, "lumen_worker_num_preemptions_total"},
+			{&o.stepGap, "lumen_worker_step_gap_seconds_total"}} {
 			v, err := w.Metric(ctx, m.name)
 			if err != nil {
 				// Counted as nothing, and said so: the figures of this
@@ -1034,7 +1048,8 @@ func calibrate(s recoverystudy.Setup, tm benchTiming, scale float64, seed uint64
 	}
 	perWallSec := float64(tokens) / (wall / 2).Seconds()
 	if o.emulated > 0 {
-		fmt.Printf("   %.0f tokens/s delivered; engine steps ran %.1f%% over the profile's times\n", perWallSec, 100*(o.paced/o.emulated-1))
+		fmt.Printf("   %.0f tokens/s delivered; engine steps ran %.1f%% over the profile's times, and the hosts took %.1f%% more between them\n",
+			perWallSec, 100*(o.paced/o.emulated-1), 100*o.stepGap/o.paced)
 	}
 	return perWallSec * scale / workload.AzureConversation.Output.Mean(), nil
 }
@@ -1084,6 +1099,7 @@ func printRecoveryTable(w io.Writer, s recoverystudy.Setup, figs map[string]*rec
 	t := recoverystudy.Table{Setup: s, Figures: map[string]*recoverystudy.Figures{}, Rule: rule, Rows: []recoverystudy.Row{
 		{Name: "outputs != reference", Cell: func(c string) string { return fmt.Sprint(figs[c].WrongOutputs) }},
 		{Name: "pacing overrun (%)", Cell: func(c string) string { return f1(figs[c].PacingOverrunPct) }},
+		{Name: "host gap between steps (%)", Cell: func(c string) string { return f1(figs[c].HostGapPct) }},
 		{Name: "drafts accepted/verified", Cell: func(c string) string {
 			return fmt.Sprintf("%.0f/%.0f", figs[c].AcceptedTokens, figs[c].DraftTokens)
 		}},

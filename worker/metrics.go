@@ -28,6 +28,9 @@ type metrics struct {
 	// stepOutOfPages: steps the engine refused for want of KV pages the
 	// core had counted as free (0 while the two agree).
 	stepOutOfPages prometheus.Counter
+	// stepGap: the host's time between consecutive engine steps while
+	// requests were running or waiting (scheduler.step).
+	stepGap prometheus.Counter
 	// The prefix cache (Config.PrefixCache): history tokens of the
 	// requests admitted with an empty cache, and how many the cache held.
 	cacheQueries, cacheHits prometheus.Counter
@@ -206,6 +209,11 @@ func newMetrics(model string) *metrics {
 		Help: "Engine steps refused for want of KV pages the scheduler had counted as free (a request is preempted and the step rebuilt; " +
 			"0 while the scheduler's page accounting matches the engine's)."})
 	m.reg.MustRegister(m.stepOutOfPages)
+	m.stepGap = prometheus.NewCounter(prometheus.CounterOpts{Name: "lumen_worker_step_gap_seconds_total",
+		Help: "The host's time between one engine step's end and the next one's start while requests were running or waiting " +
+			"(committing and streaming the tokens, the checkpoint pages, the next batch's scheduling; KV imports not counted): " +
+			"time the GPU waits for the host. Set against lumen_worker_paced_seconds_total or the step histogram's sum."})
+	m.reg.MustRegister(m.stepGap)
 	m.preemptionLoss = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lumen_worker_preemption_loss_seconds",
 		Help: "Per preemption (the request's KV cache dropped, recomputed later), the time until its cache holds again what it held: " +
 			"the wait for its re-prefill plus the recompute (Llumnix's preemption loss).",

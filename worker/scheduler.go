@@ -121,6 +121,10 @@ type scheduler struct {
 	// the cache off.
 	holders *prefixHolders
 
+	// stepEnd is when the last engine step returned, zero once the loop
+	// waited for work since (lumen_worker_step_gap_seconds_total).
+	stepEnd time.Time
+
 	// stats is read by the load reporter.
 	statsMu sync.Mutex // guards stats
 	stats   schedStats
@@ -175,6 +179,7 @@ func (s *scheduler) run() {
 			// that requests stopped for their migration's commit or
 			// migrations in hold; a call, a cancel or the expiry frees
 			// them.
+			s.stepEnd = time.Time{} // waiting for work is not the host's step time
 			var expiry <-chan time.Time
 			var timer *time.Timer
 			if at, ok := s.core.NextExpiry(); ok {
@@ -351,11 +356,19 @@ func (s *scheduler) step(ctx context.Context) {
 		if len(st.Batch) == 0 {
 			return
 		}
+		imp := time.Now()
 		if !s.restore(st) {
 			continue
 		}
 		start := time.Now()
+		if !s.stepEnd.IsZero() {
+			// The host's time since the last step (its tokens, the
+			// checkpoint pages, this batch), less the KV imports, which
+			// are the engine's (paced as such).
+			s.w.metrics.stepGap.Add(max(imp.Sub(s.stepEnd), 0).Seconds())
+		}
 		out, err := s.eng.Forward(ctx, st.Batch)
+		s.stepEnd = time.Now()
 		if err != nil {
 			if errors.Is(err, engine.ErrOutOfPages) {
 				s.w.metrics.stepOutOfPages.Inc()
@@ -367,7 +380,7 @@ func (s *scheduler) step(ctx context.Context) {
 			}
 			return
 		}
-		s.w.metrics.stepSeconds.Observe(time.Since(start).Seconds())
+		s.w.metrics.stepSeconds.Observe(s.stepEnd.Sub(start).Seconds())
 		s.w.metrics.batchRows.Observe(float64(rows(st.Batch)))
 		s.core.Done(time.Now(), out)
 		s.apply()
