@@ -210,6 +210,9 @@ type Command struct {
 	// DecodeContext is "on" or "off": the context-dependent decode step
 	// (Timing.DecodeContext).
 	DecodeContext string
+	// StepScale: every engine step this many times the profile's
+	// (Timing.StepScale; 1: the profile's).
+	StepScale float64
 	// Preemption is the workers' rule for a running request short of a
 	// KV page: wait or vllm (core.ParsePreemption).
 	Preemption string
@@ -301,7 +304,7 @@ type Command struct {
 // DefaultCommand is `lumen sim` without flags.
 func DefaultCommand() Command {
 	return Command{Cells: 1, Profile: "qwen3-14b-h100", Fail: 1, MaxRunning: 32, Budget: 80e9, Seed: 1, Seeds: 1, Load: 0.7,
-		Detect: "fast", Reload: "warm", DecodeContext: "off", Preemption: "wait", LoadReports: "events", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
+		Detect: "fast", Reload: "warm", DecodeContext: "off", StepScale: 1, Preemption: "wait", LoadReports: "events", ApplyTiming: true, GatewayChoice: ChoosePartitionFill.String(), GatewayBias: DefaultGatewayBias,
 		Migration: "off", CV: 4, Arrivals: "poisson", MigrationPlan: MigrateAsPlanned.String(), Requests: 10000, Rates: "llumnix", PrefixRouting: "off", CheckpointReplicas: 1, Domains: "aware", SpecAlpha: core.PriorAcceptance, Given: map[string]bool{}, Out: os.Stdout, Errs: os.Stderr}
 }
 
@@ -676,6 +679,12 @@ func (c *Command) timing() (Timing, error) {
 		t.LoadRule = loadreport.PeriodicRule(t.LoadInterval)
 	default:
 		return t, fmt.Errorf("-load-reports %q: events or periodic", c.LoadReports)
+	}
+	if c.StepScale != 0 && c.StepScale != 1 {
+		if c.StepScale < 0.5 || c.StepScale > 2 {
+			return t, fmt.Errorf("-step-scale %g: from 0.5 to 2 (1: the profile's step times)", c.StepScale)
+		}
+		t.StepScale = c.StepScale
 	}
 	if c.MaxRunning < 1 || c.TokenBudget < 0 {
 		return t, fmt.Errorf("-max-running %d must be >= 1 and -token-budget %d >= 0 (0: 2048)", c.MaxRunning, c.TokenBudget)

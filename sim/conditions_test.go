@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,50 @@ func TestDecodeContextInSim(t *testing.T) {
 	}
 }
 
+// TestStepScaleInSim: Timing.StepScale (lumen sim -step-scale) makes every
+// step that many times the profile's: a request alone decodes at that many
+// times the TPOT, and its prefill is as much longer.
+func TestStepScaleInSim(t *testing.T) {
+	run := func(f float64) (ttft, tpot time.Duration) {
+		p := make([]int32, 3000)
+		for j := range p {
+			p[j] = int32(32 + j%95)
+		}
+		cfg := smallConfig(t, 1, policy.Lumen, 1, 1, time.Second)
+		cfg.Arrivals = []workload.Request{{Prompt: p, Output: 64}}
+		cfg.Timing.DecodeContext, cfg.Timing.StepScale = true, f
+		res, err := Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := res.Records[0]
+		first, ok1 := r.TTFT()
+		d, ok2 := r.TPOT()
+		if !ok1 || !ok2 {
+			t.Fatalf("no TTFT or TPOT: %+v", r)
+		}
+		return first, d
+	}
+	ttft, tpot := run(0)
+	for _, f := range []float64{1, 1.03, 1.5} {
+		gotTTFT, gotTPOT := run(f)
+		t.Logf("×%g: TTFT %v (%v), TPOT %v (%v)", f, gotTTFT, ttft, gotTPOT, tpot)
+		if r := float64(gotTPOT) / float64(tpot); math.Abs(r-f) > 1e-4 {
+			t.Errorf("StepScale %g: TPOT %v, %.5f× the profile's %v", f, gotTPOT, r, tpot)
+		}
+		// The prefill's steps scale; the dispatch's commit does not.
+		commit := DefaultTiming().CommitDelay
+		if r := float64(gotTTFT-commit) / float64(ttft-commit); math.Abs(r-f) > 1e-3 {
+			t.Errorf("StepScale %g: TTFT %v, the prefill %.4f× the profile's (%v)", f, gotTTFT, r, ttft)
+		}
+	}
+	bad := smallConfig(t, 1, policy.Lumen, 1, 1, time.Second)
+	bad.Timing.StepScale = 3
+	if _, err := New(bad); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "StepScale") {
+		t.Fatalf("StepScale 3: %v, want ErrInvalid naming StepScale", err)
+	}
+}
+
 // A profile without a memory bandwidth cannot take the context's cost.
 func TestDecodeContextNeedsBandwidth(t *testing.T) {
 	cfg := smallConfig(t, 1, policy.Lumen, 2, 4, 2*time.Second)
@@ -288,6 +333,7 @@ func TestCommandConditions(t *testing.T) {
 		func(c *Command) { c.Detect = "later" },
 		func(c *Command) { c.Reload = "lukewarm" },
 		func(c *Command) { c.DecodeContext = "yes" },
+		func(c *Command) { c.StepScale = 2.5 },
 		func(c *Command) { c.MaxRunning = 0 },
 		func(c *Command) { c.TokenBudget = -1 },
 		func(c *Command) { c.Figure, c.TokenBudget, c.Given["token-budget"] = "load", 4096, true },

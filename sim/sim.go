@@ -190,6 +190,11 @@ type Timing struct {
 	// (engine.Profile.DecodeContext): every row costs the KV read of its
 	// own context. Off, the profile's fitted line, whatever the lengths.
 	DecodeContext bool
+	// StepScale makes every engine step this many times the profile's
+	// (engine.Profile.Slowed; 0 or 1: the profile's own), the calibration's
+	// as well as the columns': with the saturated rate given, the same
+	// arrivals served a few percent slower (lumen sim -step-scale).
+	StepScale float64
 	// Hang makes a failure a hang (SIGSTOP) instead of a kill: the
 	// process's connections stay open, so its streams break and calls to
 	// it fail only when MarkFailed moves its requests (the gateway's event
@@ -359,6 +364,9 @@ func (c *Config) Validate() error {
 	}
 	if t.LinkLatency < 0 {
 		errs = append(errs, fmt.Errorf("Timing: LinkLatency (%s) must be >= 0", t.LinkLatency))
+	}
+	if t.StepScale < 0 || t.StepScale > 0 && (t.StepScale < 0.5 || t.StepScale > 2) {
+		errs = append(errs, fmt.Errorf("Timing: StepScale (%g) must be 0 (the profile's steps) or from 0.5 to 2", t.StepScale))
 	}
 	if c.Migration && (t.MigrationInterval <= 0 || t.MigrationTimeout < t.MigrationInterval || t.InterconnectBytesPerSec <= 0) {
 		errs = append(errs, fmt.Errorf("Timing: with Migration, MigrationInterval (%s) must be positive, MigrationTimeout (%s) at least it, and InterconnectBytesPerSec (%g) positive",
@@ -676,6 +684,9 @@ func New(cfg Config) (*Sim, error) {
 	cfg.Profile = prof
 	if cfg.Timing.DecodeContext {
 		cfg.Profile.DecodeContext = true
+	}
+	if f := cfg.Timing.StepScale; f > 0 && f != 1 {
+		cfg.Profile = cfg.Profile.Slowed(f)
 	}
 	s := &Sim{cfg: cfg, fsm: fsm.New(), byID: map[string]*simRequest{}, byWorker: map[string]*simWorker{}, firstFail: -1,
 		replicaOf: map[string]callCopies{},

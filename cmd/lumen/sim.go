@@ -52,6 +52,7 @@ func runSim(args []string) error {
 	fs.StringVar(&c.Preemption, "preemption", c.Preemption, "a running request short of a KV page: wait (it sits the step out, its cache kept; lumen's) or vllm (it preempts the newest running request, by recompute, as vLLM's scheduler does)")
 	fs.BoolVar(&c.Stress, "stress", false, "with -figure or -workers: run at the headline setups' stress (batch cap 256, -decode-context on, -reload cold, -load 0.9, 360 s with the failure at 60 s; docs/calibration.md); the flags given override each")
 	fs.StringVar(&c.DecodeContext, "decode-context", c.DecodeContext, "on: a decode step grows with the context its rows read (weights + each row's KV over the HBM bandwidth, docs/calibration.md); off: the profiles' fitted line, whatever the lengths")
+	fs.Float64Var(&c.StepScale, "step-scale", c.StepScale, "every engine step this many times the profile's (0.5 to 2), the calibration's too: with -saturated, the same arrivals served a few percent slower (what the real processes' host time between steps does, docs/benchmarks.md)")
 	fs.BoolVar(&c.ApplyTiming, "apply-timing", c.ApplyTiming, "time fsm.Apply on the wall clock (apply_*_p99_ms); false makes the JSON byte-identical for a seed")
 	fs.StringVar(&c.JSONPath, "json", "", "write setup → column → figures as JSON (with -figure: the figure's points)")
 	fs.StringVar(&c.TracePath, "trace", "", "a CSV trace in the Azure LLM inference 2023 format (TIMESTAMP, ContextTokens, GeneratedTokens) instead of the generator; rescaled in time to -load")

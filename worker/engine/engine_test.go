@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -233,5 +234,31 @@ func TestPacedCarriesOverrun(t *testing.T) {
 	}
 	if len(waits) != 2 || waits[0] < step-time.Millisecond || waits[1] > waits[0]-time.Millisecond {
 		t.Fatalf("waits %v for %s steps: the second did not make up the first's overrun", waits, step)
+	}
+}
+
+// TestProfileSlowed: Slowed(f) makes every step f times as long, whatever
+// its shape (decode, verification, prefill, the context's read), to the
+// nanosecond's rounding; KV imports keep their time.
+func TestProfileSlowed(t *testing.T) {
+	shapes := []StepShape{{Rows: 1}, {Rows: 64}, {Rows: 200, Prefill: 1848}, {Prefill: 2048}, {Rows: 16, K: 4},
+		{Rows: 128, Context: 128 * 3000}, {Rows: 8, K: 2, Prefill: 500, Context: 8 * 200}}
+	for _, name := range []string{"qwen3-14b-h100", "qwen3-32b-h100", "qwen3-0.6b-h100"} {
+		for _, ctx := range []bool{false, true} {
+			p := Profiles[name]
+			p.DecodeContext = ctx && p.HBMBytesPerSec > 0
+			for _, f := range []float64{1.03, 0.8, 2} {
+				q := p.Slowed(f)
+				for _, s := range shapes {
+					want := float64(p.Step(s)) * f
+					if got := float64(q.Step(s)); math.Abs(got-want) > 2 {
+						t.Errorf("%s (context %v) × %g, %+v: %v, want %v", name, p.DecodeContext, f, s, time.Duration(got), time.Duration(want))
+					}
+				}
+				if q.ImportTime(100) != p.ImportTime(100) || q.LoadTime() != p.LoadTime() {
+					t.Errorf("%s × %g: imports %v, loads %v; the profile's %v, %v", name, f, q.ImportTime(100), q.LoadTime(), p.ImportTime(100), p.LoadTime())
+				}
+			}
+		}
 	}
 }

@@ -137,6 +137,24 @@ func (p Profile) Step(s StepShape) time.Duration {
 	return d
 }
 
+// Slowed is the profile with every engine step f times as long (f > 0):
+// the decode line, the verification, the prefill rate and the context's
+// read all scale, so Step of any shape is f times p's (to the
+// nanosecond's rounding). KV imports and model loads keep their times.
+// A what-if for the simulator (lumen sim -step-scale): how much a few
+// percent of a step, as the real processes' host adds between steps,
+// move the figures at a given load.
+func (p Profile) Slowed(f float64) Profile {
+	p.DecodeBaseMs *= f
+	p.DecodePerSeqMs *= f
+	p.VerifyPerPosMs *= f
+	p.PrefillTokensPerSec /= f
+	if p.HBMBytesPerSec > 0 {
+		p.HBMBytesPerSec /= f
+	}
+	return p
+}
+
 // contextReadMs is the time to read tokens positions of KV from HBM.
 func (p Profile) contextReadMs(tokens int) float64 {
 	return float64(tokens) * float64(p.KVBytesPerToken()) / p.HBMBytesPerSec * 1000
