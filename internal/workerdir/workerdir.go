@@ -14,8 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
@@ -99,26 +101,52 @@ func (d *Directory) Addr(ctx context.Context, id string) (string, error) {
 
 // Conn returns a connection to a worker's Inference service. Connections are
 // shared per address and live until Close.
+//
+// A connection whose worker died sits in TRANSIENT_FAILURE between
+// attempts, gRPC's backoff growing to two minutes, and a call made then
+// fails at once without trying. A worker that comes back on the same
+// address (a restarted process, a container restarted in its pod) would
+// be found only at the next attempt: measured on real processes, a
+// gateway sent none of four restarted workers' new requests for 10–40 s
+// after they registered, and re-placed the requests their failed calls
+// cost, each a second or more late (docs/benchmarks.md, issue 22). The
+// caller asks for a worker it holds alive, so Conn tries at once: it
+// resets the backoff and waits, at most ReconnectWait, for the attempt
+// to leave TRANSIENT_FAILURE (connecting, the call then waits for it as
+// for any connection; refused again, the call fails as before).
 func (d *Directory) Conn(ctx context.Context, id string) (*grpc.ClientConn, error) {
 	addr, err := d.Addr(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if cc, ok := d.conns[addr]; ok {
-		return cc, nil
+	cc, ok := d.conns[addr]
+	if !ok {
+		cc, err = grpc.NewClient(addr, d.opts...)
+		if err != nil {
+			d.mu.Unlock()
+			return nil, fmt.Errorf("workerdir: dial %s at %s: %w", id, addr, err)
+		}
+		d.conns[addr] = cc
 	}
-	cc, err := grpc.NewClient(addr, d.opts...)
-	if err != nil {
-		return nil, fmt.Errorf("workerdir: dial %s at %s: %w", id, addr, err)
+	d.mu.Unlock()
+	if cc.GetState() == connectivity.TransientFailure {
+		cc.ResetConnectBackoff()
+		wctx, cancel := context.WithTimeout(ctx, ReconnectWait)
+		cc.WaitForStateChange(wctx, connectivity.TransientFailure)
+		cancel()
 	}
-	d.conns[addr] = cc
 	return cc, nil
 }
+
+// ReconnectWait bounds Conn's wait for a new attempt at a connection in
+// TRANSIENT_FAILURE: a refused connection on a local network fails in
+// well under a millisecond, an accepted one is ready in a round trip.
+const ReconnectWait = 200 * time.Millisecond
 
 // Close closes every connection; later Conn calls fail with ErrClosed.
 // Idempotent.

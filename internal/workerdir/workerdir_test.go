@@ -3,10 +3,18 @@ package workerdir
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/lumen-project/lumen/proto/lumenpb"
 )
@@ -86,5 +94,77 @@ func TestDirectory(t *testing.T) {
 	d.Close()
 	if _, err := d.Conn(ctx, "w1"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// TestConnTriesAWorkerBackAtOnce: a worker that died and came back on the
+// same address is reached by the next call through Conn, however long the
+// connection's backoff had grown (here a minute: without Conn's reset the
+// call fails at once, the connection in TRANSIENT_FAILURE). A restarted
+// worker's address is the old one in lumen bench recovery and in a pod
+// whose container restarted.
+func TestConnTriesAWorkerBackAtOnce(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	serve := func(lis net.Listener) *grpc.Server {
+		s := grpc.NewServer()
+		healthpb.RegisterHealthServer(s, health.NewServer())
+		go func() { _ = s.Serve(lis) }()
+		return s
+	}
+	srv := serve(lis)
+	tab := &table{rows: map[string]string{"w1": addr}}
+	d := New(tab, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: time.Minute, Multiplier: 1, MaxDelay: time.Minute},
+			MinConnectTimeout: 5 * time.Second}))
+	defer d.Close()
+	check := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cc, err := d.Conn(ctx, "w1")
+		if err != nil {
+			return err
+		}
+		_, err = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	if err := check(); err != nil {
+		t.Fatalf("the worker up: %v", err)
+	}
+	cc, _ := d.Conn(context.Background(), "w1")
+	srv.Stop() // the worker dies
+	// waitFor waits until the connection is in state want.
+	waitFor := func(want connectivity.State) {
+		t.Helper()
+		for st := cc.GetState(); st != want; st = cc.GetState() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if !cc.WaitForStateChange(ctx, st) {
+				cancel()
+				t.Fatalf("the connection stayed %v, waiting for %v", st, want)
+			}
+			cancel()
+		}
+	}
+	waitFor(connectivity.Idle) // the transport closed
+	// Calls to it (a request placed before the table said so) fail, the
+	// first one's attempt leaving the connection in TRANSIENT_FAILURE, its
+	// next attempt a minute away.
+	for range 2 {
+		if err := check(); err == nil {
+			t.Fatal("a call to the dead worker succeeded")
+		}
+	}
+	waitFor(connectivity.TransientFailure)
+	lis, err = net.Listen("tcp", addr) // back on its address
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv = serve(lis)
+	defer srv.Stop()
+	if err := check(); err != nil {
+		t.Fatalf("the worker back on %s: %v (connection %v)", addr, err, cc.GetState())
 	}
 }
