@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register("sim", "the recovery strategies side by side in the deterministic simulator (worker core + fsm), 4 to 1,024 workers", runSim)
+	register("sim", "the recovery strategies side by side in the deterministic simulator (worker core + fsm), 4 to 10,000 workers (cells of quorums past one)", runSim)
 }
 
 // runSim parses `lumen sim`'s flags into a sim.Command and runs it.
