@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -42,10 +43,23 @@ type Directory struct {
 	list Lister
 	opts []grpc.DialOption
 
-	mu     sync.Mutex                  // guards addrs, conns, closed
+	mu     sync.Mutex                  // guards addrs, conns, probes, closed
 	addrs  map[string]string           // worker id → gRPC address
 	conns  map[string]*grpc.ClientConn // address → connection
+	probes map[string]*probe           // address → its reachability probe (retry)
 	closed bool
+
+	// reconnectWait bounds a probe and the reconnection after it
+	// (ReconnectWait; tests lengthen it).
+	reconnectWait time.Duration
+}
+
+// probe is the last reachability probe of an address whose connection was
+// in TRANSIENT_FAILURE: one caller at a time probes (mu, tried without
+// waiting), at most every probeEvery.
+type probe struct {
+	mu sync.Mutex
+	at time.Time
 }
 
 // New returns a directory that reads the table through list and dials with
@@ -54,7 +68,8 @@ func New(list Lister, opts ...grpc.DialOption) *Directory {
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	return &Directory{list: list, opts: opts, addrs: map[string]string{}, conns: map[string]*grpc.ClientConn{}}
+	return &Directory{list: list, opts: opts, addrs: map[string]string{}, conns: map[string]*grpc.ClientConn{},
+		probes: map[string]*probe{}, reconnectWait: ReconnectWait}
 }
 
 // Refresh reads the workers table (a stale read), records every worker's
@@ -102,18 +117,16 @@ func (d *Directory) Addr(ctx context.Context, id string) (string, error) {
 // Conn returns a connection to a worker's Inference service. Connections are
 // shared per address and live until Close.
 //
-// A connection whose worker died sits in TRANSIENT_FAILURE between
-// attempts, gRPC's backoff growing to two minutes, and a call made then
-// fails at once without trying. A worker that comes back on the same
-// address (a restarted process, a container restarted in its pod) would
-// be found only at the next attempt: measured on real processes, a
-// gateway sent none of four restarted workers' new requests for 10–40 s
-// after they registered, and re-placed the requests their failed calls
-// cost, each a second or more late (docs/benchmarks.md, issue 22). The
-// caller asks for a worker it holds alive, so Conn tries at once: it
-// resets the backoff and waits, at most ReconnectWait, for the attempt
-// to leave TRANSIENT_FAILURE (connecting, the call then waits for it as
-// for any connection; refused again, the call fails as before).
+// A connection whose worker died sits in TRANSIENT_FAILURE, gRPC's
+// backoff between attempts growing to two minutes, and a call made then
+// fails at once without trying, until an attempt succeeds. A worker that
+// comes back on the same address (a restarted process, a container
+// restarted in its pod) was found only at the next attempt: measured on
+// real processes, a gateway sent none of four restarted workers' new
+// requests for 13–39 s after they registered, and re-placed the requests
+// their failed calls cost, each a second or more late (docs/benchmarks.md,
+// issue 22). So Conn, finding the connection in TRANSIENT_FAILURE, probes
+// the address (retry): a worker back there gets its connection at once.
 func (d *Directory) Conn(ctx context.Context, id string) (*grpc.ClientConn, error) {
 	addr, err := d.Addr(ctx, id)
 	if err != nil {
@@ -133,20 +146,62 @@ func (d *Directory) Conn(ctx context.Context, id string) (*grpc.ClientConn, erro
 		}
 		d.conns[addr] = cc
 	}
+	p := d.probes[addr]
+	if p == nil {
+		p = &probe{}
+		d.probes[addr] = p
+	}
+	wait := d.reconnectWait
 	d.mu.Unlock()
 	if cc.GetState() == connectivity.TransientFailure {
-		cc.ResetConnectBackoff()
-		wctx, cancel := context.WithTimeout(ctx, ReconnectWait)
-		cc.WaitForStateChange(wctx, connectivity.TransientFailure)
-		cancel()
+		retry(ctx, addr, cc, p, wait)
 	}
 	return cc, nil
 }
 
-// ReconnectWait bounds Conn's wait for a new attempt at a connection in
-// TRANSIENT_FAILURE: a refused connection on a local network fails in
-// well under a millisecond, an accepted one is ready in a round trip.
-const ReconnectWait = 200 * time.Millisecond
+// retry probes addr, whose connection cc is in TRANSIENT_FAILURE, with a
+// plain TCP connect bounded by wait. Refused (the worker is still down, the
+// usual case) it returns at once, and the call fails as it did, without
+// waiting. Accepted, it resets cc's backoff and waits, at most wait again,
+// until cc is READY: the channel answers calls with its last failure
+// until a connection is ready, so the call would fail without the wait.
+// One caller probes at a time, at most every probeEvery; the others,
+// meanwhile, go on with cc as it is.
+func retry(ctx context.Context, addr string, cc *grpc.ClientConn, p *probe, wait time.Duration) {
+	if !p.mu.TryLock() {
+		return
+	}
+	defer p.mu.Unlock()
+	if time.Since(p.at) < probeEvery {
+		return
+	}
+	p.at = time.Now()
+	dctx, cancel := context.WithTimeout(ctx, wait)
+	c, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
+	cancel()
+	if err != nil {
+		return
+	}
+	c.Close()
+	cc.ResetConnectBackoff()
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
+		if st == connectivity.Shutdown || !cc.WaitForStateChange(wctx, st) {
+			return
+		}
+	}
+}
+
+// ReconnectWait bounds a probe of a connection in TRANSIENT_FAILURE and the
+// reconnection after an accepted one: on a datacenter network a refused
+// connection fails in well under a millisecond and an accepted one is
+// ready in a round trip or two (a TLS handshake).
+const ReconnectWait = 500 * time.Millisecond
+
+// probeEvery spaces the probes of one address: a dead worker's address is
+// probed at most ten times a second, however many calls ask for it.
+const probeEvery = 100 * time.Millisecond
 
 // Close closes every connection; later Conn calls fail with ErrClosed.
 // Idempotent.

@@ -99,8 +99,9 @@ func TestDirectory(t *testing.T) {
 
 // TestConnTriesAWorkerBackAtOnce: a worker that died and came back on the
 // same address is reached by the next call through Conn, however long the
-// connection's backoff had grown (here a minute: without Conn's reset the
-// call fails at once, the connection in TRANSIENT_FAILURE). A restarted
+// connection's backoff had grown (here a minute: without Conn's probe the
+// call fails at once, the connection in TRANSIENT_FAILURE); while it is
+// still down, Conn does not wait for it. A restarted
 // worker's address is the old one in lumen bench recovery and in a pod
 // whose container restarted.
 func TestConnTriesAWorkerBackAtOnce(t *testing.T) {
@@ -158,6 +159,28 @@ func TestConnTriesAWorkerBackAtOnce(t *testing.T) {
 		}
 	}
 	waitFor(connectivity.TransientFailure)
+	// The worker still down, Conn does not wait for it: its probe is
+	// refused at once (were it to wait for the connection, a minute here,
+	// the context would end first).
+	d.mu.Lock()
+	d.reconnectWait = time.Minute
+	d.mu.Unlock()
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		if _, err := d.Conn(ctx, "w1"); err != nil || ctx.Err() != nil {
+			t.Fatalf("Conn to the dead worker: %v (context: %v)", err, ctx.Err())
+		}
+		cancel()
+		d.mu.Lock()
+		p := d.probes[addr]
+		d.mu.Unlock()
+		p.mu.Lock()
+		p.at = time.Time{} // the next Conn probes again
+		p.mu.Unlock()
+	}
+	if st := cc.GetState(); st != connectivity.TransientFailure {
+		t.Fatalf("the connection to the dead worker is %v", st)
+	}
 	lis, err = net.Listen("tcp", addr) // back on its address
 	if err != nil {
 		t.Fatal(err)
