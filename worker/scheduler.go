@@ -358,6 +358,9 @@ func (s *scheduler) step(ctx context.Context) {
 		}
 		imp := time.Now()
 		if !s.restore(st) {
+			if !s.stepEnd.IsZero() {
+				s.stepEnd = s.stepEnd.Add(time.Since(imp)) // the failed imports are not the host's gap either
+			}
 			continue
 		}
 		start := time.Now()
