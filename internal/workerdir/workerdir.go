@@ -176,6 +176,12 @@ func retry(ctx context.Context, addr string, cc *grpc.ClientConn, p *probe, wait
 		return
 	}
 	p.at = time.Now()
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		// Not a host:port (a gRPC target with a scheme): no probe, only
+		// the connection's next attempt brought forward.
+		cc.ResetConnectBackoff()
+		return
+	}
 	dctx, cancel := context.WithTimeout(ctx, wait)
 	c, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
 	cancel()
